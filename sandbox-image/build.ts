@@ -1,0 +1,160 @@
+/**
+ * Builds the sandbox image offline: debootstrap a Debian base (python3, numpy, pandas,
+ * matplotlib from Debian packages), `docker import` it, then build the runner layer on top.
+ * Both images are tagged with a hash of their inputs, so an unchanged build is a no-op.
+ * `KILN_SANDBOX_BASE` replaces the debootstrapped base with any image that has python3.
+ */
+import { createHash } from 'node:crypto';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Docker from 'dockerode';
+
+export const SANDBOX_REPO = 'kiln-sandbox';
+const BASE_REPO = 'kiln-sandbox-base';
+const SUITE = 'bookworm';
+const BASE_PACKAGES = ['python3', 'python3-numpy', 'python3-pandas', 'python3-matplotlib', 'ca-certificates'];
+const TRIM = ['usr/share/doc', 'usr/share/man', 'usr/share/info', 'var/cache/apt/archives', 'var/lib/apt/lists'];
+const here = fileURLToPath(new URL('.', import.meta.url));
+
+const log = (msg: string) => process.stderr.write(`\x1b[36m[sandbox-image]\x1b[0m ${msg}\n`);
+
+function hashOf(parts: (string | Buffer)[]): string {
+  const h = createHash('sha256');
+  for (const p of parts) h.update(p).update('\0');
+  return h.digest('hex').slice(0, 16);
+}
+
+function filesUnder(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true })
+    .flatMap((e) => (e.isDirectory() ? filesUnder(join(dir, e.name)) : [join(dir, e.name)]))
+    .sort();
+}
+
+/** Hash of everything that goes into the debootstrapped base. */
+export function baseHash(): string {
+  return hashOf([SUITE, ...BASE_PACKAGES, ...TRIM]);
+}
+
+/** Hash of the runner layer's inputs plus the base it builds on. */
+export function runnerHash(base: string): string {
+  const files = filesUnder(here).filter((f) => !f.endsWith('build.ts'));
+  return hashOf([base, ...files.flatMap((f) => [relative(here, f), readFileSync(f)])]);
+}
+
+async function imageExists(docker: Docker, ref: string): Promise<boolean> {
+  try {
+    await docker.getImage(ref).inspect();
+    return true;
+  } catch (err) {
+    if ((err as { statusCode?: number }).statusCode === 404) return false;
+    throw err;
+  }
+}
+
+function run(cmd: string, args: string[], onLine?: (line: string) => void): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let tail = '';
+    const feed = (chunk: Buffer) => {
+      tail = (tail + chunk.toString()).slice(-4000);
+      for (const line of chunk.toString().split('\n')) if (line.trim()) onLine?.(line.trim());
+    };
+    child.stdout.on('data', feed);
+    child.stderr.on('data', feed);
+    child.on('error', reject);
+    child.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${cmd} exited ${code}:\n${tail}`))));
+  });
+}
+
+/** The Debian mirror this machine's apt already uses, so the build needs no extra configuration. */
+export function debianMirror(): string {
+  if (process.env.KILN_DEBIAN_MIRROR) return process.env.KILN_DEBIAN_MIRROR;
+  const sources = ['/etc/apt/sources.list.d/debian.sources', '/etc/apt/sources.list'].filter(existsSync);
+  for (const file of sources) {
+    const text = readFileSync(file, 'utf8');
+    const deb822 = /^URIs:\s*(\S+)/m.exec(text);
+    const oneLine = /^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+\s+main/m.exec(text);
+    const uri = (deb822 ?? oneLine)?.[1];
+    if (uri && !uri.includes('security')) return uri;
+  }
+  throw new Error('no Debian mirror found in /etc/apt; set KILN_DEBIAN_MIRROR');
+}
+
+async function buildBase(docker: Docker, tag: string): Promise<void> {
+  if (process.getuid?.() !== 0) throw new Error('building the sandbox base needs root (debootstrap); run as root or set KILN_SANDBOX_BASE');
+  if (!existsSync('/usr/sbin/debootstrap')) {
+    log('installing debootstrap');
+    await run('bash', ['-c', `source ${JSON.stringify(join(here, '../infra/lib.sh'))} && apt_install debootstrap`]);
+  }
+  const root = mkdtempSync(join(tmpdir(), 'kiln-rootfs-'));
+  try {
+    const mirror = debianMirror();
+    log(`debootstrap ${SUITE} from ${mirror} (a few minutes on first build)`);
+    let n = 0;
+    await run('debootstrap', ['--variant=minbase', `--include=${BASE_PACKAGES.join(',')}`, SUITE, root, mirror], (line) => {
+      if (line.startsWith('I: ') && (++n % 25 === 0 || /Base system|Configuring python3 /.test(line))) log(line.slice(3));
+    });
+    for (const p of TRIM) rmSync(join(root, p), { recursive: true, force: true });
+    log(`importing base as ${tag}`);
+    const tar = spawn('tar', ['-C', root, '--numeric-owner', '-c', '.'], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const [repo, version] = tag.split(':') as [string, string];
+    const stream = await docker.importImage(tar.stdout, { repo, tag: version });
+    await followProgress(docker, stream);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+}
+
+function followProgress(docker: Docker, stream: NodeJS.ReadableStream, onEvent?: (e: { stream?: string }) => void) {
+  return new Promise<void>((resolve, reject) => {
+    docker.modem.followProgress(
+      stream,
+      (err: Error | null, output: { error?: string }[]) => {
+        const failed = err ?? output.find((o) => o.error);
+        if (failed) reject(failed instanceof Error ? failed : new Error(failed.error));
+        else resolve();
+      },
+      onEvent,
+    );
+  });
+}
+
+/** Ensures the sandbox image exists and returns its content-addressed tag. */
+export async function ensureSandboxImage(docker = new Docker(), base = process.env.KILN_SANDBOX_BASE): Promise<string> {
+  let baseRef = base;
+  if (!baseRef) {
+    baseRef = `${BASE_REPO}:${baseHash()}`;
+    if (await imageExists(docker, baseRef)) log(`base ${baseRef} is cached`);
+    else await buildBase(docker, baseRef);
+  } else if (!(await imageExists(docker, baseRef))) {
+    log(`pulling ${baseRef}`);
+    await followProgress(docker, await docker.pull(baseRef));
+  }
+  const tag = `${SANDBOX_REPO}:${runnerHash(baseRef)}`;
+  if (await imageExists(docker, tag)) {
+    log(`${tag} is up to date`);
+  } else {
+    log(`building runner layer ${tag} on ${baseRef}`);
+    const src = filesUnder(here).map((f) => relative(here, f)).filter((f) => f !== 'build.ts');
+    const stream = await docker.buildImage({ context: here, src }, { t: tag, buildargs: { BASE: baseRef }, rm: true, forcerm: true });
+    await followProgress(docker, stream, (e) => {
+      const line = e.stream?.trim();
+      if (line?.startsWith('Step ')) log(line);
+    });
+  }
+  await docker.getImage(tag).tag({ repo: SANDBOX_REPO, tag: 'latest' });
+  return tag;
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  const started = Date.now();
+  ensureSandboxImage()
+    .then((tag) => log(`ready: ${tag} (also ${SANDBOX_REPO}:latest) in ${((Date.now() - started) / 1000).toFixed(1)} s`))
+    .catch((err: Error) => {
+      log(`failed: ${err.message}`);
+      process.exit(1);
+    });
+}
