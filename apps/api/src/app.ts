@@ -1,0 +1,76 @@
+import { HTTPException } from 'hono/http-exception';
+import { bodyLimit } from 'hono/body-limit';
+import type Docker from 'dockerode';
+import type { Logger } from 'pino';
+import type { Config } from './config.ts';
+import type { Db } from './db/client.ts';
+import { auditTrail } from './http/audit-trail.ts';
+import { authn } from './http/authn.ts';
+import { docsRouter } from './http/docs.ts';
+import { ApiError, errorBody } from './http/errors.ts';
+import { idempotency } from './http/idempotency.ts';
+import { rateLimit } from './http/rate-limit.ts';
+import { requestLog } from './http/request-log.ts';
+import { createRouter } from './http/router.ts';
+import { auditRouter } from './routes/audit/audit.index.ts';
+import { healthRouter } from './routes/health/health.index.ts';
+import { teamsRouter } from './routes/teams/teams.index.ts';
+import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
+
+export interface AppDeps {
+  config: Pick<Config, 'bodyLimitBytes' | 'rateLimit'>;
+  db: Db;
+  docker: Docker;
+  logger: Logger;
+  /** Injectable clock for the rate limiter. */
+  now?: () => number;
+}
+
+/** Maps anything thrown to the API.md error envelope; only 5xx are logged as errors. */
+function toApiError(err: Error): ApiError {
+  if (err instanceof ApiError) return err;
+  if (err instanceof HTTPException) {
+    if (err.status === 413) return new ApiError('payload_too_large', err.message);
+    if (err.status < 500) return new ApiError('invalid_request', err.message || 'invalid request');
+  }
+  return new ApiError('internal', 'internal error');
+}
+
+export function createApp({ config, db, docker, logger, now }: AppDeps) {
+  const app = createRouter();
+
+  app.use('*', requestLog(logger));
+  app.use(
+    '*',
+    bodyLimit({
+      maxSize: config.bodyLimitBytes,
+      onError: () => {
+        throw new ApiError('payload_too_large', `request body is larger than ${config.bodyLimitBytes} bytes`);
+      },
+    }),
+  );
+  app.use('/v1/*', authn(db), rateLimit(config.rateLimit, now), idempotency(db), auditTrail(db));
+
+  app.route('/', healthRouter(db, docker));
+  app.route('/', teamsRouter(db));
+  app.route('/', workspacesRouter(db));
+  app.route('/', auditRouter(db));
+
+  app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });
+  app.doc31('/openapi.json', {
+    openapi: '3.1.0',
+    info: { title: 'Kiln API', version: '1', description: 'Self-hosted AI agents with hardened Python sandboxes and git-backed self-evolution.' },
+  });
+  app.route('/', docsRouter());
+
+  app.notFound((c) => c.json(errorBody(new ApiError('not_found', `no route for ${c.req.method} ${c.req.path}`), c.get('requestId')), 404));
+  app.onError((err, c) => {
+    const e = toApiError(err);
+    if (e.status >= 500) c.get('log').error({ err }, 'request failed');
+    for (const [k, v] of Object.entries(e.headers)) c.header(k, v);
+    return c.json(errorBody(e, c.get('requestId')), e.status);
+  });
+  return app;
+}
+
+export type App = ReturnType<typeof createApp>;

@@ -1,0 +1,33 @@
+import { and, eq, type SQL } from 'drizzle-orm';
+import type { Db } from '../db/client.ts';
+import { auditEvents } from '../db/schema/index.ts';
+import type { AuditDraft, Principal } from '../http/env.ts';
+import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { newId } from '../lib/ids.ts';
+
+export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | undefined, requestId?: string) {
+  await db.insert(auditEvents).values({
+    id: newId('aud'),
+    teamId: draft.teamId === undefined ? (actor?.teamId ?? null) : draft.teamId,
+    actorKeyId: actor?.keyId ?? null,
+    actorRole: actor?.role ?? 'system',
+    action: draft.action,
+    resourceType: draft.resourceType ?? null,
+    resourceId: draft.resourceId ?? null,
+    before: draft.before ?? null,
+    after: draft.after ?? null,
+    requestId: requestId ?? null,
+  });
+}
+
+/** Audit events visible to a team (or every event, for org admins: `teamId` null). */
+export async function listAudit(db: Db, teamId: string | null, filter: { action?: string; actor?: string }, p: ListParams) {
+  const c = cursorOn(auditEvents.id, p);
+  const conds: (SQL | undefined)[] = [
+    teamId ? eq(auditEvents.teamId, teamId) : undefined,
+    filter.action ? eq(auditEvents.action, filter.action) : undefined,
+    filter.actor ? eq(auditEvents.actorKeyId, filter.actor) : undefined,
+    c.where,
+  ];
+  return db.select().from(auditEvents).where(and(...conds)).orderBy(c.orderBy).limit(c.limit);
+}

@@ -1,0 +1,77 @@
+import { resolve } from 'node:path';
+import { z } from 'zod';
+
+const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
+
+const schema = z.object({
+  KILN_PORT: int(0, 65535).default(7700),
+  KILN_HOST: z.string().min(1).default('127.0.0.1'),
+  KILN_DATA_DIR: z.string().min(1).default('./data'),
+  DATABASE_URL: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+    .optional(),
+  KILN_ADMIN_KEY: z
+    .string()
+    .regex(/^kiln_admin_[A-Za-z0-9_-]{24,}$/, 'must look like kiln_admin_ followed by at least 24 letters, digits, _ or -')
+    .optional(),
+  KILN_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  KILN_BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(5 * 1024 * 1024),
+  KILN_RATE_LIMIT_PER_MINUTE: int(1, 1_000_000).default(600),
+  KILN_RATE_LIMIT_BURST: int(1, 1_000_000).default(120),
+  KILN_SANDBOX_IMAGE: z.string().min(1).default('kiln-sandbox:latest'),
+  DOCKER_HOST: z.string().optional(),
+  KILN_SHUTDOWN_GRACE_MS: int(0, 600_000).default(10_000),
+});
+
+/** Settings whose values must never be echoed, even in an error. */
+const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL']);
+
+export type Config = {
+  port: number;
+  host: string;
+  dataDir: string;
+  databaseUrl?: string;
+  adminKey?: string;
+  logLevel: z.infer<typeof schema>['KILN_LOG_LEVEL'];
+  bodyLimitBytes: number;
+  rateLimit: { perMinute: number; burst: number };
+  sandboxImage: string;
+  dockerHost?: string;
+  shutdownGraceMs: number;
+};
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n${problems.map((p) => `  ${p}`).join('\n')}`);
+  }
+}
+
+/** Parses every setting once; a wrong value throws with one readable line per problem. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const vars = Object.fromEntries(Object.keys(schema.shape).map((k) => [k, env[k] === '' ? undefined : env[k]]));
+  const parsed = schema.safeParse(vars);
+  if (!parsed.success) {
+    throw new ConfigError(
+      parsed.error.issues.map((i) => {
+        const name = String(i.path[0]);
+        const got = SECRETS.has(name) ? 'value hidden' : `got ${JSON.stringify(vars[name])}`;
+        return `${name}: ${i.message} (${got})`;
+      }),
+    );
+  }
+  const e = parsed.data;
+  return {
+    port: e.KILN_PORT,
+    host: e.KILN_HOST,
+    dataDir: resolve(e.KILN_DATA_DIR),
+    databaseUrl: e.DATABASE_URL,
+    adminKey: e.KILN_ADMIN_KEY,
+    logLevel: e.KILN_LOG_LEVEL,
+    bodyLimitBytes: e.KILN_BODY_LIMIT_BYTES,
+    rateLimit: { perMinute: e.KILN_RATE_LIMIT_PER_MINUTE, burst: e.KILN_RATE_LIMIT_BURST },
+    sandboxImage: e.KILN_SANDBOX_IMAGE,
+    dockerHost: e.DOCKER_HOST,
+    shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
+  };
+}

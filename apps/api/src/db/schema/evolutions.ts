@@ -1,0 +1,25 @@
+import { index, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
+import { createdAt, ts } from './columns.ts';
+import { teams } from './teams.ts';
+
+/** Reviews, dreams and platform self-updates (the latter have no team or workspace). */
+export const evolutions = pgTable(
+  'evolutions',
+  {
+    id: text('id').primaryKey(),
+    teamId: text('team_id').references(() => teams.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id'),
+    sessionId: text('session_id'),
+    kind: text('kind', { enum: ['review', 'dream', 'self_update'] }).notNull(),
+    status: text('status').notNull(),
+    commitSha: text('commit_sha'),
+    changedPaths: jsonb('changed_paths').$type<string[]>().notNull().default([]),
+    summary: text('summary'),
+    diary: text('diary'),
+    checks: jsonb('checks'),
+    error: text('error'),
+    createdAt: createdAt(),
+    finishedAt: ts('finished_at'),
+  },
+  (t) => [index('evolutions_ws_idx').on(t.workspaceId, t.id)],
+);

@@ -1,0 +1,17 @@
+export { teams } from './teams.ts';
+export { apiKeys } from './api-keys.ts';
+export { workspaces } from './workspaces.ts';
+export { sessions } from './sessions.ts';
+export { messages } from './messages.ts';
+export { runs, RUN_STATUSES } from './runs.ts';
+export { runEvents } from './run-events.ts';
+export { approvals } from './approvals.ts';
+export { sandboxes } from './sandboxes.ts';
+export { executions } from './executions.ts';
+export { commits } from './commits.ts';
+export { evolutions } from './evolutions.ts';
+export { jobs } from './jobs.ts';
+export { memoryChunks } from './memory-chunks.ts';
+export { auditEvents } from './audit-events.ts';
+export { usage } from './usage.ts';
+export { idempotencyKeys } from './idempotency-keys.ts';

@@ -1,0 +1,27 @@
+import { index, integer, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
+import { createdAt, teamId, ts } from './columns.ts';
+import { sessions } from './sessions.ts';
+import { workspaces } from './workspaces.ts';
+
+export const RUN_STATUSES = ['queued', 'in_progress', 'requires_action', 'completed', 'failed', 'cancelled'] as const;
+
+export const runs = pgTable(
+  'runs',
+  {
+    id: text('id').primaryKey(),
+    teamId: teamId(),
+    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    sessionId: text('session_id').notNull().references(() => sessions.id, { onDelete: 'cascade' }),
+    status: text('status', { enum: RUN_STATUSES }).notNull().default('queued'),
+    model: text('model'),
+    steps: integer('steps').notNull().default(0),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    completionTokens: integer('completion_tokens').notNull().default(0),
+    error: jsonb('error'),
+    createdAt: createdAt(),
+    startedAt: ts('started_at'),
+    finishedAt: ts('finished_at'),
+    cancelRequestedAt: ts('cancel_requested_at'),
+  },
+  (t) => [index('runs_session_idx').on(t.sessionId, t.id), index('runs_status_idx').on(t.status)],
+);

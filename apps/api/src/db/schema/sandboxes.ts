@@ -1,0 +1,20 @@
+import { index, pgTable, text } from 'drizzle-orm/pg-core';
+import { createdAt, teamId, ts } from './columns.ts';
+
+/** Mirrors the containers Kiln owns; the reaper reconciles it with Docker. */
+export const sandboxes = pgTable(
+  'sandboxes',
+  {
+    id: text('id').primaryKey(),
+    teamId: teamId(),
+    sessionId: text('session_id'),
+    containerId: text('container_id').notNull(),
+    image: text('image').notNull(),
+    state: text('state', { enum: ['starting', 'ready', 'busy', 'removing', 'removed'] }).notNull(),
+    createdAt: createdAt(),
+    lastUsedAt: ts('last_used_at').notNull().defaultNow(),
+    expiresAt: ts('expires_at').notNull(),
+    removedAt: ts('removed_at'),
+  },
+  (t) => [index('sandboxes_team_state_idx').on(t.teamId, t.state), index('sandboxes_session_idx').on(t.sessionId)],
+);

@@ -1,0 +1,42 @@
+import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import type { Db } from '../../db/client.ts';
+import { toPage } from '../../http/pagination.ts';
+import { createRouter } from '../../http/router.ts';
+import * as ws from '../../workspace/workspaces.ts';
+import * as r from './workspaces.routes.ts';
+
+const view = (w: ws.WorkspaceRow) => ({
+  id: w.id,
+  name: w.name,
+  head: w.head,
+  settings: w.settings,
+  created_at: w.createdAt.toISOString(),
+  updated_at: w.updatedAt.toISOString(),
+});
+
+export function workspacesRouter(db: Db) {
+  return createRouter()
+    .openapi(r.create, async (c) => {
+      const team = writableTeamOf(c);
+      const row = await ws.createWorkspace(db, team, c.req.valid('json'));
+      c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
+      return c.json(view(row), 201);
+    })
+    .openapi(r.list, async (c) => {
+      const q = c.req.valid('query');
+      return c.json(toPage(await ws.listWorkspaces(db, teamOf(c), q), q, view), 200);
+    })
+    .openapi(r.get, async (c) => c.json(view(await ws.getWorkspace(db, teamOf(c), c.req.valid('param').ws)), 200))
+    .openapi(r.update, async (c) => {
+      const id = c.req.valid('param').ws;
+      const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
+      c.set('audit', { action: 'workspace.update', resourceType: 'workspace', resourceId: id, before: view(before), after: view(after) });
+      return c.json(view(after), 200);
+    })
+    .openapi(r.remove, async (c) => {
+      const id = c.req.valid('param').ws;
+      const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
+      c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
+      return c.json({ id, deleted: true as const }, 200);
+    });
+}

@@ -1,0 +1,72 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import { ListQuery, listOf } from '../../http/pagination.ts';
+import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
+import { SettingsPatch, WorkspaceSettings } from '../../workspace/settings.ts';
+
+const Name = z.string().trim().min(1).max(100);
+
+export const Workspace = z
+  .object({
+    id: z.string(),
+    name: z.string(),
+    head: z.string().nullable().openapi({ description: 'sha of the workspace repository HEAD' }),
+    settings: WorkspaceSettings,
+    created_at: z.string(),
+    updated_at: z.string(),
+  })
+  .openapi('Workspace');
+
+const Params = z.object({ ws: IdParam('ws', 'ws_0abc') });
+const security = [{ bearer: [] }];
+const tags = ['Workspaces'];
+const body = <T extends z.ZodType>(schema: T) => ({ content: { 'application/json': { schema } }, required: true });
+
+export const create = createRoute({
+  method: 'post',
+  path: '/v1/workspaces',
+  tags,
+  security,
+  summary: 'Create a workspace; omitted settings take their defaults',
+  request: { body: body(z.object({ name: Name, settings: SettingsPatch.optional() }).strict()) },
+  responses: { 201: jsonContent(Workspace, 'The workspace'), 409: conflictResponse, ...errorResponses },
+});
+
+export const list = createRoute({
+  method: 'get',
+  path: '/v1/workspaces',
+  tags,
+  security,
+  summary: 'List the team\u2019s workspaces',
+  request: { query: ListQuery },
+  responses: { 200: jsonContent(listOf(Workspace), 'Workspaces'), ...errorResponses },
+});
+
+export const get = createRoute({
+  method: 'get',
+  path: '/v1/workspaces/{ws}',
+  tags,
+  security,
+  summary: 'Get a workspace',
+  request: { params: Params },
+  responses: { 200: jsonContent(Workspace, 'The workspace'), ...errorResponses },
+});
+
+export const update = createRoute({
+  method: 'patch',
+  path: '/v1/workspaces/{ws}',
+  tags,
+  security,
+  summary: 'Rename a workspace or change some of its settings',
+  request: { params: Params, body: body(z.object({ name: Name.optional(), settings: SettingsPatch.optional() }).strict()) },
+  responses: { 200: jsonContent(Workspace, 'The updated workspace'), 409: conflictResponse, ...errorResponses },
+});
+
+export const remove = createRoute({
+  method: 'delete',
+  path: '/v1/workspaces/{ws}',
+  tags,
+  security,
+  summary: 'Delete a workspace',
+  request: { params: Params },
+  responses: { 200: jsonContent(z.object({ id: z.string(), deleted: z.literal(true) }), 'Deleted'), ...errorResponses },
+});

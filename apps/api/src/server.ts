@@ -1,0 +1,45 @@
+import { serve, type ServerType } from '@hono/node-server';
+import type { Logger } from 'pino';
+import { createApp } from './app.ts';
+import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
+import type { Config } from './config.ts';
+import { openDatabase, type Database } from './db/client.ts';
+import { connectDocker } from './sandbox/docker.ts';
+
+export interface RunningServer {
+  url: string;
+  database: Database;
+  bootstrap: BootstrapResult;
+  close(): Promise<void>;
+}
+
+/** Opens the database (migrating it), makes sure an admin key exists and starts listening. */
+export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
+  const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
+  const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
+  const app = createApp({ config, db: database.db, docker: connectDocker(config.dockerHost), logger });
+
+  const server = await new Promise<ServerType>((resolve) => {
+    const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
+  });
+  const address = server.address();
+  const port = typeof address === 'object' && address ? address.port : config.port;
+  const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+
+  let closing: Promise<void> | undefined;
+  const close = () =>
+    (closing ??= (async () => {
+      await new Promise<void>((resolve) => {
+        const force = setTimeout(() => {
+          if ('closeAllConnections' in server) server.closeAllConnections();
+        }, config.shutdownGraceMs);
+        server.close(() => {
+          clearTimeout(force);
+          resolve();
+        });
+        if ('closeIdleConnections' in server) server.closeIdleConnections();
+      });
+      await database.close();
+    })());
+  return { url, database, bootstrap, close };
+}

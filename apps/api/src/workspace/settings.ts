@@ -1,0 +1,129 @@
+import { z } from '@hono/zod-openapi';
+import { Cron } from 'croner';
+
+const validRegex = (s: string) => {
+  try {
+    new RegExp(s);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const validCron = (s: string) => {
+  try {
+    new Cron(s, { paused: true });
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const validTimeZone = (tz: string) => {
+  try {
+    new Intl.DateTimeFormat('en', { timeZone: tz });
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+const Rule = z
+  .object({
+    match: z.string().min(1).max(500).refine(validRegex, 'must be a valid regular expression'),
+    behavior: z.enum(['allow', 'ask', 'deny']),
+  })
+  .strict();
+
+/** Every section, every field required: what a stored workspace always has. */
+const sections = {
+  model: z.string().min(1).max(200).nullable().openapi({ description: 'null = the server default (KILN_MODEL)' }),
+  protocol: z.enum(['xml', 'tools']),
+  max_steps: z.number().int().min(1).max(500),
+  approval: z
+    .object({
+      mode: z.enum(['ask', 'auto', 'deny']),
+      rules: z.array(Rule).max(100),
+      timeout_s: z.number().int().min(10).max(7 * 24 * 3600),
+    })
+    .strict(),
+  sandbox: z
+    .object({
+      memory_mb: z.number().int().min(64).max(65536),
+      cpus: z.number().min(0.1).max(64),
+      pids: z.number().int().min(16).max(32768),
+      timeout_s: z.number().int().min(1).max(3600),
+      disk_mb: z.number().int().min(16).max(65536),
+      network: z.literal('none'),
+    })
+    .strict(),
+  context: z
+    .object({
+      max_tokens: z.number().int().min(1000).max(2_000_000),
+      max_turns: z.number().int().min(2).max(10_000),
+    })
+    .strict(),
+  evolution: z
+    .object({
+      review_enabled: z.boolean(),
+      review_idle_minutes: z.number().int().min(1).max(7 * 24 * 60),
+      review_min_turns: z.number().int().min(1).max(1000),
+      dream_enabled: z.boolean(),
+      dream_cron: z.string().min(1).max(100).refine(validCron, 'must be a valid cron expression'),
+      timezone: z.string().min(1).max(64).refine(validTimeZone, 'must be an IANA time zone such as Europe/Berlin'),
+      memory_max_entries: z.number().int().min(1).max(1000),
+    })
+    .strict(),
+};
+
+export const WorkspaceSettings = z.object(sections).strict().openapi('WorkspaceSettings');
+export type WorkspaceSettings = z.infer<typeof WorkspaceSettings>;
+
+/** What a client may send on create or update: any subset, one level deep per section. */
+export const SettingsPatch = z
+  .object({
+    model: sections.model.optional(),
+    protocol: sections.protocol.optional(),
+    max_steps: sections.max_steps.optional(),
+    approval: sections.approval.partial().optional(),
+    sandbox: sections.sandbox.partial().optional(),
+    context: sections.context.partial().optional(),
+    evolution: sections.evolution.partial().optional(),
+  })
+  .strict()
+  .openapi('WorkspaceSettingsPatch');
+export type SettingsPatch = z.infer<typeof SettingsPatch>;
+
+export const DEFAULT_SETTINGS: WorkspaceSettings = {
+  model: null,
+  protocol: 'xml',
+  max_steps: 30,
+  approval: { mode: 'ask', rules: [], timeout_s: 600 },
+  sandbox: { memory_mb: 512, cpus: 1, pids: 256, timeout_s: 60, disk_mb: 256, network: 'none' },
+  context: { max_tokens: 64_000, max_turns: 40 },
+  evolution: {
+    review_enabled: true,
+    review_idle_minutes: 10,
+    review_min_turns: 6,
+    dream_enabled: true,
+    dream_cron: '55 23 * * *',
+    timezone: 'UTC',
+    memory_max_entries: 50,
+  },
+};
+
+type Section = 'approval' | 'sandbox' | 'context' | 'evolution';
+const SECTIONS: Section[] = ['approval', 'sandbox', 'context', 'evolution'];
+
+/** Applies a validated patch to full settings; sections merge field by field, `rules` is replaced whole. */
+export function applySettingsPatch(base: WorkspaceSettings, patch: SettingsPatch): WorkspaceSettings {
+  const next: WorkspaceSettings = structuredClone(base);
+  if (patch.model !== undefined) next.model = patch.model;
+  if (patch.protocol !== undefined) next.protocol = patch.protocol;
+  if (patch.max_steps !== undefined) next.max_steps = patch.max_steps;
+  for (const s of SECTIONS) {
+    const part = patch[s];
+    if (part) Object.assign(next[s], Object.fromEntries(Object.entries(part).filter(([, v]) => v !== undefined)));
+  }
+  return WorkspaceSettings.parse(next);
+}
