@@ -5,4 +5,4 @@ ensure_node_deps
 bash "$KILN_ROOT/infra/docker.sh"
 cd "$KILN_ROOT"
 node_modules/.bin/tsx sandbox-image/build.ts
-exec node_modules/.bin/tsx apps/api/src/main.ts
+exec node --import tsx apps/api/src/main.ts

@@ -1,0 +1,132 @@
+import { mkdtempSync, readFileSync, rmSync, statSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { connect } from 'node:net';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { generateKey } from '../../apps/api/src/auth/keys.ts';
+import { createPgDatabase, dropPgDatabase } from '../support/db.ts';
+import { launchKiln, startKiln, type KilnProcess } from '../support/server.ts';
+
+/** The real server as a child process, the way `npm start` runs it. */
+describe('the server process', () => {
+  const cleanups: (() => Promise<unknown> | void)[] = [];
+  afterEach(async () => {
+    for (const c of cleanups.splice(0).reverse()) await c();
+  });
+
+  const dataDir = () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kiln-e2e-'));
+    cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+    return dir;
+  };
+  const track = (p: KilnProcess) => {
+    cleanups.push(async () => {
+      if (p.child.exitCode === null && p.child.signalCode === null) {
+        p.child.kill('SIGKILL');
+        await p.exited;
+      }
+    });
+    return p;
+  };
+  const api = (p: KilnProcess, key: string, path: string, init: RequestInit = {}) =>
+    fetch(`${p.url}${path}`, { ...init, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...init.headers } });
+
+  it('first start on PGlite prints the URL and a new org-admin key (saved 0600); later starts do not', async () => {
+    const dir = dataDir();
+    const first = track(await startKiln({ KILN_DATA_DIR: dir }));
+    expect(first.stdout()).toContain('database: pglite');
+    const key = /(kiln_admin_\S+)/.exec(first.stdout())![1]!;
+    const file = join(dir, 'admin.key');
+    expect(readFileSync(file, 'utf8').trim()).toBe(key);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
+    expect((await fetch(`${first.url}/readyz`)).status).toBe(200);
+    const team = await api(first, key, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'persisted' }) });
+    expect(team.status).toBe(201);
+    first.child.kill('SIGTERM');
+    expect(await first.exited).toBe(0);
+
+    const second = track(await startKiln({ KILN_DATA_DIR: dir }));
+    expect(second.stdout()).not.toContain('kiln_admin_');
+    const teams = await (await api(second, key, '/v1/teams')).json();
+    expect(teams.data.map((t: { name: string }) => t.name)).toEqual(['persisted']);
+  });
+
+  it('restarts cleanly after kill -9 in the middle of a burst of writes', async () => {
+    const dir = dataDir();
+    const adminKey = generateKey('admin');
+    const first = track(await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey }));
+    const team = await (await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'k9' }) })).json();
+    const key = (await (await api(first, adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: JSON.stringify({ name: 'o', role: 'owner' }) })).json()).key;
+
+    // One request provably mid-flight: the server has parsed its headers (it answered
+    // 100 Continue) and is waiting for the rest of the body.
+    const { hostname: host, port } = new URL(first.url);
+    const socket = connect(Number(port), host);
+    const body = JSON.stringify({ name: 'half-sent' });
+    socket.write(
+      `POST /v1/workspaces HTTP/1.1\r\nHost: ${host}\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\n` +
+        `Content-Length: ${body.length}\r\nExpect: 100-continue\r\n\r\n`,
+    );
+    await new Promise<void>((resolve) => socket.once('data', (d) => (String(d).includes('100 Continue') ? resolve() : undefined)));
+    socket.write(body.slice(0, 5));
+    const closed = new Promise<string>((resolve) => {
+      let got = '';
+      socket.on('data', (d) => (got += d));
+      socket.on('close', () => resolve(got));
+      socket.on('error', () => undefined);
+    });
+    // And a burst of writes racing the kill.
+    const inflight = Array.from({ length: 40 }, (_, i) =>
+      api(first, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: `w${i}` }) }).then(
+        (r) => r.status,
+        () => 'aborted' as const,
+      ),
+    );
+    await Promise.race(inflight);
+    first.child.kill('SIGKILL');
+    const outcomes = await Promise.all(inflight);
+    expect(await closed).toBe('');
+    await first.exited;
+
+    const second = track(await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey }));
+    expect((await fetch(`${second.url}/readyz`)).status).toBe(200);
+    const listed = await (await api(second, key, '/v1/workspaces?limit=100')).json();
+    const created = outcomes.filter((o) => o === 201).length;
+    expect(listed.data.length).toBeGreaterThanOrEqual(created);
+    expect(listed.data.map((w: { name: string }) => w.name)).not.toContain('half-sent');
+    for (const w of listed.data) expect((await api(second, key, `/v1/workspaces/${w.id}`)).status).toBe(200);
+    const again = await api(second, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'after-crash' }) });
+    expect(again.status).toBe(201);
+  });
+
+  it('runs the same code on Postgres when DATABASE_URL is set', async () => {
+    const url = await createPgDatabase();
+    cleanups.push(() => dropPgDatabase(url));
+    const dir = dataDir();
+    const p = track(await startKiln({ KILN_DATA_DIR: dir, DATABASE_URL: url }));
+    expect(p.stdout()).toContain('database: postgres');
+    const key = /(kiln_admin_\S+)/.exec(p.stdout())![1]!;
+    const ready = await (await fetch(`${p.url}/readyz`)).json();
+    expect(ready.checks).toEqual({ database: { ok: true }, docker: { ok: true } });
+    expect((await api(p, key, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'pg' }) })).status).toBe(201);
+    expect(existsSync(join(dir, 'pglite'))).toBe(false);
+  });
+
+  it('with KILN_ADMIN_KEY set, uses that key and prints none', async () => {
+    const dir = dataDir();
+    const adminKey = generateKey('admin');
+    const p = track(await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey }));
+    expect(p.stdout()).not.toContain('kiln_admin_');
+    expect(existsSync(join(dir, 'admin.key'))).toBe(false);
+    expect((await api(p, adminKey, '/v1/teams')).status).toBe(200);
+  });
+
+  it('refuses to start on bad configuration, one line per problem, secrets hidden', async () => {
+    const p = launchKiln({ KILN_PORT: 'abc', KILN_LOG_LEVEL: 'loud', KILN_ADMIN_KEY: 'short-secret' });
+    expect(await p.exited).toBe(2);
+    const lines = p.stderr().trim().split('\n');
+    expect(lines[0]).toMatch(/3 problem/);
+    expect(lines.slice(1).map((l) => l.trim().split(':')[0])).toEqual(expect.arrayContaining(['KILN_PORT', 'KILN_LOG_LEVEL', 'KILN_ADMIN_KEY']));
+    expect(p.stderr()).not.toContain('short-secret');
+  });
+});

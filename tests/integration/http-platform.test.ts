@@ -1,0 +1,163 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { tableCounts } from '../support/counts.ts';
+
+describe('ops endpoints and documentation', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    t = await createTestApp();
+  });
+  afterAll(() => t.close());
+
+  it('/healthz answers without auth; /readyz checks the database and the real Docker Engine', async () => {
+    expect((await t.call('GET', '/healthz')).body).toEqual({ status: 'ok' });
+    const ready = await t.call('GET', '/readyz');
+    expect(ready.status).toBe(200);
+    expect(ready.body).toEqual({ status: 'ok', checks: { database: { ok: true }, docker: { ok: true } } });
+  });
+
+  it('/openapi.json documents every route with its security scheme; /docs serves the reference offline', async () => {
+    const doc = await t.call('GET', '/openapi.json');
+    expect(doc.body.openapi).toBe('3.1.0');
+    for (const path of ['/v1/teams', '/v1/teams/{team}/keys', '/v1/workspaces', '/v1/workspaces/{ws}', '/v1/audit', '/readyz']) {
+      expect(Object.keys(doc.body.paths)).toContain(path);
+    }
+    expect(doc.body.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });
+    const page = await t.call('GET', '/docs');
+    expect(page.body).toContain('/openapi.json');
+    const bundle = await t.app.request('/docs/swagger-ui-bundle.js');
+    expect(bundle.status).toBe(200);
+    expect((await bundle.text()).length).toBeGreaterThan(100_000);
+  });
+
+  it('writes exactly one structured log line per request, carrying the request id', async () => {
+    const before = t.logs.length;
+    const r = await t.call('GET', '/healthz', { headers: { 'x-request-id': 'trace-123' } });
+    expect(r.headers.get('x-request-id')).toBe('trace-123');
+    const lines = t.logs.slice(before);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ request_id: 'trace-123', method: 'GET', path: '/healthz', status: 200 });
+    expect(typeof lines[0]!.duration_ms).toBe('number');
+    const bogus = await t.call('GET', '/healthz', { headers: { 'x-request-id': 'no spaces allowed' } });
+    expect(bogus.headers.get('x-request-id')).toMatch(/^req_/);
+  });
+});
+
+describe('idempotency', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    t = await createTestApp();
+    team = await t.team('idem');
+  });
+  afterAll(() => t.close());
+
+  it('replays the first answer for the same key and body, creating nothing new', async () => {
+    const headers = { 'idempotency-key': 'create-ws-1' };
+    const first = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'once' }, headers });
+    expect(first.status).toBe(201);
+    const before = await tableCounts(t.database.db);
+    const second = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'once' }, headers });
+    expect(second.status).toBe(201);
+    expect(second.body).toEqual(first.body);
+    expect(second.headers.get('idempotent-replayed')).toBe('true');
+    expect(await tableCounts(t.database.db)).toEqual(before);
+  });
+
+  it('refuses the same key with a different body', async () => {
+    const headers = { 'idempotency-key': 'create-ws-2' };
+    await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'two' }, headers });
+    const other = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'three' }, headers });
+    expect(other.status).toBe(400);
+    expect(other.body.error.message).toMatch(/different request/);
+  });
+
+  it('scopes keys to the caller: another key with the same Idempotency-Key is a new request', async () => {
+    const other = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body: { name: 'm', role: 'member' } });
+    const headers = { 'idempotency-key': 'shared-key' };
+    const a = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'sa' }, headers });
+    const b = await t.call('POST', '/v1/workspaces', { key: other.body.key, body: { name: 'sb' }, headers });
+    expect(a.status).toBe(201);
+    expect(b.status).toBe(201);
+    expect(b.body.id).not.toBe(a.body.id);
+  });
+
+  it('concurrent duplicates create one resource: the loser gets the replay or 409', async () => {
+    const headers = { 'idempotency-key': 'race-1' };
+    const results = await Promise.all(
+      Array.from({ length: 5 }, () => t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'raced' }, headers })),
+    );
+    const created = new Set(results.filter((r) => r.status === 201).map((r) => r.body.id));
+    expect(created.size).toBe(1);
+    for (const r of results) expect([201, 409]).toContain(r.status);
+  });
+});
+
+describe('rate limiting', () => {
+  it('answers 429 rate_limited with Retry-After past the burst, per team, and refills over time', async () => {
+    let now = 1_000_000;
+    const t = await createTestApp({ rateLimit: { perMinute: 60, burst: 4 }, now: () => now });
+    try {
+      const a = await t.team('rl-a');
+      const b = await t.team('rl-b');
+      // The admin key has its own bucket: setting up the teams spent its 4 tokens, not theirs.
+      for (let i = 0; i < 4; i++) expect((await t.call('GET', '/v1/workspaces', { key: a.key })).status).toBe(200);
+      const limited = await t.call('GET', '/v1/workspaces', { key: a.key });
+      expect(limited.status).toBe(429);
+      expect(limited.body.error).toMatchObject({ code: 'rate_limited', type: 'rate_limit_error' });
+      expect(Number(limited.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+      expect((await t.call('GET', '/v1/workspaces', { key: b.key })).status).toBe(200);
+      now += 1_000;
+      expect((await t.call('GET', '/v1/workspaces', { key: a.key })).status).toBe(200);
+      expect((await t.call('GET', '/v1/workspaces', { key: a.key })).status).toBe(429);
+    } finally {
+      await t.close();
+    }
+  });
+});
+
+describe('audit', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    t = await createTestApp();
+    team = await t.team('audited');
+  });
+  afterAll(() => t.close());
+
+  it('records every state change with actor, resource and before/after', async () => {
+    const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'a1' } })).body;
+    await t.call('PATCH', `/v1/workspaces/${ws.id}`, { key: team.key, body: { settings: { max_steps: 5 } } });
+    await t.call('DELETE', `/v1/workspaces/${ws.id}`, { key: team.key });
+    const r = await t.call('GET', `/v1/audit?order=asc&limit=100`, { key: team.key });
+    const byAction = (a: string) => r.body.data.filter((e: { action: string; resource_id: string }) => e.action === a && e.resource_id === ws.id);
+    const [created] = byAction('workspace.create');
+    const [updated] = byAction('workspace.update');
+    const [deleted] = byAction('workspace.delete');
+    expect(created).toMatchObject({ team_id: team.id, resource_type: 'workspace', before: null, after: { name: 'a1' } });
+    expect(created.actor).toMatch(/^key_/);
+    expect(updated.before.settings.max_steps).toBe(30);
+    expect(updated.after.settings.max_steps).toBe(5);
+    expect(deleted).toMatchObject({ before: { id: ws.id }, after: null });
+    expect(created.request_id).toMatch(/^req_/);
+  });
+
+  it('records key creation without the secret, and filters by action and actor', async () => {
+    const k = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: t.adminKey, body: { name: 'audited-key', role: 'member' } });
+    const r = await t.call('GET', `/v1/audit?action=key.create&limit=100`, { key: t.adminKey });
+    const event = r.body.data.find((e: { resource_id: string }) => e.resource_id === k.body.id);
+    expect(event.actor_role).toBe('org_admin');
+    expect(JSON.stringify(event)).not.toContain(k.body.key);
+    expect(r.body.data.every((e: { action: string }) => e.action === 'key.create')).toBe(true);
+    const mine = await t.call('GET', `/v1/audit?actor=${event.actor}&limit=100`, { key: t.adminKey });
+    expect(mine.body.data.length).toBeGreaterThan(0);
+    expect(mine.body.data.every((e: { actor: string }) => e.actor === event.actor)).toBe(true);
+  });
+
+  it('reads and failed requests leave no audit row', async () => {
+    const before = (await tableCounts(t.database.db)).audit_events;
+    await t.call('GET', '/v1/workspaces', { key: team.key });
+    await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: '' } });
+    expect((await tableCounts(t.database.db)).audit_events).toBe(before);
+  });
+});

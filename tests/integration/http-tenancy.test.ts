@@ -1,0 +1,115 @@
+import { count } from 'drizzle-orm';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { apiKeys } from '../../apps/api/src/db/schema/index.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+
+/**
+ * Auth and tenancy through the real HTTP stack: unknown keys, roles, and above all that
+ * another team's resource is always 404 — for every resource route that exists.
+ */
+describe('auth and tenancy', () => {
+  let t: TestApp;
+  let a: { id: string; key: string };
+  let b: { id: string; key: string };
+  let wsA: string;
+  let keyA: string;
+
+  beforeAll(async () => {
+    t = await createTestApp();
+    a = await t.team('alpha');
+    b = await t.team('beta');
+    const ws = await t.call('POST', '/v1/workspaces', { key: a.key, body: { name: 'alpha-ws' } });
+    wsA = ws.body.id;
+    const k = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: a.key, body: { name: 'second', role: 'member' } });
+    keyA = k.body.id;
+  });
+  afterAll(() => t.close());
+
+  it('refuses requests without a key, with a malformed header, or with an unknown key', async () => {
+    for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }]) {
+      const r = await t.call('GET', '/v1/workspaces', { headers });
+      expect(r.status).toBe(401);
+      expect(r.body.error).toMatchObject({ type: 'authentication_error', code: 'unauthorized' });
+      expect(r.body.error.request_id).toBe(r.headers.get('x-request-id'));
+    }
+  });
+
+  it('stores keys hashed: no secret appears in the database', async () => {
+    const rows = await t.database.db.select().from(apiKeys);
+    const dump = JSON.stringify(rows);
+    for (const secret of [t.adminKey, a.key, b.key]) expect(dump).not.toContain(secret);
+    expect(rows.every((r) => /^[0-9a-f]{64}$/.test(r.keyHash))).toBe(true);
+  });
+
+  it('never logs a key, even a wrong one', async () => {
+    await t.call('GET', '/v1/workspaces', { key: 'kiln_wrong_but_secret_value' });
+    const log = t.logText();
+    for (const secret of [t.adminKey, a.key, b.key, 'kiln_wrong_but_secret_value']) expect(log).not.toContain(secret);
+  });
+
+  it('a revoked key stops working at once', async () => {
+    const k = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: t.adminKey, body: { name: 'temp', role: 'member' } });
+    expect((await t.call('GET', '/v1/workspaces', { key: k.body.key })).status).toBe(200);
+    const del = await t.call('DELETE', `/v1/teams/${a.id}/keys/${k.body.id}`, { key: a.key });
+    expect(del.status).toBe(200);
+    expect(del.body.revoked_at).not.toBeNull();
+    expect((await t.call('GET', '/v1/workspaces', { key: k.body.key })).status).toBe(401);
+  });
+
+  it('team keys cannot create teams; org-admin keys must use a team key for team resources', async () => {
+    const r = await t.call('POST', '/v1/teams', { key: a.key, body: { name: 'sneaky' } });
+    expect(r.status).toBe(403);
+    expect(r.body.error.code).toBe('forbidden');
+    const w = await t.call('GET', '/v1/workspaces', { key: t.adminKey });
+    expect(w.status).toBe(403);
+    expect(w.body.error.message).toMatch(/team key/);
+  });
+
+  it('viewer keys read but never write; members cannot manage keys', async () => {
+    const viewer = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: a.key, body: { name: 'v', role: 'viewer' } });
+    const member = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: a.key, body: { name: 'm', role: 'member' } });
+    expect((await t.call('GET', `/v1/workspaces/${wsA}`, { key: viewer.body.key })).status).toBe(200);
+    for (const [method, path, body] of [
+      ['POST', '/v1/workspaces', { name: 'x' }],
+      ['PATCH', `/v1/workspaces/${wsA}`, { name: 'y' }],
+      ['DELETE', `/v1/workspaces/${wsA}`, undefined],
+    ] as const) {
+      const r = await t.call(method, path, { key: viewer.body.key, body });
+      expect(r.status, `${method} ${path}`).toBe(403);
+    }
+    const r = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: member.body.key, body: { name: 'x', role: 'owner' } });
+    expect(r.status).toBe(403);
+  });
+
+  it('lists only the caller\u2019s own team', async () => {
+    const r = await t.call('GET', '/v1/teams', { key: b.key });
+    expect(r.body.data.map((x: { id: string }) => x.id)).toEqual([b.id]);
+    const all = await t.call('GET', '/v1/teams', { key: t.adminKey });
+    expect(all.body.data.map((x: { id: string }) => x.id)).toEqual(expect.arrayContaining([a.id, b.id]));
+  });
+
+  it('answers 404, never 403, for every resource route on another team\u2019s resource, and changes nothing', async () => {
+    const keysBefore = await t.database.db.select({ n: count() }).from(apiKeys);
+    const routes: [string, string, unknown?][] = [
+      ['GET', `/v1/teams/${a.id}`],
+      ['GET', `/v1/teams/${a.id}/keys`],
+      ['POST', `/v1/teams/${a.id}/keys`, { name: 'steal', role: 'owner' }],
+      ['DELETE', `/v1/teams/${a.id}/keys/${keyA}`],
+      ['GET', `/v1/workspaces/${wsA}`],
+      ['PATCH', `/v1/workspaces/${wsA}`, { name: 'hijacked' }],
+      ['DELETE', `/v1/workspaces/${wsA}`],
+    ];
+    for (const [method, path, body] of routes) {
+      const r = await t.call(method, path, { key: b.key, body });
+      expect(r.status, `${method} ${path}`).toBe(404);
+      expect(r.body.error.code).toBe('not_found');
+    }
+    const ws = await t.call('GET', `/v1/workspaces/${wsA}`, { key: a.key });
+    expect(ws.body.name).toBe('alpha-ws');
+    expect(await t.database.db.select({ n: count() }).from(apiKeys)).toEqual(keysBefore);
+    const listed = await t.call('GET', '/v1/workspaces', { key: b.key });
+    expect(listed.body.data.map((w: { id: string }) => w.id)).not.toContain(wsA);
+    const audit = await t.call('GET', '/v1/audit', { key: b.key, headers: {} });
+    expect(audit.body.data.every((e: { team_id: string }) => e.team_id === b.id)).toBe(true);
+  });
+});

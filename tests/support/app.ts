@@ -1,0 +1,84 @@
+import { Writable } from 'node:stream';
+import pino from 'pino';
+import { createApp } from '../../apps/api/src/app.ts';
+import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
+import { generateKey } from '../../apps/api/src/auth/keys.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
+
+export interface Call {
+  key?: string;
+  body?: unknown;
+  raw?: string;
+  headers?: Record<string, string>;
+}
+
+export interface TestApp {
+  app: ReturnType<typeof createApp>;
+  database: TestDatabase;
+  adminKey: string;
+  /** Every log line the app wrote, parsed. */
+  logs: Record<string, unknown>[];
+  /** Raw log output, to check that no secret ever reaches it. */
+  logText(): string;
+  call(method: string, path: string, opts?: Call): Promise<{ status: number; body: any; headers: Headers }>;
+  /** Creates a team plus a key of the given role in it. */
+  team(name: string, role?: 'owner' | 'admin' | 'member' | 'viewer'): Promise<{ id: string; key: string }>;
+  close(): Promise<void>;
+}
+
+/** The real app in-process on a real, freshly migrated database and the real Docker Engine. */
+export async function createTestApp(
+  opts: { driver?: Driver; rateLimit?: { perMinute: number; burst: number }; bodyLimitBytes?: number; now?: () => number } = {},
+): Promise<TestApp> {
+  const database = await createTestDatabase(opts.driver ?? 'postgres');
+  const adminKey = generateKey('admin');
+  await bootstrapAdminKey(database.db, { adminKey, dataDir: '/nonexistent' });
+  let text = '';
+  const logs: Record<string, unknown>[] = [];
+  const sink = new Writable({
+    write(chunk, _enc, cb) {
+      text += chunk.toString();
+      for (const line of chunk.toString().split('\n')) if (line.trim()) logs.push(JSON.parse(line));
+      cb();
+    },
+  });
+  const logger = pino({ level: 'info' }, sink);
+  const app = createApp({
+    config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
+    db: database.db,
+    docker: connectDocker(process.env.DOCKER_HOST),
+    logger,
+    now: opts.now,
+  });
+
+  const call: TestApp['call'] = async (method, path, o = {}) => {
+    const headers: Record<string, string> = { ...o.headers };
+    if (o.key) headers.authorization = `Bearer ${o.key}`;
+    let body: string | undefined = o.raw;
+    if (o.body !== undefined) {
+      body = JSON.stringify(o.body);
+      headers['content-type'] ??= 'application/json';
+    }
+    const res = await app.request(path, { method, headers, body });
+    const ct = res.headers.get('content-type') ?? '';
+    return { status: res.status, headers: res.headers, body: ct.includes('json') ? await res.json() : await res.text() };
+  };
+
+  return {
+    app,
+    database,
+    adminKey,
+    logs,
+    logText: () => text,
+    call,
+    async team(name, role = 'owner') {
+      const t = await call('POST', '/v1/teams', { key: adminKey, body: { name } });
+      if (t.status !== 201) throw new Error(`team create failed: ${JSON.stringify(t.body)}`);
+      const k = await call('POST', `/v1/teams/${t.body.id}/keys`, { key: adminKey, body: { name: `${role} key`, role } });
+      if (k.status !== 201) throw new Error(`key create failed: ${JSON.stringify(k.body)}`);
+      return { id: t.body.id, key: k.body.key };
+    },
+    close: () => database.drop(),
+  };
+}

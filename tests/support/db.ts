@@ -1,0 +1,60 @@
+import { randomBytes } from 'node:crypto';
+import postgres from 'postgres';
+import { openDatabase, type Database } from '../../apps/api/src/db/client.ts';
+
+/** The suite's Postgres server (trust auth); each test file gets a database of its own. */
+export const PG_ADMIN_URL = process.env.KILN_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+
+export type Driver = 'postgres' | 'pglite';
+export const DRIVERS: Driver[] = ['postgres', 'pglite'];
+
+export interface TestDatabase extends Database {
+  url?: string;
+  drop(): Promise<void>;
+}
+
+/** A fresh, migrated database: a new Postgres database (dropped afterwards) or an in-memory PGlite. */
+export async function createTestDatabase(driver: Driver = 'postgres'): Promise<TestDatabase> {
+  if (driver === 'pglite') {
+    const database = await openDatabase({});
+    return { ...database, drop: () => database.close() };
+  }
+  const url = await createPgDatabase();
+  const database = await openDatabase({ url });
+  return {
+    ...database,
+    url,
+    drop: async () => {
+      await database.close();
+      await dropPgDatabase(url);
+    },
+  };
+}
+
+export async function createPgDatabase(): Promise<string> {
+  const name = `kiln_test_${randomBytes(6).toString('hex')}`;
+  const admin = postgres(PG_ADMIN_URL, { max: 1, onnotice: () => {} });
+  try {
+    await admin.unsafe(`create database ${name}`);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(PG_ADMIN_URL);
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+export async function dropPgDatabase(url: string): Promise<void> {
+  const name = new URL(url).pathname.slice(1);
+  const admin = postgres(PG_ADMIN_URL, { max: 1, onnotice: () => {} });
+  try {
+    await admin.unsafe(`drop database if exists ${name} with (force)`);
+  } finally {
+    await admin.end();
+  }
+}
+
+/** `db.execute` answers an array on postgres.js and `{ rows }` on PGlite. */
+export function rowsOf<T>(result: unknown): T[] {
+  return (Array.isArray(result) ? result : (result as { rows: T[] }).rows) as T[];
+}

@@ -1,0 +1,45 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+export interface KilnProcess {
+  child: ChildProcess;
+  url: string;
+  stdout(): string;
+  stderr(): string;
+  /** Resolves with the exit code (or signal name) once the process is gone. */
+  exited: Promise<number | string>;
+}
+
+/** Starts `apps/api/src/main.ts` as a real child process and waits for its "listening" banner. */
+export async function startKiln(env: Record<string, string>): Promise<KilnProcess> {
+  const proc = launchKiln(env);
+  const url = await new Promise<string>((resolve, reject) => {
+    const onData = () => {
+      const m = /Kiln is listening on (\S+)/.exec(proc.stdout());
+      if (m) {
+        proc.child.stdout!.off('data', onData);
+        resolve(m[1]!);
+      }
+    };
+    proc.child.stdout!.on('data', onData);
+    proc.exited.then((code) => reject(new Error(`kiln exited (${code}) before listening:\n${proc.stderr()}\n${proc.stdout()}`)));
+  });
+  return { ...proc, url };
+}
+
+/** Spawns the server without waiting for it, for start-up failures. */
+export function launchKiln(env: Record<string, string>): Omit<KilnProcess, 'url'> {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH!, HOME: process.env.HOME ?? '/root', KILN_PORT: '0', KILN_LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (err += d));
+  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+  return { child, stdout: () => out, stderr: () => err, exited };
+}

@@ -1,0 +1,74 @@
+import { resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../../apps/api/src/config.ts';
+
+function problems(env: Record<string, string>): string[] {
+  try {
+    loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.problems;
+    throw err;
+  }
+  throw new Error('expected a ConfigError');
+}
+
+describe('config', () => {
+  it('has working defaults for an empty environment', () => {
+    const c = loadConfig({});
+    expect(c.port).toBe(7700);
+    expect(c.host).toBe('127.0.0.1');
+    expect(c.dataDir).toBe(resolve('./data'));
+    expect(c.databaseUrl).toBeUndefined();
+    expect(c.rateLimit).toEqual({ perMinute: 600, burst: 120 });
+    expect(c.sandboxImage).toBe('kiln-sandbox:latest');
+  });
+
+  it('reads every variable it knows', () => {
+    const c = loadConfig({
+      KILN_PORT: '8123',
+      KILN_HOST: '0.0.0.0',
+      KILN_DATA_DIR: '/var/lib/kiln',
+      DATABASE_URL: 'postgres://u:p@db:5432/kiln',
+      KILN_ADMIN_KEY: 'kiln_admin_abcdefghijklmnopqrstuvwxyz',
+      KILN_LOG_LEVEL: 'debug',
+      KILN_BODY_LIMIT_BYTES: '2048',
+      KILN_RATE_LIMIT_PER_MINUTE: '60',
+      KILN_RATE_LIMIT_BURST: '10',
+      KILN_SANDBOX_IMAGE: 'kiln-sandbox:abc',
+      DOCKER_HOST: 'unix:///run/docker.sock',
+      KILN_SHUTDOWN_GRACE_MS: '500',
+    });
+    expect(c).toMatchObject({
+      port: 8123,
+      host: '0.0.0.0',
+      dataDir: '/var/lib/kiln',
+      databaseUrl: 'postgres://u:p@db:5432/kiln',
+      adminKey: 'kiln_admin_abcdefghijklmnopqrstuvwxyz',
+      logLevel: 'debug',
+      bodyLimitBytes: 2048,
+      rateLimit: { perMinute: 60, burst: 10 },
+      sandboxImage: 'kiln-sandbox:abc',
+      dockerHost: 'unix:///run/docker.sock',
+      shutdownGraceMs: 500,
+    });
+  });
+
+  it('reports one readable line per wrong value, naming the variable', () => {
+    const lines = problems({ KILN_PORT: 'eighty', KILN_LOG_LEVEL: 'loud', KILN_RATE_LIMIT_BURST: '0' });
+    expect(lines).toHaveLength(3);
+    expect(lines.find((l) => l.startsWith('KILN_PORT:'))).toContain('"eighty"');
+    expect(lines.find((l) => l.startsWith('KILN_LOG_LEVEL:'))).toContain('"loud"');
+    expect(lines.find((l) => l.startsWith('KILN_RATE_LIMIT_BURST:'))).toBeDefined();
+  });
+
+  it('never echoes a secret in an error', () => {
+    const lines = problems({ KILN_ADMIN_KEY: 'hunter2-secret', DATABASE_URL: 'mysql://root:topsecret@x/y' });
+    expect(lines).toHaveLength(2);
+    expect(lines.join('\n')).not.toMatch(/hunter2|topsecret/);
+    expect(lines.join('\n')).toContain('value hidden');
+  });
+
+  it('treats empty strings as unset', () => {
+    expect(loadConfig({ KILN_PORT: '', DATABASE_URL: '' })).toMatchObject({ port: 7700, databaseUrl: undefined });
+  });
+});
