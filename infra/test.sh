@@ -6,4 +6,6 @@ bash "$KILN_ROOT/infra/docker.sh"
 bash "$KILN_ROOT/infra/postgres.sh"
 cd "$KILN_ROOT"
 node_modules/.bin/tsx sandbox-image/build.ts
+say "type-check"
+node_modules/.bin/tsc -p tsconfig.json
 exec node_modules/.bin/vitest run "$@"

@@ -39,9 +39,9 @@ export function baseHash(): string {
 }
 
 /** Hash of the runner layer's inputs plus the base it builds on. */
-export function runnerHash(base: string): string {
-  const files = filesUnder(here).filter((f) => !f.endsWith('build.ts'));
-  return hashOf([base, ...files.flatMap((f) => [relative(here, f), readFileSync(f)])]);
+export function runnerHash(base: string, dir = here): string {
+  const files = filesUnder(dir).filter((f) => relative(dir, f) !== 'build.ts');
+  return hashOf([base, ...files.flatMap((f) => [relative(dir, f), readFileSync(f)])]);
 }
 
 async function imageExists(docker: Docker, ref: string): Promise<boolean> {
@@ -74,13 +74,17 @@ export function debianMirror(): string {
   if (process.env.KILN_DEBIAN_MIRROR) return process.env.KILN_DEBIAN_MIRROR;
   const sources = ['/etc/apt/sources.list.d/debian.sources', '/etc/apt/sources.list'].filter(existsSync);
   for (const file of sources) {
-    const text = readFileSync(file, 'utf8');
-    const deb822 = /^URIs:\s*(\S+)/m.exec(text);
-    const oneLine = /^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+\s+main/m.exec(text);
-    const uri = (deb822 ?? oneLine)?.[1];
-    if (uri && !uri.includes('security')) return uri;
+    const uri = mirrorFromSources(readFileSync(file, 'utf8'));
+    if (uri) return uri;
   }
   throw new Error('no Debian mirror found in /etc/apt; set KILN_DEBIAN_MIRROR');
+}
+
+/** The first non-security archive URI in an apt sources file (deb822 or one-line format). */
+export function mirrorFromSources(text: string): string | undefined {
+  const deb822 = [...text.matchAll(/^URIs:\s*(\S+)/gm)].map((m) => m[1]!);
+  const oneLine = [...text.matchAll(/^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+/gm)].map((m) => m[1]!);
+  return [...deb822, ...oneLine].find((uri) => !uri.includes('security'));
 }
 
 async function buildBase(docker: Docker, tag: string): Promise<void> {

@@ -1,0 +1,13 @@
+# The Kiln API as a container (for compose.yaml / your own orchestrator).
+# Build from the repository root: docker build -f infra/deploy/api.Dockerfile -t kiln-api .
+# It needs a base image from a registry; the sandbox image is built on the Docker host
+# with `npm run sandbox:build`, since the API only starts containers from it.
+FROM node:20-bookworm-slim
+WORKDIR /opt/kiln
+COPY package.json package-lock.json ./
+COPY apps/api/package.json apps/api/package.json
+RUN npm ci --omit=dev --no-audit --no-fund
+COPY apps/api apps/api
+ENV KILN_HOST=0.0.0.0 KILN_DATA_DIR=/var/lib/kiln NODE_ENV=production
+EXPOSE 7700
+CMD ["node", "--import", "tsx", "apps/api/src/main.ts"]
