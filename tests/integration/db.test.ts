@@ -24,7 +24,7 @@ describe.each(DRIVERS)('database layer on %s', (driver) => {
     const rows = await t.db.execute<{ table_name: string }>(
       sql`select table_name from information_schema.tables where table_schema = 'public'`,
     );
-    const names = rowsOf(rows).map((r) => r.table_name);
+    const names = rowsOf<{ table_name: string }>(rows).map((r) => r.table_name);
     expect(names.sort()).toEqual([...TABLES].sort());
   });
 
@@ -72,7 +72,7 @@ describe('migrations', () => {
       const again = await openDatabase({ url: t.url });
       const applied = await again.db.execute<{ n: number }>(sql`select count(*)::int as n from drizzle.__drizzle_migrations`);
       await again.close();
-      const count = rowsOf(applied)[0]!.n;
+      const count = rowsOf<{ n: number }>(applied)[0]!.n;
       expect(count).toBeGreaterThan(0);
       const migrationFiles = readdirSync(new URL('../../apps/api/drizzle', import.meta.url)).filter((f) => f.endsWith('.sql'));
       expect(count).toBe(migrationFiles.length);

@@ -82,7 +82,7 @@ describe('bad input', () => {
   });
 
   it('answers unknown routes with a 404 envelope, authenticated or not', async () => {
-    for (const [method, path] of [['GET', '/nope'], ['POST', '/v1/nothing-here'], ['PUT', '/v1/workspaces']]) {
+    for (const [method, path] of [['GET', '/nope'], ['POST', '/v1/nothing-here'], ['PUT', '/v1/workspaces']] as const) {
       const r = await t.call(method, path, { key: team.key });
       expect(r.status, path).toBe(404);
       expect(r.body.error.code).toBe('not_found');

@@ -26,7 +26,7 @@ describe('auth and tenancy', () => {
   afterAll(() => t.close());
 
   it('refuses requests without a key, with a malformed header, or with an unknown key', async () => {
-    for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }]) {
+    for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }] as Record<string, string>[]) {
       const r = await t.call('GET', '/v1/workspaces', { headers });
       expect(r.status).toBe(401);
       expect(r.body.error).toMatchObject({ type: 'authentication_error', code: 'unauthorized' });
