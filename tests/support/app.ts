@@ -1,9 +1,13 @@
+import { randomBytes } from 'node:crypto';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { createApp } from '../../apps/api/src/app.ts';
 import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { SandboxEngine, type EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
+import { engineOptions } from '../../apps/api/src/server.ts';
+import { loadConfig } from '../../apps/api/src/config.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
 
 export interface Call {
@@ -15,6 +19,7 @@ export interface Call {
 
 export interface TestApp {
   app: ReturnType<typeof createApp>;
+  engine: SandboxEngine;
   database: TestDatabase;
   adminKey: string;
   /** Every log line the app wrote, parsed. */
@@ -29,7 +34,13 @@ export interface TestApp {
 
 /** The real app in-process on a real, freshly migrated database and the real Docker Engine. */
 export async function createTestApp(
-  opts: { driver?: Driver; rateLimit?: { perMinute: number; burst: number }; bodyLimitBytes?: number; now?: () => number } = {},
+  opts: {
+    driver?: Driver;
+    rateLimit?: { perMinute: number; burst: number };
+    bodyLimitBytes?: number;
+    now?: () => number;
+    sandbox?: Partial<EngineOptions>;
+  } = {},
 ): Promise<TestApp> {
   const database = await createTestDatabase(opts.driver ?? 'postgres');
   const adminKey = generateKey('admin');
@@ -44,10 +55,14 @@ export async function createTestApp(
     },
   });
   const logger = pino({ level: 'info' }, sink);
+  const docker = connectDocker(process.env.DOCKER_HOST);
+  const engine = new SandboxEngine(database.db, docker, { ...testEngineOptions(), ...opts.sandbox }, logger);
+  await engine.start();
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
-    docker: connectDocker(process.env.DOCKER_HOST),
+    docker,
+    engine,
     logger,
     now: opts.now,
   });
@@ -79,6 +94,15 @@ export async function createTestApp(
       if (k.status !== 201) throw new Error(`key create failed: ${JSON.stringify(k.body)}`);
       return { id: t.body.id, key: k.body.key };
     },
-    close: () => database.drop(),
+    engine,
+    async close() {
+      await engine.stop();
+      await database.drop();
+    },
   };
+}
+
+/** Server defaults, a unique owner per app (so parallel test files never reap each other) and no warm pool. */
+export function testEngineOptions(): EngineOptions {
+  return { ...engineOptions(loadConfig({})), owner: `test-${randomBytes(4).toString('hex')}`, poolSize: 0 };
 }

@@ -14,6 +14,9 @@ import { requestLog } from './http/request-log.ts';
 import { createRouter } from './http/router.ts';
 import { auditRouter } from './routes/audit/audit.index.ts';
 import { healthRouter } from './routes/health/health.index.ts';
+import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
+import { sessionsRouter } from './routes/sessions/sessions.index.ts';
+import type { SandboxEngine } from './sandbox/engine.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 
@@ -22,6 +25,7 @@ export interface AppDeps {
   db: Db;
   docker: Docker;
   logger: Logger;
+  engine: SandboxEngine;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -36,7 +40,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -54,6 +58,8 @@ export function createApp({ config, db, docker, logger, now }: AppDeps) {
   app.route('/', healthRouter(db, docker));
   app.route('/', teamsRouter(db));
   app.route('/', workspacesRouter(db));
+  app.route('/', sessionsRouter(db, engine));
+  app.route('/', sandboxesRouter(engine));
   app.route('/', auditRouter(db));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });

@@ -1,3 +1,4 @@
+import { hostname } from 'node:os';
 import { resolve } from 'node:path';
 import { z } from 'zod';
 
@@ -22,6 +23,18 @@ const schema = z.object({
   KILN_SANDBOX_IMAGE: z.string().min(1).default('kiln-sandbox:latest'),
   DOCKER_HOST: z.string().optional(),
   KILN_SHUTDOWN_GRACE_MS: int(0, 600_000).default(10_000),
+  KILN_INSTANCE_ID: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, 'letters, digits, . _ - only (max 64)').optional(),
+  KILN_SANDBOX_POOL_SIZE: int(0, 64).default(2),
+  KILN_SANDBOX_IDLE_S: int(10, 7 * 86_400).default(900),
+  KILN_SANDBOX_MAX_LIFETIME_S: int(60, 30 * 86_400).default(43_200),
+  KILN_SANDBOX_MAX_PER_TEAM: int(1, 10_000).default(10),
+  KILN_SANDBOX_REAP_INTERVAL_S: int(1, 3600).default(60),
+  KILN_SANDBOX_MAX_MEMORY_MB: int(64, 1_048_576).default(4096),
+  KILN_SANDBOX_MAX_CPUS: z.coerce.number().min(0.1).max(1024).default(2),
+  KILN_SANDBOX_MAX_PIDS: int(16, 1_000_000).default(1024),
+  KILN_SANDBOX_MAX_TIMEOUT_S: int(1, 86_400).default(600),
+  KILN_SANDBOX_MAX_DISK_MB: int(16, 1_048_576).default(2048),
+  KILN_SANDBOX_MAX_OUTPUT_BYTES: int(1024, 64 * 1024 * 1024).default(65_536),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -39,6 +52,17 @@ export type Config = {
   sandboxImage: string;
   dockerHost?: string;
   shutdownGraceMs: number;
+  /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
+  instanceId: string;
+  sandbox: {
+    poolSize: number;
+    idleS: number;
+    maxLifetimeS: number;
+    perTeamMax: number;
+    reapIntervalS: number;
+    maxOutputBytes: number;
+    max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
+  };
 };
 
 export class ConfigError extends Error {
@@ -73,5 +97,21 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sandboxImage: e.KILN_SANDBOX_IMAGE,
     dockerHost: e.DOCKER_HOST,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
+    instanceId: e.KILN_INSTANCE_ID ?? hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 64),
+    sandbox: {
+      poolSize: e.KILN_SANDBOX_POOL_SIZE,
+      idleS: e.KILN_SANDBOX_IDLE_S,
+      maxLifetimeS: e.KILN_SANDBOX_MAX_LIFETIME_S,
+      perTeamMax: e.KILN_SANDBOX_MAX_PER_TEAM,
+      reapIntervalS: e.KILN_SANDBOX_REAP_INTERVAL_S,
+      maxOutputBytes: e.KILN_SANDBOX_MAX_OUTPUT_BYTES,
+      max: {
+        memoryMb: e.KILN_SANDBOX_MAX_MEMORY_MB,
+        cpus: e.KILN_SANDBOX_MAX_CPUS,
+        pids: e.KILN_SANDBOX_MAX_PIDS,
+        timeoutS: e.KILN_SANDBOX_MAX_TIMEOUT_S,
+        diskMb: e.KILN_SANDBOX_MAX_DISK_MB,
+      },
+    },
   };
 }

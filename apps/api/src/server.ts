@@ -5,6 +5,7 @@ import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
 import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { connectDocker } from './sandbox/docker.ts';
+import { SandboxEngine, type EngineOptions } from './sandbox/engine.ts';
 
 export interface RunningServer {
   url: string;
@@ -17,7 +18,10 @@ export interface RunningServer {
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
-  const app = createApp({ config, db: database.db, docker: connectDocker(config.dockerHost), logger });
+  const docker = connectDocker(config.dockerHost);
+  const engine = new SandboxEngine(database.db, docker, engineOptions(config), logger);
+  await engine.start();
+  const app = createApp({ config, db: database.db, docker, engine, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -39,7 +43,23 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         });
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
+      await engine.stop();
       await database.close();
     })());
   return { url, database, bootstrap, close };
+}
+
+export function engineOptions(config: Config): EngineOptions {
+  const s = config.sandbox;
+  return {
+    image: config.sandboxImage,
+    owner: config.instanceId,
+    poolSize: s.poolSize,
+    idleMs: s.idleS * 1000,
+    maxLifetimeMs: s.maxLifetimeS * 1000,
+    perTeamMax: s.perTeamMax,
+    maxLimits: s.max,
+    maxOutputBytes: s.maxOutputBytes,
+    reapIntervalMs: s.reapIntervalS * 1000,
+  };
 }

@@ -1,4 +1,4 @@
-import { index, pgTable, text } from 'drizzle-orm/pg-core';
+import { index, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
 import { createdAt, teamId, ts } from './columns.ts';
 
 /** Mirrors the containers Kiln owns; the reaper reconciles it with Docker. */
@@ -7,10 +7,15 @@ export const sandboxes = pgTable(
   {
     id: text('id').primaryKey(),
     teamId: teamId(),
+    workspaceId: text('workspace_id'),
     sessionId: text('session_id'),
+    /** The API instance holding the runner stream; only it can use (or must reap) the container. */
+    owner: text('owner').notNull(),
+    limits: jsonb('limits').notNull(),
     containerId: text('container_id').notNull(),
     image: text('image').notNull(),
-    state: text('state', { enum: ['starting', 'ready', 'busy', 'removing', 'removed'] }).notNull(),
+    state: text('state', { enum: ['starting', 'ready', 'removed'] }).notNull(),
+    removedReason: text('removed_reason'),
     createdAt: createdAt(),
     lastUsedAt: ts('last_used_at').notNull().defaultNow(),
     expiresAt: ts('expires_at').notNull(),

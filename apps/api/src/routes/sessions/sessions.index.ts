@@ -1,0 +1,107 @@
+import { streamSSE } from 'hono/streaming';
+import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import type { Db } from '../../db/client.ts';
+import { ApiError } from '../../http/errors.ts';
+import { toPage } from '../../http/pagination.ts';
+import { createRouter } from '../../http/router.ts';
+import type { SandboxEngine } from '../../sandbox/engine.ts';
+import { sandboxPath } from '../../sandbox/paths.ts';
+import * as sessions from '../../sessions/sessions.ts';
+import { getWorkspace } from '../../workspace/workspaces.ts';
+import * as r from './sessions.routes.ts';
+
+const view = (s: sessions.SessionRow) => ({
+  id: s.id,
+  workspace_id: s.workspaceId,
+  title: s.title,
+  status: s.status,
+  created_at: s.createdAt.toISOString(),
+  last_activity_at: s.lastActivityAt.toISOString(),
+  ended_at: s.endedAt?.toISOString() ?? null,
+});
+
+export function sessionsRouter(db: Db, engine: SandboxEngine) {
+  /** The session (active, this team's) and what its sandbox may use. */
+  async function target(teamId: string, sessionId: string) {
+    const session = await sessions.getActiveSession(db, teamId, sessionId);
+    const ws = await getWorkspace(db, teamId, session.workspaceId);
+    return { ctx: { teamId, workspaceId: ws.id, sessionId }, limits: engine.limitsFor(ws.settings.sandbox) };
+  }
+
+  return createRouter()
+    .openapi(r.create, async (c) => {
+      const team = writableTeamOf(c);
+      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+      const row = await sessions.createSession(db, team, ws.id, c.req.valid('json')?.title);
+      c.set('audit', { action: 'session.create', resourceType: 'session', resourceId: row.id, after: view(row) });
+      return c.json(view(row), 201);
+    })
+    .openapi(r.list, async (c) => {
+      const team = teamOf(c);
+      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+      const q = c.req.valid('query');
+      return c.json(toPage(await sessions.listSessions(db, team, ws.id, q), q, view), 200);
+    })
+    .openapi(r.get, async (c) => c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').s)), 200))
+    .openapi(r.end, async (c) => {
+      const team = writableTeamOf(c);
+      const { before, after } = await sessions.endSession(db, team, c.req.valid('param').s);
+      await engine.release(after.id, 'session_ended');
+      c.set('audit', { action: 'session.end', resourceType: 'session', resourceId: after.id, before: view(before), after: view(after) });
+      return c.json(view(after), 200);
+    })
+    .openapi(r.exec, async (c) => {
+      const team = writableTeamOf(c);
+      const { s } = c.req.valid('param');
+      const { code, timeout_s } = c.req.valid('json');
+      const { ctx, limits } = await target(team, s);
+      const audit = (result: { execution_id: string; sandbox_id: string; exit_code: number; error?: { type: string } | null }) => ({
+        action: 'session.exec',
+        resourceType: 'session',
+        resourceId: s,
+        after: { execution_id: result.execution_id, sandbox_id: result.sandbox_id, exit_code: result.exit_code, error: result.error?.type ?? null },
+      });
+      if (c.req.valid('query').stream === 'true') {
+        c.set('audit', { action: 'session.exec', resourceType: 'session', resourceId: s, after: { streamed: true } });
+        return streamSSE(c, async (stream) => {
+          const abort = new AbortController();
+          stream.onAbort(() => abort.abort());
+          let seq = 0;
+          const result = await engine.exec(ctx, limits, code, {
+            timeoutS: timeout_s,
+            signal: abort.signal,
+            onOutput: (name, data) => void stream.writeSSE({ id: String(++seq), event: 'exec.output', data: JSON.stringify({ stream: name, data }) }),
+          });
+          await stream.writeSSE({ id: String(++seq), event: 'exec.completed', data: JSON.stringify(withoutNullError(result)) });
+        }) as never;
+      }
+      const result = await engine.exec(ctx, limits, code, { timeoutS: timeout_s });
+      c.set('audit', audit(result));
+      return c.json(withoutNullError(result), 200);
+    })
+    .openapi(r.putFile, async (c) => {
+      const team = writableTeamOf(c);
+      const path = sandboxPath(c.req.valid('query').path);
+      const { ctx, limits } = await target(team, c.req.valid('param').s);
+      const data = Buffer.from(await c.req.arrayBuffer());
+      const size = await engine.putFile(ctx, limits, path, data).catch((err: Error) => {
+        throw new ApiError('invalid_request', `could not write ${path}: ${err.message}`);
+      });
+      c.set('audit', { action: 'session.file.put', resourceType: 'session', resourceId: ctx.sessionId, after: { path, size } });
+      return c.json({ path, size }, 200);
+    })
+    .openapi(r.getFile, async (c) => {
+      const team = teamOf(c);
+      const path = sandboxPath(c.req.valid('query').path);
+      const { ctx, limits } = await target(team, c.req.valid('param').s);
+      const data = await engine.getFile(ctx, limits, path).catch((err: Error) => {
+        throw /No such file|FileNotFound/.test(err.message) ? ApiError.notFound(`file ${path}`) : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
+      });
+      return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
+    });
+}
+
+function withoutNullError<T extends { error: unknown }>(result: T) {
+  const { error, ...rest } = result;
+  return (error ? { ...rest, error } : rest) as Omit<T, 'error'> & { error?: NonNullable<T['error']> };
+}

@@ -1,0 +1,130 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import { ListQuery, listOf } from '../../http/pagination.ts';
+import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
+
+export const Session = z
+  .object({
+    id: z.string(),
+    workspace_id: z.string(),
+    title: z.string().nullable(),
+    status: z.enum(['active', 'ended']),
+    created_at: z.string(),
+    last_activity_at: z.string(),
+    ended_at: z.string().nullable(),
+  })
+  .openapi('Session');
+
+const Artifact = z.object({ name: z.string(), mime: z.string(), base64: z.string() });
+export const ExecResult = z
+  .object({
+    stdout: z.string(),
+    stderr: z.string(),
+    error: z.object({ type: z.string(), message: z.string(), traceback: z.string().optional() }).optional(),
+    exit_code: z.number().int(),
+    duration_ms: z.number(),
+    truncated: z.boolean(),
+    stdout_bytes: z.number().int(),
+    stderr_bytes: z.number().int(),
+    restarted: z.boolean().openapi({ description: 'the interpreter was restarted: variables from earlier executions are gone' }),
+    artifacts: z.array(Artifact),
+    sandbox_id: z.string(),
+    execution_id: z.string(),
+  })
+  .openapi('ExecResult');
+
+const WsParams = z.object({ ws: IdParam('ws', 'ws_0abc') });
+const SesParams = z.object({ s: IdParam('s', 'ses_0abc') });
+const security = [{ bearer: [] }];
+const tags = ['Sessions'];
+const FilePath = z.object({ path: z.string().min(1).max(1024).openapi({ example: '/workspace/data.csv' }) });
+
+export const create = createRoute({
+  method: 'post',
+  path: '/v1/workspaces/{ws}/sessions',
+  tags,
+  security,
+  summary: 'Start a session in a workspace',
+  request: {
+    params: WsParams,
+    body: { content: { 'application/json': { schema: z.object({ title: z.string().trim().min(1).max(200).optional() }).strict() } }, required: false },
+  },
+  responses: { 201: jsonContent(Session, 'The session'), ...errorResponses },
+});
+
+export const list = createRoute({
+  method: 'get',
+  path: '/v1/workspaces/{ws}/sessions',
+  tags,
+  security,
+  summary: 'List a workspace\u2019s sessions',
+  request: { params: WsParams, query: ListQuery },
+  responses: { 200: jsonContent(listOf(Session), 'Sessions'), ...errorResponses },
+});
+
+export const get = createRoute({
+  method: 'get',
+  path: '/v1/sessions/{s}',
+  tags,
+  security,
+  summary: 'Get a session',
+  request: { params: SesParams },
+  responses: { 200: jsonContent(Session, 'The session'), ...errorResponses },
+});
+
+export const end = createRoute({
+  method: 'delete',
+  path: '/v1/sessions/{s}',
+  tags,
+  security,
+  summary: 'End a session; its sandbox is removed',
+  request: { params: SesParams },
+  responses: { 200: jsonContent(Session, 'The ended session'), ...errorResponses },
+});
+
+export const exec = createRoute({
+  method: 'post',
+  path: '/v1/sessions/{s}/exec',
+  tags,
+  security,
+  summary: 'Run Python in the session\u2019s stateful sandbox',
+  description: 'Variables persist across calls. With `?stream=true` the answer is an SSE stream of `exec.output` events and one `exec.completed`.',
+  request: {
+    params: SesParams,
+    query: z.object({ stream: z.enum(['true', 'false']).optional() }),
+    body: {
+      content: {
+        'application/json': {
+          schema: z
+            .object({ code: z.string().min(1).max(1_000_000), timeout_s: z.number().int().min(1).max(86_400).optional() })
+            .strict(),
+        },
+      },
+      required: true,
+    },
+  },
+  responses: {
+    200: { ...jsonContent(ExecResult, 'The result'), content: { 'application/json': { schema: ExecResult }, 'text/event-stream': { schema: z.string() } } },
+    409: conflictResponse,
+    ...errorResponses,
+  },
+});
+
+export const putFile = createRoute({
+  method: 'put',
+  path: '/v1/sessions/{s}/files',
+  tags,
+  security,
+  summary: 'Write a file into the session\u2019s sandbox (body = the bytes)',
+  request: { params: SesParams, query: FilePath },
+  responses: { 200: jsonContent(z.object({ path: z.string(), size: z.number().int() }), 'Written'), ...errorResponses },
+});
+
+export const getFile = createRoute({
+  method: 'get',
+  path: '/v1/sessions/{s}/files',
+  tags,
+  security,
+  summary: 'Read a file from the session\u2019s sandbox',
+  request: { params: SesParams, query: FilePath },
+  responses: { 200: { content: { 'application/octet-stream': { schema: z.string() } }, description: 'The bytes' }, ...errorResponses },
+});

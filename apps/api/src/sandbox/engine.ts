@@ -1,0 +1,459 @@
+import { createHash } from 'node:crypto';
+import { and, eq, inArray, ne } from 'drizzle-orm';
+import type Docker from 'dockerode';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { executions, sandboxes, sessions } from '../db/schema/index.ts';
+import { ApiError } from '../http/errors.ts';
+import { newId } from '../lib/ids.ts';
+import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
+import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
+import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
+import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult } from './runner-client.ts';
+import { StatsSampler } from './stats.ts';
+
+export interface EngineOptions {
+  image: string;
+  /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
+  owner: string;
+  poolSize: number;
+  idleMs: number;
+  maxLifetimeMs: number;
+  perTeamMax: number;
+  /** Server-wide maxima that cap every workspace's settings. */
+  maxLimits: SandboxLimits;
+  maxOutputBytes: number;
+  reapIntervalMs: number;
+  /** Clock for idle and lifetime decisions (injectable for tests). */
+  now?: () => number;
+}
+
+export interface ExecContext {
+  teamId: string;
+  workspaceId: string;
+  sessionId: string;
+  runId?: string;
+}
+
+export interface ExecOptions {
+  timeoutS?: number;
+  onOutput?: OutputListener;
+  signal?: AbortSignal;
+}
+
+export interface ExecOutcome extends Omit<RunnerResult, 'ok'> {
+  sandbox_id: string;
+  execution_id: string;
+}
+
+interface Container {
+  id: string;
+  container: Docker.Container;
+  client: RunnerClient;
+  limits: SandboxLimits;
+}
+
+interface Live extends Container {
+  teamId: string;
+  sessionId: string;
+  lastUsed: number;
+  busy: boolean;
+  /** Serialises executions: one interpreter runs one cell at a time. */
+  queue: Promise<unknown>;
+  /** This sandbox replaces one the session lost: its first result must say the state is gone. */
+  replacesLost: boolean;
+}
+
+const ACTIVE = ['starting', 'ready'] as const;
+const LABEL = 'kiln.managed';
+
+/**
+ * Owns every sandbox container of this API instance: a warm pool of started containers with a
+ * ready runner, one live sandbox per session (claimed from the pool or created cold), the
+ * reaper that reconciles Docker with the `sandboxes` table, and the execution record.
+ */
+export class SandboxEngine {
+  private live = new Map<string, Live>();
+  private acquiring = new Map<string, Promise<Live>>();
+  private pool: Container[] = [];
+  private fills = new Set<Promise<void>>();
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  readonly stats: StatsSampler;
+  /** Warm containers are created with the default settings, capped. */
+  private readonly poolLimits: SandboxLimits;
+
+  constructor(
+    private readonly db: Db,
+    private readonly docker: Docker,
+    private readonly opts: EngineOptions,
+    private readonly log: Logger,
+  ) {
+    this.stats = new StatsSampler(docker);
+    this.poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+  }
+
+  private now(): number {
+    return this.opts.now ? this.opts.now() : Date.now();
+  }
+
+  /** A workspace's sandbox settings capped by the server-wide maxima. */
+  limitsFor(settings: WorkspaceSettings['sandbox']): SandboxLimits {
+    return effectiveLimits(settings, this.opts.maxLimits);
+  }
+
+  /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
+  async start(): Promise<void> {
+    await this.reap({ startup: true });
+    this.fillPool();
+    this.timer = setInterval(() => {
+      this.reap().catch((err) => this.log.error({ err }, 'sandbox reaper failed'));
+    }, this.opts.reapIntervalMs);
+    this.timer.unref();
+  }
+
+  /** Removes every container of this instance: the runner streams die with the process anyway. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.timer);
+    await Promise.allSettled([...this.acquiring.values()]);
+    const live = [...this.live.values()];
+    const pool = this.pool.splice(0);
+    await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...pool.map((w) => this.destroy(w))]);
+  }
+
+  get poolReady(): number {
+    return this.pool.length;
+  }
+
+  /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
+  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome> {
+    const live = await this.acquire(ctx, limits);
+    const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
+    live.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome> {
+    const timeoutS = Math.min(opts.timeoutS ?? live.limits.timeoutS, live.limits.timeoutS);
+    live.busy = true;
+    let result: RunnerResult;
+    try {
+      result = await live.client.exec(code, {
+        timeoutMs: timeoutS * 1000,
+        maxOutputBytes: this.opts.maxOutputBytes,
+        onOutput: opts.onOutput,
+        signal: opts.signal,
+      });
+    } catch (err) {
+      if (!(err instanceof RunnerGoneError)) throw err;
+      this.log.warn({ sandbox: live.id, reason: err.message }, 'sandbox runner lost');
+      await this.release(live.sessionId, 'runner_lost');
+      result = lostResult(err.message);
+    } finally {
+      live.busy = false;
+      live.lastUsed = this.now();
+    }
+    if (live.replacesLost) {
+      result.restarted = true;
+      live.replacesLost = false;
+    }
+    const executionId = newId('exe');
+    await this.db.insert(executions).values({
+      id: executionId,
+      teamId: ctx.teamId,
+      sessionId: ctx.sessionId,
+      sandboxId: live.id,
+      runId: ctx.runId ?? null,
+      codeHash: createHash('sha256').update(code).digest('hex'),
+      durationMs: Math.round(result.duration_ms),
+      exitCode: result.exit_code,
+      error: result.error ? `${result.error.type}: ${result.error.message}`.slice(0, 2000) : null,
+      truncated: result.truncated,
+      stdoutBytes: result.stdout_bytes,
+      stderrBytes: result.stderr_bytes,
+    });
+    const { ok: _ok, ...rest } = result as RunnerResult & { ev?: string; id?: string };
+    delete (rest as { ev?: string }).ev;
+    delete (rest as { id?: string }).id;
+    return { ...rest, sandbox_id: live.id, execution_id: executionId };
+  }
+
+  async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
+    const live = await this.acquire(ctx, limits);
+    return live.client.putFile(path, data);
+  }
+
+  async getFile(ctx: ExecContext, limits: SandboxLimits, path: string): Promise<Buffer> {
+    const live = await this.acquire(ctx, limits);
+    return live.client.getFile(path);
+  }
+
+  /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
+  private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    const existing = this.live.get(ctx.sessionId);
+    if (existing?.client.alive) return Promise.resolve(existing);
+    let pending = this.acquiring.get(ctx.sessionId);
+    if (!pending) {
+      pending = this.claim(ctx, limits).finally(() => this.acquiring.delete(ctx.sessionId));
+      this.acquiring.set(ctx.sessionId, pending);
+    }
+    return pending;
+  }
+
+  private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
+    const stale = this.live.get(ctx.sessionId);
+    if (stale) await this.release(ctx.sessionId, 'runner_lost');
+    const warm = sameShape(limits, this.poolLimits) ? this.pool.shift() : undefined;
+    const id = warm?.id ?? newId('sbx');
+    try {
+      await this.reserve(id, ctx, limits);
+    } catch (err) {
+      if (warm) this.pool.unshift(warm);
+      throw err;
+    }
+    let c: Container | undefined = warm;
+    try {
+      if (warm) {
+        if (!sameLimits(warm.limits, limits)) await warm.container.update(updateSpec(limits));
+        c = { ...warm, limits };
+      } else {
+        c = await this.create(id, limits, { 'kiln.team': ctx.teamId, 'kiln.session': ctx.sessionId });
+      }
+      const lost = await this.db
+        .select({ id: sandboxes.id })
+        .from(sandboxes)
+        .where(and(eq(sandboxes.sessionId, ctx.sessionId), eq(sandboxes.state, 'removed')))
+        .limit(1);
+      await this.db
+        .update(sandboxes)
+        .set({ containerId: c.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
+        .where(eq(sandboxes.id, id));
+      const live: Live = { ...c, teamId: ctx.teamId, sessionId: ctx.sessionId, lastUsed: this.now(), busy: false, queue: Promise.resolve(), replacesLost: lost.length > 0 };
+      this.live.set(ctx.sessionId, live);
+      live.client.onExit((reason) => {
+        if (this.live.get(ctx.sessionId) === live && reason !== 'closed') this.log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');
+      });
+      return live;
+    } catch (err) {
+      await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
+      if (c) await this.destroy(c);
+      throw err;
+    } finally {
+      this.fillPool();
+    }
+  }
+
+  /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
+  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits): Promise<void> {
+    await this.db.insert(sandboxes).values({
+      id,
+      teamId: ctx.teamId,
+      workspaceId: ctx.workspaceId,
+      sessionId: ctx.sessionId,
+      owner: this.opts.owner,
+      limits,
+      containerId: '',
+      image: this.opts.image,
+      state: 'starting',
+      expiresAt: this.idleExpiry(),
+    });
+    const active = await this.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
+      .orderBy(sandboxes.createdAt, sandboxes.id);
+    const rank = active.findIndex((r) => r.id === id);
+    if (rank >= this.opts.perTeamMax) {
+      await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
+      throw new ApiError('sandbox_unavailable', `this team already has ${this.opts.perTeamMax} live sandboxes; end a session or wait for idle ones to be reclaimed`, {}, { 'Retry-After': '5' });
+    }
+  }
+
+  private idleExpiry(): Date {
+    return new Date(this.now() + this.opts.idleMs);
+  }
+
+  /** Creates, starts and connects to a hardened container. */
+  private async create(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
+    const container = await this.docker.createContainer(
+      containerSpec({
+        image: this.opts.image,
+        name: `kiln-${id}`,
+        limits,
+        labels: {
+          [LABEL]: '1',
+          'kiln.sandbox': id,
+          'kiln.owner': this.opts.owner,
+          'kiln.team': '',
+          'kiln.session': '',
+          'kiln.expires': new Date(this.now() + this.opts.maxLifetimeMs).toISOString(),
+          ...labels,
+        },
+      }),
+    );
+    try {
+      await container.start();
+      const client = await RunnerClient.start(this.docker, container, SANDBOX_USER);
+      return { id, container, client, limits };
+    } catch (err) {
+      await container.remove({ force: true }).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  private fillPool(): void {
+    while (!this.stopped && this.pool.length + this.fills.size < this.opts.poolSize) {
+      const fill: Promise<void> = this.create(newId('sbx'), this.poolLimits, {})
+        .then(
+          async (c) => {
+            if (this.stopped) await this.destroy(c);
+            else this.pool.push(c);
+          },
+          (err) => this.log.error({ err }, 'could not start a warm sandbox'),
+        )
+        .finally(() => this.fills.delete(fill));
+      this.fills.add(fill);
+    }
+  }
+
+  /** Resolves once the warm containers being started right now are ready (or failed). */
+  async poolSettled(): Promise<void> {
+    while (this.fills.size) await Promise.allSettled([...this.fills]);
+  }
+
+  /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
+  async release(sessionId: string, reason: string): Promise<void> {
+    const live = this.live.get(sessionId);
+    if (live) {
+      this.live.delete(sessionId);
+      await this.destroy(live);
+      await this.markRemoved([live.id], reason);
+    } else {
+      const rows = await this.db
+        .select({ id: sandboxes.id })
+        .from(sandboxes)
+        .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')));
+      await this.markRemoved(rows.map((r) => r.id), reason);
+    }
+  }
+
+  /** DELETE /v1/sandboxes/{id}: the session keeps going and gets a fresh sandbox on its next exec. */
+  async removeForTeam(teamId: string, id: string): Promise<void> {
+    const [row] = await this.db.select().from(sandboxes).where(and(eq(sandboxes.id, id), eq(sandboxes.teamId, teamId), ne(sandboxes.state, 'removed')));
+    if (!row) throw ApiError.notFound('sandbox');
+    if (row.sessionId && this.live.get(row.sessionId)?.id === id) {
+      await this.release(row.sessionId, 'deleted');
+      return;
+    }
+    if (row.containerId) await this.docker.getContainer(row.containerId).remove({ force: true }).catch(() => undefined);
+    await this.markRemoved([id], 'deleted');
+  }
+
+  /** The team's live sandboxes, with memory and CPU use sampled from Docker. */
+  async listForTeam(teamId: string) {
+    const rows = await this.db
+      .select()
+      .from(sandboxes)
+      .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
+      .orderBy(sandboxes.id);
+    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.stats.sample(r.containerId) : Promise.resolve(null))));
+    return rows.map((r, i) => {
+      const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
+      const state = r.state === 'starting' ? 'starting' : live?.id === r.id && live.busy ? 'busy' : 'idle';
+      return { row: r, state, memoryBytes: usage[i]?.memoryBytes ?? null, cpuPercent: usage[i]?.cpuPercent ?? null };
+    });
+  }
+
+  private async markRemoved(ids: string[], reason: string): Promise<void> {
+    if (ids.length === 0) return;
+    await this.db
+      .update(sandboxes)
+      .set({ state: 'removed', removedAt: new Date(), removedReason: reason })
+      .where(and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed')));
+  }
+
+  private async destroy(c: Container): Promise<void> {
+    c.client.close();
+    this.stats.forget(c.container.id);
+    await c.container.remove({ force: true }).catch((err: { statusCode?: number }) => {
+      if (err.statusCode !== 404) this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+    });
+  }
+
+  /**
+   * Reconciles Docker with the database. Any instance removes containers past their hard
+   * lifetime; this instance also removes its own containers that are neither pooled nor live
+   * (all of them at start-up: their runner streams died with the previous process), sandboxes
+   * idle longer than the idle timeout, and those whose session has ended.
+   */
+  async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+    const now = this.now();
+    let removed = 0;
+    for (const [sessionId, live] of this.live) {
+      if (!live.client.alive || (!live.busy && now - live.lastUsed > this.opts.idleMs)) {
+        await this.release(sessionId, live.client.alive ? 'idle' : 'runner_lost');
+        removed++;
+      }
+    }
+    const liveIds = [...this.live.keys()];
+    if (liveIds.length) {
+      const ended = await this.db
+        .select({ id: sessions.id })
+        .from(sessions)
+        .where(and(inArray(sessions.id, liveIds), ne(sessions.status, 'active')));
+      for (const s of ended) {
+        await this.release(s.id, 'session_ended');
+        removed++;
+      }
+    }
+    const keep = new Set([...this.pool.map((c) => c.container.id), ...[...this.live.values()].map((l) => l.container.id)]);
+    const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
+    for (const info of containers) {
+      const mine = info.Labels['kiln.owner'] === this.opts.owner;
+      const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
+      if (keep.has(info.Id) && !expired && !opts.startup) continue;
+      if (!expired && !mine) continue;
+      await this.docker.getContainer(info.Id).remove({ force: true }).catch(() => undefined);
+      if (keep.has(info.Id)) {
+        this.pool = this.pool.filter((c) => c.container.id !== info.Id);
+        const live = [...this.live.values()].find((l) => l.container.id === info.Id);
+        if (live) await this.release(live.sessionId, 'expired');
+      }
+      removed++;
+    }
+    const liveSandboxIds = [...this.live.values()].map((l) => l.id);
+    const orphanRows = await this.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
+    await this.markRemoved(
+      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
+      opts.startup ? 'server_restarted' : 'orphaned',
+    );
+    if (removed) this.log.info({ removed }, 'reaped sandboxes');
+    if (!opts.startup) this.fillPool();
+    return { removed };
+  }
+}
+
+const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
+  a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
+
+function lostResult(reason: string): RunnerResult {
+  return {
+    ok: false,
+    exit_code: 137,
+    error: { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` },
+    stdout: '',
+    stderr: '',
+    stdout_bytes: 0,
+    stderr_bytes: 0,
+    truncated: false,
+    duration_ms: 0,
+    artifacts: [],
+    restarted: true,
+  };
+}
+

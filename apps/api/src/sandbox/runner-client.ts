@@ -1,0 +1,189 @@
+import { randomUUID } from 'node:crypto';
+import { PassThrough, type Duplex } from 'node:stream';
+import type Docker from 'dockerode';
+
+export interface ExecError {
+  type: string;
+  message: string;
+  traceback?: string;
+}
+
+export interface Artifact {
+  name: string;
+  mime: string;
+  base64: string;
+}
+
+/** What the runner reports for one execution (see sandbox-image/runner/kiln_runner.py). */
+export interface RunnerResult {
+  ok: boolean;
+  exit_code: number;
+  error: ExecError | null;
+  stdout: string;
+  stderr: string;
+  stdout_bytes: number;
+  stderr_bytes: number;
+  truncated: boolean;
+  duration_ms: number;
+  artifacts: Artifact[];
+  /** The interpreter was restarted before or during this execution: earlier variables are gone. */
+  restarted: boolean;
+}
+
+export type OutputListener = (stream: 'stdout' | 'stderr', data: string) => void;
+
+interface Pending {
+  resolve(msg: Record<string, unknown>): void;
+  reject(err: Error): void;
+  onOutput?: OutputListener;
+}
+
+/** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
+export class RunnerGoneError extends Error {}
+
+const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
+/** Beyond the runner's own timeout and its 1 s interrupt grace, how long the host waits. */
+const HOST_GRACE_MS = 5_000;
+
+/**
+ * One long-lived `docker exec` of the runner, speaking length-prefixed JSON frames over the
+ * attached stdin/stdout. Requests are matched to answers by id.
+ */
+export class RunnerClient {
+  private pending = new Map<string, Pending>();
+  private buf: Buffer = Buffer.alloc(0);
+  private goneReason: string | undefined;
+  private readonly exitListeners: ((reason: string) => void)[] = [];
+  stderrTail = '';
+
+  private constructor(private readonly stream: Duplex) {}
+
+  /** Starts the runner in a running container as the sandbox user and waits until it is ready. */
+  static async start(docker: Docker, container: Docker.Container, user = '10001:10001', readyTimeoutMs = 30_000): Promise<RunnerClient> {
+    const exec = await container.exec({ Cmd: RUNNER_CMD, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
+    const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
+    const client = new RunnerClient(stream);
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    docker.modem.demuxStream(stream, stdout, stderr);
+    const ready = new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)), readyTimeoutMs);
+      client.pending.set('ready', {
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        reject: (err) => {
+          clearTimeout(timer);
+          reject(err);
+        },
+      });
+    });
+    stdout.on('data', (chunk: Buffer) => client.onData(chunk));
+    stderr.on('data', (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)));
+    const end = () => client.markGone(`runner stream ended${client.stderrTail ? `: ${client.stderrTail.trim()}` : ''}`);
+    stream.on('end', end);
+    stream.on('close', end);
+    stream.on('error', (err) => client.markGone(`runner stream failed: ${err.message}`));
+    await ready;
+    return client;
+  }
+
+  get alive(): boolean {
+    return this.goneReason === undefined;
+  }
+
+  onExit(listener: (reason: string) => void): void {
+    if (this.goneReason !== undefined) listener(this.goneReason);
+    else this.exitListeners.push(listener);
+  }
+
+  /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
+  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal }): Promise<RunnerResult> {
+    const id = randomUUID();
+    const onAbort = () => this.send({ op: 'cancel', id });
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    const hostTimer = setTimeout(
+      () => this.markGone(`no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`),
+      opts.timeoutMs + HOST_GRACE_MS,
+    );
+    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes }, opts.onOutput).finally(() => {
+      clearTimeout(hostTimer);
+      opts.signal?.removeEventListener('abort', onAbort);
+    }) as Promise<unknown> as Promise<RunnerResult>;
+  }
+
+  async putFile(path: string, data: Buffer, mode?: number): Promise<number> {
+    const res = await this.request({ op: 'put', id: randomUUID(), path, data: data.toString('base64'), mode });
+    return res.size as number;
+  }
+
+  async getFile(path: string): Promise<Buffer> {
+    const res = await this.request({ op: 'get', id: randomUUID(), path });
+    return Buffer.from(res.data as string, 'base64');
+  }
+
+  async ping(): Promise<{ busy: boolean }> {
+    return (await this.request({ op: 'ping', id: randomUUID() })) as { busy: boolean };
+  }
+
+  /** Closes stdin: the runner kills whatever the user left running and exits. */
+  close(): void {
+    this.stream.end();
+    this.markGone('closed');
+  }
+
+  private request(msg: Record<string, unknown> & { id: string }, onOutput?: OutputListener): Promise<Record<string, unknown>> {
+    if (this.goneReason !== undefined) return Promise.reject(new RunnerGoneError(this.goneReason));
+    return new Promise((resolve, reject) => {
+      this.pending.set(msg.id, { resolve, reject, onOutput });
+      this.send(msg);
+    });
+  }
+
+  private send(msg: Record<string, unknown>): void {
+    if (this.goneReason !== undefined) return;
+    const body = Buffer.from(JSON.stringify(msg));
+    const head = Buffer.alloc(4);
+    head.writeUInt32BE(body.length);
+    this.stream.write(Buffer.concat([head, body]));
+  }
+
+  private onData(chunk: Buffer): void {
+    this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
+    while (this.buf.length >= 4) {
+      const n = this.buf.readUInt32BE(0);
+      if (this.buf.length < 4 + n) break;
+      const msg = JSON.parse(this.buf.subarray(4, 4 + n).toString()) as Record<string, unknown>;
+      this.buf = this.buf.subarray(4 + n);
+      this.dispatch(msg);
+    }
+  }
+
+  private dispatch(msg: Record<string, unknown>): void {
+    if (msg.ev === 'ready') {
+      const p = this.pending.get('ready');
+      this.pending.delete('ready');
+      p?.resolve(msg);
+      return;
+    }
+    const p = this.pending.get(msg.id as string);
+    if (!p) return;
+    if (msg.ev === 'out') {
+      p.onOutput?.(msg.stream as 'stdout' | 'stderr', msg.data as string);
+      return;
+    }
+    this.pending.delete(msg.id as string);
+    if (msg.ev === 'error') p.reject(new Error(msg.message as string));
+    else p.resolve(msg);
+  }
+
+  private markGone(reason: string): void {
+    if (this.goneReason !== undefined) return;
+    this.goneReason = reason;
+    for (const p of this.pending.values()) p.reject(new RunnerGoneError(reason));
+    this.pending.clear();
+    this.stream.destroy();
+    for (const l of this.exitListeners.splice(0)) l(reason);
+  }
+}

@@ -1,0 +1,455 @@
+"""Kiln's in-container runner: one stateful Python interpreter per session, driven over stdin/stdout.
+
+The host starts this file with `docker exec` (as uid 10001) and talks to it in frames: a 4-byte
+big-endian length followed by UTF-8 JSON, in both directions. The runner is a supervisor: the
+user's code runs in a separate worker process (so a crash, an out-of-memory kill or a hung
+interpreter never takes the supervisor down), whose stdout/stderr are pipes the supervisor
+streams back as they come, keeping head and tail when they are too long.
+
+Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output"} | {"op": "cancel", "id"}
+                {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
+Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
+                {"ev": "file", "id", "data", "size"} | {"ev": "ok", "id"} | {"ev": "error", "id", "message"}
+"""
+
+import base64
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kiln_worker.py")
+GRACE_S = 1.0  # after SIGINT, how long the code gets to unwind before it is killed
+MAX_FILE = 32 * 1024 * 1024
+OOM_FILE = "/sys/fs/cgroup/memory/memory.oom_control"
+OOM_FILE_V2 = "/sys/fs/cgroup/memory.events"
+PIDS_FILES = ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
+
+
+def read_first(paths):
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            continue
+    return None
+
+
+def explain(error):
+    """Adds what the sandbox's limits have to do with an error, when they do."""
+    if not error:
+        return error
+    msg = error.get("message", "")
+    if error.get("type") == "BlockingIOError" and "Resource temporarily unavailable" in msg:
+        error["message"] = f"{msg} (the sandbox's process limit of {read_first(PIDS_FILES) or '?'} was reached)"
+    elif "[Errno 28]" in msg:
+        error["message"] = f"{msg} (the sandbox's disk space is full)"
+    elif "[Errno 27]" in msg:
+        error["message"] = f"{msg} (the sandbox's file size limit was reached)"
+    elif "[Errno 30]" in msg:
+        error["message"] = f"{msg} (only /workspace, /tmp and the home directory are writable)"
+    return error
+
+
+def my_other_processes(keep):
+    """Pids of every process with our uid except `keep`: what the user's code left running."""
+    uid = str(os.getuid())
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        try:
+            with open(f"/proc/{name}/status", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if line.split()[1] == uid:
+                            found.append(int(name))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def sweep(keep):
+    """Kills leftover processes (a fork bomb's children, a forgotten subprocess) until none remain."""
+    if os.getuid() == 0:  # never as root: that would be the host's processes
+        return 0
+    killed = 0
+    for _ in range(100):
+        pids = my_other_processes(keep)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def oom_kills():
+    for path in (OOM_FILE, OOM_FILE_V2):
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill":
+                        return int(v)
+        except OSError:
+            continue
+    return None
+
+
+class Capture:
+    """Keeps the first `head` and last `tail` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data):
+        """Returns the part of `data` that still fits in the head (to stream live)."""
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        live = data[:room] if room > 0 else b""
+        self.head += live
+        rest = data[len(live):]
+        if rest:
+            self.tail += rest
+            if len(self.tail) > self.tail_limit:
+                del self.tail[: len(self.tail) - self.tail_limit]
+        return live
+
+    @property
+    def truncated(self):
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self):
+        head = self.head.decode("utf-8", "replace")
+        if not self.tail:
+            return head
+        tail = self.tail.decode("utf-8", "replace")
+        if not self.truncated:
+            return head + tail
+        omitted = self.total - len(self.head) - len(self.tail)
+        return f"{head}\n... [{omitted} bytes omitted of {self.total}] ...\n{tail}"
+
+
+class Runner:
+    def __init__(self):
+        self.out = sys.stdout.buffer
+        self.inp = sys.stdin.buffer
+        self.sel = selectors.DefaultSelector()
+        self.worker = None
+        self.restarted = False
+        self.current = None  # the exec in progress
+        self.inbuf = bytearray()
+
+    # ---- framing -------------------------------------------------------------------------
+    def send(self, msg):
+        data = json.dumps(msg, separators=(",", ":")).encode("utf-8")
+        self.out.write(struct.pack(">I", len(data)) + data)
+        self.out.flush()
+
+    def frames(self, chunk):
+        self.inbuf += chunk
+        while len(self.inbuf) >= 4:
+            (n,) = struct.unpack(">I", self.inbuf[:4])
+            if len(self.inbuf) < 4 + n:
+                break
+            body = bytes(self.inbuf[4 : 4 + n])
+            del self.inbuf[: 4 + n]
+            yield json.loads(body)
+
+    # ---- worker lifecycle ----------------------------------------------------------------
+    def start_worker(self):
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        env = dict(os.environ, KILN_REQ_FD=str(req_r), KILN_RES_FD=str(res_w))
+        for attempt in range(50):
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", WORKER],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(req_r, res_w),
+                    env=env,
+                    start_new_session=True,
+                )
+                break
+            except BlockingIOError:  # pids still being freed after a kill
+                time.sleep(0.02 * (attempt + 1))
+        else:
+            raise RuntimeError("could not start the interpreter: no free processes")
+        os.close(req_r)
+        os.close(res_w)
+        self.worker = {"proc": proc, "req": req_w, "res": res_r, "resbuf": bytearray()}
+        for fd, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (res_r, "res")):
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, name)
+
+    def stop_worker(self):
+        """Kills the interpreter and everything the user's code left running (same uid, not us)."""
+        w = self.worker
+        if not w:
+            return
+        for fd in (w["proc"].stdout.fileno(), w["proc"].stderr.fileno(), w["res"]):
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        try:
+            if os.getuid() != 0:
+                os.kill(-1, signal.SIGKILL)  # every process of our uid except this one
+            else:  # never sweep as root: that would be every process on the machine
+                os.killpg(w["proc"].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        w["proc"].wait()
+        for f in (w["proc"].stdout, w["proc"].stderr):
+            f.close()
+        for fd in (w["req"], w["res"]):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.worker = None
+
+    def restart_worker(self):
+        self.stop_worker()
+        self.start_worker()
+        self.restarted = True
+
+    # ---- requests ------------------------------------------------------------------------
+    def handle(self, msg):
+        op = msg.get("op")
+        rid = msg.get("id")
+        try:
+            if op == "exec":
+                self.begin_exec(msg)
+            elif op == "cancel":
+                if self.current and self.current["id"] == rid:
+                    self.interrupt("cancelled")
+            elif op == "put":
+                self.put_file(msg)
+            elif op == "get":
+                self.get_file(msg)
+            elif op == "ping":
+                self.send({"ev": "ok", "id": rid, "busy": self.current is not None})
+            else:
+                self.send({"ev": "error", "id": rid, "message": f"unknown op {op!r}"})
+        except Exception as e:  # a bad request must never kill the runner
+            self.send({"ev": "error", "id": rid, "message": f"{type(e).__name__}: {e}"})
+
+    def begin_exec(self, msg):
+        if self.current:
+            self.send({"ev": "error", "id": msg["id"], "message": "busy: an execution is already running"})
+            return
+        limit = int(msg.get("max_output") or 65536)
+        timeout = max(0.001, float(msg.get("timeout_ms") or 60000) / 1000)
+        self.current = {
+            "id": msg["id"],
+            "started": time.monotonic(),
+            "deadline": time.monotonic() + timeout,
+            "timeout": timeout,
+            "stdout": Capture(limit),
+            "stderr": Capture(limit),
+            "interrupted": None,  # why we sent SIGINT: "timeout" | "cancelled"
+            "kill_at": None,
+            "oom_before": oom_kills(),
+        }
+        req = json.dumps({"code": msg.get("code", "")}).encode("utf-8") + b"\n"
+        os.write(self.worker["req"], req)
+
+    def interrupt(self, why):
+        cur = self.current
+        if cur["interrupted"]:
+            return
+        cur["interrupted"] = why
+        cur["kill_at"] = time.monotonic() + GRACE_S
+        try:
+            os.killpg(self.worker["proc"].pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def finish(self, result):
+        cur = self.current
+        self.drain_output()
+        result.update(
+            {
+                "ev": "result",
+                "id": cur["id"],
+                "duration_ms": round((time.monotonic() - cur["started"]) * 1000, 2),
+                "stdout": cur["stdout"].text(),
+                "stderr": cur["stderr"].text(),
+                "stdout_bytes": cur["stdout"].total,
+                "stderr_bytes": cur["stderr"].total,
+                "truncated": cur["stdout"].truncated or cur["stderr"].truncated,
+                "restarted": self.restarted,
+            }
+        )
+        self.restarted = False
+        self.current = None
+        self.send(result)
+
+    def worker_died(self):
+        """The interpreter exited mid-execution: out of memory, a crash, or os._exit."""
+        cur = self.current
+        proc = self.worker["proc"]
+        self.drain_output()
+        code = proc.wait()
+        oom_after = oom_kills()
+        oom = code == -signal.SIGKILL and (cur["oom_before"] is None or oom_after is None or oom_after > cur["oom_before"])
+        self.restart_worker()
+        if cur["interrupted"] == "timeout":
+            err = self.timeout_error(killed=True)
+        elif cur["interrupted"] == "cancelled":
+            err = {"type": "Cancelled", "message": "execution cancelled; the interpreter was restarted and its variables are lost"}
+        elif oom:
+            err = {"type": "OutOfMemory", "message": "the code ran out of memory and was killed; the interpreter was restarted and its variables are lost"}
+        elif code < 0:
+            err = {"type": "Crashed", "message": f"the interpreter was killed by signal {-code}; it was restarted and its variables are lost"}
+        else:
+            err = {"type": "Exited", "message": f"the interpreter exited with code {code}; it was restarted and its variables are lost"}
+        self.finish({"ok": False, "exit_code": code if code >= 0 else 128 - code, "error": err, "artifacts": []})
+
+    def timeout_error(self, killed):
+        t = self.current["timeout"]
+        if killed:
+            return {"type": "Timeout", "message": f"execution exceeded the {t:g} s time limit and did not stop when interrupted; the interpreter was restarted and its variables are lost"}
+        return {"type": "Timeout", "message": f"execution exceeded the {t:g} s time limit and was interrupted; variables are kept"}
+
+    def on_worker_result(self, res):
+        cur = self.current
+        if not cur:
+            return
+        # A cell's subprocesses end with it: nothing keeps running between executions.
+        sweep({os.getpid(), self.worker["proc"].pid})
+        res["error"] = explain(res.get("error"))
+        why = cur["interrupted"]
+        if why and res.get("error", {}).get("type") == "KeyboardInterrupt":
+            if why == "timeout":
+                res["error"] = self.timeout_error(killed=False)
+            else:
+                res["error"] = {"type": "Cancelled", "message": "execution cancelled; variables are kept"}
+            res["exit_code"] = 124 if why == "timeout" else 130
+        self.finish(res)
+
+    # ---- files ---------------------------------------------------------------------------
+    def put_file(self, msg):
+        data = base64.b64decode(msg["data"])
+        if len(data) > MAX_FILE:
+            raise ValueError(f"file larger than {MAX_FILE} bytes")
+        path = msg["path"]
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        if msg.get("mode") is not None:
+            os.chmod(path, int(msg["mode"]) & 0o777)
+        self.send({"ev": "ok", "id": msg["id"], "size": len(data)})
+
+    def get_file(self, msg):
+        path = msg["path"]
+        size = os.path.getsize(path)
+        if size > MAX_FILE:
+            raise ValueError(f"file larger than {MAX_FILE} bytes")
+        with open(path, "rb") as f:
+            data = f.read()
+        self.send({"ev": "file", "id": msg["id"], "size": len(data), "data": base64.b64encode(data).decode("ascii")})
+
+    # ---- I/O loop ------------------------------------------------------------------------
+    def read_stream(self, name):
+        """Reads what is available on the worker's stdout/stderr: 'data', 'empty' or 'eof'."""
+        fd = getattr(self.worker["proc"], name).fileno()
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return "empty"
+        except (OSError, ValueError):
+            return "eof"
+        if not data:
+            return "eof"
+        cur = self.current
+        if cur:
+            live = cur[name].add(data)
+            if live:
+                self.send({"ev": "out", "id": cur["id"], "stream": name, "data": live.decode("utf-8", "replace")})
+        return "data"
+
+    def drain_output(self):
+        """Everything the worker wrote before it reported a result is already in the pipes."""
+        if not self.worker:
+            return
+        for name in ("stdout", "stderr"):
+            while self.read_stream(name) == "data":
+                pass
+
+    def read_results(self):
+        w = self.worker
+        try:
+            data = os.read(w["res"], 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            if self.current:
+                self.worker_died()
+            else:
+                w["proc"].wait()
+                self.restart_worker()
+            return
+        w["resbuf"] += data
+        while b"\n" in w["resbuf"]:
+            line, _, rest = bytes(w["resbuf"]).partition(b"\n")
+            w["resbuf"] = bytearray(rest)
+            self.on_worker_result(json.loads(line))
+
+    def run(self):
+        self.start_worker()
+        self.restarted = False
+        os.set_blocking(self.inp.fileno(), False)
+        self.sel.register(self.inp.fileno(), selectors.EVENT_READ, "host")
+        self.send({"ev": "ready", "pid": os.getpid()})
+        while True:
+            timeout = None
+            cur = self.current
+            if cur:
+                now = time.monotonic()
+                if not cur["interrupted"] and now >= cur["deadline"]:
+                    self.interrupt("timeout")
+                elif cur["kill_at"] and now >= cur["kill_at"]:
+                    os.killpg(self.worker["proc"].pid, signal.SIGKILL)
+                    cur["kill_at"] = None
+                wake = cur["kill_at"] if cur["interrupted"] else cur["deadline"]
+                timeout = max(0.0, wake - time.monotonic()) if wake else 0.05
+            for key, _ in self.sel.select(timeout):
+                if key.data == "host":
+                    try:
+                        chunk = os.read(self.inp.fileno(), 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:  # the host went away: leave nothing running
+                        self.stop_worker()
+                        return
+                    for msg in self.frames(chunk):
+                        self.handle(msg)
+                elif key.data in ("stdout", "stderr"):
+                    if self.worker and self.read_stream(key.data) == "eof":
+                        self.sel.unregister(key.fd)
+                elif key.data == "res" and self.worker:
+                    self.read_results()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    Runner().run()

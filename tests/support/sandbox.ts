@@ -1,0 +1,30 @@
+import type { TestApp } from './app.ts';
+
+/** A team, a workspace (with optional settings) and an active session in it. */
+export async function sessionIn(t: TestApp, team: { key: string }, settings?: unknown): Promise<{ ws: string; session: string }> {
+  const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: `ws-${Math.random().toString(36).slice(2, 10)}`, settings } });
+  if (ws.status !== 201) throw new Error(`workspace: ${JSON.stringify(ws.body)}`);
+  const s = await t.call('POST', `/v1/workspaces/${ws.body.id}/sessions`, { key: team.key, body: {} });
+  if (s.status !== 201) throw new Error(`session: ${JSON.stringify(s.body)}`);
+  return { ws: ws.body.id, session: s.body.id };
+}
+
+/** POST /v1/sessions/{s}/exec, returning the parsed result. */
+export async function exec(t: TestApp, key: string, session: string, code: string, timeout_s?: number) {
+  const r = await t.call('POST', `/v1/sessions/${session}/exec`, { key, body: { code, timeout_s } });
+  if (r.status !== 200) throw new Error(`exec ${r.status}: ${JSON.stringify(r.body)}`);
+  return r.body as {
+    stdout: string;
+    stderr: string;
+    error?: { type: string; message: string; traceback?: string };
+    exit_code: number;
+    truncated: boolean;
+    stdout_bytes: number;
+    stderr_bytes: number;
+    restarted: boolean;
+    artifacts: { name: string; mime: string; base64: string }[];
+    sandbox_id: string;
+    execution_id: string;
+    duration_ms: number;
+  };
+}
