@@ -56,44 +56,8 @@ def explain(error):
     return error
 
 
-def my_other_processes(keep):
-    """Pids of every process with our uid except `keep`: what the user's code left running."""
-    uid = str(os.getuid())
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in keep:
-            continue
-        try:
-            with open(f"/proc/{name}/status", encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if line.split()[1] == uid:
-                            found.append(int(name))
-                        break
-        except OSError:
-            continue
-    return found
-
-
-def sweep(keep):
-    """Kills leftover processes (a fork bomb's children, a forgotten subprocess) until none remain."""
-    if os.getuid() == 0:  # never as root: that would be the host's processes
-        return 0
-    killed = 0
-    for _ in range(100):
-        pids = my_other_processes(keep)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-    return killed
-
-
 def oom_kills():
+    """How many processes the kernel has killed for memory in this container so far."""
     for path in (OOM_FILE, OOM_FILE_V2):
         try:
             with open(path, encoding="utf-8") as f:
@@ -333,8 +297,6 @@ class Runner:
         cur = self.current
         if not cur:
             return
-        # A cell's subprocesses end with it: nothing keeps running between executions.
-        sweep({os.getpid(), self.worker["proc"].pid})
         res["error"] = explain(res.get("error"))
         why = cur["interrupted"]
         if why and res.get("error", {}).get("type") == "KeyboardInterrupt":
