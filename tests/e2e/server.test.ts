@@ -4,8 +4,11 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
 import { createPgDatabase, dropPgDatabase } from '../support/db.ts';
 import { launchKiln, startKiln, type KilnProcess } from '../support/server.ts';
+
+const docker = connectDocker(process.env.DOCKER_HOST);
 
 /** The real server as a child process, the way `npm start` runs it. */
 describe('the server process', () => {
@@ -128,5 +131,36 @@ describe('the server process', () => {
     expect(lines[0]).toMatch(/3 problem/);
     expect(lines.slice(1).map((l) => l.trim().split(':')[0])).toEqual(expect.arrayContaining(['KILN_PORT', 'KILN_LOG_LEVEL', 'KILN_ADMIN_KEY']));
     expect(p.stderr()).not.toContain('short-secret');
+  });
+
+  it('after kill -9, the next start removes the sandboxes the dead process left behind', async () => {
+    const dir = dataDir();
+    const adminKey = generateKey('admin');
+    const instance = `e2e-${Date.now().toString(36)}`;
+    const env = { KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey, KILN_INSTANCE_ID: instance, KILN_SANDBOX_POOL_SIZE: '1' };
+    const first = track(await startKiln(env));
+    const team = await (await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'reap' }) })).json();
+    const key = (await (await api(first, adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: JSON.stringify({ name: 'o', role: 'owner' }) })).json()).key;
+    const ws = await (await api(first, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'w' }) })).json();
+    const ses = await (await api(first, key, `/v1/workspaces/${ws.id}/sessions`, { method: 'POST', body: '{}' })).json();
+    const result = await (await api(first, key, `/v1/sessions/${ses.id}/exec`, { method: 'POST', body: JSON.stringify({ code: 'x = 1' }) })).json();
+    const mine = () => docker.listContainers({ all: true, filters: { label: [`kiln.owner=${instance}`] } });
+    expect((await mine()).map((c) => c.Labels['kiln.sandbox'])).toContain(result.sandbox_id);
+    first.child.kill('SIGKILL');
+    await first.exited;
+    expect((await mine()).length).toBeGreaterThanOrEqual(1);
+
+    const second = track(await startKiln(env));
+    const left = await mine();
+    expect(left.map((c) => c.Labels['kiln.sandbox'])).not.toContain(result.sandbox_id);
+    // Whatever is there now is the new process's warm pool.
+    for (const c of left) expect(c.Labels['kiln.session']).toBe('');
+    const listed = await (await api(second, key, '/v1/sandboxes')).json();
+    expect(listed.data).toEqual([]);
+    const next = await (await api(second, key, `/v1/sessions/${ses.id}/exec`, { method: 'POST', body: JSON.stringify({ code: '"x" in dir()' }) })).json();
+    expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
+    second.child.kill('SIGTERM');
+    expect(await second.exited).toBe(0);
+    expect(await mine()).toEqual([]);
   });
 });

@@ -29,7 +29,7 @@ describe('sandbox hardening (inspected on the real container)', () => {
   it('has no network, no capabilities, no new privileges and the default seccomp profile', () => {
     const h = inspect.HostConfig;
     expect(h.NetworkMode).toBe('none');
-    expect(inspect.Config.NetworkDisabled).toBe(true);
+    expect((inspect.Config as { NetworkDisabled?: boolean }).NetworkDisabled).toBe(true);
     expect(h.CapDrop).toEqual(['ALL']);
     expect(h.CapAdd ?? []).toEqual([]);
     expect(h.SecurityOpt).toEqual(['no-new-privileges']);

@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
+let launches = 0;
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 
 export interface KilnProcess {
@@ -33,7 +34,17 @@ export async function startKiln(env: Record<string, string>): Promise<KilnProces
 export function launchKiln(env: Record<string, string>): Omit<KilnProcess, 'url'> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH!, HOME: process.env.HOME ?? '/root', KILN_PORT: '0', KILN_LOG_LEVEL: 'warn', ...env },
+    env: {
+      PATH: process.env.PATH!,
+      HOME: process.env.HOME ?? '/root',
+      KILN_PORT: '0',
+      KILN_LOG_LEVEL: 'warn',
+      // No warm pool unless a test asks, and an owner of its own, so a killed test server's
+      // containers are never confused with anyone else's.
+      KILN_SANDBOX_POOL_SIZE: '0',
+      KILN_INSTANCE_ID: `e2e-${process.pid}-${++launches}`,
+      ...env,
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';

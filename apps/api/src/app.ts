@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import type { Db } from './db/client.ts';
 import { auditTrail } from './http/audit-trail.ts';
+import { KeyCache } from './auth/key-cache.ts';
 import { authn } from './http/authn.ts';
 import { docsRouter } from './http/docs.ts';
 import { ApiError, errorBody } from './http/errors.ts';
@@ -53,10 +54,11 @@ export function createApp({ config, db, docker, engine, logger, now }: AppDeps) 
       },
     }),
   );
-  app.use('/v1/*', authn(db), rateLimit(config.rateLimit, now), idempotency(db), auditTrail(db));
+  const keys = new KeyCache(db);
+  app.use('/v1/*', authn(keys), rateLimit(config.rateLimit, now), idempotency(db), auditTrail(db));
 
   app.route('/', healthRouter(db, docker));
-  app.route('/', teamsRouter(db));
+  app.route('/', teamsRouter(db, keys));
   app.route('/', workspacesRouter(db));
   app.route('/', sessionsRouter(db, engine));
   app.route('/', sandboxesRouter(engine));

@@ -5,8 +5,9 @@ import type { AuditDraft, Principal } from '../http/env.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
 
-export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | undefined, requestId?: string) {
-  await db.insert(auditEvents).values({
+/** The audit row for a draft: the actor's team unless the draft names one. */
+export function auditRow(draft: AuditDraft, actor: Principal | undefined, requestId?: string): typeof auditEvents.$inferInsert {
+  return {
     id: newId('aud'),
     teamId: draft.teamId === undefined ? (actor?.teamId ?? null) : draft.teamId,
     actorKeyId: actor?.keyId ?? null,
@@ -17,7 +18,11 @@ export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | 
     before: draft.before ?? null,
     after: draft.after ?? null,
     requestId: requestId ?? null,
-  });
+  };
+}
+
+export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | undefined, requestId?: string) {
+  await db.insert(auditEvents).values(auditRow(draft, actor, requestId));
 }
 
 /** Audit events visible to a team (or every event, for org admins: `teamId` null). */

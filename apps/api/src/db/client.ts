@@ -51,7 +51,7 @@ async function openPglite(dataDir?: string): Promise<Database> {
     path = join(dataDir, 'pglite');
     mkdirSync(path, { recursive: true });
   }
-  const client = await PGlite.create(path);
+  const client = await PGlite.create(path, { relaxedDurability: true });
   const db = drizzlePglite(client, { schema });
   await migratePglite(db, { migrationsFolder });
   return { db: db as unknown as Db, driver: 'pglite', close: () => client.close() };

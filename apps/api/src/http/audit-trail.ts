@@ -14,5 +14,6 @@ export const auditTrail = (db: Db) =>
     await next();
     if (READS.has(c.req.method) || c.res.status >= 400) return;
     const draft = c.get('audit') ?? { action: `${c.req.method} ${c.req.routePath}` };
+    if (draft.recorded) return;
     await recordAudit(db, draft, c.get('principal'), c.get('requestId'));
   });

@@ -15,6 +15,8 @@ export interface AuditDraft {
   teamId?: string | null;
   before?: unknown;
   after?: unknown;
+  /** The handler already wrote this event together with its own change (one commit). */
+  recorded?: boolean;
 }
 
 /** Typed per-request context shared by every middleware and handler. */

@@ -1,15 +1,15 @@
-import { createHash } from 'node:crypto';
 import { and, eq, inArray, ne } from 'drizzle-orm';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
-import { executions, sandboxes, sessions } from '../db/schema/index.ts';
+import { sandboxes, sessions } from '../db/schema/index.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
 import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
 import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult } from './runner-client.ts';
+import { recordExecution, type ExecAudit } from './executions.ts';
 import { StatsSampler } from './stats.ts';
 
 export interface EngineOptions {
@@ -37,6 +37,8 @@ export interface ExecContext {
 
 export interface ExecOptions {
   timeoutS?: number;
+  /** Audit the execution in the same commit as its record. */
+  audit?: ExecAudit;
   onOutput?: OutputListener;
   signal?: AbortSignal;
 }
@@ -158,21 +160,11 @@ export class SandboxEngine {
       result.restarted = true;
       live.replacesLost = false;
     }
-    const executionId = newId('exe');
-    await this.db.insert(executions).values({
-      id: executionId,
-      teamId: ctx.teamId,
-      sessionId: ctx.sessionId,
-      sandboxId: live.id,
-      runId: ctx.runId ?? null,
-      codeHash: createHash('sha256').update(code).digest('hex'),
-      durationMs: Math.round(result.duration_ms),
-      exitCode: result.exit_code,
-      error: result.error ? `${result.error.type}: ${result.error.message}`.slice(0, 2000) : null,
-      truncated: result.truncated,
-      stdoutBytes: result.stdout_bytes,
-      stderrBytes: result.stderr_bytes,
-    });
+    const executionId = await recordExecution(
+      this.db,
+      { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
+      opts.audit,
+    );
     const { ok: _ok, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
     delete (rest as { id?: string }).id;
@@ -207,42 +199,50 @@ export class SandboxEngine {
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
     const warm = sameShape(limits, this.poolLimits) ? this.pool.shift() : undefined;
     const id = warm?.id ?? newId('sbx');
+    // The database bookkeeping and the container start run side by side: a cold start costs
+    // the slower of the two, not their sum. Over the cap, the container is thrown away.
+    const container: Promise<Container> = warm
+      ? (sameLimits(warm.limits, limits) ? Promise.resolve() : warm.container.update(updateSpec(limits))).then(() => ({ ...warm, limits }))
+      : this.create(id, limits, { 'kiln.team': ctx.teamId, 'kiln.session': ctx.sessionId });
+    const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
+    const [c, lost] = await Promise.allSettled([container, booked]);
     try {
-      await this.reserve(id, ctx, limits);
-    } catch (err) {
-      if (warm) this.pool.unshift(warm);
-      throw err;
-    }
-    let c: Container | undefined = warm;
-    try {
-      if (warm) {
-        if (!sameLimits(warm.limits, limits)) await warm.container.update(updateSpec(limits));
-        c = { ...warm, limits };
-      } else {
-        c = await this.create(id, limits, { 'kiln.team': ctx.teamId, 'kiln.session': ctx.sessionId });
+      if (c.status === 'rejected') throw c.reason;
+      if (lost.status === 'rejected') {
+        if (warm) {
+          this.pool.unshift(warm);
+        } else {
+          await this.destroy(c.value);
+        }
+        throw lost.reason;
       }
-      const lost = await this.db
-        .select({ id: sandboxes.id })
-        .from(sandboxes)
-        .where(and(eq(sandboxes.sessionId, ctx.sessionId), eq(sandboxes.state, 'removed')))
-        .limit(1);
       await this.db
         .update(sandboxes)
-        .set({ containerId: c.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
+        .set({ containerId: c.value.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
         .where(eq(sandboxes.id, id));
-      const live: Live = { ...c, teamId: ctx.teamId, sessionId: ctx.sessionId, lastUsed: this.now(), busy: false, queue: Promise.resolve(), replacesLost: lost.length > 0 };
+      const live: Live = { ...c.value, teamId: ctx.teamId, sessionId: ctx.sessionId, lastUsed: this.now(), busy: false, queue: Promise.resolve(), replacesLost: lost.value };
       this.live.set(ctx.sessionId, live);
       live.client.onExit((reason) => {
         if (this.live.get(ctx.sessionId) === live && reason !== 'closed') this.log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');
       });
       return live;
     } catch (err) {
-      await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      if (c) await this.destroy(c);
+      if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
+      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
       throw err;
     } finally {
       this.fillPool();
     }
+  }
+
+  /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
+  private async hadSandboxBefore(sessionId: string): Promise<boolean> {
+    const rows = await this.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'removed')))
+      .limit(1);
+    return rows.length > 0;
   }
 
   /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */

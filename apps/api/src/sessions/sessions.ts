@@ -1,6 +1,7 @@
-import { and, eq } from 'drizzle-orm';
+import { and, eq, isNull } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
-import { sessions } from '../db/schema/index.ts';
+import { sessions, workspaces } from '../db/schema/index.ts';
+import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { ApiError } from '../http/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
@@ -24,6 +25,18 @@ export async function getActiveSession(db: Db, teamId: string, id: string): Prom
   const row = await getSession(db, teamId, id);
   if (row.status !== 'active') throw new ApiError('conflict', 'this session has ended');
   return row;
+}
+
+/** An active session of this team together with its (live) workspace, in one query. */
+export async function getActiveSessionWithWorkspace(db: Db, teamId: string, id: string): Promise<{ session: SessionRow; workspace: WorkspaceRow }> {
+  const [row] = await db
+    .select({ session: sessions, workspace: workspaces })
+    .from(sessions)
+    .innerJoin(workspaces, and(eq(workspaces.id, sessions.workspaceId), isNull(workspaces.deletedAt)))
+    .where(and(eq(sessions.id, id), eq(sessions.teamId, teamId)));
+  if (!row) throw ApiError.notFound('session');
+  if (row.session.status !== 'active') throw new ApiError('conflict', 'this session has ended');
+  return row as { session: SessionRow; workspace: WorkspaceRow };
 }
 
 export async function listSessions(db: Db, teamId: string, workspaceId: string, p: ListParams) {

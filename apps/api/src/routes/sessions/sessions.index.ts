@@ -6,6 +6,7 @@ import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
 import { sandboxPath } from '../../sandbox/paths.ts';
+import { SessionCache } from '../../sessions/session-cache.ts';
 import * as sessions from '../../sessions/sessions.ts';
 import { getWorkspace } from '../../workspace/workspaces.ts';
 import * as r from './sessions.routes.ts';
@@ -21,11 +22,11 @@ const view = (s: sessions.SessionRow) => ({
 });
 
 export function sessionsRouter(db: Db, engine: SandboxEngine) {
+  const cache = new SessionCache(db);
   /** The session (active, this team's) and what its sandbox may use. */
   async function target(teamId: string, sessionId: string) {
-    const session = await sessions.getActiveSession(db, teamId, sessionId);
-    const ws = await getWorkspace(db, teamId, session.workspaceId);
-    return { ctx: { teamId, workspaceId: ws.id, sessionId }, limits: engine.limitsFor(ws.settings.sandbox) };
+    const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
+    return { ctx: { teamId, workspaceId: workspace.id, sessionId }, limits: engine.limitsFor(workspace.settings.sandbox) };
   }
 
   return createRouter()
@@ -46,6 +47,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine) {
     .openapi(r.end, async (c) => {
       const team = writableTeamOf(c);
       const { before, after } = await sessions.endSession(db, team, c.req.valid('param').s);
+      cache.forget(after.id);
       await engine.release(after.id, 'session_ended');
       c.set('audit', { action: 'session.end', resourceType: 'session', resourceId: after.id, before: view(before), after: view(after) });
       return c.json(view(after), 200);
@@ -55,28 +57,24 @@ export function sessionsRouter(db: Db, engine: SandboxEngine) {
       const { s } = c.req.valid('param');
       const { code, timeout_s } = c.req.valid('json');
       const { ctx, limits } = await target(team, s);
-      const audit = (result: { execution_id: string; sandbox_id: string; exit_code: number; error?: { type: string } | null }) => ({
-        action: 'session.exec',
-        resourceType: 'session',
-        resourceId: s,
-        after: { execution_id: result.execution_id, sandbox_id: result.sandbox_id, exit_code: result.exit_code, error: result.error?.type ?? null },
-      });
+      // The execution's audit event is written with its record, in one commit.
+      const audit = { actor: c.get('principal'), requestId: c.get('requestId') };
+      c.set('audit', { action: 'session.exec', recorded: true });
       if (c.req.valid('query').stream === 'true') {
-        c.set('audit', { action: 'session.exec', resourceType: 'session', resourceId: s, after: { streamed: true } });
         return streamSSE(c, async (stream) => {
           const abort = new AbortController();
           stream.onAbort(() => abort.abort());
           let seq = 0;
           const result = await engine.exec(ctx, limits, code, {
             timeoutS: timeout_s,
+            audit,
             signal: abort.signal,
             onOutput: (name, data) => void stream.writeSSE({ id: String(++seq), event: 'exec.output', data: JSON.stringify({ stream: name, data }) }),
           });
           await stream.writeSSE({ id: String(++seq), event: 'exec.completed', data: JSON.stringify(withoutNullError(result)) });
         }) as never;
       }
-      const result = await engine.exec(ctx, limits, code, { timeoutS: timeout_s });
-      c.set('audit', audit(result));
+      const result = await engine.exec(ctx, limits, code, { timeoutS: timeout_s, audit });
       return c.json(withoutNullError(result), 200);
     })
     .openapi(r.putFile, async (c) => {

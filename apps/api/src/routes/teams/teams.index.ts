@@ -1,5 +1,6 @@
 import { requireOrgAdmin, requireTeamManager } from '../../auth/guards.ts';
 import * as teams from '../../auth/teams.ts';
+import type { KeyCache } from '../../auth/key-cache.ts';
 import type { Db } from '../../db/client.ts';
 import { apiKeys } from '../../db/schema/index.ts';
 import { ApiError } from '../../http/errors.ts';
@@ -22,7 +23,7 @@ const keyView = (k: KeyRow) => ({
   revoked_at: k.revokedAt?.toISOString() ?? null,
 });
 
-export function teamsRouter(db: Db) {
+export function teamsRouter(db: Db, keys: KeyCache) {
   return createRouter()
     .openapi(r.createTeam, async (c) => {
       requireOrgAdmin(c);
@@ -61,6 +62,7 @@ export function teamsRouter(db: Db) {
       const { team, id } = c.req.valid('param');
       requireTeamManager(c, team);
       const { before, after } = await teams.revokeTeamKey(db, team, id);
+      keys.forget(id);
       c.set('audit', { action: 'key.revoke', resourceType: 'key', resourceId: id, teamId: team, before: keyView(before), after: keyView(after) });
       return c.json(keyView(after), 200);
     });

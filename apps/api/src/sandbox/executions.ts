@@ -1,0 +1,54 @@
+import { createHash } from 'node:crypto';
+import { sql } from 'drizzle-orm';
+import { auditRow } from '../audit/audit.ts';
+import type { Db } from '../db/client.ts';
+import type { AuditDraft, Principal } from '../http/env.ts';
+import { newId } from '../lib/ids.ts';
+import type { RunnerResult } from './runner-client.ts';
+
+export interface ExecutionRecord {
+  teamId: string;
+  sessionId: string;
+  sandboxId: string;
+  runId?: string;
+  code: string;
+  result: RunnerResult;
+}
+
+/** Who to write the audit event for, when the execution is audited together with its record. */
+export interface ExecAudit {
+  actor: Principal;
+  requestId?: string;
+}
+
+/**
+ * Writes the `executions` row — and, when given, its audit event — in one statement, so the
+ * hot path costs one round trip and one commit.
+ */
+export async function recordExecution(db: Db, rec: ExecutionRecord, audit?: ExecAudit): Promise<string> {
+  const id = newId('exe');
+  const r = rec.result;
+  const codeHash = createHash('sha256').update(rec.code).digest('hex');
+  const error = r.error ? `${r.error.type}: ${r.error.message}`.slice(0, 2000) : null;
+  const insertExecution = sql`insert into executions
+      (id, team_id, session_id, sandbox_id, run_id, code_hash, duration_ms, exit_code, error, truncated, stdout_bytes, stderr_bytes)
+    values (${id}, ${rec.teamId}, ${rec.sessionId}, ${rec.sandboxId}, ${rec.runId ?? null}, ${codeHash}, ${Math.round(r.duration_ms)},
+      ${r.exit_code}, ${error}, ${r.truncated}, ${r.stdout_bytes}, ${r.stderr_bytes})`;
+  if (!audit) {
+    await db.execute(insertExecution);
+    return id;
+  }
+  const draft: AuditDraft = {
+    action: 'session.exec',
+    resourceType: 'session',
+    resourceId: rec.sessionId,
+    teamId: rec.teamId,
+    after: { execution_id: id, sandbox_id: rec.sandboxId, run_id: rec.runId ?? null, code_sha256: codeHash, exit_code: r.exit_code, error: r.error?.type ?? null },
+  };
+  const a = auditRow(draft, audit.actor, audit.requestId);
+  await db.execute(sql`with e as (${insertExecution})
+    insert into audit_events (id, team_id, actor_key_id, actor_role, action, resource_type, resource_id, before, after, request_id)
+    values (${a.id}, ${a.teamId}, ${a.actorKeyId}, ${a.actorRole}, ${a.action}, ${a.resourceType}, ${a.resourceId}, null,
+      ${JSON.stringify(a.after)}::jsonb, ${a.requestId})`);
+  return id;
+}

@@ -1,0 +1,41 @@
+/** Small helpers shared by the benchmarks: percentiles and aligned printing. */
+
+export function percentile(samples: number[], p: number): number {
+  const sorted = [...samples].sort((a, b) => a - b);
+  if (sorted.length === 0) return Number.NaN;
+  const idx = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[idx]!;
+}
+
+export interface Summary {
+  n: number;
+  p50: number;
+  p95: number;
+}
+
+export function summarize(samples: number[]): Summary {
+  return { n: samples.length, p50: percentile(samples, 50), p95: percentile(samples, 95) };
+}
+
+/** Times `fn` `n` times (after `warmup` untimed runs), in milliseconds. */
+export async function timeEach(n: number, fn: (i: number) => Promise<unknown>, warmup = 0): Promise<number[]> {
+  for (let i = 0; i < warmup; i++) await fn(i);
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    await fn(i);
+    out.push(performance.now() - t0);
+  }
+  return out;
+}
+
+const ms = (v: number) => `${v.toFixed(2)} ms`;
+
+export function row(label: string, s: Summary, baseline?: Summary): string {
+  const ratio = baseline ? `   ${(s.p50 / baseline.p50).toFixed(2)}× baseline p50` : '';
+  return `  ${label.padEnd(46)} n=${String(s.n).padEnd(5)} p50 ${ms(s.p50).padStart(11)}   p95 ${ms(s.p95).padStart(11)}${ratio}`;
+}
+
+export function heading(text: string): void {
+  process.stdout.write(`\n${text}\n`);
+}
