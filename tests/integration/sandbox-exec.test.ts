@@ -90,4 +90,21 @@ describe('stateful execution through the API', () => {
     const missing = await t.call('GET', `/v1/sessions/${session}/files?path=/tmp/nope`, { key: team.key });
     expect(missing.status).toBe(404);
   });
+
+  it('cancelling a running execution interrupts it and keeps the variables', async () => {
+    const ws = (await t.call('GET', `/v1/sessions/${session}`, { key: team.key })).body.workspace_id;
+    const ctx = { teamId: team.id, workspaceId: ws, sessionId: session };
+    const limits = t.engine.limitsFor((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox);
+    const abort = new AbortController();
+    const result = await t.engine.exec(ctx, limits, 'import time\nprint("looping", flush=True)\nwhile True:\n    time.sleep(0.01)', {
+      signal: abort.signal,
+      onOutput: (_stream, data) => {
+        if (data.includes('looping')) abort.abort();
+      },
+    });
+    expect(result.error).toMatchObject({ type: 'Cancelled' });
+    expect(result.exit_code).toBe(130);
+    expect(result.restarted).toBe(false);
+    expect((await exec(t, team.key, session, 'x')).stdout).toBe('20\n');
+  });
 });
