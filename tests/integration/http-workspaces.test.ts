@@ -14,7 +14,8 @@ describe('workspaces CRUD', () => {
   it('creates with defaults filled in, and with a partial settings override', async () => {
     const plain = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'plain' } });
     expect(plain.status).toBe(201);
-    expect(plain.body).toMatchObject({ name: 'plain', head: null, settings: DEFAULT_SETTINGS });
+    expect(plain.body).toMatchObject({ name: 'plain', settings: DEFAULT_SETTINGS });
+    expect(plain.body.head).toMatch(/^[0-9a-f]{40}$/);
     expect(plain.body.id).toMatch(/^ws_/);
     const tuned = await t.call('POST', '/v1/workspaces', {
       key: team.key,

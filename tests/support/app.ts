@@ -1,4 +1,11 @@
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
+import { WorkspaceRepos } from '../../apps/api/src/workspace/repo.ts';
+import { WorkspaceService } from '../../apps/api/src/workspace/service.ts';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { createApp } from '../../apps/api/src/app.ts';
@@ -10,6 +17,8 @@ import { engineOptions } from '../../apps/api/src/server.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
 
+export const TEMPLATE = fileURLToPath(new URL('../../workspace-template', import.meta.url));
+
 export interface Call {
   key?: string;
   body?: unknown;
@@ -20,6 +29,7 @@ export interface Call {
 export interface TestApp {
   app: ReturnType<typeof createApp>;
   engine: SandboxEngine;
+  workspaces: WorkspaceService;
   database: TestDatabase;
   adminKey: string;
   /** Every log line the app wrote, parsed. */
@@ -40,6 +50,8 @@ export async function createTestApp(
     bodyLimitBytes?: number;
     now?: () => number;
     sandbox?: Partial<EngineOptions>;
+    embedder?: Embedder;
+    maxFileBytes?: number;
   } = {},
 ): Promise<TestApp> {
   const database = await createTestDatabase(opts.driver ?? 'postgres');
@@ -58,11 +70,19 @@ export async function createTestApp(
   const docker = connectDocker(process.env.DOCKER_HOST);
   const engine = new SandboxEngine(database.db, docker, { ...testEngineOptions(), ...opts.sandbox }, logger);
   await engine.start();
+  const workspacesDir = mkdtempSync(join(tmpdir(), 'kiln-ws-'));
+  const workspaces = new WorkspaceService(
+    database.db,
+    new WorkspaceRepos(workspacesDir, TEMPLATE),
+    { maxFileBytes: opts.maxFileBytes ?? 1024 * 1024, embedder: opts.embedder },
+    logger,
+  );
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
     docker,
     engine,
+    workspaces,
     logger,
     now: opts.now,
   });
@@ -95,9 +115,11 @@ export async function createTestApp(
       return { id: t.body.id, key: k.body.key };
     },
     engine,
+    workspaces,
     async close() {
       await engine.stop();
       await database.drop();
+      rmSync(workspacesDir, { recursive: true, force: true });
     },
   };
 }

@@ -129,6 +129,7 @@ CREATE TABLE "memory_chunks" (
 	"content" text NOT NULL,
 	"content_hash" text NOT NULL,
 	"embedding" real[],
+	"tsv" "tsvector" GENERATED ALWAYS AS (to_tsvector('simple', coalesce(heading, '') || ' ' || content)) STORED,
 	"updated_at" timestamp with time zone DEFAULT now() NOT NULL
 );
 --> statement-breakpoint
@@ -260,6 +261,7 @@ CREATE INDEX "evolutions_ws_idx" ON "evolutions" USING btree ("workspace_id","id
 CREATE INDEX "executions_session_idx" ON "executions" USING btree ("session_id","id");--> statement-breakpoint
 CREATE INDEX "jobs_due_idx" ON "jobs" USING btree ("status","run_at");--> statement-breakpoint
 CREATE INDEX "memory_chunks_ws_path_idx" ON "memory_chunks" USING btree ("workspace_id","path");--> statement-breakpoint
+CREATE INDEX "memory_chunks_tsv_idx" ON "memory_chunks" USING gin ("tsv");--> statement-breakpoint
 CREATE INDEX "messages_session_idx" ON "messages" USING btree ("session_id","id");--> statement-breakpoint
 CREATE INDEX "runs_session_idx" ON "runs" USING btree ("session_id","id");--> statement-breakpoint
 CREATE INDEX "runs_status_idx" ON "runs" USING btree ("status");--> statement-breakpoint

@@ -18,6 +18,8 @@ import { healthRouter } from './routes/health/health.index.ts';
 import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
 import { sessionsRouter } from './routes/sessions/sessions.index.ts';
 import type { SandboxEngine } from './sandbox/engine.ts';
+import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
+import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 
@@ -27,6 +29,7 @@ export interface AppDeps {
   docker: Docker;
   logger: Logger;
   engine: SandboxEngine;
+  workspaces: WorkspaceService;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -41,7 +44,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -59,7 +62,8 @@ export function createApp({ config, db, docker, engine, logger, now }: AppDeps) 
 
   app.route('/', healthRouter(db, docker));
   app.route('/', teamsRouter(db, keys));
-  app.route('/', workspacesRouter(db));
+  app.route('/', workspacesRouter(db, workspaces));
+  app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', sessionsRouter(db, engine));
   app.route('/', sandboxesRouter(engine));
   app.route('/', auditRouter(db));

@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
@@ -35,10 +36,16 @@ const schema = z.object({
   KILN_SANDBOX_MAX_TIMEOUT_S: int(1, 86_400).default(600),
   KILN_SANDBOX_MAX_DISK_MB: int(16, 1_048_576).default(2048),
   KILN_SANDBOX_MAX_OUTPUT_BYTES: int(1024, 64 * 1024 * 1024).default(65_536),
+  KILN_WORKSPACES_DIR: z.string().min(1).optional(),
+  KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
+  KILN_WORKSPACE_MAX_FILE_BYTES: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
+  OPENAI_BASE_URL: z.string().url().optional(),
+  OPENAI_API_KEY: z.string().min(1).optional(),
+  KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
-const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL']);
+const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL', 'OPENAI_API_KEY']);
 
 export type Config = {
   port: number;
@@ -54,6 +61,8 @@ export type Config = {
   shutdownGraceMs: number;
   /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
   instanceId: string;
+  workspaces: { dir: string; template: string; maxFileBytes: number };
+  openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string };
   sandbox: {
     poolSize: number;
     idleS: number;
@@ -98,6 +107,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dockerHost: e.DOCKER_HOST,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
     instanceId: e.KILN_INSTANCE_ID ?? hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 64),
+    workspaces: {
+      dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),
+      template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
+      maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
+    },
+    openai: { baseURL: e.OPENAI_BASE_URL, apiKey: e.OPENAI_API_KEY, embeddingsModel: e.KILN_EMBEDDINGS_MODEL },
     sandbox: {
       poolSize: e.KILN_SANDBOX_POOL_SIZE,
       idleS: e.KILN_SANDBOX_IDLE_S,

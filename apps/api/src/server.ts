@@ -6,6 +6,9 @@ import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { connectDocker } from './sandbox/docker.ts';
 import { SandboxEngine, type EngineOptions } from './sandbox/engine.ts';
+import { openAiEmbedder } from './memory/embeddings.ts';
+import { WorkspaceRepos } from './workspace/repo.ts';
+import { WorkspaceService } from './workspace/service.ts';
 
 export interface RunningServer {
   url: string;
@@ -21,7 +24,9 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const docker = connectDocker(config.dockerHost);
   const engine = new SandboxEngine(database.db, docker, engineOptions(config), logger);
   await engine.start();
-  const app = createApp({ config, db: database.db, docker, engine, logger });
+  const workspaces = workspaceService(config, database.db, logger);
+  await workspaces.repairAll();
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -62,4 +67,12 @@ export function engineOptions(config: Config): EngineOptions {
     maxOutputBytes: s.maxOutputBytes,
     reapIntervalMs: s.reapIntervalS * 1000,
   };
+}
+
+export function workspaceService(config: Config, db: Database['db'], logger: Logger): WorkspaceService {
+  const { baseURL, apiKey, embeddingsModel } = config.openai;
+  return new WorkspaceService(db, new WorkspaceRepos(config.workspaces.dir, config.workspaces.template), {
+    maxFileBytes: config.workspaces.maxFileBytes,
+    embedder: embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined,
+  }, logger);
 }

@@ -2,6 +2,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { PGlite } from '@electric-sql/pglite';
+import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
 import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
 import { drizzle as drizzlePglite } from 'drizzle-orm/pglite';
 import { migrate as migratePglite } from 'drizzle-orm/pglite/migrator';
@@ -51,7 +52,7 @@ async function openPglite(dataDir?: string): Promise<Database> {
     path = join(dataDir, 'pglite');
     mkdirSync(path, { recursive: true });
   }
-  const client = await PGlite.create(path, { relaxedDurability: true });
+  const client = await PGlite.create(path, { relaxedDurability: true, extensions: { pg_trgm } });
   const db = drizzlePglite(client, { schema });
   await migratePglite(db, { migrationsFolder });
   return { db: db as unknown as Db, driver: 'pglite', close: () => client.close() };

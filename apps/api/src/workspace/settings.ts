@@ -72,6 +72,7 @@ const sections = {
       dream_cron: z.string().min(1).max(100).refine(validCron, 'must be a valid cron expression'),
       timezone: z.string().min(1).max(64).refine(validTimeZone, 'must be an IANA time zone such as Europe/Berlin'),
       memory_max_entries: z.number().int().min(1).max(1000),
+      memory_max_bytes: z.number().int().min(256).max(1_048_576),
     })
     .strict(),
 };
@@ -109,6 +110,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     dream_cron: '55 23 * * *',
     timezone: 'UTC',
     memory_max_entries: 50,
+    memory_max_bytes: 8192,
   },
 };
 

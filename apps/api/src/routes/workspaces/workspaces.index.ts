@@ -2,6 +2,7 @@ import { teamOf, writableTeamOf } from '../../auth/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
+import type { WorkspaceService } from '../../workspace/service.ts';
 import * as ws from '../../workspace/workspaces.ts';
 import * as r from './workspaces.routes.ts';
 
@@ -14,11 +15,11 @@ const view = (w: ws.WorkspaceRow) => ({
   updated_at: w.updatedAt.toISOString(),
 });
 
-export function workspacesRouter(db: Db) {
+export function workspacesRouter(db: Db, service: WorkspaceService) {
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
-      const row = await ws.createWorkspace(db, team, c.req.valid('json'));
+      const row = await service.create(team, c.req.valid('json'));
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
     })

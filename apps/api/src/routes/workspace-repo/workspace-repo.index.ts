@@ -1,0 +1,85 @@
+import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import type { Db } from '../../db/client.ts';
+import { ApiError } from '../../http/errors.ts';
+import { createRouter } from '../../http/router.ts';
+import { checkRelativePath } from '../../workspace/paths.ts';
+import type { CommitInfo, CommitOutcome } from '../../workspace/repo.ts';
+import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
+import { getWorkspace } from '../../workspace/workspaces.ts';
+import * as r from './workspace-repo.routes.ts';
+
+export const commitView = (c: CommitInfo | CommitRow) => ({
+  sha: c.sha,
+  kind: c.kind,
+  author: c.author,
+  summary: c.summary,
+  paths: c.paths,
+  session_id: c.sessionId,
+  run_id: c.runId,
+  evolution_id: c.evolutionId,
+  created_at: c.createdAt.toISOString(),
+});
+
+const outcomeView = (o: CommitOutcome) => ({ commit: o.commit ? commitView(o.commit) : null, redactions: o.redactions, refused: o.refused });
+
+export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
+  return createRouter()
+    .openapi(r.getFiles, async (c) => {
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const q = c.req.valid('query');
+      const path = checkRelativePath(q.path, { allowRoot: true });
+      const info = path ? await service.repos.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
+      if (!info) throw ApiError.notFound(`path ${path}`);
+      if (info.isDirectory()) return c.json({ path, type: 'dir' as const, entries: await service.repos.listDir(ws.id, path) }, 200);
+      const data = await service.repos.readFile(ws.id, path);
+      if (q.raw === 'true') return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
+      const text = data.toString('utf8');
+      const binary = data.includes(0) || !Buffer.from(text, 'utf8').equals(data);
+      return c.json(
+        { path, type: 'file' as const, size: data.length, encoding: binary ? ('base64' as const) : ('utf-8' as const), content: binary ? data.toString('base64') : text },
+        200,
+      );
+    })
+    .openapi(r.putFile, async (c) => {
+      const team = writableTeamOf(c);
+      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+      const path = c.req.valid('query').path;
+      const data = Buffer.from(await c.req.arrayBuffer());
+      const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
+      c.set('audit', { action: 'workspace.file.write', resourceType: 'workspace', resourceId: ws.id, after: { path, bytes: data.length, commit: outcome.commit?.sha ?? null, redactions: outcome.redactions.length } });
+      return c.json(outcomeView(outcome), 200);
+    })
+    .openapi(r.deleteFile, async (c) => {
+      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').ws);
+      const path = c.req.valid('query').path;
+      const outcome = await service.deleteFile(ws, path, { author: 'user', actor: c.get('principal').keyId });
+      c.set('audit', { action: 'workspace.file.delete', resourceType: 'workspace', resourceId: ws.id, after: { path, commit: outcome.commit?.sha ?? null } });
+      return c.json(outcomeView(outcome), 200);
+    })
+    .openapi(r.listCommits, async (c) => {
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const q = c.req.valid('query');
+      const rows = await service.listCommits(ws, q);
+      const has_more = rows.length > q.limit;
+      const data = rows.slice(0, q.limit).map(commitView);
+      return c.json({ data, has_more, last_id: data.at(-1)?.sha ?? null }, 200);
+    })
+    .openapi(r.getCommit, async (c) => {
+      const { ws: wsId, sha } = c.req.valid('param');
+      const ws = await getWorkspace(db, teamOf(c), wsId);
+      const { commit, diff, diffTruncated } = await service.getCommit(ws, sha);
+      return c.json({ ...commitView(commit), diff, diff_truncated: diffTruncated }, 200);
+    })
+    .openapi(r.revert, async (c) => {
+      const { ws: wsId, sha } = c.req.valid('param');
+      const ws = await getWorkspace(db, writableTeamOf(c), wsId);
+      const outcome = await service.revert(ws, sha, { author: 'user', actor: c.get('principal').keyId });
+      c.set('audit', { action: 'workspace.revert', resourceType: 'workspace', resourceId: ws.id, after: { reverted: sha, commit: outcome.commit?.sha } });
+      return c.json(outcomeView(outcome), 201);
+    })
+    .openapi(r.searchMemory, async (c) => {
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const { q, k } = c.req.valid('query');
+      return c.json({ data: await service.search(ws, q, k) }, 200);
+    });
+}

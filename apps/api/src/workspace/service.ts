@@ -1,0 +1,179 @@
+import { and, desc, eq, isNull, lt, type SQL } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { commits, workspaces } from '../db/schema/index.ts';
+import { ApiError } from '../http/errors.ts';
+import type { MemoryBudget } from '../memory/budget.ts';
+import type { Embedder } from '../memory/embeddings.ts';
+import { reindexAll, reindexPaths } from '../memory/indexer.ts';
+import { searchMemory } from '../memory/search.ts';
+import { KeyedMutex } from './lock.ts';
+import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
+import type { CommitKind } from './kinds.ts';
+import { WorkspaceRepos, type CommitInfo, type CommitOutcome, type Provenance } from './repo.ts';
+import type { SettingsPatch } from './settings.ts';
+import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
+
+export type CommitRow = typeof commits.$inferSelect;
+
+export interface WorkspaceServiceOptions {
+  maxFileBytes: number;
+  embedder?: Embedder;
+}
+
+const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
+  maxEntries: ws.settings.evolution.memory_max_entries,
+  maxBytes: ws.settings.evolution.memory_max_bytes,
+});
+
+/**
+ * Everything that changes a workspace goes through here: under the workspace lock, the change
+ * is written, committed with provenance, mirrored into the `commits` table, the workspace head
+ * moved and the memory index refreshed for the paths it touched.
+ */
+export class WorkspaceService {
+  private readonly lock = new KeyedMutex();
+
+  constructor(
+    private readonly db: Db,
+    readonly repos: WorkspaceRepos,
+    private readonly opts: WorkspaceServiceOptions,
+    private readonly log: Logger,
+  ) {}
+
+  /** A new workspace: the row, then its repository from the template, then the first commit's mirror. */
+  async create(teamId: string, input: { name: string; settings?: SettingsPatch }): Promise<WorkspaceRow> {
+    const row = await createWorkspace(this.db, teamId, input);
+    try {
+      const first = await this.lock.run(row.id, () => this.repos.init(row.id));
+      await this.record(row, first);
+      await reindexAll(this.db, this.indexTarget(row), this.opts.embedder);
+      return { ...row, head: first.sha };
+    } catch (err) {
+      await this.db.delete(workspaces).where(eq(workspaces.id, row.id));
+      throw err;
+    }
+  }
+
+  /** Runs `change` under the workspace lock and commits whatever it changed. */
+  async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string } = {}): Promise<CommitOutcome> {
+    const outcome = await this.lock.run(ws.id, async () => {
+      await change();
+      return this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+    });
+    if (outcome.commit) await this.afterCommit(ws, outcome.commit);
+    return outcome;
+  }
+
+  /** Commits what an agent step (or anything else) already changed in the working tree. */
+  commitPending(ws: WorkspaceRow, prov: Provenance, opts: { summary?: string } = {}): Promise<CommitOutcome> {
+    return this.change(ws, prov, async () => undefined, opts);
+  }
+
+  /** PUT /files: writes one file and commits it as the given author. */
+  async writeFile(ws: WorkspaceRow, rawPath: string, data: Buffer, prov: Provenance): Promise<CommitOutcome> {
+    const path = checkRelativePath(rawPath);
+    if (data.length > this.opts.maxFileBytes) {
+      throw new ApiError('invalid_request', `file is ${data.length} bytes; the limit is ${this.opts.maxFileBytes}`);
+    }
+    if (prov.author !== 'system' && isBuiltinSkillPath(path)) throw new ApiError('forbidden', 'skills/builtin/ is read-only');
+    const outcome = await this.change(ws, prov, () => this.repos.writeFile(ws.id, path, data), { summary: `Update ${path}` });
+    const refusal = outcome.refused.find((r) => r.path === path);
+    if (refusal) throw new ApiError('invalid_request', refusal.reason);
+    return outcome;
+  }
+
+  async deleteFile(ws: WorkspaceRow, rawPath: string, prov: Provenance): Promise<CommitOutcome> {
+    const path = checkRelativePath(rawPath);
+    if (prov.author !== 'system' && isBuiltinSkillPath(path)) throw new ApiError('forbidden', 'skills/builtin/ is read-only');
+    const info = await this.repos.stat(ws.id, path);
+    if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
+    return this.change(ws, prov, () => this.repos.deleteFile(ws.id, path), { summary: `Delete ${path}` });
+  }
+
+  async revert(ws: WorkspaceRow, sha: string, prov: Provenance): Promise<CommitOutcome> {
+    const outcome = await this.lock.run(ws.id, () => this.repos.revert(ws.id, sha, prov));
+    await this.afterCommit(ws, outcome.commit!);
+    return outcome;
+  }
+
+  private async afterCommit(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
+    await this.record(ws, commit);
+    await reindexPaths(this.db, this.indexTarget(ws), commit.paths, this.opts.embedder);
+  }
+
+  /** Mirrors a commit into the table and moves the workspace head. */
+  private async record(ws: { id: string; teamId: string }, c: CommitInfo): Promise<void> {
+    await this.db
+      .insert(commits)
+      .values({
+        workspaceId: ws.id,
+        sha: c.sha,
+        teamId: ws.teamId,
+        kind: c.kind,
+        author: c.author,
+        summary: c.summary,
+        paths: c.paths,
+        sessionId: c.sessionId,
+        runId: c.runId,
+        evolutionId: c.evolutionId,
+        createdAt: c.createdAt,
+      })
+      .onConflictDoNothing();
+    await this.db.update(workspaces).set({ head: c.sha, updatedAt: new Date() }).where(eq(workspaces.id, ws.id));
+  }
+
+  private indexTarget(ws: { id: string; teamId: string }) {
+    return { id: ws.id, teamId: ws.teamId, dir: this.repos.dirOf(ws.id) };
+  }
+
+  async listCommits(ws: WorkspaceRow, f: { kind?: CommitKind; session?: string; after?: string; limit: number }) {
+    const conds: (SQL | undefined)[] = [eq(commits.workspaceId, ws.id), f.kind ? eq(commits.kind, f.kind) : undefined, f.session ? eq(commits.sessionId, f.session) : undefined];
+    if (f.after) {
+      const [anchor] = await this.db.select().from(commits).where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, f.after)));
+      if (!anchor) throw new ApiError('invalid_request', 'after: no such commit in this workspace');
+      conds.push(lt(commits.createdAt, anchor.createdAt));
+    }
+    return this.db.select().from(commits).where(and(...conds)).orderBy(desc(commits.createdAt), desc(commits.sha)).limit(f.limit + 1);
+  }
+
+  async getCommit(ws: WorkspaceRow, sha: string) {
+    const full = await this.repos.resolveCommit(ws.id, sha);
+    const { diff, truncated } = await this.repos.diff(ws.id, full);
+    const [row] = await this.db.select().from(commits).where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, full)));
+    const info = row ?? (await this.repos.commitInfo(ws.id, full));
+    return { commit: info, diff, diffTruncated: truncated };
+  }
+
+  search(ws: WorkspaceRow, q: string, k: number) {
+    return searchMemory(this.db, ws.id, q, k, { embedder: this.opts.embedder });
+  }
+
+  /**
+   * Start-up repair of every live workspace: stale git locks removed, uncommitted changes
+   * committed by the system, and commits the table missed (a crash between git and the
+   * database) mirrored again.
+   */
+  async repairAll(): Promise<{ repaired: number }> {
+    const rows = (await this.db.select().from(workspaces).where(isNull(workspaces.deletedAt))) as WorkspaceRow[];
+    let repaired = 0;
+    for (const ws of rows) {
+      if (!this.repos.exists(ws.id)) {
+        this.log.error({ workspace: ws.id }, 'workspace repository is missing');
+        continue;
+      }
+      const { removedLocks, recovered } = await this.lock.run(ws.id, () => this.repos.repair(ws.id));
+      const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
+      const missing = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
+      for (const sha of missing) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
+      const head = await this.repos.head(ws.id);
+      if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
+      if (missing.length || recovered?.commit) await reindexAll(this.db, this.indexTarget(ws), this.opts.embedder);
+      if (removedLocks.length || recovered?.commit || missing.length) {
+        repaired++;
+        this.log.warn({ workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, mirrored: missing.length }, 'repaired workspace');
+      }
+    }
+    return { repaired };
+  }
+}
