@@ -55,6 +55,7 @@ CREATE TABLE "commits" (
 	"run_id" text,
 	"evolution_id" text,
 	"created_at" timestamp with time zone DEFAULT now() NOT NULL,
+	"seq" bigserial NOT NULL,
 	CONSTRAINT "commits_workspace_id_sha_pk" PRIMARY KEY("workspace_id","sha")
 );
 --> statement-breakpoint
@@ -256,7 +257,7 @@ CREATE INDEX "approvals_team_status_idx" ON "approvals" USING btree ("team_id","
 CREATE INDEX "approvals_run_idx" ON "approvals" USING btree ("run_id");--> statement-breakpoint
 CREATE INDEX "audit_events_team_idx" ON "audit_events" USING btree ("team_id","id");--> statement-breakpoint
 CREATE INDEX "audit_events_action_idx" ON "audit_events" USING btree ("action");--> statement-breakpoint
-CREATE INDEX "commits_ws_created_idx" ON "commits" USING btree ("workspace_id","created_at");--> statement-breakpoint
+CREATE INDEX "commits_ws_seq_idx" ON "commits" USING btree ("workspace_id","seq");--> statement-breakpoint
 CREATE INDEX "evolutions_ws_idx" ON "evolutions" USING btree ("workspace_id","id");--> statement-breakpoint
 CREATE INDEX "executions_session_idx" ON "executions" USING btree ("session_id","id");--> statement-breakpoint
 CREATE INDEX "jobs_due_idx" ON "jobs" USING btree ("status","run_at");--> statement-breakpoint

@@ -45,8 +45,11 @@ export class WorkspaceService {
   async create(teamId: string, input: { name: string; settings?: SettingsPatch }): Promise<WorkspaceRow> {
     const row = await createWorkspace(this.db, teamId, input);
     try {
-      const first = await this.lock.run(row.id, () => this.repos.init(row.id));
-      await this.record(row, first);
+      const first = await this.lock.run(row.id, async () => {
+        const c = await this.repos.init(row.id);
+        await this.record(row, c);
+        return c;
+      });
       await reindexAll(this.db, this.indexTarget(row), this.opts.embedder);
       return { ...row, head: first.sha };
     } catch (err) {
@@ -59,9 +62,11 @@ export class WorkspaceService {
   async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string } = {}): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
       await change();
-      return this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      const o = await this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      if (o.commit) await this.record(ws, o.commit);
+      return o;
     });
-    if (outcome.commit) await this.afterCommit(ws, outcome.commit);
+    if (outcome.commit) await this.reindex(ws, outcome.commit);
     return outcome;
   }
 
@@ -92,13 +97,16 @@ export class WorkspaceService {
   }
 
   async revert(ws: WorkspaceRow, sha: string, prov: Provenance): Promise<CommitOutcome> {
-    const outcome = await this.lock.run(ws.id, () => this.repos.revert(ws.id, sha, prov));
-    await this.afterCommit(ws, outcome.commit!);
+    const outcome = await this.lock.run(ws.id, async () => {
+      const o = await this.repos.revert(ws.id, sha, prov);
+      await this.record(ws, o.commit!);
+      return o;
+    });
+    await this.reindex(ws, outcome.commit!);
     return outcome;
   }
 
-  private async afterCommit(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
-    await this.record(ws, commit);
+  private async reindex(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
     await reindexPaths(this.db, this.indexTarget(ws), commit.paths, this.opts.embedder);
   }
 
@@ -132,9 +140,9 @@ export class WorkspaceService {
     if (f.after) {
       const [anchor] = await this.db.select().from(commits).where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, f.after)));
       if (!anchor) throw new ApiError('invalid_request', 'after: no such commit in this workspace');
-      conds.push(lt(commits.createdAt, anchor.createdAt));
+      conds.push(lt(commits.seq, anchor.seq));
     }
-    return this.db.select().from(commits).where(and(...conds)).orderBy(desc(commits.createdAt), desc(commits.sha)).limit(f.limit + 1);
+    return this.db.select().from(commits).where(and(...conds)).orderBy(desc(commits.seq)).limit(f.limit + 1);
   }
 
   async getCommit(ws: WorkspaceRow, sha: string) {
@@ -162,10 +170,13 @@ export class WorkspaceService {
         this.log.error({ workspace: ws.id }, 'workspace repository is missing');
         continue;
       }
-      const { removedLocks, recovered } = await this.lock.run(ws.id, () => this.repos.repair(ws.id));
-      const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
-      const missing = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
-      for (const sha of missing) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
+      const { removedLocks, recovered, missing } = await this.lock.run(ws.id, async () => {
+        const fixed = await this.repos.repair(ws.id);
+        const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
+        const absent = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
+        for (const sha of absent) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
+        return { ...fixed, missing: absent };
+      });
       const head = await this.repos.head(ws.id);
       if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
       if (missing.length || recovered?.commit) await reindexAll(this.db, this.indexTarget(ws), this.opts.embedder);

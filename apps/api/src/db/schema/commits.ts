@@ -1,4 +1,4 @@
-import { index, jsonb, pgTable, primaryKey, text } from 'drizzle-orm/pg-core';
+import { bigserial, index, jsonb, pgTable, primaryKey, text } from 'drizzle-orm/pg-core';
 import { createdAt, teamId } from './columns.ts';
 import { workspaces } from './workspaces.ts';
 
@@ -17,6 +17,8 @@ export const commits = pgTable(
     runId: text('run_id'),
     evolutionId: text('evolution_id'),
     createdAt: createdAt(),
+    /** Mirror order = commit order (git dates have only second precision). */
+    seq: bigserial('seq', { mode: 'number' }).notNull(),
   },
-  (t) => [primaryKey({ columns: [t.workspaceId, t.sha] }), index('commits_ws_created_idx').on(t.workspaceId, t.createdAt)],
+  (t) => [primaryKey({ columns: [t.workspaceId, t.sha] }), index('commits_ws_seq_idx').on(t.workspaceId, t.seq)],
 );

@@ -1,0 +1,199 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { eq } from 'drizzle-orm';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { commits } from '../../apps/api/src/db/schema/index.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { tableCounts } from '../support/counts.ts';
+
+const git = (dir: string, ...args: string[]) => execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' });
+
+describe('workspaces are git repositories', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  let ws: string;
+  let dir: string;
+  const put = (path: string, content: string | Buffer, key = team.key) =>
+    t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key, raw: content as string });
+
+  beforeAll(async () => {
+    t = await createTestApp({ maxFileBytes: 64 * 1024 });
+    team = await t.team('repo');
+    ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'repo', settings: { evolution: { memory_max_entries: 5, memory_max_bytes: 2000 } } } })).body.id;
+    dir = t.workspaces.repos.dirOf(ws);
+  });
+  afterAll(() => t.close());
+
+  it('starts from the template with one system commit', async () => {
+    for (const f of ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md', 'tools/README.md', 'skills/builtin/memory-keeping/SKILL.md']) {
+      expect(existsSync(join(dir, f)), f).toBe(true);
+    }
+    const log = await t.call('GET', `/v1/workspaces/${ws}/commits`, { key: team.key });
+    expect(log.body.data).toHaveLength(1);
+    expect(log.body.data[0]).toMatchObject({ kind: 'system', author: 'system', summary: 'Create workspace from template' });
+    const listing = await t.call('GET', `/v1/workspaces/${ws}/files`, { key: team.key });
+    expect(listing.body.entries.map((e: { name: string }) => e.name)).toEqual(expect.arrayContaining(['AGENT.md', 'knowledge', 'skills']));
+    expect(listing.body.entries.map((e: { name: string }) => e.name)).not.toContain('.git');
+  });
+
+  it('commits every write with trailers; the kind follows the paths; the table mirrors it', async () => {
+    const r = await put('MEMORY.md', '# Core memory\n\n- Deploys happen on Fridays.\n');
+    expect(r.status).toBe(200);
+    expect(r.body.commit).toMatchObject({ kind: 'memory', author: 'user', paths: ['MEMORY.md'] });
+    const body = git(dir, 'log', '-1', '--format=%B');
+    expect(body).toContain('Kiln-Kind: memory');
+    expect(body).toContain('Kiln-Author: user');
+    expect(git(dir, 'log', '-1', '--format=%(trailers:key=Kiln-Actor,valueonly)').trim()).toMatch(/^key_/);
+    for (const [path, kind] of [['skills/report/SKILL.md', 'skill'], ['knowledge/pricing.md', 'knowledge'], ['AGENT.md', 'prompt'], ['tools/util.py', 'source'], ['data/raw.csv', 'user']] as const) {
+      const c = await put(path, `content of ${path}\n`);
+      expect(c.body.commit.kind, path).toBe(kind);
+    }
+    const [row] = await t.database.db.select().from(commits).where(eq(commits.sha, r.body.commit.sha));
+    expect(row).toMatchObject({ kind: 'memory', author: 'user', paths: ['MEMORY.md'], workspaceId: ws });
+    const ws2 = await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key });
+    expect(ws2.body.head).toBe(git(dir, 'rev-parse', 'HEAD').trim());
+    const filtered = await t.call('GET', `/v1/workspaces/${ws}/commits?kind=skill`, { key: team.key });
+    expect(filtered.body.data.map((c: { paths: string[] }) => c.paths[0])).toEqual(['skills/report/SKILL.md']);
+    const one = await t.call('GET', `/v1/workspaces/${ws}/commits/${r.body.commit.sha}`, { key: team.key });
+    expect(one.body.diff).toContain('+- Deploys happen on Fridays.');
+    const content = await t.call('GET', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: team.key });
+    expect(content.body).toMatchObject({ type: 'file', encoding: 'utf-8', content: '# Core memory\n\n- Deploys happen on Fridays.\n' });
+    const same = await put('MEMORY.md', '# Core memory\n\n- Deploys happen on Fridays.\n');
+    expect(same.body.commit).toBeNull();
+  });
+
+  it('serialises concurrent writers: no update is lost and the index is never left locked', async () => {
+    const writes = Array.from({ length: 12 }, (_, i) => put(`notes/n${i}.md`, `note ${i}\n`));
+    const results = await Promise.all(writes);
+    expect(results.every((r) => r.status === 200 && r.body.commit)).toBe(true);
+    expect(new Set(results.map((r) => r.body.commit.sha)).size).toBe(12);
+    for (let i = 0; i < 12; i++) expect(readFileSync(join(dir, `notes/n${i}.md`), 'utf8')).toBe(`note ${i}\n`);
+    expect(git(dir, 'status', '--porcelain')).toBe('');
+    expect(existsSync(join(dir, '.git/index.lock'))).toBe(false);
+    const logged = git(dir, 'log', '--format=%s', '-12').split('\n').filter(Boolean);
+    expect(logged).toHaveLength(12);
+  });
+
+  it('reverts with a new commit; reverting a memory commit restores MEMORY.md byte for byte', async () => {
+    const before = readFileSync(join(dir, 'MEMORY.md'));
+    const change = await put('MEMORY.md', `${before.toString()}- Staging runs on port 8080.\n`);
+    const rev = await t.call('POST', `/v1/workspaces/${ws}/commits/${change.body.commit.sha}/revert`, { key: team.key });
+    expect(rev.status).toBe(201);
+    expect(rev.body.commit).toMatchObject({ kind: 'memory', author: 'user', summary: expect.stringMatching(/^Revert "/) });
+    expect(readFileSync(join(dir, 'MEMORY.md')).equals(before)).toBe(true);
+    expect(git(dir, 'log', '-1', '--format=%B')).toContain(`Kiln-Reverts: ${change.body.commit.sha}`);
+    // History is never rewritten: the reverted commit is still there.
+    expect(git(dir, 'cat-file', '-t', change.body.commit.sha).trim()).toBe('commit');
+  });
+
+  it('a revert that conflicts answers 409 and leaves the repository exactly as it was', async () => {
+    const first = await put('conflict.md', 'line one\n');
+    await put('conflict.md', 'line one, changed later\n');
+    const head = git(dir, 'rev-parse', 'HEAD');
+    const counts = await tableCounts(t.database.db);
+    const r = await t.call('POST', `/v1/workspaces/${ws}/commits/${first.body.commit.sha}/revert`, { key: team.key });
+    expect(r.status).toBe(409);
+    expect(r.body.error.code).toBe('conflict');
+    expect(git(dir, 'rev-parse', 'HEAD')).toBe(head);
+    expect(git(dir, 'status', '--porcelain')).toBe('');
+    expect(readFileSync(join(dir, 'conflict.md'), 'utf8')).toBe('line one, changed later\n');
+    expect((await tableCounts(t.database.db)).commits).toBe(counts.commits);
+    const missing = await t.call('POST', `/v1/workspaces/${ws}/commits/${'0'.repeat(40)}/revert`, { key: team.key });
+    expect(missing.status).toBe(404);
+  });
+
+  it('rejects bad paths, links out, oversized files and writes to built-in skills, writing nothing', async () => {
+    mkdirSync(join(dir, 'links'), { recursive: true });
+    symlinkSync('/etc', join(dir, 'links/out'));
+    git(dir, 'add', '-A');
+    git(dir, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'test link');
+    const head = git(dir, 'rev-parse', 'HEAD');
+    for (const bad of ['../escape.md', '/etc/passwd', '.git/config', 'a/.git/x', 'a/../../b', 'links/out/passwd', 'a//b', '']) {
+      const r = await put(bad, 'x');
+      expect(r.status, bad).toBe(400);
+      expect(r.body.error.code).toBe('invalid_request');
+    }
+    const read = await t.call('GET', `/v1/workspaces/${ws}/files?path=links/out/passwd`, { key: team.key });
+    expect(read.status).toBe(400);
+    const big = await put('big.bin', 'x'.repeat(64 * 1024 + 1));
+    expect(big.status).toBe(400);
+    expect(big.body.error.message).toMatch(/limit/);
+    const builtin = await put('skills/builtin/memory-keeping/SKILL.md', 'hijacked');
+    expect(builtin.status).toBe(403);
+    expect(readFileSync(join(dir, 'skills/builtin/memory-keeping/SKILL.md'), 'utf8')).not.toBe('hijacked');
+    expect(git(dir, 'rev-parse', 'HEAD')).toBe(head);
+    expect(existsSync('/etc/passwd.kiln')).toBe(false);
+  });
+
+  it('changes to built-in skills made in the working tree (by agent code) are undone, not committed', async () => {
+    const file = join(dir, 'skills/builtin/memory-keeping/SKILL.md');
+    const original = readFileSync(file, 'utf8');
+    writeFileSync(file, 'tampered by code');
+    writeFileSync(join(dir, 'skills/builtin/new-one.md'), 'sneaky');
+    writeFileSync(join(dir, 'ok.md'), 'fine\n');
+    const row = (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body;
+    const outcome = await t.workspaces.commitPending({ ...row, teamId: team.id, createdAt: new Date(), updatedAt: new Date(), deletedAt: null }, { author: 'agent', sessionId: 'ses_x', runId: 'run_y' });
+    expect(outcome.commit!.paths).toEqual(['ok.md']);
+    expect(outcome.refused.map((r) => r.path).sort()).toEqual(['skills/builtin/memory-keeping/SKILL.md', 'skills/builtin/new-one.md']);
+    expect(readFileSync(file, 'utf8')).toBe(original);
+    expect(existsSync(join(dir, 'skills/builtin/new-one.md'))).toBe(false);
+    const msg = git(dir, 'log', '-1', '--format=%B');
+    expect(msg).toContain('Kiln-Author: agent');
+    expect(msg).toContain('Kiln-Session: ses_x');
+    expect(msg).toContain('Kiln-Run: run_y');
+  });
+
+  it('redacts secrets before the commit lands, in the file itself, and says so', async () => {
+    const fakeAws = ['AKIA', 'ABCDEFGHIJKLMNOP'].join('');
+    const fakeGh = `ghp_${'a1B2'.repeat(9)}`;
+    const pem = ['-----BEGIN RSA PRIVATE KEY-----', 'MIIEowIBAAKCAQEAx', '-----END RSA PRIVATE KEY-----'].join('\n');
+    const r = await put('knowledge/creds.md', `# Creds\naws: ${fakeAws}\ntoken = "${fakeGh}"\n${pem}\nnothing secret here\n`);
+    expect(r.status).toBe(200);
+    expect(r.body.redactions.map((x: { type: string }) => x.type).sort()).toEqual(['aws_access_key', 'github_token', 'private_key']);
+    expect(r.body.redactions.find((x: { type: string }) => x.type === 'aws_access_key').line).toBe(2);
+    const onDisk = readFileSync(join(dir, 'knowledge/creds.md'), 'utf8');
+    const committed = git(dir, 'show', 'HEAD:knowledge/creds.md');
+    for (const text of [onDisk, committed, git(dir, 'log', '-p', '-1')]) {
+      expect(text).not.toContain(fakeAws);
+      expect(text).not.toContain(fakeGh);
+      expect(text).not.toContain('MIIEowIBAAKCAQEAx');
+    }
+    expect(committed).toContain('[REDACTED:aws_access_key]');
+    expect(committed).toContain('nothing secret here');
+    expect(git(dir, 'log', '-1', '--format=%B')).toMatch(/Redacted 3 secret\(s\)/);
+  });
+
+  it('refuses a MEMORY.md over budget with a message listing the current entries', async () => {
+    const current = readFileSync(join(dir, 'MEMORY.md'), 'utf8');
+    const tooMany = `# Core memory\n\n${Array.from({ length: 6 }, (_, i) => `- fact ${i}`).join('\n')}\n`;
+    const r = await put('MEMORY.md', tooMany);
+    expect(r.status).toBe(400);
+    expect(r.body.error.message).toMatch(/6 entries \(limit 5\)/);
+    expect(r.body.error.message).toContain('1. Deploys happen on Fridays.');
+    expect(readFileSync(join(dir, 'MEMORY.md'), 'utf8')).toBe(current);
+    const tooBig = `# Core memory\n\n- ${'x'.repeat(2100)}\n`;
+    const big = await put('MEMORY.md', tooBig);
+    expect(big.status).toBe(400);
+    expect(big.body.error.message).toMatch(/bytes \(limit 2000\)/);
+    expect(git(dir, 'status', '--porcelain')).toBe('');
+  });
+
+  it('another team cannot read, write, list or revert this workspace', async () => {
+    const other = await t.team('repo-other');
+    const sha = git(dir, 'rev-parse', 'HEAD').trim();
+    for (const [method, path] of [
+      ['GET', `/v1/workspaces/${ws}/files?path=MEMORY.md`],
+      ['PUT', `/v1/workspaces/${ws}/files?path=x.md`],
+      ['DELETE', `/v1/workspaces/${ws}/files?path=ok.md`],
+      ['GET', `/v1/workspaces/${ws}/commits`],
+      ['GET', `/v1/workspaces/${ws}/commits/${sha}`],
+      ['POST', `/v1/workspaces/${ws}/commits/${sha}/revert`],
+      ['GET', `/v1/workspaces/${ws}/memory/search?q=fridays`],
+    ] as const) {
+      const r = await t.call(method, path, { key: other.key, raw: method === 'PUT' ? 'x' : undefined });
+      expect(r.status, `${method} ${path}`).toBe(404);
+    }
+    expect(git(dir, 'rev-parse', 'HEAD').trim()).toBe(sha);
+  });
+});
