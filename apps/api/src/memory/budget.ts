@@ -19,8 +19,11 @@ export interface BudgetCheck {
   message?: string;
 }
 
-/** Checks new MEMORY.md content; when over budget, explains and lists the entries in `current`. */
-export function checkMemoryBudget(next: string, current: string, budget: MemoryBudget): BudgetCheck {
+/**
+ * Checks new MEMORY.md content; when over budget, explains and lists the entries of `current()`
+ * (read only then: the common case needs no second read).
+ */
+export async function checkMemoryBudget(next: string, current: () => Promise<string>, budget: MemoryBudget): Promise<BudgetCheck> {
   const entries = memoryEntries(next).length;
   const bytes = Buffer.byteLength(next);
   if (entries <= budget.maxEntries && bytes <= budget.maxBytes) return { ok: true, entries, bytes };
@@ -28,7 +31,7 @@ export function checkMemoryBudget(next: string, current: string, budget: MemoryB
     entries > budget.maxEntries ? `${entries} entries (limit ${budget.maxEntries})` : '',
     bytes > budget.maxBytes ? `${bytes} bytes (limit ${budget.maxBytes})` : '',
   ].filter(Boolean);
-  const list = memoryEntries(current)
+  const list = memoryEntries(await current())
     .map((e, i) => `${i + 1}. ${e}`)
     .join('\n');
   return {

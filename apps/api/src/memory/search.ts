@@ -16,16 +16,18 @@ const DAILY = /^memory\/(\d{4}-\d{2}-\d{2})\.md$/;
 /** Daily logs lose half their weight every this many days; core memory never decays. */
 const HALF_LIFE_DAYS = 30;
 
-/** Words and CJK runs of a query, lower-cased, without duplicates. */
-export function queryTerms(q: string): string[] {
-  const terms = q
-    .toLowerCase()
+/** Words and CJK runs of a query, without duplicates (lower-cased unless `keepCase`). */
+export function queryTerms(q: string, keepCase = false): string[] {
+  const terms = (keepCase ? q : q.toLowerCase())
     .split(/[\s,.;:!?()[\]{}"'`<>|/\\，。；：！？（）【】「」、]+/u)
     .filter((t) => t.length > 0);
   return [...new Set(terms)].slice(0, 12);
 }
 
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
+
+/** Terms the full-text parser does not split into searchable words: non-ASCII text and identifiers. */
+const needsSubstring = (t: string) => /[^\x00-\x7f]/.test(t) || /[_.\d]|[a-z][A-Z]/.test(t);
 
 /**
  * Ranks a workspace's memory, knowledge and skill chunks for a query: Postgres full-text
@@ -43,24 +45,39 @@ export async function searchMemory(
   const terms = queryTerms(q);
   if (terms.length === 0) return [];
   const tsquery = sql`websearch_to_tsquery('simple', ${terms.join(' or ')})`;
-  const likes = sql.join(
-    terms.map((t) => sql`${memoryChunks.content} ilike ${`%${likeEscape(t)}%`}`),
-    sql` or `,
-  );
-  const rows = await db
-    .select({
-      id: memoryChunks.id,
-      path: memoryChunks.path,
-      startLine: memoryChunks.startLine,
-      endLine: memoryChunks.endLine,
-      heading: memoryChunks.heading,
-      content: memoryChunks.content,
-      fts: sql<number>`ts_rank_cd(${memoryChunks.tsv}, ${tsquery}, 32)`,
-    })
+  const columns = {
+    id: memoryChunks.id,
+    path: memoryChunks.path,
+    startLine: memoryChunks.startLine,
+    endLine: memoryChunks.endLine,
+    heading: memoryChunks.heading,
+    content: memoryChunks.content,
+  };
+  const ftsRows = await db
+    .select({ ...columns, fts: sql<number>`ts_rank(${memoryChunks.tsv}, ${tsquery}, 32)` })
     .from(memoryChunks)
-    .where(and(eq(memoryChunks.workspaceId, workspaceId), sql`(${memoryChunks.tsv} @@ ${tsquery} or ${likes})`))
-    .orderBy(sql`5 desc`)
+    .where(and(eq(memoryChunks.workspaceId, workspaceId), sql`${memoryChunks.tsv} @@ ${tsquery}`))
+    .orderBy(sql`7 desc`)
     .limit(CANDIDATES);
+  // Substring matching is the expensive part: it runs for what full-text search cannot split
+  // (Chinese, identifiers), and for plain words only when full-text search found too little.
+  const substringTerms = ftsRows.length >= k ? queryTerms(q, true).filter(needsSubstring) : terms;
+  const likeRows = substringTerms.length
+    ? await db
+        .select({ ...columns, fts: sql<number>`0` })
+        .from(memoryChunks)
+        .where(
+          and(
+            eq(memoryChunks.workspaceId, workspaceId),
+            sql`(${sql.join(
+              substringTerms.map((t) => sql`${memoryChunks.content} ilike ${`%${likeEscape(t.toLowerCase())}%`}`),
+              sql` or `,
+            )})`,
+          ),
+        )
+        .limit(CANDIDATES)
+    : [];
+  const rows = [...ftsRows, ...likeRows.filter((r) => !ftsRows.some((f) => f.id === r.id))];
 
   const byId = new Map(rows.map((r) => [r.id, { ...r, fts: Number(r.fts), vector: 0 }]));
   if (opts.embedder) {

@@ -2,8 +2,8 @@ import { cp, lstat, mkdir, readdir, readFile, rename, rm, stat, unlink, writeFil
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { simpleGit, type SimpleGit } from 'simple-git';
 import { ApiError } from '../http/errors.ts';
+import { gitIn, type Git } from './git.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { isBuiltinSkillPath, resolveInside } from './paths.ts';
 import { kindsOf, type CommitAuthor, type CommitKind } from './kinds.ts';
@@ -64,22 +64,8 @@ export class WorkspaceRepos {
     return join(this.root, workspaceId);
   }
 
-  private git(workspaceId: string): SimpleGit {
-    // Hooks are pointed at /dev/null (never run), which simple-git must be told is intended.
-    return simpleGit({
-      baseDir: this.dirOf(workspaceId),
-      config: ['core.hooksPath=/dev/null', 'commit.gpgsign=false', 'core.quotepath=off'],
-      unsafe: { allowUnsafeHooksPath: true },
-    }).env({
-      // A minimal environment: nothing of the server's (editors, pagers, credentials) reaches git.
-      PATH: process.env.PATH ?? '/usr/bin:/bin',
-      HOME: this.root,
-      LANG: 'C.UTF-8',
-      GIT_CONFIG_NOSYSTEM: '1',
-      GIT_TERMINAL_PROMPT: '0',
-      GIT_COMMITTER_NAME: 'Kiln',
-      GIT_COMMITTER_EMAIL: 'system@kiln.invalid',
-    });
+  private git(workspaceId: string): Git {
+    return gitIn(this.dirOf(workspaceId), this.root);
   }
 
   /** Creates the repository from the template with one system commit. */
@@ -89,7 +75,7 @@ export class WorkspaceRepos {
     await mkdir(dirname(dir), { recursive: true });
     await cp(this.template, dir, { recursive: true });
     const git = this.git(workspaceId);
-    await git.raw(['init', '-q', '-b', 'main']);
+    await git(['init', '-q', '-b', 'main']);
     const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Create workspace from template', kind: 'system' });
     return outcome.commit!;
   }
@@ -111,23 +97,24 @@ export class WorkspaceRepos {
   ): Promise<CommitOutcome> {
     const git = this.git(workspaceId);
     const dir = this.dirOf(workspaceId);
-    await git.raw(['add', '-A']);
+    await git(['add', '-A']);
     let paths = await this.staged(git);
     const refused: CommitOutcome['refused'] = [];
-    const hasHead = await this.head(workspaceId).then(Boolean);
+    let headKnown: boolean | undefined;
+    const hasHead = async () => (headKnown ??= Boolean(await this.head(workspaceId)));
 
     if (prov.author !== 'system') {
       for (const p of paths.filter(isBuiltinSkillPath)) {
-        await this.restore(git, dir, p, hasHead);
+        await this.restore(git, dir, p, await hasHead());
         refused.push({ path: p, reason: 'skills/builtin/ is read-only' });
       }
     }
     if (opts.budget && paths.includes('MEMORY.md') && existsSync(join(dir, 'MEMORY.md'))) {
       const next = await readFile(join(dir, 'MEMORY.md'), 'utf8');
-      const current = hasHead ? await git.show(['HEAD:MEMORY.md']).catch(() => '') : '';
-      const check = checkMemoryBudget(next, current, opts.budget);
+      const current = async () => ((await hasHead()) ? git(['show', 'HEAD:MEMORY.md']).catch(() => '') : '');
+      const check = await checkMemoryBudget(next, current, opts.budget);
       if (!check.ok) {
-        await this.restore(git, dir, 'MEMORY.md', hasHead);
+        await this.restore(git, dir, 'MEMORY.md', await hasHead());
         refused.push({ path: 'MEMORY.md', reason: check.message! });
       }
     }
@@ -143,7 +130,7 @@ export class WorkspaceRepos {
       const scanned = redactSecrets(p, buf.toString('utf8'));
       if (scanned.redactions.length) {
         await writeFile(file, scanned.text);
-        await git.raw(['add', '--', p]);
+        await git(['add', '--', p]);
         redactions.push(...scanned.redactions);
       }
     }
@@ -169,8 +156,8 @@ export class WorkspaceRepos {
       ...Object.entries(opts.extraTrailers ?? {}).map(([k, v]) => `${k}: ${v}`),
     ].filter(Boolean);
     const paragraphs = [summary, body, trailers.join('\n')].filter(Boolean).flatMap((p) => ['-m', p]);
-    await git.raw(['commit', '-q', '--no-verify', `--author=${IDENTITY[prov.author]}`, ...paragraphs]);
-    const sha = (await git.raw(['rev-parse', 'HEAD'])).trim();
+    await git(['commit', '-q', '--no-verify', `--author=${IDENTITY[prov.author]}`, ...paragraphs]);
+    const sha = await this.headFromFiles(workspaceId) ?? (await git(['rev-parse', 'HEAD'])).trim();
     return {
       commit: {
         sha,
@@ -192,14 +179,13 @@ export class WorkspaceRepos {
   /** The patch a commit introduced (capped). */
   async diff(workspaceId: string, sha: string, maxBytes = 1024 * 1024): Promise<{ diff: string; truncated: boolean }> {
     await this.resolveCommit(workspaceId, sha);
-    const out = await this.git(workspaceId).raw(['show', '--format=', '--patch', '--no-color', '--no-ext-diff', sha]);
+    const out = await this.git(workspaceId)(['show', '--format=', '--patch', '--no-color', '--no-ext-diff', sha]);
     return out.length > maxBytes ? { diff: out.slice(0, maxBytes), truncated: true } : { diff: out, truncated: false };
   }
 
   async resolveCommit(workspaceId: string, sha: string): Promise<string> {
     if (!/^[0-9a-f]{4,40}$/.test(sha)) throw new ApiError('invalid_request', 'sha must be 4 to 40 hex digits');
-    const full = await this.git(workspaceId)
-      .raw(['rev-parse', '--verify', '-q', `${sha}^{commit}`])
+    const full = await this.git(workspaceId)(['rev-parse', '--verify', '-q', `${sha}^{commit}`])
       .then((x) => x.trim())
       .catch(() => '');
     if (!full) throw ApiError.notFound('commit');
@@ -213,17 +199,17 @@ export class WorkspaceRepos {
   async revert(workspaceId: string, sha: string, prov: Provenance): Promise<CommitOutcome> {
     const full = await this.resolveCommit(workspaceId, sha);
     const git = this.git(workspaceId);
-    const parents = (await git.raw(['rev-list', '--parents', '-n', '1', full])).trim().split(' ');
+    const parents = (await git(['rev-list', '--parents', '-n', '1', full])).trim().split(' ');
     if (parents.length < 2) throw new ApiError('conflict', 'the first commit of a workspace cannot be reverted');
-    const touched = (await git.raw(['diff-tree', '--no-commit-id', '--name-only', '-r', '-z', full])).split('\0').filter(Boolean);
+    const touched = (await git(['diff-tree', '--no-commit-id', '--name-only', '-r', '-z', full])).split('\0').filter(Boolean);
     if (prov.author !== 'system' && touched.some(isBuiltinSkillPath)) {
       throw new ApiError('conflict', 'this commit changed built-in skills, which only the system may change');
     }
-    const original = (await git.raw(['show', '-s', '--format=%s', full])).trim();
+    const original = (await git(['show', '-s', '--format=%s', full])).trim();
     try {
-      await git.raw(['revert', '--no-commit', full]);
+      await git(['revert', '--no-commit', full]);
     } catch (err) {
-      await git.raw(['revert', '--abort']).catch(() => git.raw(['reset', '--hard', '-q', 'HEAD']));
+      await git(['revert', '--abort']).catch(() => git(['reset', '--hard', '-q', 'HEAD']));
       throw new ApiError('conflict', `commit ${full.slice(0, 12)} cannot be reverted cleanly: later changes touch the same lines. Nothing was changed.`);
     }
     const outcome = await this.commitPending(workspaceId, prov, {
@@ -252,9 +238,9 @@ export class WorkspaceRepos {
     }
     const git = this.git(workspaceId);
     if (existsSync(join(gitDir, 'REVERT_HEAD')) || existsSync(join(gitDir, 'sequencer'))) {
-      await git.raw(['revert', '--abort']).catch(() => git.raw(['reset', '--merge']));
+      await git(['revert', '--abort']).catch(() => git(['reset', '--merge']));
     }
-    const dirty = (await git.raw(['status', '--porcelain'])).trim() !== '';
+    const dirty = (await git(['status', '--porcelain'])).trim() !== '';
     const recovered = dirty
       ? await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Recover uncommitted changes found at start-up', kind: 'system' })
       : null;
@@ -264,15 +250,15 @@ export class WorkspaceRepos {
   /** Every commit sha, newest first. */
   async shas(workspaceId: string): Promise<string[]> {
     if (!(await this.head(workspaceId))) return [];
-    return (await this.git(workspaceId).raw(['rev-list', 'HEAD'])).split('\n').filter(Boolean);
+    return (await this.git(workspaceId)(['rev-list', 'HEAD'])).split('\n').filter(Boolean);
   }
 
   /** A commit's provenance read back from git (for rebuilding the commits table). */
   async commitInfo(workspaceId: string, sha: string): Promise<CommitInfo> {
     const git = this.git(workspaceId);
     const [meta, files] = await Promise.all([
-      git.raw(['show', '-s', '--format=%aI%x00%s%x00%(trailers:unfold,only)', sha]),
-      git.raw(['diff-tree', '--root', '--no-commit-id', '--name-only', '-r', '-z', sha]),
+      git(['show', '-s', '--format=%aI%x00%s%x00%(trailers:unfold,only)', sha]),
+      git(['diff-tree', '--root', '--no-commit-id', '--name-only', '-r', '-z', sha]),
     ]);
     const [date, summary, trailerText] = meta.split('\0') as [string, string, string];
     const trailers = trailerText.split('\n').map((l) => /^([\w-]+):\s*(.*)$/.exec(l.trim())).filter((m): m is RegExpExecArray => !!m);
@@ -294,25 +280,33 @@ export class WorkspaceRepos {
   }
 
   /** The staged paths (added, modified, deleted). */
-  private async staged(git: SimpleGit): Promise<string[]> {
-    const out = await git.raw(['diff', '--cached', '--name-only', '--no-renames', '-z']);
+  private async staged(git: Git): Promise<string[]> {
+    const out = await git(['diff', '--cached', '--name-only', '--no-renames', '-z']);
     return out.split('\0').filter(Boolean).sort();
   }
 
   /** Puts one path back as it is in HEAD (or removes it when HEAD does not have it). */
-  private async restore(git: SimpleGit, dir: string, path: string, hasHead: boolean): Promise<void> {
-    const inHead = hasHead && (await git.raw(['ls-tree', '--name-only', 'HEAD', '--', path])).trim() !== '';
+  private async restore(git: Git, dir: string, path: string, hasHead: boolean): Promise<void> {
+    const inHead = hasHead && (await git(['ls-tree', '--name-only', 'HEAD', '--', path])).trim() !== '';
     if (inHead) {
-      await git.raw(['checkout', 'HEAD', '--', path]);
+      await git(['checkout', 'HEAD', '--', path]);
     } else {
-      await git.raw(['rm', '-q', '--cached', '-r', '--ignore-unmatch', '--', path]);
+      await git(['rm', '-q', '--cached', '-r', '--ignore-unmatch', '--', path]);
       await rm(join(dir, path), { recursive: true, force: true });
     }
   }
 
+  /** HEAD's sha read from .git directly (saves a git process per commit); null when it is not a loose ref. */
+  private async headFromFiles(workspaceId: string): Promise<string | null> {
+    const gitDir = join(this.dirOf(workspaceId), '.git');
+    const head = (await readFile(join(gitDir, 'HEAD'), 'utf8').catch(() => '')).trim();
+    const ref = /^ref: (refs\/heads\/[\w./-]+)$/.exec(head)?.[1];
+    const sha = ref ? (await readFile(join(gitDir, ref), 'utf8').catch(() => '')).trim() : head;
+    return /^[0-9a-f]{40}$/.test(sha) ? sha : null;
+  }
+
   async head(workspaceId: string): Promise<string | null> {
-    return this.git(workspaceId)
-      .raw(['rev-parse', '--verify', '-q', 'HEAD'])
+    return this.git(workspaceId)(['rev-parse', '--verify', '-q', 'HEAD'])
       .then((s) => s.trim() || null)
       .catch(() => null);
   }

@@ -1,4 +1,4 @@
-import { and, desc, eq, isNull, lt, type SQL } from 'drizzle-orm';
+import { and, desc, eq, isNull, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
@@ -110,25 +110,14 @@ export class WorkspaceService {
     await reindexPaths(this.db, this.indexTarget(ws), commit.paths, this.opts.embedder);
   }
 
-  /** Mirrors a commit into the table and moves the workspace head. */
+  /** Mirrors a commit into the table and moves the workspace head, in one statement. */
   private async record(ws: { id: string; teamId: string }, c: CommitInfo): Promise<void> {
-    await this.db
-      .insert(commits)
-      .values({
-        workspaceId: ws.id,
-        sha: c.sha,
-        teamId: ws.teamId,
-        kind: c.kind,
-        author: c.author,
-        summary: c.summary,
-        paths: c.paths,
-        sessionId: c.sessionId,
-        runId: c.runId,
-        evolutionId: c.evolutionId,
-        createdAt: c.createdAt,
-      })
-      .onConflictDoNothing();
-    await this.db.update(workspaces).set({ head: c.sha, updatedAt: new Date() }).where(eq(workspaces.id, ws.id));
+    await this.db.execute(sql`with mirrored as (
+        insert into commits (workspace_id, sha, team_id, kind, author, summary, paths, session_id, run_id, evolution_id, created_at)
+        values (${ws.id}, ${c.sha}, ${ws.teamId}, ${c.kind}, ${c.author}, ${c.summary}, ${JSON.stringify(c.paths)}::jsonb,
+          ${c.sessionId}, ${c.runId}, ${c.evolutionId}, ${c.createdAt.toISOString()}::timestamptz)
+        on conflict do nothing)
+      update workspaces set head = ${c.sha}, updated_at = now() where id = ${ws.id}`);
   }
 
   private indexTarget(ws: { id: string; teamId: string }) {
