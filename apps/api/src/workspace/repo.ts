@@ -76,6 +76,8 @@ export class WorkspaceRepos {
     await cp(this.template, dir, { recursive: true });
     const git = this.git(workspaceId);
     await git(['init', '-q', '-b', 'main']);
+    // A crash between writing a temporary file and renaming it must not commit the temporary file.
+    await writeFile(join(dir, '.git/info/exclude'), '.kiln-*.tmp\n');
     const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Create workspace from template', kind: 'system' });
     return outcome.commit!;
   }
