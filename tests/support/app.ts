@@ -6,6 +6,9 @@ import { fileURLToPath } from 'node:url';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
 import { WorkspaceRepos } from '../../apps/api/src/workspace/repo.ts';
 import { WorkspaceService } from '../../apps/api/src/workspace/service.ts';
+import { RunEventLog } from '../../apps/api/src/agent/events.ts';
+import { ModelClient } from '../../apps/api/src/agent/llm.ts';
+import { AgentService } from '../../apps/api/src/agent/service.ts';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { createApp } from '../../apps/api/src/app.ts';
@@ -30,6 +33,7 @@ export interface TestApp {
   app: ReturnType<typeof createApp>;
   engine: SandboxEngine;
   workspaces: WorkspaceService;
+  agent: AgentService;
   database: TestDatabase;
   adminKey: string;
   /** Every log line the app wrote, parsed. */
@@ -52,6 +56,8 @@ export async function createTestApp(
     sandbox?: Partial<EngineOptions>;
     embedder?: Embedder;
     maxFileBytes?: number;
+    /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
+    model?: { baseURL: string; model: string; maxRetries?: number };
   } = {},
 ): Promise<TestApp> {
   const database = await createTestDatabase(opts.driver ?? 'postgres');
@@ -77,12 +83,22 @@ export async function createTestApp(
     { maxFileBytes: opts.maxFileBytes ?? 1024 * 1024, embedder: opts.embedder },
     logger,
   );
+  const modelClient = new ModelClient({
+    baseURL: opts.model?.baseURL,
+    apiKey: opts.model ? 'test-key' : undefined,
+    defaultModel: opts.model?.model,
+    maxRetries: opts.model?.maxRetries ?? 0,
+    timeoutMs: 30_000,
+  });
+  const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger);
+  await agent.startup();
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
     docker,
     engine,
     workspaces,
+    agent,
     logger,
     now: opts.now,
   });
@@ -116,7 +132,9 @@ export async function createTestApp(
     },
     engine,
     workspaces,
+    agent,
     async close() {
+      await agent.stop();
       await engine.stop();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });

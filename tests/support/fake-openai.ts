@@ -1,3 +1,4 @@
+import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 
 /**
@@ -5,9 +6,29 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
  * SDK talks to it over the real wire format. Embeddings are a deterministic bag of words in
  * 512 dimensions, with a small synonym table so that similarity can be meaning-like in tests.
  */
+/** One scripted model answer. */
+export interface Reply {
+  content?: string;
+  tool_calls?: { name: string; arguments: Record<string, unknown> | string }[];
+  /** Answer with this HTTP error instead (429, 500, 400 + code for context overflow). */
+  status?: number;
+  error?: { message: string; code?: string; type?: string };
+  /** Hold the answer until the client goes away (for cancel tests). */
+  hang?: boolean;
+  usage?: { prompt_tokens: number; completion_tokens: number };
+}
+
 export interface FakeOpenAI {
   url: string;
   requests: { path: string; body: any }[];
+  /** Chat requests only, in order. */
+  chats(): any[];
+  /** Queues answers for the next chat completions, in order. */
+  script(...replies: Reply[]): void;
+  /** Answers still queued. */
+  pending(): number;
+  /** Resolves once `n` chat requests have arrived in total. */
+  chatRequests(n: number): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -33,8 +54,34 @@ async function readBody(req: IncomingMessage): Promise<any> {
   return text ? JSON.parse(text) : {};
 }
 
+function chatChunks(reply: Reply, model: string, includeUsage: boolean): string[] {
+  const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
+  const base = { id, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model };
+  const frame = (delta: object, finish: string | null = null) =>
+    `data: ${JSON.stringify({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] })}\n\n`;
+  const out = [frame({ role: 'assistant', content: '' })];
+  const text = reply.content ?? '';
+  // Split the text into a few pieces so clients really have to assemble deltas.
+  for (let i = 0; i < text.length; i += Math.max(1, Math.ceil(text.length / 4))) out.push(frame({ content: text.slice(i, i + Math.ceil(text.length / 4)) }));
+  (reply.tool_calls ?? []).forEach((call, index) => {
+    const args = typeof call.arguments === 'string' ? call.arguments : JSON.stringify(call.arguments);
+    const half = Math.ceil(args.length / 2);
+    out.push(frame({ tool_calls: [{ index, id: `call_${index}_${id.slice(-6)}`, type: 'function', function: { name: call.name, arguments: args.slice(0, half) } }] }));
+    out.push(frame({ tool_calls: [{ index, function: { arguments: args.slice(half) } }] }));
+  });
+  out.push(frame({}, reply.tool_calls?.length ? 'tool_calls' : 'stop'));
+  if (includeUsage) {
+    const usage = reply.usage ?? { prompt_tokens: 100, completion_tokens: Math.max(1, Math.ceil(text.length / 4)) };
+    out.push(`data: ${JSON.stringify({ ...base, choices: [], usage: { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens } })}\n\n`);
+  }
+  out.push('data: [DONE]\n\n');
+  return out;
+}
+
 export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   const requests: FakeOpenAI['requests'] = [];
+  const queue: Reply[] = [];
+  const arrivals = new EventEmitter();
   const server: Server = createServer(async (req: IncomingMessage, res: ServerResponse) => {
     const body = await readBody(req);
     requests.push({ path: req.url ?? '', body });
@@ -42,6 +89,40 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
       res.writeHead(status, { 'content-type': 'application/json' });
       res.end(JSON.stringify(payload));
     };
+    if (req.method === 'POST' && req.url === '/v1/chat/completions') {
+      arrivals.emit('chat');
+      const reply = queue.shift();
+      if (!reply) return send(500, { error: { message: 'the fake model has no scripted answer left', type: 'server_error' } });
+      if (reply.hang) {
+        req.socket.on('close', () => res.destroy());
+        return;
+      }
+      if (reply.status) return send(reply.status, { error: { type: 'invalid_request_error', code: null, ...reply.error } });
+      const usage = reply.usage ?? { prompt_tokens: 100, completion_tokens: Math.max(1, Math.ceil((reply.content ?? '').length / 4)) };
+      if (body.stream) {
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+        for (const chunk of chatChunks(reply, body.model, Boolean(body.stream_options?.include_usage))) res.write(chunk);
+        return res.end();
+      }
+      return send(200, {
+        id: 'chatcmpl-fake',
+        object: 'chat.completion',
+        created: Math.floor(Date.now() / 1000),
+        model: body.model,
+        choices: [
+          {
+            index: 0,
+            finish_reason: reply.tool_calls?.length ? 'tool_calls' : 'stop',
+            message: {
+              role: 'assistant',
+              content: reply.content ?? null,
+              tool_calls: reply.tool_calls?.map((c, i) => ({ id: `call_${i}`, type: 'function', function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } })),
+            },
+          },
+        ],
+        usage: { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens },
+      });
+    }
     if (req.method === 'POST' && req.url === '/v1/embeddings') {
       const inputs: string[] = Array.isArray(body.input) ? body.input : [body.input];
       return send(200, {
@@ -60,5 +141,27 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as { port: number };
-  return { url: `http://127.0.0.1:${port}/v1`, requests, close: () => new Promise((r) => server.close(() => r())) };
+  return {
+    url: `http://127.0.0.1:${port}/v1`,
+    requests,
+    chats: () => requests.filter((r) => r.path === '/v1/chat/completions').map((r) => r.body),
+    script: (...replies) => queue.push(...replies),
+    pending: () => queue.length,
+    chatRequests: (n) =>
+      new Promise<void>((resolve) => {
+        const check = () => {
+          if (requests.filter((r) => r.path === '/v1/chat/completions').length >= n) {
+            arrivals.off('chat', check);
+            resolve();
+          }
+        };
+        arrivals.on('chat', check);
+        check();
+      }),
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
 }

@@ -18,6 +18,8 @@ import { healthRouter } from './routes/health/health.index.ts';
 import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
 import { sessionsRouter } from './routes/sessions/sessions.index.ts';
 import type { SandboxEngine } from './sandbox/engine.ts';
+import type { AgentService } from './agent/service.ts';
+import { runsRouter } from './routes/runs/runs.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
@@ -30,6 +32,7 @@ export interface AppDeps {
   logger: Logger;
   engine: SandboxEngine;
   workspaces: WorkspaceService;
+  agent: AgentService;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -44,7 +47,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -66,6 +69,7 @@ export function createApp({ config, db, docker, engine, workspaces, logger, now 
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', sessionsRouter(db, engine));
   app.route('/', sandboxesRouter(engine));
+  app.route('/', runsRouter(db, agent));
   app.route('/', auditRouter(db));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });

@@ -42,6 +42,9 @@ const schema = z.object({
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
   KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
+  KILN_MODEL: z.string().min(1).max(200).optional(),
+  KILN_MODEL_MAX_RETRIES: int(0, 10).default(3),
+  KILN_MODEL_TIMEOUT_S: int(1, 3600).default(120),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -62,7 +65,7 @@ export type Config = {
   /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
   instanceId: string;
   workspaces: { dir: string; template: string; maxFileBytes: number };
-  openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string };
+  openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
   sandbox: {
     poolSize: number;
     idleS: number;
@@ -112,7 +115,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
     },
-    openai: { baseURL: e.OPENAI_BASE_URL, apiKey: e.OPENAI_API_KEY, embeddingsModel: e.KILN_EMBEDDINGS_MODEL },
+    openai: {
+      baseURL: e.OPENAI_BASE_URL,
+      apiKey: e.OPENAI_API_KEY,
+      embeddingsModel: e.KILN_EMBEDDINGS_MODEL,
+      model: e.KILN_MODEL,
+      maxRetries: e.KILN_MODEL_MAX_RETRIES,
+      timeoutMs: e.KILN_MODEL_TIMEOUT_S * 1000,
+    },
     sandbox: {
       poolSize: e.KILN_SANDBOX_POOL_SIZE,
       idleS: e.KILN_SANDBOX_IDLE_S,

@@ -7,6 +7,9 @@ import { openDatabase, type Database } from './db/client.ts';
 import { connectDocker } from './sandbox/docker.ts';
 import { SandboxEngine, type EngineOptions } from './sandbox/engine.ts';
 import { openAiEmbedder } from './memory/embeddings.ts';
+import { RunEventLog } from './agent/events.ts';
+import { ModelClient } from './agent/llm.ts';
+import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
 
@@ -26,7 +29,9 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   await engine.start();
   const workspaces = workspaceService(config, database.db, logger);
   await workspaces.repairAll();
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, logger });
+  const agent = agentService(config, database.db, engine, workspaces, logger);
+  await agent.startup();
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -48,6 +53,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         });
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
+      await agent.stop();
       await engine.stop();
       await database.close();
     })());
@@ -75,4 +81,10 @@ export function workspaceService(config: Config, db: Database['db'], logger: Log
     maxFileBytes: config.workspaces.maxFileBytes,
     embedder: embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined,
   }, logger);
+}
+
+export function agentService(config: Config, db: Database['db'], engine: SandboxEngine, workspaces: WorkspaceService, logger: Logger): AgentService {
+  const o = config.openai;
+  const model = new ModelClient({ baseURL: o.baseURL, apiKey: o.apiKey, defaultModel: o.model, maxRetries: o.maxRetries, timeoutMs: o.timeoutMs });
+  return new AgentService(db, new RunEventLog(db), model, engine, workspaces, logger);
 }

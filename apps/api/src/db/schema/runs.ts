@@ -1,4 +1,5 @@
-import { index, integer, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
+import { sql } from 'drizzle-orm';
+import { index, integer, jsonb, pgTable, text, uniqueIndex } from 'drizzle-orm/pg-core';
 import { createdAt, teamId, ts } from './columns.ts';
 import { sessions } from './sessions.ts';
 import { workspaces } from './workspaces.ts';
@@ -23,5 +24,10 @@ export const runs = pgTable(
     finishedAt: ts('finished_at'),
     cancelRequestedAt: ts('cancel_requested_at'),
   },
-  (t) => [index('runs_session_idx').on(t.sessionId, t.id), index('runs_status_idx').on(t.status)],
+  (t) => [
+    index('runs_session_idx').on(t.sessionId, t.id),
+    index('runs_status_idx').on(t.status),
+    // At most one unfinished run per session: the second message gets 409 session_busy.
+    uniqueIndex('runs_one_active_per_session').on(t.sessionId).where(sql`status in ('queued', 'in_progress', 'requires_action')`),
+  ],
 );

@@ -1,0 +1,41 @@
+import type { ExecOutcome } from '../sandbox/engine.ts';
+import type { CommitOutcome } from '../workspace/repo.ts';
+import type { SearchHit } from '../memory/search.ts';
+
+/** What the model reads after running code: the seed's format, plus what Kiln did with the result. */
+export function execFeedback(r: ExecOutcome, commit: CommitOutcome | null): string {
+  const out = r.stdout.trimEnd() || '(no output)';
+  const lines: string[] = [];
+  if (!r.error) {
+    lines.push('Kiln System: [Execution Success]', 'Standard Output:', out);
+    if (r.stderr.trim()) lines.push('Standard Error:', r.stderr.trimEnd());
+  } else {
+    lines.push(`Kiln System: [Execution Error] ${r.error.type}: ${r.error.message} (exit code ${r.exit_code})`);
+    if (r.stderr.trim()) lines.push('Standard Error:', r.stderr.trimEnd());
+    lines.push('Standard Output:', out);
+  }
+  if (r.truncated) lines.push(`[Note] Output was cut to its head and tail (stdout ${r.stdout_bytes} bytes, stderr ${r.stderr_bytes} bytes in full).`);
+  if (r.restarted) lines.push('[Note] The interpreter was restarted: variables from earlier steps are gone.');
+  if (r.artifacts.length) lines.push(`[Note] ${r.artifacts.length} figure(s) were shown to the user.`);
+  if (commit?.commit) lines.push(`[Committed] ${commit.commit.sha.slice(0, 12)}: ${commit.commit.paths.join(', ')}`);
+  for (const red of commit?.redactions ?? []) lines.push(`[Redacted] a ${red.type} in ${red.path}:${red.line} was replaced before the commit. Never write secrets to files.`);
+  for (const ref of commit?.refused ?? []) lines.push(`[Not committed] ${ref.path}: ${ref.reason}`);
+  return lines.join('\n');
+}
+
+export function searchFeedback(query: string, hits: SearchHit[]): string {
+  if (!hits.length) return `Kiln System: [Memory Search] nothing found for "${query}".`;
+  return [
+    `Kiln System: [Memory Search] ${hits.length} result(s) for "${query}":`,
+    ...hits.map((h) => `--- /workspace/${h.path}:${h.start_line}-${h.end_line} (score ${h.score})\n${h.snippet}`),
+  ].join('\n');
+}
+
+export const DENIED_BY_POLICY = (rule?: string) =>
+  `Kiln System: [Denied by policy] This code was not run: the workspace's approval policy does not allow it${rule ? ` (rule ${JSON.stringify(rule)})` : ''}. Find another way, or finish and explain what you need.`;
+
+export const DENIED_BY_USER = (reason?: string | null) =>
+  `Kiln System: [User Denied] A person refused to run this code${reason ? `: ${reason}` : ''}. Reconsider your approach and confirm the next step with the user.`;
+
+export const APPROVAL_EXPIRED = (seconds: number) =>
+  `Kiln System: [Approval Expired] Nobody decided within ${seconds} s, so the code was not run. This was not a refusal: nobody answered. Finish and tell the user what is waiting for approval, or try a step that needs none.`;

@@ -1,0 +1,101 @@
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { memoryEntries } from '../memory/budget.ts';
+import type { SandboxLimits } from '../sandbox/limits.ts';
+import type { WorkspaceSettings } from '../workspace/settings.ts';
+
+/** Where things are inside the sandbox; the template's placeholders name them. */
+export const SANDBOX_PATHS: Record<string, string> = {
+  workspace: '/workspace',
+  memory_path: '/workspace/MEMORY.md',
+  daily_memory_dir: '/workspace/memory',
+  knowledge_path: '/workspace/knowledge',
+  skills_path: '/workspace/skills',
+  tools_path: '/workspace/tools',
+};
+
+export function fillPlaceholders(text: string): string {
+  return text.replace(/\{(\w+)\}/g, (m, name: string) => SANDBOX_PATHS[name] ?? m);
+}
+
+export interface SkillInfo {
+  name: string;
+  description: string;
+  path: string;
+}
+
+/** Every skills/<name>/SKILL.md (built-in ones included) with its front matter. */
+export async function listSkills(dir: string): Promise<SkillInfo[]> {
+  const out: SkillInfo[] = [];
+  const walk = async (rel: string, depth: number): Promise<void> => {
+    const entries = await readdir(join(dir, rel), { withFileTypes: true }).catch(() => []);
+    for (const e of entries) {
+      const p = `${rel}/${e.name}`;
+      if (e.isDirectory() && depth < 3) await walk(p, depth + 1);
+      else if (e.name === 'SKILL.md') {
+        const text = await readFile(join(dir, p), 'utf8');
+        const front = /^---\n([\s\S]*?)\n---/.exec(text)?.[1] ?? '';
+        const field = (k: string) => new RegExp(`^${k}:\\s*(.+)$`, 'm').exec(front)?.[1]?.trim();
+        out.push({ name: field('name') ?? rel.split('/').pop()!, description: field('description') ?? '(no description)', path: `/workspace/${p}` });
+      }
+    }
+  };
+  await walk('skills', 0);
+  return out.sort((a, b) => a.path.localeCompare(b.path));
+}
+
+const read = (dir: string, path: string) => readFile(join(dir, path), 'utf8').catch(() => '');
+
+const XML_PROTOCOL = `Reply in this format, every time:
+<thinking>what you know, what you will do next and why</thinking>
+then exactly ONE of:
+<python>
+code to run now
+</python>
+<memory_search>words to search memory, knowledge and skills for</memory_search>
+<finish>a short summary for the user: what was done, results, open points</finish>
+You will get the result of <python> or <memory_search> in the next message.`;
+
+const TOOLS_PROTOCOL = `Act through the tools: \`python\` runs code, \`memory_search\` searches memory, knowledge and
+skills, \`finish\` ends the task with a summary for the user. Call one tool per reply.`;
+
+export interface PromptInput {
+  dir: string;
+  settings: WorkspaceSettings;
+  limits: SandboxLimits;
+  snapshot: string | null;
+  now: Date;
+}
+
+/** The system prompt, rebuilt from the workspace files before every model call. */
+export async function buildSystemPrompt(input: PromptInput): Promise<string> {
+  const { dir, settings } = input;
+  const [agent, rules, user, memory, spec, python, knowledge] = (await Promise.all(
+    ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md'].map((p) => read(dir, p)),
+  )) as [string, string, string, string, string, string, string];
+  const skills = await listSkills(dir);
+  const ev = settings.evolution;
+  const used = `${memoryEntries(memory).length}/${ev.memory_max_entries} entries, ${Buffer.byteLength(memory)}/${ev.memory_max_bytes} bytes`;
+  const l = input.limits;
+  const sections = [
+    `<Agent>\n${agent.trim()}\n</Agent>`,
+    `<Rules>\n${rules.trim()}\n</Rules>`,
+    `<User>\n${user.trim()}\n</User>`,
+    `<Core_Memory path="/workspace/MEMORY.md" budget="${used}">\n${memory.trim()}\n</Core_Memory>`,
+    `<Spec>\n${spec.trim()}\n</Spec>`,
+    `<Python_Coding_Standard>\n${python.trim()}\n</Python_Coding_Standard>`,
+    `<Skills>\n${skills.map((s) => `- ${s.name}: ${s.description} (${s.path})`).join('\n') || '(none yet)'}\n</Skills>`,
+    `<Knowledge_Index>\n${knowledge.trim()}\n</Knowledge_Index>`,
+    input.snapshot ? `<Current_Project_State>\n${input.snapshot.trim()}\n</Current_Project_State>` : '',
+    `<Environment>
+date: ${input.now.toISOString().slice(0, 10)} (UTC ${input.now.toISOString().slice(11, 16)})
+sandbox: Debian, Python 3 with numpy, pandas, matplotlib; no network
+workspace: /workspace (a git repository; your changes are committed after each step)
+writable: /workspace, /tmp, /home/sandbox; read-only: /workspace/skills/builtin
+limits per step: ${l.timeoutS} s, ${l.memoryMb} MiB memory, ${l.cpus} CPU, ${l.pids} processes, ${l.diskMb} MiB disk
+steps left in this task: at most ${settings.max_steps}
+</Environment>`,
+    `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}\n</Protocol>`,
+  ];
+  return fillPlaceholders(sections.filter(Boolean).join('\n\n'));
+}

@@ -1,0 +1,84 @@
+import type { ChatCompletionTool } from 'openai/resources/chat/completions';
+import type { ToolCall } from './llm.ts';
+
+export type Action =
+  | { type: 'python'; code: string }
+  | { type: 'memory_search'; query: string }
+  | { type: 'finish'; summary: string };
+
+export interface Parsed {
+  thinking: string | null;
+  action: Action | null;
+  /** For tool calling: the id to answer the action's result to. */
+  toolCallId?: string;
+}
+
+const tag = (reply: string, name: string) => new RegExp(`<${name}>([\\s\\S]*?)</${name}>`, 'i').exec(reply)?.[1]?.trim() ?? null;
+
+/** Code inside <python> may still be wrapped in a Markdown fence; take the code only. */
+const unfence = (code: string) => /^```(?:python|py)?\s*\n([\s\S]*?)\n?```\s*$/i.exec(code.trim())?.[1] ?? code;
+
+/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <finish>. */
+export function parseXml(reply: string): Parsed {
+  const thinking = tag(reply, 'thinking');
+  const finish = tag(reply, 'finish');
+  const python = tag(reply, 'python');
+  const search = tag(reply, 'memory_search');
+  let action: Action | null = null;
+  if (finish !== null) action = { type: 'finish', summary: finish };
+  else if (python) action = { type: 'python', code: unfence(python) };
+  else if (search) action = { type: 'memory_search', query: search };
+  return { thinking, action };
+}
+
+export const XML_CORRECTION =
+  'Kiln System: [Protocol Violation] Your reply has no action tag. Reply with <thinking>…</thinking> followed by exactly one of ' +
+  '<python>code</python>, <memory_search>query</memory_search> or <finish>summary</finish>. Try again.';
+
+export const TOOLS: ChatCompletionTool[] = [
+  {
+    type: 'function',
+    function: {
+      name: 'python',
+      description: 'Run Python in the session sandbox (variables persist between calls). Returns stdout, stderr and any error.',
+      parameters: { type: 'object', properties: { code: { type: 'string', description: 'The Python code to run' } }, required: ['code'] },
+    },
+  },
+  {
+    type: 'function',
+    function: {
+      name: 'memory_search',
+      description: 'Search core memory, daily logs, knowledge pages and skills.',
+      parameters: { type: 'object', properties: { query: { type: 'string' } }, required: ['query'] },
+    },
+  },
+  {
+    type: 'function',
+    function: {
+      name: 'finish',
+      description: 'End the task with a short summary for the user.',
+      parameters: { type: 'object', properties: { summary: { type: 'string' } }, required: ['summary'] },
+    },
+  },
+];
+
+/**
+ * Native tool calling: the first tool call is the action; a plain answer without one is the
+ * model finishing in prose. Arguments that are not valid JSON are a protocol violation.
+ */
+export function parseTools(content: string, calls: ToolCall[]): Parsed | { violation: string; toolCallId: string } {
+  const thinking = content.trim() || null;
+  const call = calls[0];
+  if (!call) return { thinking: null, action: { type: 'finish', summary: content.trim() } };
+  let args: Record<string, unknown>;
+  try {
+    args = JSON.parse(call.arguments || '{}') as Record<string, unknown>;
+  } catch {
+    return { violation: `the arguments of ${call.name} are not valid JSON`, toolCallId: call.id };
+  }
+  const str = (k: string) => (typeof args[k] === 'string' ? (args[k] as string) : '');
+  if (call.name === 'python' && str('code')) return { thinking, action: { type: 'python', code: str('code') }, toolCallId: call.id };
+  if (call.name === 'memory_search' && str('query')) return { thinking, action: { type: 'memory_search', query: str('query') }, toolCallId: call.id };
+  if (call.name === 'finish') return { thinking, action: { type: 'finish', summary: str('summary') }, toolCallId: call.id };
+  return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId: call.id };
+}

@@ -1,0 +1,449 @@
+import { createHash } from 'node:crypto';
+import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { isUniqueViolation } from '../db/errors.ts';
+import { approvals, messages, runs, sessions, usage, workspaces } from '../db/schema/index.ts';
+import type { Principal } from '../http/env.ts';
+import { ApiError } from '../http/errors.ts';
+import { newId } from '../lib/ids.ts';
+import type { SandboxEngine } from '../sandbox/engine.ts';
+import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
+import type { WorkspaceService } from '../workspace/service.ts';
+import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
+import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
+import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
+import { decideCode } from './policy.ts';
+import { buildSystemPrompt } from './prompt.ts';
+import { parseTools, parseXml, TOOLS, XML_CORRECTION, type Action } from './protocol.ts';
+
+export type RunRow = typeof runs.$inferSelect;
+export type MessageRow = typeof messages.$inferSelect;
+export type ApprovalRow = typeof approvals.$inferSelect;
+
+const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
+const MAX_VIOLATIONS = 3;
+
+interface Ctx {
+  run: RunRow;
+  session: SessionRow;
+  ws: WorkspaceRow;
+  model: string;
+  signal: AbortSignal;
+}
+
+/** How a paused run continues once its approval is decided. */
+type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
+
+const hash = (s: string) => createHash('sha256').update(s).digest('hex');
+
+/**
+ * The agent loop as a service: a message starts a run; the run thinks (model), acts (Python in
+ * the session sandbox, memory search) and observes until it finishes, hits `max_steps`, fails,
+ * is cancelled, or pauses for an approval. All state lives in the database (messages, runs,
+ * approvals), so a paused run resumes after a restart.
+ */
+export class AgentService {
+  private readonly active = new Map<string, AbortController>();
+  private readonly expiries = new Map<string, NodeJS.Timeout>();
+
+  constructor(
+    private readonly db: Db,
+    readonly events: RunEventLog,
+    private readonly model: ModelClient,
+    private readonly engine: SandboxEngine,
+    private readonly repo: WorkspaceService,
+    private readonly log: Logger,
+  ) {}
+
+  /** After a restart: runs that were thinking or acting are failed as interrupted; pending approvals keep waiting. */
+  async startup(): Promise<void> {
+    const inFlight = await this.db.select().from(runs).where(inArray(runs.status, ['queued', 'in_progress']));
+    for (const run of inFlight) await this.finish(run, 'failed', { code: 'interrupted', message: 'the server restarted while this run was in progress' });
+    const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
+    for (const a of pending) this.scheduleExpiry(a);
+  }
+
+  /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
+  async stop(): Promise<void> {
+    for (const t of this.expiries.values()) clearTimeout(t);
+    for (const c of this.active.values()) c.abort(new Error('shutdown'));
+  }
+
+  async postMessage(teamId: string, sessionId: string, content: string): Promise<{ message: MessageRow; run: RunRow }> {
+    const { session, workspace } = await getActiveSessionWithWorkspace(this.db, teamId, sessionId);
+    const model = this.model.modelFor(workspace.settings.model);
+    if (!model) {
+      throw new ApiError('model_unavailable', 'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting "model". Sessions, exec, files and memory work without one.');
+    }
+    const runId = newId('run');
+    let run: RunRow;
+    try {
+      [run] = (await this.db.insert(runs).values({ id: runId, teamId, workspaceId: workspace.id, sessionId, model }).returning()) as [RunRow];
+    } catch (err) {
+      if (!isUniqueViolation(err)) throw err;
+      const [busy] = await this.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, sessionId), inArray(runs.status, ACTIVE)));
+      throw new ApiError('session_busy', 'this session already has a run that has not finished', { run_id: busy?.id ?? null });
+    }
+    const message = await this.addMessage(session, run.id, { role: 'user', content });
+    await this.db.update(sessions).set({ lastActivityAt: new Date() }).where(eq(sessions.id, sessionId));
+    await this.events.append(run.id, 'run.created', { run_id: run.id, session_id: sessionId, model });
+    await this.events.append(run.id, 'message.created', { id: message.id, role: 'user', content });
+    this.launch(run.id);
+    return { message, run };
+  }
+
+  async getRun(teamId: string, runId: string): Promise<RunRow> {
+    const [run] = await this.db.select().from(runs).where(and(eq(runs.id, runId), eq(runs.teamId, teamId)));
+    if (!run) throw ApiError.notFound('run');
+    return run;
+  }
+
+  async listMessages(teamId: string, sessionId: string, p: { after?: string; limit: number }) {
+    return this.db
+      .select()
+      .from(messages)
+      .where(and(eq(messages.sessionId, sessionId), eq(messages.teamId, teamId), p.after ? sql`${messages.id} > ${p.after}` : undefined))
+      .orderBy(asc(messages.id))
+      .limit(p.limit + 1);
+  }
+
+  /** Stops the model call and the running code; the run ends `cancelled`. */
+  async cancel(teamId: string, runId: string): Promise<RunRow> {
+    const run = await this.getRun(teamId, runId);
+    if (!ACTIVE.includes(run.status as (typeof ACTIVE)[number])) return run;
+    await this.db.update(runs).set({ cancelRequestedAt: new Date() }).where(eq(runs.id, runId));
+    const controller = this.active.get(runId);
+    if (controller) {
+      controller.abort(new Error('cancelled'));
+    } else {
+      // Queued or waiting for an approval: nothing is running, end it here.
+      await this.db.update(approvals).set({ status: 'denied', decision: 'deny', reason: 'run cancelled', decidedAt: new Date() }).where(and(eq(approvals.runId, runId), eq(approvals.status, 'pending')));
+      await this.finish(run, 'cancelled');
+    }
+    return this.getRun(teamId, runId);
+  }
+
+  // ---- approvals -----------------------------------------------------------------------
+
+  async listApprovals(teamId: string, f: { status?: string; workspace?: string }) {
+    return this.db
+      .select()
+      .from(approvals)
+      .where(
+        and(
+          eq(approvals.teamId, teamId),
+          f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
+          f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
+        ),
+      )
+      .orderBy(asc(approvals.id))
+      .limit(200);
+  }
+
+  async decide(principal: Principal, approvalId: string, decision: 'approve' | 'deny' | 'approve_session', reason?: string): Promise<ApprovalRow> {
+    const teamId = principal.teamId;
+    const [a] = await this.db.select().from(approvals).where(and(eq(approvals.id, approvalId), teamId ? eq(approvals.teamId, teamId) : undefined));
+    if (!a) throw ApiError.notFound('approval');
+    if (a.requiresOrgAdmin ? principal.role !== 'org_admin' : !principal.canApprove) {
+      throw new ApiError('forbidden', a.requiresOrgAdmin ? 'only an org admin may decide this approval' : 'this key may not approve code: use an owner or admin key, or one created with can_approve');
+    }
+    if (a.status === 'expired' || (a.status === 'pending' && a.expiresAt.getTime() <= Date.now())) {
+      if (a.status === 'pending') await this.expire(a);
+      throw new ApiError('approval_expired', 'this approval expired before it was decided; the run was told so');
+    }
+    if (a.status !== 'pending') throw new ApiError('conflict', `this approval was already decided (${a.status})`);
+    const status = decision === 'deny' ? 'denied' : 'approved';
+    const [decided] = await this.db
+      .update(approvals)
+      .set({ status, decision, reason: reason ?? null, decidedBy: principal.keyId, decidedAt: new Date() })
+      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
+      .returning();
+    if (!decided) throw new ApiError('conflict', 'this approval was decided at the same moment by someone else');
+    if (decision === 'approve_session') await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
+    this.clearExpiry(a.id);
+    await this.resume(decided, status);
+    return decided;
+  }
+
+  private scheduleExpiry(a: ApprovalRow): void {
+    const ms = Math.max(0, a.expiresAt.getTime() - Date.now());
+    const timer = setTimeout(() => {
+      this.expiries.delete(a.id);
+      this.expire(a).catch((err) => this.log.error({ err, approval: a.id }, 'could not expire approval'));
+    }, Math.min(ms, 2 ** 31 - 1));
+    timer.unref();
+    this.expiries.set(a.id, timer);
+  }
+
+  private clearExpiry(id: string): void {
+    clearTimeout(this.expiries.get(id));
+    this.expiries.delete(id);
+  }
+
+  /** Fails closed: the code is not run, and the model is told nobody answered (not that someone refused). */
+  private async expire(a: ApprovalRow): Promise<void> {
+    const [expired] = await this.db
+      .update(approvals)
+      .set({ status: 'expired', decidedAt: new Date() })
+      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
+      .returning();
+    if (expired) await this.resume(expired, 'expired');
+  }
+
+  private async resume(a: ApprovalRow, outcome: Resume['outcome']): Promise<void> {
+    await this.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status: outcome === 'approved' ? 'approved' : outcome, decision: a.decision, reason: a.reason });
+    const [run] = await this.db
+      .update(runs)
+      .set({ status: 'in_progress' })
+      .where(and(eq(runs.id, a.runId), eq(runs.status, 'requires_action')))
+      .returning();
+    if (run) this.launch(run.id, { approval: a, outcome });
+  }
+
+  // ---- the loop ------------------------------------------------------------------------
+
+  private launch(runId: string, resume?: Resume): void {
+    const controller = new AbortController();
+    this.active.set(runId, controller);
+    this.loop(runId, controller.signal, resume)
+      .catch(async (err) => {
+        this.log.error({ err, run: runId }, 'run crashed');
+        const [run] = await this.db.select().from(runs).where(eq(runs.id, runId));
+        if (run && ACTIVE.includes(run.status as (typeof ACTIVE)[number])) await this.finish(run, 'failed', { code: 'internal', message: (err as Error).message });
+      })
+      .finally(() => this.active.delete(runId));
+  }
+
+  private async loop(runId: string, signal: AbortSignal, resume?: Resume): Promise<void> {
+    let [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
+    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
+    const ws = await this.workspaceOf(run);
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal };
+    if (run.status !== 'in_progress') {
+      [run] = (await this.db.update(runs).set({ status: 'in_progress', startedAt: new Date() }).where(eq(runs.id, runId)).returning()) as [RunRow];
+      ctx.run = run;
+      await this.events.append(runId, 'run.in_progress', {});
+    }
+    if (resume) {
+      const done = await this.afterApproval(ctx, resume);
+      if (done) return;
+    }
+    let violations = 0;
+    for (;;) {
+      if (signal.aborted) return this.finish(ctx.run, 'cancelled');
+      if (ctx.run.steps >= ws.settings.max_steps) {
+        return this.finish(ctx.run, 'failed', { code: 'max_steps', message: `the run reached its limit of ${ws.settings.max_steps} steps without finishing` });
+      }
+      [ctx.run] = (await this.db.update(runs).set({ steps: sql`${runs.steps} + 1` }).where(eq(runs.id, runId)).returning()) as [RunRow];
+      await this.events.append(runId, 'step.created', { step: ctx.run.steps });
+
+      let turn;
+      try {
+        turn = await this.model.complete({
+          model: ctx.model,
+          messages: await this.transcript(ctx),
+          tools: ws.settings.protocol === 'tools' ? TOOLS : undefined,
+          signal,
+        });
+      } catch (err) {
+        if (!(err instanceof ModelError)) throw err;
+        if (err.code === 'cancelled') return this.finish(ctx.run, 'cancelled');
+        return this.finish(ctx.run, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
+      }
+      await this.recordUsage(ctx, turn.usage);
+      const toolCalls = turn.toolCalls.length ? turn.toolCalls : undefined;
+      await this.addMessage(session, runId, { role: 'assistant', content: turn.content, toolCalls });
+
+      const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : parseTools(turn.content, turn.toolCalls);
+      if ('violation' in parsed || !parsed.action) {
+        violations++;
+        const why = 'violation' in parsed ? parsed.violation : 'no action tag';
+        if (violations > MAX_VIOLATIONS) {
+          return this.finish(ctx.run, 'failed', { code: 'protocol_violation', message: `the model broke the ${ws.settings.protocol} protocol ${violations} times in a row (${why})` });
+        }
+        await this.events.append(runId, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
+        const correction = 'violation' in parsed ? `Kiln System: [Protocol Violation] ${parsed.violation}. Call exactly one tool with valid JSON arguments.` : XML_CORRECTION;
+        await this.reply(ctx, 'violation' in parsed ? parsed.toolCallId : undefined, correction, toolCalls);
+        continue;
+      }
+      violations = 0;
+      if (parsed.thinking) await this.events.append(runId, 'thinking', { text: parsed.thinking });
+      const done = await this.act(ctx, parsed.action, parsed.toolCallId, toolCalls);
+      if (done) return;
+    }
+  }
+
+  /** Carries out one action. Returns true when the run is over (finished or paused). */
+  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined): Promise<boolean> {
+    const runId = ctx.run.id;
+    if (action.type === 'finish') {
+      if (toolCallId) await this.reply(ctx, toolCallId, 'Kiln System: [Finished]', toolCalls);
+      const msg = await this.addMessage(ctx.session, runId, { role: 'assistant', content: action.summary });
+      await this.events.append(runId, 'message.created', { id: msg.id, role: 'assistant', content: action.summary });
+      await this.finish(ctx.run, 'completed');
+      return true;
+    }
+    if (action.type === 'memory_search') {
+      const hits = await this.repo.search(ctx.ws, action.query, 8);
+      await this.events.append(runId, 'memory.searched', { query: action.query, hits });
+      await this.reply(ctx, toolCallId, searchFeedback(action.query, hits), toolCalls);
+      return false;
+    }
+    await this.events.append(runId, 'code.proposed', { code: action.code });
+    const [fresh] = await this.db.select({ autoApprove: sessions.autoApprove }).from(sessions).where(eq(sessions.id, ctx.session.id));
+    const policy = decideCode(ctx.ws.settings.approval, action.code);
+    if (policy.decision === 'deny') {
+      await this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule), toolCalls);
+      return false;
+    }
+    if (policy.decision === 'ask' && !fresh?.autoApprove) {
+      await this.requestApproval(ctx, action.code, toolCallId);
+      return true;
+    }
+    await this.runCode(ctx, action.code, toolCallId, toolCalls);
+    return false;
+  }
+
+  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
+    const timeout = ctx.ws.settings.approval.timeout_s;
+    const [a] = (await this.db
+      .insert(approvals)
+      .values({
+        id: newId('apr'),
+        teamId: ctx.run.teamId,
+        workspaceId: ctx.ws.id,
+        sessionId: ctx.session.id,
+        runId: ctx.run.id,
+        code,
+        toolCallId: toolCallId ?? null,
+        expiresAt: new Date(Date.now() + timeout * 1000),
+      })
+      .returning()) as [ApprovalRow];
+    await this.db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, ctx.run.id));
+    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString() });
+    await this.events.append(ctx.run.id, 'run.requires_action', { approval_id: a.id });
+    this.scheduleExpiry(a);
+  }
+
+  /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
+  private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<boolean> {
+    const toolCallId = approval.toolCallId ?? undefined;
+    if (outcome === 'approved') await this.runCode(ctx, approval.code, toolCallId, undefined);
+    else if (outcome === 'denied') await this.reply(ctx, toolCallId, DENIED_BY_USER(approval.reason), undefined);
+    else await this.reply(ctx, toolCallId, APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s), undefined);
+    return false;
+  }
+
+  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined): Promise<void> {
+    const runId = ctx.run.id;
+    await this.events.append(runId, 'exec.started', {});
+    const limits = this.engine.limitsFor(ctx.ws.settings.sandbox);
+    const pending: Promise<unknown>[] = [];
+    const result = await this.engine.exec({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, sessionId: ctx.session.id, runId }, limits, code, {
+      signal: ctx.signal,
+      onOutput: (stream, data) => void pending.push(this.events.append(runId, 'exec.output', { stream, data })),
+    });
+    await Promise.all(pending);
+    const commit = await this.repo.commitPending(ctx.ws, { author: 'agent', sessionId: ctx.session.id, runId });
+    await this.events.append(runId, 'exec.completed', {
+      execution_id: result.execution_id,
+      exit_code: result.exit_code,
+      error: result.error ?? null,
+      truncated: result.truncated,
+      restarted: result.restarted,
+      duration_ms: result.duration_ms,
+      artifacts: result.artifacts,
+      commit: commit.commit ? { sha: commit.commit.sha, paths: commit.commit.paths } : null,
+      redactions: commit.redactions,
+      refused: commit.refused,
+    });
+    await this.reply(ctx, toolCallId, execFeedback(result, commit), toolCalls);
+  }
+
+  /** The feedback message: a tool result under tool calling, a user message under XML. */
+  private async reply(ctx: Ctx, toolCallId: string | undefined, content: string, _toolCalls: ToolCall[] | undefined): Promise<void> {
+    if (ctx.ws.settings.protocol === 'tools' && toolCallId) await this.addMessage(ctx.session, ctx.run.id, { role: 'tool', content, toolCallId });
+    else await this.addMessage(ctx.session, ctx.run.id, { role: 'user', content });
+  }
+
+  private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
+    const [done] = await this.db
+      .update(runs)
+      .set({ status, error: error ?? null, finishedAt: new Date() })
+      .where(and(eq(runs.id, run.id), inArray(runs.status, ACTIVE)))
+      .returning();
+    if (!done) return;
+    const event = `run.${status}`;
+    if (TERMINAL_EVENTS.has(event)) await this.events.append(run.id, event, { status, error: error ?? null, steps: done.steps });
+  }
+
+  // ---- transcript ----------------------------------------------------------------------
+
+  private async transcript(ctx: Ctx): Promise<ChatMessage[]> {
+    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
+    const system = await buildSystemPrompt({
+      dir: this.repo.repos.dirOf(ctx.ws.id),
+      settings: ctx.ws.settings,
+      limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
+      snapshot: session.stateSnapshot,
+      now: new Date(),
+    });
+    const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, ctx.session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
+    const out: ChatMessage[] = [{ role: 'system', content: system }];
+    for (const m of rows) {
+      if (m.role === 'assistant') {
+        const calls = (m.toolCalls as ToolCall[] | null) ?? undefined;
+        out.push({
+          role: 'assistant',
+          content: m.content || null,
+          ...(calls ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
+        });
+      } else if (m.role === 'tool') {
+        out.push({ role: 'tool', content: m.content, tool_call_id: m.toolCallId! });
+      } else if (m.role === 'user') {
+        out.push({ role: 'user', content: m.content });
+      }
+    }
+    return out;
+  }
+
+  private async addMessage(session: SessionRow, runId: string, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): Promise<MessageRow> {
+    const [row] = await this.db
+      .insert(messages)
+      .values({
+        id: newId('msg'),
+        teamId: session.teamId,
+        sessionId: session.id,
+        runId,
+        role: m.role,
+        content: m.content,
+        toolCalls: m.toolCalls ?? null,
+        toolCallId: m.toolCallId ?? null,
+        contentHash: hash(`${m.role}\n${m.content}`),
+      })
+      .returning();
+    return row!;
+  }
+
+  private async recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): Promise<void> {
+    await this.db.insert(usage).values({ id: newId('use'), teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model, promptTokens: u.promptTokens, completionTokens: u.completionTokens });
+    await this.db
+      .update(runs)
+      .set({ promptTokens: sql`${runs.promptTokens} + ${u.promptTokens}`, completionTokens: sql`${runs.completionTokens} + ${u.completionTokens}` })
+      .where(eq(runs.id, ctx.run.id));
+  }
+
+  private async workspaceOf(run: RunRow): Promise<WorkspaceRow> {
+    const [ws] = await this.db.select().from(workspaces).where(eq(workspaces.id, run.workspaceId));
+    return ws as WorkspaceRow;
+  }
+
+  /** Approvals past their deadline that no timer caught (e.g. across a restart). */
+  async sweepExpired(): Promise<number> {
+    const due = await this.db.select().from(approvals).where(and(eq(approvals.status, 'pending'), lt(approvals.expiresAt, new Date())));
+    for (const a of due) await this.expire(a);
+    return due.length;
+  }
+}
