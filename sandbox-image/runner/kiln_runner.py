@@ -13,6 +13,7 @@ Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev":
 """
 
 import base64
+import io
 import json
 import os
 import selectors
@@ -20,11 +21,14 @@ import signal
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kiln_worker.py")
 GRACE_S = 1.0  # after SIGINT, how long the code gets to unwind before it is killed
 MAX_FILE = 32 * 1024 * 1024
+WORKSPACE = "/workspace"
+READ_ONLY = ("skills/builtin",)
 OOM_FILE = "/sys/fs/cgroup/memory/memory.oom_control"
 OOM_FILE_V2 = "/sys/fs/cgroup/memory.events"
 PIDS_FILES = ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
@@ -68,6 +72,22 @@ def oom_kills():
         except OSError:
             continue
     return None
+
+
+def manifest(root):
+    """path -> (size, mtime_ns) of every regular file under root (symbolic links are never synced)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git" and not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if os.path.isfile(full) and not os.path.islink(full):
+                out[os.path.relpath(full, root)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 class Capture:
@@ -117,6 +137,7 @@ class Runner:
         self.restarted = False
         self.current = None  # the exec in progress
         self.inbuf = bytearray()
+        self.synced = None  # manifest of /workspace as last agreed with the host
 
     # ---- framing -------------------------------------------------------------------------
     def send(self, msg):
@@ -208,6 +229,10 @@ class Runner:
                 self.put_file(msg)
             elif op == "get":
                 self.get_file(msg)
+            elif op == "sync_in":
+                self.sync_in(msg)
+            elif op == "delete":
+                self.delete_file(msg)
             elif op == "ping":
                 self.send({"ev": "ok", "id": rid, "busy": self.current is not None})
             else:
@@ -231,6 +256,7 @@ class Runner:
             "interrupted": None,  # why we sent SIGINT: "timeout" | "cancelled"
             "kill_at": None,
             "oom_before": oom_kills(),
+            "sync": bool(msg.get("sync")),
         }
         req = json.dumps({"code": msg.get("code", "")}).encode("utf-8") + b"\n"
         os.write(self.worker["req"], req)
@@ -262,6 +288,8 @@ class Runner:
                 "restarted": self.restarted,
             }
         )
+        if cur.get("sync") and self.synced is not None:
+            result["changes"] = self.changes(int(cur.get("sync_limit") or 16 * 1024 * 1024))
         self.restarted = False
         self.current = None
         self.send(result)
@@ -318,6 +346,7 @@ class Runner:
             f.write(data)
         if msg.get("mode") is not None:
             os.chmod(path, int(msg["mode"]) & 0o777)
+        self.note_synced(path)
         self.send({"ev": "ok", "id": msg["id"], "size": len(data)})
 
     def get_file(self, msg):
@@ -328,6 +357,61 @@ class Runner:
         with open(path, "rb") as f:
             data = f.read()
         self.send({"ev": "file", "id": msg["id"], "size": len(data), "data": base64.b64encode(data).decode("ascii")})
+
+    # ---- workspace sync -------------------------------------------------------------------
+    def sync_in(self, msg):
+        """Unpacks the host's copy of the workspace (a tar without .git) into /workspace."""
+        data = base64.b64decode(msg["data"])
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith(("/", "..")) and "/../" not in m.name]
+            tar.extractall(WORKSPACE, members=members, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(WORKSPACE, members=members)
+        for rel in READ_ONLY:  # a hint only: the host refuses changes there anyway
+            for dirpath, _, filenames in os.walk(os.path.join(WORKSPACE, rel)):
+                for name in filenames:
+                    os.chmod(os.path.join(dirpath, name), 0o444)
+        self.synced = manifest(WORKSPACE)
+        self.send({"ev": "ok", "id": msg["id"], "files": len(self.synced)})
+
+    def delete_file(self, msg):
+        path = msg["path"]
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.chmod(path, 0o644)
+            os.remove(path)
+        self.note_synced(path)
+        self.send({"ev": "ok", "id": msg["id"]})
+
+    def note_synced(self, path):
+        if self.synced is None or not path.startswith(WORKSPACE + "/"):
+            return
+        rel = os.path.relpath(path, WORKSPACE)
+        try:
+            st = os.lstat(path)
+            self.synced[rel] = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            self.synced.pop(rel, None)
+
+    def changes(self, limit):
+        """What the code changed in /workspace since the last sync: contents of changed files, deleted paths."""
+        now = manifest(WORKSPACE)
+        changed, skipped, total = [], [], 0
+        for rel, sig in sorted(now.items()):
+            if self.synced.get(rel) == sig:
+                continue
+            size = sig[0]
+            if total + size > limit:
+                skipped.append({"path": rel, "reason": f"{size} bytes is over what one step may sync"})
+                continue
+            try:
+                with open(os.path.join(WORKSPACE, rel), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                skipped.append({"path": rel, "reason": str(e)})
+                continue
+            total += len(data)
+            changed.append({"path": rel, "data": base64.b64encode(data).decode("ascii")})
+        deleted = sorted(set(self.synced) - set(now))
+        self.synced = now
+        return {"changed": changed, "deleted": deleted, "skipped": skipped}
 
     # ---- I/O loop ------------------------------------------------------------------------
     def read_stream(self, name):

@@ -83,6 +83,7 @@ export async function createTestApp(
     { maxFileBytes: opts.maxFileBytes ?? 1024 * 1024, embedder: opts.embedder },
     logger,
   );
+  workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
   const modelClient = new ModelClient({
     baseURL: opts.model?.baseURL,
     apiKey: opts.model ? 'test-key' : undefined,

@@ -67,7 +67,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, logge
   app.route('/', teamsRouter(db, keys));
   app.route('/', workspacesRouter(db, workspaces));
   app.route('/', workspaceRepoRouter(db, workspaces));
-  app.route('/', sessionsRouter(db, engine));
+  app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
   app.route('/', runsRouter(db, agent));
   app.route('/', auditRouter(db));

@@ -29,6 +29,8 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   await engine.start();
   const workspaces = workspaceService(config, database.db, logger);
   await workspaces.repairAll();
+  // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
+  workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
   const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, logger });

@@ -3,7 +3,7 @@ import type { CommitOutcome } from '../workspace/repo.ts';
 import type { SearchHit } from '../memory/search.ts';
 
 /** What the model reads after running code: the seed's format, plus what Kiln did with the result. */
-export function execFeedback(r: ExecOutcome, commit: CommitOutcome | null): string {
+export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?: { path: string; reason: string }[] }) | null): string {
   const out = r.stdout.trimEnd() || '(no output)';
   const lines: string[] = [];
   if (!r.error) {
@@ -19,7 +19,7 @@ export function execFeedback(r: ExecOutcome, commit: CommitOutcome | null): stri
   if (r.artifacts.length) lines.push(`[Note] ${r.artifacts.length} figure(s) were shown to the user.`);
   if (commit?.commit) lines.push(`[Committed] ${commit.commit.sha.slice(0, 12)}: ${commit.commit.paths.join(', ')}`);
   for (const red of commit?.redactions ?? []) lines.push(`[Redacted] a ${red.type} in ${red.path}:${red.line} was replaced before the commit. Never write secrets to files.`);
-  for (const ref of commit?.refused ?? []) lines.push(`[Not committed] ${ref.path}: ${ref.reason}`);
+  for (const ref of [...(commit?.refused ?? []), ...(commit?.ignored ?? [])]) lines.push(`[Not committed] ${ref.path}: ${ref.reason}`);
   return lines.join('\n');
 }
 

@@ -8,6 +8,7 @@ import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
+import { execInSession } from '../sessions/session-exec.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
@@ -339,14 +340,14 @@ export class AgentService {
   private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined): Promise<void> {
     const runId = ctx.run.id;
     await this.events.append(runId, 'exec.started', {});
-    const limits = this.engine.limitsFor(ctx.ws.settings.sandbox);
     const pending: Promise<unknown>[] = [];
-    const result = await this.engine.exec({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, sessionId: ctx.session.id, runId }, limits, code, {
+    const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
       signal: ctx.signal,
+      prov: { author: 'agent', sessionId: ctx.session.id, runId },
       onOutput: (stream, data) => void pending.push(this.events.append(runId, 'exec.output', { stream, data })),
     });
     await Promise.all(pending);
-    const commit = await this.repo.commitPending(ctx.ws, { author: 'agent', sessionId: ctx.session.id, runId });
+    const commit = result.workspace;
     await this.events.append(runId, 'exec.completed', {
       execution_id: result.execution_id,
       exit_code: result.exit_code,
@@ -355,9 +356,9 @@ export class AgentService {
       restarted: result.restarted,
       duration_ms: result.duration_ms,
       artifacts: result.artifacts,
-      commit: commit.commit ? { sha: commit.commit.sha, paths: commit.commit.paths } : null,
-      redactions: commit.redactions,
-      refused: commit.refused,
+      commit: commit?.commit ? { sha: commit.commit.sha, kind: commit.commit.kind, paths: commit.commit.paths } : null,
+      redactions: commit?.redactions ?? [],
+      refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
     });
     await this.reply(ctx, toolCallId, execFeedback(result, commit), toolCalls);
   }

@@ -8,7 +8,8 @@ import { newId } from '../lib/ids.ts';
 import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult } from './runner-client.ts';
+import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import { tarWorkspace } from './tar.ts';
 import { recordExecution, type ExecAudit } from './executions.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -33,6 +34,8 @@ export interface ExecContext {
   workspaceId: string;
   sessionId: string;
   runId?: string;
+  /** The workspace's directory on this host: copied into /workspace when the sandbox is claimed. */
+  workspaceDir?: string;
 }
 
 export interface ExecOptions {
@@ -43,7 +46,7 @@ export interface ExecOptions {
   signal?: AbortSignal;
 }
 
-export interface ExecOutcome extends Omit<RunnerResult, 'ok'> {
+export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   sandbox_id: string;
   execution_id: string;
 }
@@ -64,6 +67,9 @@ interface Live extends Container {
   queue: Promise<unknown>;
   /** This sandbox replaces one the session lost: its first result must say the state is gone. */
   replacesLost: boolean;
+  workspaceId: string;
+  /** /workspace holds a copy of the workspace that is synced back after each execution. */
+  synced: boolean;
 }
 
 const ACTIVE = ['starting', 'ready'] as const;
@@ -129,14 +135,14 @@ export class SandboxEngine {
   }
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
-  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome> {
+  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges }> {
     const live = await this.acquire(ctx, limits);
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
     live.queue = run.catch(() => undefined);
     return run;
   }
 
-  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome> {
+  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome & { changes?: WorkspaceChanges }> {
     const timeoutS = Math.min(opts.timeoutS ?? live.limits.timeoutS, live.limits.timeoutS);
     live.busy = true;
     let result: RunnerResult;
@@ -146,6 +152,7 @@ export class SandboxEngine {
         maxOutputBytes: this.opts.maxOutputBytes,
         onOutput: opts.onOutput,
         signal: opts.signal,
+        sync: live.synced,
       });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
@@ -165,10 +172,32 @@ export class SandboxEngine {
       { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
       opts.audit,
     );
-    const { ok: _ok, ...rest } = result as RunnerResult & { ev?: string; id?: string };
+    const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
     delete (rest as { id?: string }).id;
-    return { ...rest, sandbox_id: live.id, execution_id: executionId };
+    return { ...rest, sandbox_id: live.id, execution_id: executionId, changes };
+  }
+
+  /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */
+  async pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
+    const targets = [...this.live.values()].filter((l) => l.workspaceId === workspaceId && l.synced && l.sessionId !== exceptSession && l.client.alive);
+    await Promise.all(targets.map((l) => this.pushTo(l, files)));
+  }
+
+  /** Writes (or deletes) files in one session's sandbox, e.g. what the host undid or redacted. */
+  async pushToSession(sessionId: string, files: { path: string; data: Buffer | null }[]): Promise<void> {
+    const live = this.live.get(sessionId);
+    if (live?.synced && live.client.alive) await this.pushTo(live, files);
+  }
+
+  private async pushTo(live: Live, files: { path: string; data: Buffer | null }[]): Promise<void> {
+    await (live.queue = live.queue.then(async () => {
+      for (const f of files) {
+        const target = `/workspace/${f.path}`;
+        if (f.data) await live.client.putFile(target, f.data);
+        else await live.client.deleteFile(target);
+      }
+    }).catch((err) => this.log.warn({ err, sandbox: live.id }, 'could not update a sandbox copy of the workspace')));
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
@@ -220,7 +249,18 @@ export class SandboxEngine {
         .update(sandboxes)
         .set({ containerId: c.value.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
         .where(eq(sandboxes.id, id));
-      const live: Live = { ...c.value, teamId: ctx.teamId, sessionId: ctx.sessionId, lastUsed: this.now(), busy: false, queue: Promise.resolve(), replacesLost: lost.value };
+      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
+      const live: Live = {
+        ...c.value,
+        teamId: ctx.teamId,
+        sessionId: ctx.sessionId,
+        workspaceId: ctx.workspaceId,
+        synced: Boolean(ctx.workspaceDir),
+        lastUsed: this.now(),
+        busy: false,
+        queue: Promise.resolve(),
+        replacesLost: lost.value,
+      };
       this.live.set(ctx.sessionId, live);
       live.client.onExit((reason) => {
         if (this.live.get(ctx.sessionId) === live && reason !== 'closed') this.log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');

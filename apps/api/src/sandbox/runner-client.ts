@@ -28,6 +28,14 @@ export interface RunnerResult {
   artifacts: Artifact[];
   /** The interpreter was restarted before or during this execution: earlier variables are gone. */
   restarted: boolean;
+  /** With `sync`: what the code changed under /workspace since the last sync. */
+  changes?: WorkspaceChanges;
+}
+
+export interface WorkspaceChanges {
+  changed: { path: string; data: string }[];
+  deleted: string[];
+  skipped: { path: string; reason: string }[];
 }
 
 export type OutputListener = (stream: 'stdout' | 'stderr', data: string) => void;
@@ -99,7 +107,7 @@ export class RunnerClient {
   }
 
   /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
-  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal }): Promise<RunnerResult> {
+  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean }): Promise<RunnerResult> {
     const id = randomUUID();
     const onAbort = () => this.send({ op: 'cancel', id });
     opts.signal?.addEventListener('abort', onAbort, { once: true });
@@ -107,7 +115,7 @@ export class RunnerClient {
       () => this.markGone(`no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`),
       opts.timeoutMs + HOST_GRACE_MS,
     );
-    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes }, opts.onOutput).finally(() => {
+    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync: opts.sync ?? false }, opts.onOutput).finally(() => {
       clearTimeout(hostTimer);
       opts.signal?.removeEventListener('abort', onAbort);
     }) as Promise<unknown> as Promise<RunnerResult>;
@@ -116,6 +124,16 @@ export class RunnerClient {
   async putFile(path: string, data: Buffer, mode?: number): Promise<number> {
     const res = await this.request({ op: 'put', id: randomUUID(), path, data: data.toString('base64'), mode });
     return res.size as number;
+  }
+
+  /** Unpacks a tar of the workspace (without .git) into /workspace and remembers it as synced. */
+  async syncIn(tar: Buffer): Promise<number> {
+    const res = await this.request({ op: 'sync_in', id: randomUUID(), data: tar.toString('base64') });
+    return res.files as number;
+  }
+
+  async deleteFile(path: string): Promise<void> {
+    await this.request({ op: 'delete', id: randomUUID(), path });
   }
 
   async getFile(path: string): Promise<Buffer> {

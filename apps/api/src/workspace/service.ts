@@ -31,8 +31,12 @@ const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
  * is written, committed with provenance, mirrored into the `commits` table, the workspace head
  * moved and the memory index refreshed for the paths it touched.
  */
+/** Told about every commit, with the session it came from (so its own sandbox is not updated twice). */
+export type CommitListener = (workspaceId: string, files: { path: string; data: Buffer | null }[], originSession?: string) => void;
+
 export class WorkspaceService {
   private readonly lock = new KeyedMutex();
+  private readonly listeners: CommitListener[] = [];
 
   constructor(
     private readonly db: Db,
@@ -58,15 +62,64 @@ export class WorkspaceService {
     }
   }
 
+  onCommit(listener: CommitListener): void {
+    this.listeners.push(listener);
+  }
+
+  /** The current content of paths (null for deleted ones), for updating sandbox copies. */
+  private async contents(workspaceId: string, paths: string[]) {
+    return Promise.all(paths.map(async (path) => ({ path, data: await this.repos.readFile(workspaceId, path).catch(() => null) })));
+  }
+
+  private async announce(workspaceId: string, paths: string[], originSession?: string): Promise<void> {
+    if (!this.listeners.length || !paths.length) return;
+    const files = await this.contents(workspaceId, paths);
+    for (const l of this.listeners) l(workspaceId, files, originSession);
+  }
+
+  /**
+   * Applies what code in a sandbox changed under /workspace to the repository and commits it.
+   * Returns the commit and the files whose sandbox copy must be put back in line with the host
+   * (changes that were refused or redacted).
+   */
+  async applySandboxChanges(
+    ws: WorkspaceRow,
+    changes: { changed: { path: string; data: string }[]; deleted: string[] },
+    prov: Provenance,
+  ): Promise<{ outcome: CommitOutcome; pushBack: { path: string; data: Buffer | null }[]; ignored: { path: string; reason: string }[] }> {
+    const ignored: { path: string; reason: string }[] = [];
+    const outcome = await this.change(ws, prov, async () => {
+      for (const f of changes.changed) {
+        try {
+          await this.repos.writeFile(ws.id, checkRelativePath(f.path), Buffer.from(f.data, 'base64'));
+        } catch (err) {
+          ignored.push({ path: f.path, reason: (err as Error).message });
+        }
+      }
+      for (const p of changes.deleted) {
+        try {
+          await this.repos.deleteFile(ws.id, checkRelativePath(p));
+        } catch (err) {
+          if ((err as { code?: string }).code !== 'ENOENT') ignored.push({ path: p, reason: (err as Error).message });
+        }
+      }
+    }, { originSession: prov.sessionId });
+    const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path), ...ignored.map((i) => i.path)];
+    return { outcome, pushBack: await this.contents(ws.id, [...new Set(fix)].filter((p) => !p.includes('..'))), ignored };
+  }
+
   /** Runs `change` under the workspace lock and commits whatever it changed. */
-  async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string } = {}): Promise<CommitOutcome> {
+  async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
       await change();
       const o = await this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
       if (o.commit) await this.record(ws, o.commit);
       return o;
     });
-    if (outcome.commit) await this.reindex(ws, outcome.commit);
+    if (outcome.commit) {
+      await this.reindex(ws, outcome.commit);
+      await this.announce(ws.id, outcome.commit.paths, opts.originSession);
+    }
     return outcome;
   }
 
@@ -103,6 +156,7 @@ export class WorkspaceService {
       return o;
     });
     await this.reindex(ws, outcome.commit!);
+    await this.announce(ws.id, outcome.commit!.paths);
     return outcome;
   }
 

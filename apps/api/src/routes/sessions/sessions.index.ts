@@ -8,7 +8,10 @@ import type { SandboxEngine } from '../../sandbox/engine.ts';
 import { sandboxPath } from '../../sandbox/paths.ts';
 import { SessionCache } from '../../sessions/session-cache.ts';
 import * as sessions from '../../sessions/sessions.ts';
-import { getWorkspace } from '../../workspace/workspaces.ts';
+import type { WorkspaceService } from '../../workspace/service.ts';
+import { getWorkspace, type WorkspaceRow } from '../../workspace/workspaces.ts';
+import { execInSession, type SessionExecResult } from '../../sessions/session-exec.ts';
+import { commitView } from '../workspace-repo/workspace-repo.index.ts';
 import * as r from './sessions.routes.ts';
 
 const view = (s: sessions.SessionRow) => ({
@@ -21,13 +24,19 @@ const view = (s: sessions.SessionRow) => ({
   ended_at: s.endedAt?.toISOString() ?? null,
 });
 
-export function sessionsRouter(db: Db, engine: SandboxEngine) {
+export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: WorkspaceService) {
   const cache = new SessionCache(db);
-  /** The session (active, this team's) and what its sandbox may use. */
+  /** The session (active, this team's), its workspace, and what its sandbox may use. */
   async function target(teamId: string, sessionId: string) {
     const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
-    return { ctx: { teamId, workspaceId: workspace.id, sessionId }, limits: engine.limitsFor(workspace.settings.sandbox) };
+    return {
+      ws: workspace,
+      ctx: { teamId, workspaceId: workspace.id, sessionId, workspaceDir: workspaces.repos.dirOf(workspace.id) },
+      limits: engine.limitsFor(workspace.settings.sandbox),
+    };
   }
+  const run = (ws: WorkspaceRow, ctx: { teamId: string; sessionId: string }, code: string, opts: Parameters<typeof execInSession>[4]) =>
+    execInSession({ engine, workspaces }, ws, ctx, code, opts).then(execView);
 
   return createRouter()
     .openapi(r.create, async (c) => {
@@ -56,26 +65,27 @@ export function sessionsRouter(db: Db, engine: SandboxEngine) {
       const team = writableTeamOf(c);
       const { s } = c.req.valid('param');
       const { code, timeout_s } = c.req.valid('json');
-      const { ctx, limits } = await target(team, s);
+      const { ctx, ws } = await target(team, s);
       // The execution's audit event is written with its record, in one commit.
       const audit = { actor: c.get('principal'), requestId: c.get('requestId') };
+      const prov = { author: 'user' as const, actor: c.get('principal').keyId, sessionId: s };
       c.set('audit', { action: 'session.exec', recorded: true });
       if (c.req.valid('query').stream === 'true') {
         return streamSSE(c, async (stream) => {
           const abort = new AbortController();
           stream.onAbort(() => abort.abort());
           let seq = 0;
-          const result = await engine.exec(ctx, limits, code, {
+          const result = await run(ws, ctx, code, {
             timeoutS: timeout_s,
             audit,
+            prov,
             signal: abort.signal,
             onOutput: (name, data) => void stream.writeSSE({ id: String(++seq), event: 'exec.output', data: JSON.stringify({ stream: name, data }) }),
           });
-          await stream.writeSSE({ id: String(++seq), event: 'exec.completed', data: JSON.stringify(withoutNullError(result)) });
+          await stream.writeSSE({ id: String(++seq), event: 'exec.completed', data: JSON.stringify(result) });
         }) as never;
       }
-      const result = await engine.exec(ctx, limits, code, { timeoutS: timeout_s, audit });
-      return c.json(withoutNullError(result), 200);
+      return c.json(await run(ws, ctx, code, { timeoutS: timeout_s, audit, prov }), 200);
     })
     .openapi(r.putFile, async (c) => {
       const team = writableTeamOf(c);
@@ -99,7 +109,14 @@ export function sessionsRouter(db: Db, engine: SandboxEngine) {
     });
 }
 
-function withoutNullError<T extends { error: unknown }>(result: T) {
-  const { error, ...rest } = result;
-  return (error ? { ...rest, error } : rest) as Omit<T, 'error'> & { error?: NonNullable<T['error']> };
+/** The API's view of an execution: no null error, and the workspace commit summarised. */
+function execView(result: SessionExecResult) {
+  const { error, workspace, ...rest } = result;
+  return {
+    ...rest,
+    ...(error ? { error } : {}),
+    workspace: workspace
+      ? { commit: workspace.commit ? commitView(workspace.commit) : null, redactions: workspace.redactions, refused: [...workspace.refused, ...workspace.ignored, ...workspace.skipped] }
+      : null,
+  };
 }

@@ -1,0 +1,36 @@
+import type { ExecAudit } from '../sandbox/executions.ts';
+import type { ExecOutcome, SandboxEngine } from '../sandbox/engine.ts';
+import type { OutputListener } from '../sandbox/runner-client.ts';
+import type { CommitOutcome, Provenance } from '../workspace/repo.ts';
+import type { WorkspaceService } from '../workspace/service.ts';
+import type { WorkspaceRow } from '../workspace/workspaces.ts';
+
+export interface SessionExecResult extends ExecOutcome {
+  /** What the code changed in /workspace, as committed (null when it changed nothing). */
+  workspace: (CommitOutcome & { ignored: { path: string; reason: string }[]; skipped: { path: string; reason: string }[] }) | null;
+}
+
+/**
+ * Runs code in a session's sandbox with the workspace copied into /workspace, then commits
+ * whatever the code changed there (with provenance) and puts the sandbox copy back in line
+ * with the repository where changes were refused or redacted.
+ */
+export async function execInSession(
+  deps: { engine: SandboxEngine; workspaces: WorkspaceService },
+  ws: WorkspaceRow,
+  ctx: { teamId: string; sessionId: string; runId?: string },
+  code: string,
+  opts: { timeoutS?: number; onOutput?: OutputListener; signal?: AbortSignal; audit?: ExecAudit; prov: Provenance },
+): Promise<SessionExecResult> {
+  const limits = deps.engine.limitsFor(ws.settings.sandbox);
+  const { changes, ...result } = await deps.engine.exec(
+    { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.repos.dirOf(ws.id) },
+    limits,
+    code,
+    { timeoutS: opts.timeoutS, onOutput: opts.onOutput, signal: opts.signal, audit: opts.audit },
+  );
+  if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length)) return { ...result, workspace: null };
+  const { outcome, pushBack, ignored } = await deps.workspaces.applySandboxChanges(ws, changes, opts.prov);
+  if (pushBack.length) await deps.engine.pushToSession(ctx.sessionId, pushBack);
+  return { ...result, workspace: { ...outcome, ignored, skipped: changes.skipped } };
+}

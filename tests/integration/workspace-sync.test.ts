@@ -1,0 +1,100 @@
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { converse } from '../support/agent.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
+
+/** The workspace is copied into /workspace; whatever code changes there is committed with provenance. */
+describe('the workspace inside the sandbox', () => {
+  let fake: FakeOpenAI;
+  let t: TestApp;
+  let team: { id: string; key: string };
+  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.repos.dirOf(ws), ...args], { encoding: 'utf8' });
+
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+    t = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
+    team = await t.team('sync');
+  });
+  afterAll(async () => {
+    await t.close();
+    await fake.close();
+  });
+
+  it('an agent step that writes a memory and a skill becomes one commit by the agent, with the run', async () => {
+    const { session, ws } = await sessionIn(t, team, { approval: { mode: 'auto' } });
+    const code = [
+      'from pathlib import Path',
+      'mem = Path("/workspace/MEMORY.md")',
+      'mem.write_text(mem.read_text(encoding="utf-8") + "- Reports are due on Mondays.\\n", encoding="utf-8")',
+      'skill = Path("/workspace/skills/weekly-report/SKILL.md")',
+      'skill.parent.mkdir(parents=True, exist_ok=True)',
+      'skill.write_text("---\\nname: weekly-report\\ndescription: Build the Monday report from the sales CSV.\\n---\\n# Weekly report\\n1. Load sales.csv\\n", encoding="utf-8")',
+      'print("saved")',
+    ].join('\n');
+    fake.script({ content: `<thinking>Remember and write a skill.</thinking><python>${code}</python>` }, { content: '<finish>Saved a memory and a skill.</finish>' });
+    const { run, events } = await converse(t, team.key, session, 'Remember that reports are due on Mondays and make that a skill.');
+    expect(run.status).toBe('completed');
+    const completed = events.find((e) => e.event === 'exec.completed')!.data as { commit: { sha: string; kind: string; paths: string[] } };
+    expect(completed.commit.paths).toEqual(['MEMORY.md', 'skills/weekly-report/SKILL.md']);
+    const msg = git(ws, 'log', '-1', '--format=%B');
+    expect(msg).toContain('Kiln-Author: agent');
+    expect(msg).toContain(`Kiln-Run: ${run.id}`);
+    expect(msg).toContain(`Kiln-Session: ${session}`);
+    expect(msg).toContain('Kiln-Kind: skill');
+    expect(msg).toContain('Kiln-Kind: memory');
+    expect(readFileSync(join(t.workspaces.repos.dirOf(ws), 'MEMORY.md'), 'utf8')).toContain('- Reports are due on Mondays.');
+    expect(fake.chats().at(-1).messages.at(-1).content).toMatch(/\[Committed\] [0-9a-f]{12}: MEMORY.md, skills\/weekly-report\/SKILL.md/);
+    const hits = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=Monday%20report`, { key: team.key });
+    expect(hits.body.data.map((h: { path: string }) => h.path)).toEqual(expect.arrayContaining(['MEMORY.md', 'skills/weekly-report/SKILL.md']));
+    // The next prompt lists the new skill and shows the new memory.
+    fake.script({ content: '<finish>ok</finish>' });
+    await converse(t, team.key, session, 'next');
+    const system = fake.chats().at(-1).messages[0].content as string;
+    expect(system).toContain('- weekly-report: Build the Monday report from the sales CSV. (/workspace/skills/weekly-report/SKILL.md)');
+    expect(system).toContain('- Reports are due on Mondays.');
+  });
+
+  it('changes to built-in skills, secrets and an over-budget MEMORY.md are refused or redacted, in the repo and in the sandbox', async () => {
+    const { session, ws } = await sessionIn(t, team, { evolution: { memory_max_entries: 2 } });
+    const token = `ghp_${'Zz9'.repeat(12)}`;
+    const r = await exec(t, team.key, session, [
+      'import os',
+      'p = "/workspace/skills/builtin/memory-keeping/SKILL.md"',
+      'os.chmod(p, 0o644)',
+      'open(p, "w").write("hijacked")',
+      `open("/workspace/knowledge/creds.md", "w").write("token: ${token}\\n")`,
+      'open("/workspace/MEMORY.md", "w").write("# Core memory\\n\\n- a\\n- b\\n- c\\n")',
+      'open("/workspace/notes.md", "w").write("fine\\n")',
+    ].join('\n'));
+    const w = (r as unknown as { workspace: { commit: { paths: string[]; author: string }; redactions: { type: string }[]; refused: { path: string; reason: string }[] } }).workspace;
+    expect(w.commit).toMatchObject({ author: 'user', paths: ['knowledge/creds.md', 'notes.md'] });
+    expect(w.redactions.map((x) => x.type)).toEqual(['github_token']);
+    expect(w.refused.map((x) => x.path).sort()).toEqual(['MEMORY.md', 'skills/builtin/memory-keeping/SKILL.md']);
+    expect(w.refused.find((x) => x.path === 'MEMORY.md')!.reason).toMatch(/3 entries \(limit 2\)/);
+    const inside = await exec(t, team.key, session, [
+      'print(open("/workspace/skills/builtin/memory-keeping/SKILL.md").read()[:3])',
+      'print(open("/workspace/knowledge/creds.md").read().strip())',
+      'print(open("/workspace/MEMORY.md").read().count("\\n- "))',
+    ].join('\n'));
+    expect(inside.stdout).toBe('---\ntoken: [REDACTED:github_token]\n0\n');
+    expect(git(ws, 'show', 'HEAD:knowledge/creds.md')).not.toContain(token);
+    expect(git(ws, 'status', '--porcelain')).toBe('');
+  });
+
+  it('a change made through the files API reaches a live sandbox; deleting in the sandbox commits a deletion', async () => {
+    const { session, ws } = await sessionIn(t, team);
+    await exec(t, team.key, session, 'print(1)');
+    await t.call('PUT', `/v1/workspaces/${ws}/files?path=data/input.csv`, { key: team.key, raw: 'a,b\n1,2\n' });
+    const seen = await exec(t, team.key, session, 'print(open("/workspace/data/input.csv").read())');
+    expect(seen.stdout).toBe('a,b\n1,2\n\n');
+    // Reading it was not a change: nothing to commit.
+    expect((seen as unknown as { workspace: unknown }).workspace).toBeNull();
+    const del = await exec(t, team.key, session, 'import os\nos.remove("/workspace/data/input.csv")');
+    expect((del as unknown as { workspace: { commit: { paths: string[] } } }).workspace.commit.paths).toEqual(['data/input.csv']);
+    expect(git(ws, 'ls-files', 'data')).toBe('');
+  });
+});
