@@ -1,4 +1,6 @@
 import { createHash } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
@@ -17,6 +19,7 @@ import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searc
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
+import { messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
 import { parseTools, parseXml, TOOLS, XML_CORRECTION, type Action } from './protocol.ts';
 
 export type RunRow = typeof runs.$inferSelect;
@@ -25,6 +28,45 @@ export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
 const MAX_VIOLATIONS = 3;
+/** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
+const TOOL_RESULT_CAP = 1000;
+/** Level 2 instead of 3 when the token limit is hit with more turns than this. */
+const FEW_TURNS = 4;
+
+/** Feedback Kiln writes into the transcript starts with this; everything else from `user` is a person. */
+const FEEDBACK_PREFIX = 'Kiln System:';
+
+function toEntry(m: MessageRow): TranscriptEntry {
+  let message: ChatMessage;
+  if (m.role === 'assistant') {
+    const calls = (m.toolCalls as ToolCall[] | null) ?? undefined;
+    message = {
+      role: 'assistant',
+      content: m.content || null,
+      ...(calls ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
+    };
+  } else if (m.role === 'tool') {
+    message = { role: 'tool', content: m.content, tool_call_id: m.toolCallId! };
+  } else {
+    message = { role: 'user', content: m.content };
+  }
+  return { id: m.id, message, person: m.role === 'user' && !m.content.startsWith(FEEDBACK_PREFIX) };
+}
+
+/**
+ * Level 4's last resort: drops the oldest exchanges of the current turn (an answer with its
+ * results, never one without the other) until `fits`, keeping the person's message.
+ */
+function trimCurrentTurn(turns: TranscriptEntry[][], fits: (ts: TranscriptEntry[][]) => boolean): TranscriptEntry[][] {
+  const current = [...turns.at(-1)!];
+  const older = turns.slice(0, -1);
+  while (current.length > 2 && !fits([...older, current])) {
+    let end = 2;
+    while (end < current.length && current[end]!.message.role !== 'assistant') end++;
+    current.splice(1, end - 1);
+  }
+  return [...older, current];
+}
 
 interface Ctx {
   run: RunRow;
@@ -242,12 +284,17 @@ export class AgentService {
 
       let turn;
       try {
-        turn = await this.model.complete({
-          model: ctx.model,
-          messages: await this.transcript(ctx),
-          tools: ws.settings.protocol === 'tools' ? TOOLS : undefined,
-          signal,
-        });
+        const call = async (force?: { budget: number }) =>
+          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? TOOLS : undefined, signal });
+        try {
+          turn = await call();
+        } catch (err) {
+          // Level 4: the endpoint says the context is too long. Summarise, cut to the limit it
+          // names (with room for the answer), and try once more.
+          if (!(err instanceof ModelError) || err.code !== 'context_overflow') throw err;
+          const limit = err.limit ?? ws.settings.context.max_tokens;
+          turn = await call({ budget: Math.floor(Math.min(limit, ws.settings.context.max_tokens) * 0.8) });
+        }
       } catch (err) {
         if (!(err instanceof ModelError)) throw err;
         if (err.code === 'cancelled') return this.finish(ctx.run, 'cancelled');
@@ -382,32 +429,109 @@ export class AgentService {
 
   // ---- transcript ----------------------------------------------------------------------
 
-  private async transcript(ctx: Ctx): Promise<ChatMessage[]> {
-    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
-    const system = await buildSystemPrompt({
-      dir: this.repo.repos.dirOf(ctx.ws.id),
-      settings: ctx.ws.settings,
-      limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
-      snapshot: session.stateSnapshot,
-      now: new Date(),
-    });
+  /**
+   * The request for the next model call: the system prompt rebuilt from the workspace, then the
+   * transcript, condensed when it grows (seed 004, layer 2): (1) old tool results over a cap keep
+   * head and tail; (2) over the turn limit, the oldest half of whole turns is summarised into the
+   * daily log and the <Current_Project_State> snapshot and leaves the transcript; (3) over the
+   * token limit, earlier turns shrink to their first message and last answer. `force` (after a
+   * context-length error) summarises every earlier turn and cuts the current one to `budget`.
+   */
+  private async transcript(ctx: Ctx, force?: { budget: number }): Promise<ChatMessage[]> {
+    const settings = ctx.ws.settings.context;
+    const budget = force?.budget ?? settings.max_tokens;
+    const system = async (): Promise<ChatMessage> => {
+      const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
+      return {
+        role: 'system',
+        content: await buildSystemPrompt({
+          dir: this.repo.repos.dirOf(ctx.ws.id),
+          settings: ctx.ws.settings,
+          limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
+          snapshot: session.stateSnapshot,
+          now: new Date(),
+        }),
+      };
+    };
     const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, ctx.session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
-    const out: ChatMessage[] = [{ role: 'system', content: system }];
-    for (const m of rows) {
-      if (m.role === 'assistant') {
-        const calls = (m.toolCalls as ToolCall[] | null) ?? undefined;
-        out.push({
-          role: 'assistant',
-          content: m.content || null,
-          ...(calls ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
-        });
-      } else if (m.role === 'tool') {
-        out.push({ role: 'tool', content: m.content, tool_call_id: m.toolCallId! });
-      } else if (m.role === 'user') {
-        out.push({ role: 'user', content: m.content });
+    let turns = splitTurns(rows.map(toEntry));
+    const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
+    let head = await system();
+    const before = messageTokens(flat(head, turns));
+    const levels: number[] = [];
+
+    const summariseOldest = async (count: number) => {
+      if (count <= 0) return;
+      if (await this.condense(ctx, turns.slice(0, count))) {
+        turns = turns.slice(count);
+        head = await system();
+        levels.push(2);
       }
+    };
+    if (force) await summariseOldest(turns.length - 1);
+    else if (turns.length > settings.max_turns) await summariseOldest(Math.floor(turns.length / 2));
+    const truncated = truncateOldResults(turns, TOOL_RESULT_CAP);
+    if (truncated.changed) levels.push(1);
+    turns = truncated.turns;
+    if (messageTokens(flat(head, turns)) > budget && turns.length > FEW_TURNS && !force) {
+      await summariseOldest(Math.floor(turns.length / 2));
+    }
+    if (messageTokens(flat(head, turns)) > budget) {
+      turns = reduceOldTurns(turns);
+      levels.push(3);
+    }
+    if (force && messageTokens(flat(head, turns)) > budget) {
+      turns = trimCurrentTurn(turns, (ts) => messageTokens(flat(head, ts)) <= budget);
+      levels.push(4);
+    }
+    const out = flat(head, turns);
+    if (levels.length) {
+      await this.events.append(ctx.run.id, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: messageTokens(out), budget });
     }
     return out;
+  }
+
+  /**
+   * Summarises turns with the model into today's daily log (a commit) and the session's
+   * <Current_Project_State>, then takes them out of the transcript. False when the summary
+   * could not be made (the turns then stay, and the cheaper levels apply).
+   */
+  private async condense(ctx: Ctx, turns: TranscriptEntry[][]): Promise<boolean> {
+    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
+    let reply;
+    try {
+      reply = await this.model.complete({
+        model: ctx.model,
+        messages: [
+          { role: 'system', content: SUMMARY_INSTRUCTIONS },
+          { role: 'user', content: `${session.stateSnapshot ? `Previous project state:\n${session.stateSnapshot}\n\n` : ''}Conversation to condense:\n\n${renderTurns(turns)}` },
+        ],
+        signal: ctx.signal,
+      });
+    } catch (err) {
+      if (err instanceof ModelError && err.code === 'cancelled') throw err;
+      this.log.warn({ err, run: ctx.run.id }, 'context summary failed');
+      return false;
+    }
+    await this.recordUsage(ctx, reply.usage);
+    const summary = parseSummary(reply.content);
+    if (!summary) return false;
+    const day = new Date().toISOString().slice(0, 10);
+    const path = `memory/${day}.md`;
+    const dir = this.repo.repos.dirOf(ctx.ws.id);
+    await this.repo.change(
+      ctx.ws,
+      { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id },
+      async () => {
+        const existing = await readFile(join(dir, path), 'utf8').catch(() => `# ${day}\n`);
+        await this.repo.repos.writeFile(ctx.ws.id, path, Buffer.from(`${existing.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} — condensed session ${ctx.session.id}\n\n${summary.log}\n`));
+      },
+      { summary: `Condense ${turns.length} earlier turn(s) into the daily log` },
+    );
+    const ids = turns.flat().map((e) => e.id);
+    await this.db.update(sessions).set({ stateSnapshot: summary.state }).where(eq(sessions.id, ctx.session.id));
+    await this.db.update(messages).set({ summarizedAt: new Date() }).where(inArray(messages.id, ids));
+    return true;
   }
 
   private async addMessage(session: SessionRow, runId: string, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): Promise<MessageRow> {

@@ -1,0 +1,112 @@
+import { getEncoding, type Tiktoken } from 'js-tiktoken';
+import type { ChatMessage } from './llm.ts';
+
+let encoder: Tiktoken | undefined;
+const counted = new Map<string, number>();
+const MAX_CACHED = 50_000;
+
+/** Tokens of a text with a real BPE tokenizer (o200k_base), cached by content. */
+export function countTokens(text: string): number {
+  const hit = counted.get(text);
+  if (hit !== undefined) return hit;
+  encoder ??= getEncoding('o200k_base');
+  const n = encoder.encode(text, 'all').length;
+  if (counted.size >= MAX_CACHED) counted.delete(counted.keys().next().value!);
+  counted.set(text, n);
+  return n;
+}
+
+/** Tokens of a whole chat request: content, tool calls and a few tokens of framing per message. */
+export function messageTokens(messages: ChatMessage[]): number {
+  let n = 3;
+  for (const m of messages) {
+    n += 4;
+    if (typeof m.content === 'string') n += countTokens(m.content);
+    if (m.role === 'assistant' && m.tool_calls) {
+      for (const c of m.tool_calls) if (c.type === 'function') n += countTokens(c.function.name) + countTokens(c.function.arguments);
+    }
+  }
+  return n;
+}
+
+/** A stored transcript message with what the context manager needs to know about it. */
+export interface TranscriptEntry {
+  id: string;
+  message: ChatMessage;
+  /** Written by a person (not Kiln feedback): starts a turn. */
+  person: boolean;
+}
+
+/** Whole turns: a person's message and everything up to the next one. */
+export function splitTurns(entries: TranscriptEntry[]): TranscriptEntry[][] {
+  const turns: TranscriptEntry[][] = [];
+  for (const e of entries) {
+    if (e.person || turns.length === 0) turns.push([e]);
+    else turns.at(-1)!.push(e);
+  }
+  return turns;
+}
+
+/** Level 1: tool results of earlier turns over `capTokens` keep their head and tail with a note. */
+export function truncateOldResults(turns: TranscriptEntry[][], capTokens: number): { turns: TranscriptEntry[][]; changed: number } {
+  let changed = 0;
+  const out = turns.map((turn, i) => {
+    if (i === turns.length - 1) return turn; // the current turn stays whole
+    return turn.map((e) => {
+      const isResult = e.message.role === 'tool' || (e.message.role === 'user' && !e.person);
+      const text = typeof e.message.content === 'string' ? e.message.content : '';
+      if (!isResult || countTokens(text) <= capTokens) return e;
+      changed++;
+      const keep = Math.max(200, capTokens * 2); // about half the cap in characters at each end
+      const omitted = text.length - 2 * keep;
+      const content = `${text.slice(0, keep)}\n[... ${omitted} characters of this old result omitted by Kiln to save context ...]\n${text.slice(-keep)}`;
+      return { ...e, message: { ...e.message, content } as ChatMessage };
+    });
+  });
+  return { turns: out, changed };
+}
+
+/**
+ * Level 3: each earlier turn shrinks to its first (person's) message and its last answer; the
+ * tool calls and results in between go, so no call is ever left without its result.
+ */
+export function reduceOldTurns(turns: TranscriptEntry[][]): TranscriptEntry[][] {
+  return turns.map((turn, i) => {
+    if (i === turns.length - 1 || turn.length <= 2) return turn;
+    const first = turn[0]!;
+    const lastAnswer = [...turn].reverse().find((e) => e.message.role === 'assistant' && typeof e.message.content === 'string' && e.message.content && !('tool_calls' in e.message && e.message.tool_calls));
+    return lastAnswer ? [first, lastAnswer] : [first];
+  });
+}
+
+export const SUMMARY_INSTRUCTIONS = `You condense an agent's conversation so the work can continue without it.
+Reply with exactly two sections:
+<daily_log>
+Markdown bullets for today's log: what was asked, what was done, decisions, results, problems. Facts only.
+</daily_log>
+<project_state>
+## Progress
+## Todo
+## Key identifiers
+(file paths, names, ids, numbers, commands — copied verbatim)
+## Environment
+</project_state>`;
+
+/** Parses the summariser's answer; both sections are required. */
+export function parseSummary(reply: string): { log: string; state: string } | null {
+  const log = /<daily_log>([\s\S]*?)<\/daily_log>/i.exec(reply)?.[1]?.trim();
+  const state = /<project_state>([\s\S]*?)<\/project_state>/i.exec(reply)?.[1]?.trim();
+  return log && state ? { log, state } : null;
+}
+
+/** The dropped turns as plain text for the summariser. */
+export function renderTurns(turns: TranscriptEntry[][]): string {
+  return turns
+    .flat()
+    .map((e) => {
+      const m = e.message;
+      const calls = m.role === 'assistant' && m.tool_calls ? m.tool_calls.map((c) => (c.type === 'function' ? ` [calls ${c.function.name}(${c.function.arguments})]` : '')).join('') : '';
+      return `### ${e.person ? 'user' : m.role}\n${typeof m.content === 'string' ? m.content : ''}${calls}`;
+    })
+    .join('\n\n');
+}
