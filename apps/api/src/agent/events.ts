@@ -26,7 +26,12 @@ export class RunEventLog {
     this.bus.setMaxListeners(0);
   }
 
-  append(runId: string, event: string, data: unknown = {}): Promise<RunEvent> {
+  async append(runId: string, event: string, data: unknown = {}): Promise<RunEvent> {
+    return (await this.appendMany(runId, [[event, data]]))[0]!;
+  }
+
+  /** Several events in one insert (one round trip), numbered consecutively. */
+  appendMany(runId: string, items: [event: string, data: unknown][]): Promise<RunEvent[]> {
     const prev = this.tails.get(runId) ?? Promise.resolve();
     const done = prev.then(async () => {
       let seq = this.next.get(runId);
@@ -34,12 +39,13 @@ export class RunEventLog {
         const [row] = await this.db.select({ m: max(runEvents.seq) }).from(runEvents).where(eq(runEvents.runId, runId));
         seq = (row?.m ?? 0) + 1;
       }
-      const [stored] = await this.db.insert(runEvents).values({ runId, seq, event, data: data as object }).returning();
-      this.next.set(runId, seq + 1);
-      const ev = { seq, event, data, createdAt: stored!.createdAt };
-      this.bus.emit(runId, ev);
-      if (TERMINAL_EVENTS.has(event)) this.next.delete(runId);
-      return ev;
+      const createdAt = new Date();
+      const evs = items.map(([event, data], i) => ({ seq: seq! + i, event, data, createdAt }));
+      await this.db.insert(runEvents).values(evs.map((e) => ({ runId, seq: e.seq, event: e.event, data: (e.data ?? {}) as object, createdAt })));
+      this.next.set(runId, seq + evs.length);
+      for (const ev of evs) this.bus.emit(runId, ev);
+      if (evs.some((e) => TERMINAL_EVENTS.has(e.event))) this.next.delete(runId);
+      return evs;
     });
     this.tails.set(runId, done.catch(() => undefined));
     return done;

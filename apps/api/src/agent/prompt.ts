@@ -46,6 +46,28 @@ export async function listSkills(dir: string): Promise<SkillInfo[]> {
 
 const read = (dir: string, path: string) => readFile(join(dir, path), 'utf8').catch(() => '');
 
+const PROMPT_FILES = ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md'] as const;
+type Files = { texts: string[]; skills: SkillInfo[] };
+const fileCache = new Map<string, { head: string; files: Files }>();
+
+/** HEAD's sha from .git directly: every change to a workspace is a commit, so it names the file contents. */
+async function headOf(dir: string): Promise<string | null> {
+  const head = (await read(dir, '.git/HEAD')).trim();
+  const ref = /^ref: (refs\/heads\/[\w./-]+)$/.exec(head)?.[1];
+  const sha = ref ? (await read(dir, `.git/${ref}`)).trim() : head;
+  return /^[0-9a-f]{40}$/.test(sha) ? sha : null;
+}
+
+/** The prompt files and skills of a workspace, read again only when its HEAD moved. */
+async function workspaceFiles(dir: string): Promise<Files> {
+  const head = await headOf(dir);
+  const hit = fileCache.get(dir);
+  if (head && hit?.head === head) return hit.files;
+  const files = { texts: await Promise.all(PROMPT_FILES.map((p) => read(dir, p))), skills: await listSkills(dir) };
+  if (head) fileCache.set(dir, { head, files });
+  return files;
+}
+
 const XML_PROTOCOL = `Reply in this format, every time:
 <thinking>what you know, what you will do next and why</thinking>
 then exactly ONE of:
@@ -70,10 +92,8 @@ export interface PromptInput {
 /** The system prompt, rebuilt from the workspace files before every model call. */
 export async function buildSystemPrompt(input: PromptInput): Promise<string> {
   const { dir, settings } = input;
-  const [agent, rules, user, memory, spec, python, knowledge] = (await Promise.all(
-    ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md'].map((p) => read(dir, p)),
-  )) as [string, string, string, string, string, string, string];
-  const skills = await listSkills(dir);
+  const { texts, skills } = await workspaceFiles(dir);
+  const [agent, rules, user, memory, spec, python, knowledge] = texts as [string, string, string, string, string, string, string];
   const ev = settings.evolution;
   const used = `${memoryEntries(memory).length}/${ev.memory_max_entries} entries, ${Buffer.byteLength(memory)}/${ev.memory_max_bytes} bytes`;
   const l = input.limits;

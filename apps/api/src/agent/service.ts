@@ -1,11 +1,12 @@
 import { createHash } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
-import { approvals, messages, runs, sessions, usage, workspaces } from '../db/schema/index.ts';
+import { approvals, messages, runs, sessions, workspaces } from '../db/schema/index.ts';
 import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
@@ -74,6 +75,8 @@ interface Ctx {
   ws: WorkspaceRow;
   model: string;
   signal: AbortSignal;
+  /** The transcript not yet condensed away, kept in step with the database by `say`. */
+  rows: MessageRow[];
 }
 
 /** How a paused run continues once its approval is decided. */
@@ -249,6 +252,8 @@ export class AgentService {
 
   private launch(runId: string, resume?: Resume): void {
     const controller = new AbortController();
+    // Every model call and execution of the run listens to this one signal.
+    setMaxListeners(0, controller.signal);
     this.active.set(runId, controller);
     this.loop(runId, controller.signal, resume)
       .catch(async (err) => {
@@ -263,7 +268,8 @@ export class AgentService {
     let [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
     const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
     const ws = await this.workspaceOf(run);
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal };
+    const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows };
     if (run.status !== 'in_progress') {
       [run] = (await this.db.update(runs).set({ status: 'in_progress', startedAt: new Date() }).where(eq(runs.id, runId)).returning()) as [RunRow];
       ctx.run = run;
@@ -279,7 +285,8 @@ export class AgentService {
       if (ctx.run.steps >= ws.settings.max_steps) {
         return this.finish(ctx.run, 'failed', { code: 'max_steps', message: `the run reached its limit of ${ws.settings.max_steps} steps without finishing` });
       }
-      [ctx.run] = (await this.db.update(runs).set({ steps: sql`${runs.steps} + 1` }).where(eq(runs.id, runId)).returning()) as [RunRow];
+      // The step count is written with the step's usage (one statement), and by `finish`.
+      ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
       await this.events.append(runId, 'step.created', { step: ctx.run.steps });
 
       let turn;
@@ -302,7 +309,7 @@ export class AgentService {
       }
       await this.recordUsage(ctx, turn.usage);
       const toolCalls = turn.toolCalls.length ? turn.toolCalls : undefined;
-      await this.addMessage(session, runId, { role: 'assistant', content: turn.content, toolCalls });
+      await this.say(ctx, { role: 'assistant', content: turn.content, toolCalls });
 
       const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : parseTools(turn.content, turn.toolCalls);
       if ('violation' in parsed || !parsed.action) {
@@ -317,40 +324,41 @@ export class AgentService {
         continue;
       }
       violations = 0;
-      if (parsed.thinking) await this.events.append(runId, 'thinking', { text: parsed.thinking });
-      const done = await this.act(ctx, parsed.action, parsed.toolCallId, toolCalls);
+      const done = await this.act(ctx, parsed.action, parsed.toolCallId, toolCalls, parsed.thinking ? [['thinking', { text: parsed.thinking }]] : []);
       if (done) return;
     }
   }
 
   /** Carries out one action. Returns true when the run is over (finished or paused). */
-  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined): Promise<boolean> {
+  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined, pending: [string, unknown][]): Promise<boolean> {
     const runId = ctx.run.id;
     if (action.type === 'finish') {
       if (toolCallId) await this.reply(ctx, toolCallId, 'Kiln System: [Finished]', toolCalls);
-      const msg = await this.addMessage(ctx.session, runId, { role: 'assistant', content: action.summary });
-      await this.events.append(runId, 'message.created', { id: msg.id, role: 'assistant', content: action.summary });
+      const msg = await this.say(ctx, { role: 'assistant', content: action.summary });
+      await this.events.appendMany(runId, [...pending, ['message.created', { id: msg.id, role: 'assistant', content: action.summary }]]);
       await this.finish(ctx.run, 'completed');
       return true;
     }
     if (action.type === 'memory_search') {
       const hits = await this.repo.search(ctx.ws, action.query, 8);
-      await this.events.append(runId, 'memory.searched', { query: action.query, hits });
+      await this.events.appendMany(runId, [...pending, ['memory.searched', { query: action.query, hits }]]);
       await this.reply(ctx, toolCallId, searchFeedback(action.query, hits), toolCalls);
       return false;
     }
-    await this.events.append(runId, 'code.proposed', { code: action.code });
-    const [fresh] = await this.db.select({ autoApprove: sessions.autoApprove }).from(sessions).where(eq(sessions.id, ctx.session.id));
+    pending.push(['code.proposed', { code: action.code }]);
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
+      await this.events.appendMany(runId, pending);
       await this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule), toolCalls);
       return false;
     }
-    if (policy.decision === 'ask' && !fresh?.autoApprove) {
+    // approve_session takes effect from the next loop, which reloads the session.
+    if (policy.decision === 'ask' && !ctx.session.autoApprove) {
+      await this.events.appendMany(runId, pending);
       await this.requestApproval(ctx, action.code, toolCallId);
       return true;
     }
-    await this.runCode(ctx, action.code, toolCallId, toolCalls);
+    await this.runCode(ctx, action.code, toolCallId, toolCalls, pending);
     return false;
   }
 
@@ -384,16 +392,16 @@ export class AgentService {
     return false;
   }
 
-  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined): Promise<void> {
+  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined, pending: [string, unknown][] = []): Promise<void> {
     const runId = ctx.run.id;
-    await this.events.append(runId, 'exec.started', {});
-    const pending: Promise<unknown>[] = [];
+    await this.events.appendMany(runId, [...pending, ['exec.started', {}]]);
+    const outputs: Promise<unknown>[] = [];
     const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
       signal: ctx.signal,
       prov: { author: 'agent', sessionId: ctx.session.id, runId },
-      onOutput: (stream, data) => void pending.push(this.events.append(runId, 'exec.output', { stream, data })),
+      onOutput: (stream, data) => void outputs.push(this.events.append(runId, 'exec.output', { stream, data })),
     });
-    await Promise.all(pending);
+    await Promise.all(outputs);
     const commit = result.workspace;
     await this.events.append(runId, 'exec.completed', {
       execution_id: result.execution_id,
@@ -412,14 +420,14 @@ export class AgentService {
 
   /** The feedback message: a tool result under tool calling, a user message under XML. */
   private async reply(ctx: Ctx, toolCallId: string | undefined, content: string, _toolCalls: ToolCall[] | undefined): Promise<void> {
-    if (ctx.ws.settings.protocol === 'tools' && toolCallId) await this.addMessage(ctx.session, ctx.run.id, { role: 'tool', content, toolCallId });
-    else await this.addMessage(ctx.session, ctx.run.id, { role: 'user', content });
+    if (ctx.ws.settings.protocol === 'tools' && toolCallId) await this.say(ctx, { role: 'tool', content, toolCallId });
+    else await this.say(ctx, { role: 'user', content });
   }
 
   private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
     const [done] = await this.db
       .update(runs)
-      .set({ status, error: error ?? null, finishedAt: new Date() })
+      .set({ status, error: error ?? null, finishedAt: new Date(), steps: sql`greatest(${runs.steps}, ${run.steps})` })
       .where(and(eq(runs.id, run.id), inArray(runs.status, ACTIVE)))
       .returning();
     if (!done) return;
@@ -441,7 +449,7 @@ export class AgentService {
     const settings = ctx.ws.settings.context;
     const budget = force?.budget ?? settings.max_tokens;
     const system = async (): Promise<ChatMessage> => {
-      const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
+      const session = ctx.session;
       return {
         role: 'system',
         content: await buildSystemPrompt({
@@ -453,8 +461,7 @@ export class AgentService {
         }),
       };
     };
-    const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, ctx.session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
-    let turns = splitTurns(rows.map(toEntry));
+    let turns = splitTurns(ctx.rows.map(toEntry));
     const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
     let head = await system();
     const before = messageTokens(flat(head, turns));
@@ -497,7 +504,7 @@ export class AgentService {
    * could not be made (the turns then stay, and the cheaper levels apply).
    */
   private async condense(ctx: Ctx, turns: TranscriptEntry[][]): Promise<boolean> {
-    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, ctx.session.id))) as [SessionRow];
+    const session = ctx.session;
     let reply;
     try {
       reply = await this.model.complete({
@@ -531,6 +538,9 @@ export class AgentService {
     const ids = turns.flat().map((e) => e.id);
     await this.db.update(sessions).set({ stateSnapshot: summary.state }).where(eq(sessions.id, ctx.session.id));
     await this.db.update(messages).set({ summarizedAt: new Date() }).where(inArray(messages.id, ids));
+    ctx.session = { ...ctx.session, stateSnapshot: summary.state };
+    const gone = new Set(ids);
+    ctx.rows = ctx.rows.filter((r) => !gone.has(r.id));
     return true;
   }
 
@@ -552,12 +562,20 @@ export class AgentService {
     return row!;
   }
 
+  /** Adds a message to the transcript, in the database and in the run's copy. */
+  private async say(ctx: Ctx, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): Promise<MessageRow> {
+    const row = await this.addMessage(ctx.session, ctx.run.id, m);
+    ctx.rows.push(row);
+    return row;
+  }
+
+  /** One model call's tokens: a usage row and the run's totals and step count, in one statement. */
   private async recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): Promise<void> {
-    await this.db.insert(usage).values({ id: newId('use'), teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model, promptTokens: u.promptTokens, completionTokens: u.completionTokens });
-    await this.db
-      .update(runs)
-      .set({ promptTokens: sql`${runs.promptTokens} + ${u.promptTokens}`, completionTokens: sql`${runs.completionTokens} + ${u.completionTokens}` })
-      .where(eq(runs.id, ctx.run.id));
+    await this.db.execute(sql`with used as (
+        insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
+        values (${newId('use')}, ${ctx.run.teamId}, ${ctx.ws.id}, ${ctx.run.id}, ${ctx.model}, ${u.promptTokens}, ${u.completionTokens}))
+      update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
+        steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`);
   }
 
   private async workspaceOf(run: RunRow): Promise<WorkspaceRow> {
