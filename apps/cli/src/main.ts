@@ -1,0 +1,100 @@
+import { createInterface } from 'node:readline';
+import { chat } from './chat.ts';
+import { KilnClient } from './client.ts';
+
+const USAGE = `kiln — the Kiln command line (talks to the HTTP API)
+
+  kiln chat WORKSPACE                 interactive agent session (y/n/a approvals, Ctrl-C cancels, exit quits)
+  kiln workspaces                     list workspaces
+  kiln sessions WORKSPACE             list a workspace's sessions
+  kiln runs RUN                       show a run
+  kiln approvals [--pending]          list approvals
+  kiln log WORKSPACE [--kind K]       the workspace's commits
+  kiln revert WORKSPACE SHA           revert a commit (a new commit)
+  kiln exec SESSION CODE              run Python in a session's sandbox
+
+  --json prints the API's JSON.  Environment: KILN_URL (default http://127.0.0.1:7700), KILN_API_KEY.`;
+
+async function main(argv: string[]): Promise<number> {
+  const json = argv.includes('--json');
+  const args = argv.filter((a) => a !== '--json');
+  const [cmd, ...rest] = args;
+  if (!cmd || cmd === 'help' || cmd === '--help') {
+    process.stdout.write(`${USAGE}\n`);
+    return cmd ? 0 : 2;
+  }
+  const key = process.env.KILN_API_KEY;
+  if (!key) {
+    process.stderr.write('kiln: set KILN_API_KEY to a team key\n');
+    return 2;
+  }
+  const client = new KilnClient((process.env.KILN_URL ?? 'http://127.0.0.1:7700').replace(/\/$/, ''), key);
+  const print = (value: unknown, table: () => string) => process.stdout.write(`${json ? JSON.stringify(value, null, 2) : table()}\n`);
+  const need = (n: number, what: string) => {
+    if (rest.length < n) throw new Error(`usage: kiln ${cmd} ${what}`);
+  };
+  switch (cmd) {
+    case 'chat': {
+      need(1, 'WORKSPACE');
+      const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY });
+      await chat(client, rest[0]!, rl, process.stdout);
+      rl.close();
+      return 0;
+    }
+    case 'workspaces': {
+      const r = await client.call('GET', '/v1/workspaces?limit=100');
+      print(r, () => r.data.map((w: any) => `${w.id}  ${w.name}  head ${w.head?.slice(0, 10) ?? '-'}  ${w.settings.protocol}/${w.settings.approval.mode}`).join('\n'));
+      return 0;
+    }
+    case 'sessions': {
+      need(1, 'WORKSPACE');
+      const ws = await client.workspace(rest[0]!);
+      const r = await client.call('GET', `/v1/workspaces/${ws.id}/sessions?limit=100`);
+      print(r, () => r.data.map((s: any) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'));
+      return 0;
+    }
+    case 'runs': {
+      need(1, 'RUN');
+      const r = await client.call('GET', `/v1/runs/${rest[0]}`);
+      print(r, () => `${r.id}  ${r.status}  steps ${r.steps}  tokens ${r.usage.prompt_tokens}+${r.usage.completion_tokens}${r.error ? `  ${r.error.code}: ${r.error.message}` : ''}`);
+      return 0;
+    }
+    case 'approvals': {
+      const r = await client.call('GET', `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`);
+      print(r, () => r.data.map((a: any) => `${a.id}  ${a.status}  run ${a.run_id}  expires ${a.expires_at}\n    ${a.code.split('\n').join('\n    ')}`).join('\n'));
+      return 0;
+    }
+    case 'log': {
+      need(1, 'WORKSPACE');
+      const ws = await client.workspace(rest[0]!);
+      const kind = rest.indexOf('--kind') >= 0 ? `&kind=${rest[rest.indexOf('--kind') + 1]}` : '';
+      const r = await client.call('GET', `/v1/workspaces/${ws.id}/commits?limit=50${kind}`);
+      print(r, () => r.data.map((c: any) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'));
+      return 0;
+    }
+    case 'revert': {
+      need(2, 'WORKSPACE SHA');
+      const ws = await client.workspace(rest[0]!);
+      const r = await client.call('POST', `/v1/workspaces/${ws.id}/commits/${rest[1]}/revert`);
+      print(r, () => `reverted: new commit ${r.commit.sha.slice(0, 10)} ${r.commit.summary}`);
+      return 0;
+    }
+    case 'exec': {
+      need(2, 'SESSION CODE');
+      const r = await client.call('POST', `/v1/sessions/${rest[0]}/exec`, { code: rest.slice(1).join(' ') });
+      print(r, () => `${r.stdout}${r.stderr}${r.error ? `[${r.error.type}] ${r.error.message}` : ''}`.trimEnd());
+      return r.error ? 1 : 0;
+    }
+    default:
+      process.stderr.write(`kiln: unknown command ${cmd}\n${USAGE}\n`);
+      return 2;
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (err: Error) => {
+    process.stderr.write(`kiln: ${err.message}\n`);
+    process.exit(1);
+  },
+);

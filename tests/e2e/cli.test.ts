@@ -1,0 +1,85 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { generateKey } from '../../apps/api/src/auth/keys.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { startKiln, type KilnProcess } from '../support/server.ts';
+
+const KILN = fileURLToPath(new URL('../../apps/cli/bin/kiln.js', import.meta.url));
+
+/** Runs the real `kiln` command against the real server process, feeding it `input` on stdin. */
+function kiln(env: Record<string, string>, args: string[], input = ''): Promise<{ code: number; out: string; err: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [KILN, ...args], { env: { PATH: process.env.PATH!, ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    child.on('exit', (code) => resolve({ code: code ?? -1, out: out.replace(/\x1b\[[0-9;]*m/g, ''), err }));
+    child.stdin.end(input);
+  });
+}
+
+describe('the kiln CLI', () => {
+  let fake: FakeOpenAI;
+  let server: KilnProcess;
+  let dir: string;
+  let env: Record<string, string>;
+  let wsId: string;
+
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+    dir = mkdtempSync(join(tmpdir(), 'kiln-cli-'));
+    const adminKey = generateKey('admin');
+    server = await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey, OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'k', KILN_MODEL: 'fake-model' });
+    const api = async (key: string, method: string, path: string, body?: unknown) =>
+      (await fetch(`${server.url}${path}`, { method, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })).json();
+    const team = await api(adminKey, 'POST', '/v1/teams', { name: 'cli' });
+    const { key } = await api(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'cli', role: 'owner' });
+    wsId = (await api(key, 'POST', '/v1/workspaces', { name: 'research' })).id;
+    env = { KILN_URL: server.url, KILN_API_KEY: key };
+  });
+  afterAll(async () => {
+    server.child.kill('SIGTERM');
+    await server.exited;
+    await fake.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('chat: thinking, code, approval y/n/a, output and the finish, then exit', async () => {
+    fake.script(
+      { content: '<thinking>Multiply.</thinking><python>print(6 * 7)</python>' },
+      { content: '<thinking>Write it down.</thinking><python>open("/workspace/result.txt", "w").write("42")</python>' },
+      { content: '<finish>The answer is 42.</finish>' },
+    );
+    const r = await kiln(env, ['chat', 'research'], 'what is six times seven?\ny\na\nexit\n');
+    expect(r.code, r.out + r.err).toBe(0);
+    expect(r.out, r.out + r.err).toContain('[thinking] Multiply.');
+    expect(r.out).toContain('print(6 * 7)');
+    expect(r.out).toContain('run this code? (y/n/a');
+    expect(r.out).toContain('42\n');
+    expect(r.out).toMatch(/\[committed [0-9a-f]{10}: result.txt\]/);
+    expect(r.out).toContain('[finished] The answer is 42.');
+    expect(r.out.trimEnd().endsWith('bye')).toBe(true);
+  });
+
+  it('scripting verbs: workspaces, log and revert, exec, with --json', async () => {
+    const list = await kiln(env, ['workspaces', '--json']);
+    expect(JSON.parse(list.out).data.map((w: { id: string }) => w.id)).toContain(wsId);
+    const log = await kiln(env, ['log', 'research']);
+    expect(log.out).toMatch(/[0-9a-f]{10}\s+user\s+agent\s+Agent updates result.txt/);
+    const sha = JSON.parse((await kiln(env, ['log', 'research', '--json'])).out).data[0].sha;
+    const revert = await kiln(env, ['revert', 'research', sha]);
+    expect(revert.out).toMatch(/reverted: new commit [0-9a-f]{10} Revert "Agent updates result.txt"/);
+    const sessions = JSON.parse((await kiln(env, ['sessions', 'research', '--json'])).out);
+    expect(sessions.data.length).toBeGreaterThan(0);
+    const bad = await kiln(env, ['revert', 'research']);
+    expect(bad.code).toBe(1);
+    expect(bad.err).toContain('usage: kiln revert WORKSPACE SHA');
+    const noKey = await kiln({ KILN_URL: server.url }, ['workspaces']);
+    expect(noKey.code).toBe(2);
+  });
+});
