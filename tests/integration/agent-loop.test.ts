@@ -180,6 +180,36 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     expect(json.body.data.map((e: { id: number }) => e.id)).toEqual(frames.filter((f) => f.id > 2).map((f) => f.id));
   });
 
+  it('a client that disconnects mid-run and reconnects with Last-Event-ID gets the rest, nothing twice', async () => {
+    const { session } = await sessionIn(t, team);
+    fake.script({ content: '<thinking>needs approval</thinking><python>print("later")</python>' }, { content: '<finish>resumed fine</finish>' });
+    const abort = new AbortController();
+    const res = await t.app.request(`/v1/sessions/${session}/messages?stream=true`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${team.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ content: 'pause in the middle' }),
+      signal: abort.signal,
+    });
+    // Read until the run pauses for its approval, then drop the connection.
+    const reader = res.body!.getReader();
+    let text = '';
+    while (!text.includes('event: run.requires_action')) text += new TextDecoder().decode((await reader.read()).value);
+    abort.abort();
+    const first = parseSse(text.slice(0, text.lastIndexOf('\n\n') + 2));
+    const lastSeen = first.at(-1)!.id;
+    const runId = JSON.parse(first.find((f) => f.event === 'run.created')!.data).run_id;
+    const approval = (await t.call('GET', '/v1/approvals?status=pending', { key: team.key })).body.data.find((a: { run_id: string }) => a.run_id === runId);
+    await t.call('POST', `/v1/approvals/${approval.id}`, { key: team.key, body: { decision: 'approve' } });
+    const resumed = await t.app.request(`/v1/runs/${runId}/events`, { headers: { authorization: `Bearer ${team.key}`, 'last-event-id': String(lastSeen) } });
+    const rest = parseSse(await resumed.text());
+    const all = [...first, ...rest];
+    expect(all.map((f) => f.id)).toEqual(all.map((_, i) => i + 1));
+    expect(rest[0]!.event).toBe('approval.resolved');
+    expect(rest.at(-1)!.event).toBe('run.completed');
+    const stored = await t.call('GET', `/v1/runs/${runId}/events`, { key: team.key, headers: { accept: 'application/json' } });
+    expect(stored.body.data.map((e: { event: string }) => e.event)).toEqual(all.map((f) => f.event));
+  });
+
   it('without a model configured, says so clearly; everything else still works', async () => {
     const bare = await createTestApp();
     try {
