@@ -1,5 +1,6 @@
 import { EventEmitter } from 'node:events';
-import { and, asc, eq, gt, max } from 'drizzle-orm';
+import { and, asc, eq, gt, max, sql, type SQL } from 'drizzle-orm';
+import { combine } from '../db/batch.ts';
 import type { Db } from '../db/client.ts';
 import { runEvents } from '../db/schema/index.ts';
 
@@ -30,8 +31,11 @@ export class RunEventLog {
     return (await this.appendMany(runId, [[event, data]]))[0]!;
   }
 
-  /** Several events in one insert (one round trip), numbered consecutively. */
-  appendMany(runId: string, items: [event: string, data: unknown][]): Promise<RunEvent[]> {
+  /**
+   * Several events in one statement, numbered consecutively — together with `writes`, the
+   * changes they describe (messages, usage), so both land in one round trip and one commit.
+   */
+  appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = []): Promise<RunEvent[]> {
     const prev = this.tails.get(runId) ?? Promise.resolve();
     const done = prev.then(async () => {
       let seq = this.next.get(runId);
@@ -41,7 +45,13 @@ export class RunEventLog {
       }
       const createdAt = new Date();
       const evs = items.map(([event, data], i) => ({ seq: seq! + i, event, data, createdAt }));
-      await this.db.insert(runEvents).values(evs.map((e) => ({ runId, seq: e.seq, event: e.event, data: (e.data ?? {}) as object, createdAt })));
+      const insert = evs.length
+        ? sql`insert into run_events (run_id, seq, event, data, created_at) values ${sql.join(
+            evs.map((e) => sql`(${runId}, ${e.seq}, ${e.event}, ${JSON.stringify(e.data ?? {})}::jsonb, ${createdAt.toISOString()}::timestamptz)`),
+            sql`, `,
+          )}`
+        : undefined;
+      await this.db.execute(combine(writes, insert));
       this.next.set(runId, seq + evs.length);
       for (const ev of evs) this.bus.emit(runId, ev);
       if (evs.some((e) => TERMINAL_EVENTS.has(e.event))) this.next.delete(runId);

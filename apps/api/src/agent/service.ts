@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
+import { and, asc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
@@ -77,6 +77,8 @@ interface Ctx {
   signal: AbortSignal;
   /** The transcript not yet condensed away, kept in step with the database by `say`. */
   rows: MessageRow[];
+  /** Writes and events of the current step not yet flushed (they go in one statement). */
+  queue: { writes: SQL[]; events: [string, unknown][] };
 }
 
 /** How a paused run continues once its approval is decided. */
@@ -269,7 +271,7 @@ export class AgentService {
     const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
     const ws = await this.workspaceOf(run);
     const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows };
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] } };
     if (run.status !== 'in_progress') {
       [run] = (await this.db.update(runs).set({ status: 'in_progress', startedAt: new Date() }).where(eq(runs.id, runId)).returning()) as [RunRow];
       ctx.run = run;
@@ -287,7 +289,8 @@ export class AgentService {
       }
       // The step count is written with the step's usage (one statement), and by `finish`.
       ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
-      await this.events.append(runId, 'step.created', { step: ctx.run.steps });
+      this.emit(ctx, 'step.created', { step: ctx.run.steps });
+      await this.flush(ctx);
 
       let turn;
       try {
@@ -307,9 +310,9 @@ export class AgentService {
         if (err.code === 'cancelled') return this.finish(ctx.run, 'cancelled');
         return this.finish(ctx.run, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
       }
-      await this.recordUsage(ctx, turn.usage);
+      this.recordUsage(ctx, turn.usage);
       const toolCalls = turn.toolCalls.length ? turn.toolCalls : undefined;
-      await this.say(ctx, { role: 'assistant', content: turn.content, toolCalls });
+      this.say(ctx, { role: 'assistant', content: turn.content, toolCalls });
 
       const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : parseTools(turn.content, turn.toolCalls);
       if ('violation' in parsed || !parsed.action) {
@@ -318,47 +321,50 @@ export class AgentService {
         if (violations > MAX_VIOLATIONS) {
           return this.finish(ctx.run, 'failed', { code: 'protocol_violation', message: `the model broke the ${ws.settings.protocol} protocol ${violations} times in a row (${why})` });
         }
-        await this.events.append(runId, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
+        this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
         const correction = 'violation' in parsed ? `Kiln System: [Protocol Violation] ${parsed.violation}. Call exactly one tool with valid JSON arguments.` : XML_CORRECTION;
-        await this.reply(ctx, 'violation' in parsed ? parsed.toolCallId : undefined, correction, toolCalls);
+        this.reply(ctx, 'violation' in parsed ? parsed.toolCallId : undefined, correction);
+        await this.flush(ctx);
         continue;
       }
       violations = 0;
-      const done = await this.act(ctx, parsed.action, parsed.toolCallId, toolCalls, parsed.thinking ? [['thinking', { text: parsed.thinking }]] : []);
+      if (parsed.thinking) this.emit(ctx, 'thinking', { text: parsed.thinking });
+      const done = await this.act(ctx, parsed.action, parsed.toolCallId);
       if (done) return;
     }
   }
 
   /** Carries out one action. Returns true when the run is over (finished or paused). */
-  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined, pending: [string, unknown][]): Promise<boolean> {
-    const runId = ctx.run.id;
+  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined): Promise<boolean> {
     if (action.type === 'finish') {
-      if (toolCallId) await this.reply(ctx, toolCallId, 'Kiln System: [Finished]', toolCalls);
-      const msg = await this.say(ctx, { role: 'assistant', content: action.summary });
-      await this.events.appendMany(runId, [...pending, ['message.created', { id: msg.id, role: 'assistant', content: action.summary }]]);
+      if (toolCallId) this.reply(ctx, toolCallId, 'Kiln System: [Finished]');
+      const msg = this.say(ctx, { role: 'assistant', content: action.summary });
+      this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: action.summary });
+      await this.flush(ctx);
       await this.finish(ctx.run, 'completed');
       return true;
     }
     if (action.type === 'memory_search') {
       const hits = await this.repo.search(ctx.ws, action.query, 8);
-      await this.events.appendMany(runId, [...pending, ['memory.searched', { query: action.query, hits }]]);
-      await this.reply(ctx, toolCallId, searchFeedback(action.query, hits), toolCalls);
+      this.emit(ctx, 'memory.searched', { query: action.query, hits });
+      this.reply(ctx, toolCallId, searchFeedback(action.query, hits));
+      await this.flush(ctx);
       return false;
     }
-    pending.push(['code.proposed', { code: action.code }]);
+    this.emit(ctx, 'code.proposed', { code: action.code });
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
-      await this.events.appendMany(runId, pending);
-      await this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule), toolCalls);
+      this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule));
+      await this.flush(ctx);
       return false;
     }
     // approve_session takes effect from the next loop, which reloads the session.
     if (policy.decision === 'ask' && !ctx.session.autoApprove) {
-      await this.events.appendMany(runId, pending);
+      await this.flush(ctx);
       await this.requestApproval(ctx, action.code, toolCallId);
       return true;
     }
-    await this.runCode(ctx, action.code, toolCallId, toolCalls, pending);
+    await this.runCode(ctx, action.code, toolCallId);
     return false;
   }
 
@@ -386,24 +392,29 @@ export class AgentService {
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
   private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<boolean> {
     const toolCallId = approval.toolCallId ?? undefined;
-    if (outcome === 'approved') await this.runCode(ctx, approval.code, toolCallId, undefined);
-    else if (outcome === 'denied') await this.reply(ctx, toolCallId, DENIED_BY_USER(approval.reason), undefined);
-    else await this.reply(ctx, toolCallId, APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s), undefined);
+    if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId).then(() => false);
+    this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
+    await this.flush(ctx);
     return false;
   }
 
-  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined, toolCalls: ToolCall[] | undefined, pending: [string, unknown][] = []): Promise<void> {
+  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
     const runId = ctx.run.id;
-    await this.events.appendMany(runId, [...pending, ['exec.started', {}]]);
+    this.emit(ctx, 'exec.started', {});
+    await this.flush(ctx);
     const outputs: Promise<unknown>[] = [];
     const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
       signal: ctx.signal,
       prov: { author: 'agent', sessionId: ctx.session.id, runId },
+      // Recorded and audited (as the agent) in the step's last write, with its events.
+      audit: { role: 'agent' },
+      deferRecord: true,
       onOutput: (stream, data) => void outputs.push(this.events.append(runId, 'exec.output', { stream, data })),
     });
     await Promise.all(outputs);
     const commit = result.workspace;
-    await this.events.append(runId, 'exec.completed', {
+    if (result.record) ctx.queue.writes.push(...result.record);
+    this.emit(ctx, 'exec.completed', {
       execution_id: result.execution_id,
       exit_code: result.exit_code,
       error: result.error ?? null,
@@ -415,13 +426,26 @@ export class AgentService {
       redactions: commit?.redactions ?? [],
       refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
     });
-    await this.reply(ctx, toolCallId, execFeedback(result, commit), toolCalls);
+    this.reply(ctx, toolCallId, execFeedback(result, commit));
+    await this.flush(ctx);
   }
 
   /** The feedback message: a tool result under tool calling, a user message under XML. */
-  private async reply(ctx: Ctx, toolCallId: string | undefined, content: string, _toolCalls: ToolCall[] | undefined): Promise<void> {
-    if (ctx.ws.settings.protocol === 'tools' && toolCallId) await this.say(ctx, { role: 'tool', content, toolCallId });
-    else await this.say(ctx, { role: 'user', content });
+  private reply(ctx: Ctx, toolCallId: string | undefined, content: string): void {
+    if (ctx.ws.settings.protocol === 'tools' && toolCallId) this.say(ctx, { role: 'tool', content, toolCallId });
+    else this.say(ctx, { role: 'user', content });
+  }
+
+  private emit(ctx: Ctx, event: string, data: unknown): void {
+    ctx.queue.events.push([event, data]);
+  }
+
+  /** Writes the step's queued messages, usage and events in one statement, then streams the events. */
+  private async flush(ctx: Ctx): Promise<void> {
+    const { writes, events } = ctx.queue;
+    if (!writes.length && !events.length) return;
+    ctx.queue = { writes: [], events: [] };
+    await this.events.appendMany(ctx.run.id, events, writes);
   }
 
   private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
@@ -493,7 +517,8 @@ export class AgentService {
     }
     const out = flat(head, turns);
     if (levels.length) {
-      await this.events.append(ctx.run.id, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: messageTokens(out), budget });
+      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: messageTokens(out), budget });
+      await this.flush(ctx);
     }
     return out;
   }
@@ -520,7 +545,8 @@ export class AgentService {
       this.log.warn({ err, run: ctx.run.id }, 'context summary failed');
       return false;
     }
-    await this.recordUsage(ctx, reply.usage);
+    this.recordUsage(ctx, reply.usage);
+    await this.flush(ctx);
     const summary = parseSummary(reply.content);
     if (!summary) return false;
     const day = new Date().toISOString().slice(0, 10);
@@ -562,20 +588,36 @@ export class AgentService {
     return row!;
   }
 
-  /** Adds a message to the transcript, in the database and in the run's copy. */
-  private async say(ctx: Ctx, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): Promise<MessageRow> {
-    const row = await this.addMessage(ctx.session, ctx.run.id, m);
+  /** Adds a message to the run's transcript now and queues its row for the step's next flush. */
+  private say(ctx: Ctx, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): MessageRow {
+    const row: MessageRow = {
+      id: newId('msg'),
+      teamId: ctx.session.teamId,
+      sessionId: ctx.session.id,
+      runId: ctx.run.id,
+      role: m.role,
+      content: m.content,
+      toolCalls: m.toolCalls ?? null,
+      toolCallId: m.toolCallId ?? null,
+      contentHash: hash(`${m.role}\n${m.content}`),
+      createdAt: new Date(),
+      summarizedAt: null,
+    };
+    ctx.queue.writes.push(sql`insert into messages (id, team_id, session_id, run_id, role, content, tool_calls, tool_call_id, content_hash, created_at)
+      values (${row.id}, ${row.teamId}, ${row.sessionId}, ${row.runId}, ${row.role}, ${row.content}, ${row.toolCalls === null ? null : JSON.stringify(row.toolCalls)}::jsonb,
+        ${row.toolCallId}, ${row.contentHash}, ${row.createdAt.toISOString()}::timestamptz)`);
     ctx.rows.push(row);
     return row;
   }
 
-  /** One model call's tokens: a usage row and the run's totals and step count, in one statement. */
-  private async recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): Promise<void> {
-    await this.db.execute(sql`with used as (
-        insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
-        values (${newId('use')}, ${ctx.run.teamId}, ${ctx.ws.id}, ${ctx.run.id}, ${ctx.model}, ${u.promptTokens}, ${u.completionTokens}))
-      update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
-        steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`);
+  /** Queues one model call's tokens: a usage row, and the run's totals and step count. */
+  private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
+    ctx.queue.writes.push(
+      sql`insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
+        values (${newId('use')}, ${ctx.run.teamId}, ${ctx.ws.id}, ${ctx.run.id}, ${ctx.model}, ${u.promptTokens}, ${u.completionTokens})`,
+      sql`update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
+        steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`,
+    );
   }
 
   private async workspaceOf(run: RunRow): Promise<WorkspaceRow> {

@@ -1,4 +1,4 @@
-import { and, eq, inArray, ne } from 'drizzle-orm';
+import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
@@ -10,7 +10,8 @@ import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
 import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
-import { recordExecution, type ExecAudit } from './executions.ts';
+import { executionWrite, type ExecAudit } from './executions.ts';
+import { combine } from '../db/batch.ts';
 import { StatsSampler } from './stats.ts';
 
 export interface EngineOptions {
@@ -42,6 +43,8 @@ export interface ExecOptions {
   timeoutS?: number;
   /** Audit the execution in the same commit as its record. */
   audit?: ExecAudit;
+  /** Do not write the record: return it as `record` for the caller to batch with its own writes. */
+  deferRecord?: boolean;
   onOutput?: OutputListener;
   signal?: AbortSignal;
 }
@@ -135,14 +138,14 @@ export class SandboxEngine {
   }
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
-  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges }> {
+  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const live = await this.acquire(ctx, limits);
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
     live.queue = run.catch(() => undefined);
     return run;
   }
 
-  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome & { changes?: WorkspaceChanges }> {
+  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const timeoutS = Math.min(opts.timeoutS ?? live.limits.timeoutS, live.limits.timeoutS);
     live.busy = true;
     let result: RunnerResult;
@@ -167,15 +170,13 @@ export class SandboxEngine {
       result.restarted = true;
       live.replacesLost = false;
     }
-    const executionId = await recordExecution(
-      this.db,
-      { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
-      opts.audit,
-    );
+    const rec = executionWrite({ teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result }, opts.audit);
+    if (!opts.deferRecord) await this.db.execute(combine(rec.writes));
+    const executionId = rec.id;
     const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
     delete (rest as { id?: string }).id;
-    return { ...rest, sandbox_id: live.id, execution_id: executionId, changes };
+    return { ...rest, sandbox_id: live.id, execution_id: executionId, changes, record: opts.deferRecord ? rec.writes : undefined };
   }
 
   /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
-import { sql } from 'drizzle-orm';
+import { sql, type SQL } from 'drizzle-orm';
 import { auditRow } from '../audit/audit.ts';
+import { combine } from '../db/batch.ts';
 import type { Db } from '../db/client.ts';
 import type { AuditDraft, Principal } from '../http/env.ts';
 import { newId } from '../lib/ids.ts';
@@ -17,7 +18,10 @@ export interface ExecutionRecord {
 
 /** Who to write the audit event for, when the execution is audited together with its record. */
 export interface ExecAudit {
-  actor: Principal;
+  /** The key that asked for the execution; none when the agent ran it. */
+  actor?: Principal;
+  /** Overrides the actor's role in the audit row (e.g. "agent"). */
+  role?: string;
   requestId?: string;
 }
 
@@ -26,6 +30,13 @@ export interface ExecAudit {
  * hot path costs one round trip and one commit.
  */
 export async function recordExecution(db: Db, rec: ExecutionRecord, audit?: ExecAudit): Promise<string> {
+  const { id, writes } = executionWrite(rec, audit);
+  await db.execute(combine(writes));
+  return id;
+}
+
+/** The statement that records an execution (and its audit event), for a caller that batches writes. */
+export function executionWrite(rec: ExecutionRecord, audit?: ExecAudit): { id: string; writes: SQL[] } {
   const id = newId('exe');
   const r = rec.result;
   const codeHash = createHash('sha256').update(rec.code).digest('hex');
@@ -34,10 +45,7 @@ export async function recordExecution(db: Db, rec: ExecutionRecord, audit?: Exec
       (id, team_id, session_id, sandbox_id, run_id, code_hash, duration_ms, exit_code, error, truncated, stdout_bytes, stderr_bytes)
     values (${id}, ${rec.teamId}, ${rec.sessionId}, ${rec.sandboxId}, ${rec.runId ?? null}, ${codeHash}, ${Math.round(r.duration_ms)},
       ${r.exit_code}, ${error}, ${r.truncated}, ${r.stdout_bytes}, ${r.stderr_bytes})`;
-  if (!audit) {
-    await db.execute(insertExecution);
-    return id;
-  }
+  if (!audit) return { id, writes: [insertExecution] };
   const draft: AuditDraft = {
     action: 'session.exec',
     resourceType: 'session',
@@ -46,9 +54,9 @@ export async function recordExecution(db: Db, rec: ExecutionRecord, audit?: Exec
     after: { execution_id: id, sandbox_id: rec.sandboxId, run_id: rec.runId ?? null, code_sha256: codeHash, exit_code: r.exit_code, error: r.error?.type ?? null },
   };
   const a = auditRow(draft, audit.actor, audit.requestId);
-  await db.execute(sql`with e as (${insertExecution})
-    insert into audit_events (id, team_id, actor_key_id, actor_role, action, resource_type, resource_id, before, after, request_id)
+  if (audit.role) a.actorRole = audit.role;
+  const insertAudit = sql`insert into audit_events (id, team_id, actor_key_id, actor_role, action, resource_type, resource_id, before, after, request_id)
     values (${a.id}, ${a.teamId}, ${a.actorKeyId}, ${a.actorRole}, ${a.action}, ${a.resourceType}, ${a.resourceId}, null,
-      ${JSON.stringify(a.after)}::jsonb, ${a.requestId})`);
-  return id;
+      ${JSON.stringify(a.after)}::jsonb, ${a.requestId})`;
+  return { id, writes: [insertExecution, insertAudit] };
 }

@@ -1,3 +1,4 @@
+import type { SQL } from 'drizzle-orm';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { ExecOutcome, SandboxEngine } from '../sandbox/engine.ts';
 import type { OutputListener } from '../sandbox/runner-client.ts';
@@ -6,6 +7,8 @@ import type { WorkspaceService } from '../workspace/service.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 
 export interface SessionExecResult extends ExecOutcome {
+  /** With `deferRecord`: the statement that records the execution, for the caller to batch. */
+  record?: SQL[];
   /** What the code changed in /workspace, as committed (null when it changed nothing). */
   workspace: (CommitOutcome & { ignored: { path: string; reason: string }[]; skipped: { path: string; reason: string }[] }) | null;
 }
@@ -20,14 +23,14 @@ export async function execInSession(
   ws: WorkspaceRow,
   ctx: { teamId: string; sessionId: string; runId?: string },
   code: string,
-  opts: { timeoutS?: number; onOutput?: OutputListener; signal?: AbortSignal; audit?: ExecAudit; prov: Provenance },
+  opts: { timeoutS?: number; onOutput?: OutputListener; signal?: AbortSignal; audit?: ExecAudit; prov: Provenance; deferRecord?: boolean },
 ): Promise<SessionExecResult> {
   const limits = deps.engine.limitsFor(ws.settings.sandbox);
   const { changes, ...result } = await deps.engine.exec(
     { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.repos.dirOf(ws.id) },
     limits,
     code,
-    { timeoutS: opts.timeoutS, onOutput: opts.onOutput, signal: opts.signal, audit: opts.audit },
+    { timeoutS: opts.timeoutS, onOutput: opts.onOutput, signal: opts.signal, audit: opts.audit, deferRecord: opts.deferRecord },
   );
   if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length)) return { ...result, workspace: null };
   const { outcome, pushBack, ignored } = await deps.workspaces.applySandboxChanges(ws, changes, opts.prov);
