@@ -1,8 +1,6 @@
 import { createHash } from 'node:crypto';
 import { sql, type SQL } from 'drizzle-orm';
 import { auditRow } from '../audit/audit.ts';
-import { combine } from '../db/batch.ts';
-import type { Db } from '../db/client.ts';
 import type { AuditDraft, Principal } from '../http/env.ts';
 import { newId } from '../lib/ids.ts';
 import type { RunnerResult } from './runner-client.ts';
@@ -23,16 +21,6 @@ export interface ExecAudit {
   /** Overrides the actor's role in the audit row (e.g. "agent"). */
   role?: string;
   requestId?: string;
-}
-
-/**
- * Writes the `executions` row — and, when given, its audit event — in one statement, so the
- * hot path costs one round trip and one commit.
- */
-export async function recordExecution(db: Db, rec: ExecutionRecord, audit?: ExecAudit): Promise<string> {
-  const { id, writes } = executionWrite(rec, audit);
-  await db.execute(combine(writes));
-  return id;
 }
 
 /** The statement that records an execution (and its audit event), for a caller that batches writes. */

@@ -20,13 +20,6 @@ export async function getSession(db: Db, teamId: string, id: string): Promise<Se
   return row;
 }
 
-/** A session that can still run code or take messages. */
-export async function getActiveSession(db: Db, teamId: string, id: string): Promise<SessionRow> {
-  const row = await getSession(db, teamId, id);
-  if (row.status !== 'active') throw new ApiError('conflict', 'this session has ended');
-  return row;
-}
-
 /** An active session of this team together with its (live) workspace, in one query. */
 export async function getActiveSessionWithWorkspace(db: Db, teamId: string, id: string): Promise<{ session: SessionRow; workspace: WorkspaceRow }> {
   const [row] = await db
@@ -58,8 +51,4 @@ export async function endSession(db: Db, teamId: string, id: string) {
     .where(and(eq(sessions.id, id), eq(sessions.teamId, teamId)))
     .returning();
   return { before, after: after! };
-}
-
-export async function touchSession(db: Db, id: string) {
-  await db.update(sessions).set({ lastActivityAt: new Date() }).where(eq(sessions.id, id));
 }

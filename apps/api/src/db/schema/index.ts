@@ -3,7 +3,7 @@ export { apiKeys } from './api-keys.ts';
 export { workspaces } from './workspaces.ts';
 export { sessions } from './sessions.ts';
 export { messages } from './messages.ts';
-export { runs, RUN_STATUSES } from './runs.ts';
+export { runs } from './runs.ts';
 export { runEvents } from './run-events.ts';
 export { approvals } from './approvals.ts';
 export { sandboxes } from './sandboxes.ts';
