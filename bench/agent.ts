@@ -9,7 +9,7 @@
  */
 import OpenAI from 'openai';
 import { createTestApp } from '../tests/support/app.ts';
-import { converse } from '../tests/support/agent.ts';
+import { converse, eventsUntil } from '../tests/support/agent.ts';
 import { startFakeOpenAI } from '../tests/support/fake-openai.ts';
 import { sessionIn } from '../tests/support/sandbox.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
@@ -55,7 +55,22 @@ async function main() {
     process.stdout.write(`${row('sandbox exec + workspace sync (engine)', sandbox)}\n`);
     process.stdout.write(`${row('one agent step, end to end', step)}\n`);
     const overhead = { n: step.n, p50: step.p50 - model.p50 - sandbox.p50, p95: step.p95 - model.p50 - sandbox.p50 };
-    process.stdout.write(`${row('Kiln overhead per step (step − model − exec)', overhead)}\n\n`);
+    process.stdout.write(`${row('Kiln overhead per step (step − model − exec)', overhead)}\n`);
+
+    heading('3. cancel: from POST /cancel to run.cancelled, while code spins in the sandbox');
+    const cancelTimes: number[] = [];
+    const cancel = summarize(
+      await timeEach(5, async () => {
+        fake.script({ content: '<python>print("go", flush=True)\nwhile True:\n    pass</python>' });
+        const r = await t.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'spin' } });
+        await eventsUntil(t, r.body.run.id, ['exec.output']);
+        const t0 = performance.now();
+        await t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: team.key });
+        await eventsUntil(t, r.body.run.id, ['run.cancelled']);
+        cancelTimes.push(performance.now() - t0);
+      }).then(() => cancelTimes),
+    );
+    process.stdout.write(`${row('cancel → run.cancelled', cancel)}\n\n`);
   } finally {
     await t.close();
     await fake.close();

@@ -16,6 +16,17 @@ export function countTokens(text: string): number {
   return n;
 }
 
+/**
+ * An upper bound on a text's tokens without tokenizing: a byte-level BPE token is at least one
+ * byte, so a text never has more tokens than UTF-8 bytes.
+ */
+const maxTokens = (text: string) => Buffer.byteLength(text);
+
+/** Tokens of a text, tokenized only when the byte bound says it might exceed `limit`. */
+export function tokensOver(text: string, limit: number): boolean {
+  return maxTokens(text) > limit && countTokens(text) > limit;
+}
+
 /** Tokens of a whole chat request: content, tool calls and a few tokens of framing per message. */
 export function messageTokens(messages: ChatMessage[]): number {
   let n = 3;
@@ -55,7 +66,7 @@ export function truncateOldResults(turns: TranscriptEntry[][], capTokens: number
     return turn.map((e) => {
       const isResult = e.message.role === 'tool' || (e.message.role === 'user' && !e.person);
       const text = typeof e.message.content === 'string' ? e.message.content : '';
-      if (!isResult || countTokens(text) <= capTokens) return e;
+      if (!isResult || !tokensOver(text, capTokens)) return e;
       changed++;
       const keep = Math.max(200, capTokens * 2); // about half the cap in characters at each end
       const omitted = text.length - 2 * keep;
@@ -109,4 +120,14 @@ export function renderTurns(turns: TranscriptEntry[][]): string {
       return `### ${e.person ? 'user' : m.role}\n${typeof m.content === 'string' ? m.content : ''}${calls}`;
     })
     .join('\n\n');
+}
+
+/** Does the request fit in `budget` tokens? Tokenizes only when the byte bound cannot tell. */
+export function fits(messages: ChatMessage[], budget: number): boolean {
+  let bound = 3;
+  for (const m of messages) {
+    bound += 4 + (typeof m.content === 'string' ? maxTokens(m.content) : 0);
+    if (m.role === 'assistant' && m.tool_calls) for (const c of m.tool_calls) if (c.type === 'function') bound += maxTokens(c.function.name) + maxTokens(c.function.arguments);
+  }
+  return bound <= budget || messageTokens(messages) <= budget;
 }

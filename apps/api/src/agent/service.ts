@@ -20,7 +20,7 @@ import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searc
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
-import { messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
+import { fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
 import { parseTools, parseXml, TOOLS, XML_CORRECTION, type Action } from './protocol.ts';
 
 export type RunRow = typeof runs.$inferSelect;
@@ -488,8 +488,8 @@ export class AgentService {
     let turns = splitTurns(ctx.rows.map(toEntry));
     const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
     let head = await system();
-    const before = messageTokens(flat(head, turns));
     const levels: number[] = [];
+    const original = flat(head, turns);
 
     const summariseOldest = async (count: number) => {
       if (count <= 0) return;
@@ -504,20 +504,21 @@ export class AgentService {
     const truncated = truncateOldResults(turns, TOOL_RESULT_CAP);
     if (truncated.changed) levels.push(1);
     turns = truncated.turns;
-    if (messageTokens(flat(head, turns)) > budget && turns.length > FEW_TURNS && !force) {
+    if (!fits(flat(head, turns), budget) && turns.length > FEW_TURNS && !force) {
       await summariseOldest(Math.floor(turns.length / 2));
     }
-    if (messageTokens(flat(head, turns)) > budget) {
+    if (!fits(flat(head, turns), budget)) {
       turns = reduceOldTurns(turns);
       levels.push(3);
     }
-    if (force && messageTokens(flat(head, turns)) > budget) {
-      turns = trimCurrentTurn(turns, (ts) => messageTokens(flat(head, ts)) <= budget);
+    if (force && !fits(flat(head, turns), budget)) {
+      turns = trimCurrentTurn(turns, (ts) => fits(flat(head, ts), budget));
       levels.push(4);
     }
     const out = flat(head, turns);
     if (levels.length) {
-      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: messageTokens(out), budget });
+      const after = messageTokens(out);
+      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: messageTokens(original), after_tokens: after, budget });
       await this.flush(ctx);
     }
     return out;
