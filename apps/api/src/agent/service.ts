@@ -283,9 +283,9 @@ export class AgentService {
     }
     let violations = 0;
     for (;;) {
-      if (signal.aborted) return this.finish(ctx.run, 'cancelled');
+      if (signal.aborted) return this.end(ctx, 'cancelled');
       if (ctx.run.steps >= ws.settings.max_steps) {
-        return this.finish(ctx.run, 'failed', { code: 'max_steps', message: `the run reached its limit of ${ws.settings.max_steps} steps without finishing` });
+        return this.end(ctx, 'failed', { code: 'max_steps', message: `the run reached its limit of ${ws.settings.max_steps} steps without finishing` });
       }
       // The step count is written with the step's usage (one statement), and by `finish`.
       ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
@@ -307,8 +307,8 @@ export class AgentService {
         }
       } catch (err) {
         if (!(err instanceof ModelError)) throw err;
-        if (err.code === 'cancelled') return this.finish(ctx.run, 'cancelled');
-        return this.finish(ctx.run, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
+        if (err.code === 'cancelled') return this.end(ctx, 'cancelled');
+        return this.end(ctx, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
       }
       this.recordUsage(ctx, turn.usage);
       const toolCalls = turn.toolCalls.length ? turn.toolCalls : undefined;
@@ -319,7 +319,7 @@ export class AgentService {
         violations++;
         const why = 'violation' in parsed ? parsed.violation : 'no action tag';
         if (violations > MAX_VIOLATIONS) {
-          return this.finish(ctx.run, 'failed', { code: 'protocol_violation', message: `the model broke the ${ws.settings.protocol} protocol ${violations} times in a row (${why})` });
+          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the ${ws.settings.protocol} protocol ${violations} times in a row (${why})` });
         }
         this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
         const correction = 'violation' in parsed ? `Kiln System: [Protocol Violation] ${parsed.violation}. Call exactly one tool with valid JSON arguments.` : XML_CORRECTION;
@@ -340,8 +340,7 @@ export class AgentService {
       if (toolCallId) this.reply(ctx, toolCallId, 'Kiln System: [Finished]');
       const msg = this.say(ctx, { role: 'assistant', content: action.summary });
       this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: action.summary });
-      await this.flush(ctx);
-      await this.finish(ctx.run, 'completed');
+      await this.end(ctx, 'completed');
       return true;
     }
     if (action.type === 'memory_search') {
@@ -427,13 +426,19 @@ export class AgentService {
       refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
     });
     this.reply(ctx, toolCallId, execFeedback(result, commit));
-    await this.flush(ctx);
+    // Left queued: the loop writes it together with the next step's step.created (or the end).
   }
 
   /** The feedback message: a tool result under tool calling, a user message under XML. */
   private reply(ctx: Ctx, toolCallId: string | undefined, content: string): void {
     if (ctx.ws.settings.protocol === 'tools' && toolCallId) this.say(ctx, { role: 'tool', content, toolCallId });
     else this.say(ctx, { role: 'user', content });
+  }
+
+  /** Writes what the step still has queued, then ends the run. */
+  private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
+    await this.flush(ctx);
+    await this.finish(ctx.run, status, error);
   }
 
   private emit(ctx: Ctx, event: string, data: unknown): void {
