@@ -54,7 +54,4 @@ export async function dropPgDatabase(url: string): Promise<void> {
   }
 }
 
-/** `db.execute` answers an array on postgres.js and `{ rows }` on PGlite. */
-export function rowsOf<T>(result: unknown): T[] {
-  return (Array.isArray(result) ? result : (result as { rows: T[] }).rows) as T[];
-}
+export { rowsOf } from '../../apps/api/src/db/rows.ts';

@@ -1,0 +1,144 @@
+import { eq } from 'drizzle-orm';
+import pino from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDatabase, type Database } from '../../apps/api/src/db/client.ts';
+import { jobs } from '../../apps/api/src/db/schema/index.ts';
+import { JobRunner } from '../../apps/api/src/jobs/runner.ts';
+import { createPgDatabase, createTestDatabase, dropPgDatabase } from '../support/db.ts';
+
+const log = pino({ level: 'silent' });
+
+describe('durable jobs on Postgres, two runners (replicas) on one database', () => {
+  let url: string;
+  let a: Database;
+  let b: Database;
+  let now = Date.now();
+  const clock = () => now;
+  const runner = (db: Database, owner: string) => new JobRunner(db.db, { owner, leaseMs: 60_000, pollMs: 60_000, now: clock }, log);
+
+  beforeAll(async () => {
+    url = await createPgDatabase();
+    // Two separate connection pools: what two API replicas are.
+    a = await openDatabase({ url });
+    b = await openDatabase({ url });
+  });
+  afterAll(async () => {
+    await a.close();
+    await b.close();
+    await dropPgDatabase(url);
+  });
+
+  it('runs every job exactly once when both runners drain at the same time', async () => {
+    const ran: string[] = [];
+    const ra = runner(a, 'replica-a');
+    const rb = runner(b, 'replica-b');
+    for (const r of [ra, rb]) {
+      r.handle('count', async (payload: { n: number }, job) => {
+        // A real await so the two runners interleave.
+        await (r === ra ? a : b).db.select().from(jobs).where(eq(jobs.id, job.id));
+        ran.push(`${payload.n}`);
+      });
+    }
+    for (let n = 0; n < 30; n++) await ra.enqueue('count', { n });
+    const [x, y] = await Promise.all([ra.drain(), rb.drain()]);
+    expect(x + y).toBe(30);
+    expect(ran.sort()).toEqual(Array.from({ length: 30 }, (_, n) => `${n}`).sort());
+    const rows = await a.db.select().from(jobs).where(eq(jobs.kind, 'count'));
+    expect(rows.every((r) => r.status === 'succeeded' && r.attempts === 1)).toBe(true);
+  });
+
+  it('a dedupe key enqueues once, even from two replicas', async () => {
+    const ra = runner(a, 'replica-a');
+    const rb = runner(b, 'replica-b');
+    const ids = await Promise.all([ra.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' }), rb.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' })]);
+    expect(ids.filter(Boolean)).toHaveLength(1);
+  });
+
+  it('a job whose runner died is run again once its lease has run out, and only then', async () => {
+    const dead = runner(a, 'replica-a');
+    dead.handle('report', async () => undefined);
+    const alive = runner(b, 'replica-b');
+    let runs = 0;
+    alive.handle('report', async () => {
+      runs++;
+    });
+    await dead.enqueue('report', { id: 1 });
+    const taken = await dead.claim(); // replica-a takes it… and is killed before finishing.
+    expect(taken).toMatchObject({ status: 'running', lockedBy: 'replica-a' });
+    expect(await alive.drain()).toBe(0);
+    now += 61_000;
+    expect(await alive.drain()).toBe(1);
+    expect(runs).toBe(1);
+    const [row] = await a.db.select().from(jobs).where(eq(jobs.id, taken!.id));
+    expect(row).toMatchObject({ status: 'succeeded', attempts: 2, lockedBy: 'replica-b' });
+  });
+
+  it('a restarted runner releases what it held before at once', async () => {
+    const before = runner(a, 'replica-c');
+    before.handle('restart', async () => undefined);
+    await before.enqueue('restart', {});
+    const held = await before.claim();
+    const after = runner(a, 'replica-c');
+    let ran = 0;
+    after.handle('restart', async () => {
+      ran++;
+    });
+    await after.start();
+    await after.stop();
+    await after.drain();
+    expect(ran).toBe(1);
+    const [row] = await a.db.select().from(jobs).where(eq(jobs.id, held!.id));
+    expect(row!.status).toBe('succeeded');
+  });
+
+  it('leaves jobs of kinds it does not handle to runners that do', async () => {
+    const r = runner(a, 'replica-a');
+    r.handle('known', async () => undefined);
+    const id = (await r.enqueue('unknown-kind', {}))!;
+    expect(await r.drain()).toBe(0);
+    expect((await a.db.select().from(jobs).where(eq(jobs.id, id)))[0]!.status).toBe('queued');
+  });
+
+  it('retries a failing job with backoff, then gives up with the last error', async () => {
+    const r = runner(a, 'replica-a');
+    let calls = 0;
+    r.handle('flaky', async () => {
+      calls++;
+      if (calls < 2) throw new Error('transient');
+    });
+    r.handle('broken', async () => {
+      throw new Error('always broken');
+    });
+    const flaky = (await r.enqueue('flaky', {}))!;
+    await r.drain();
+    const [waiting] = await a.db.select().from(jobs).where(eq(jobs.id, flaky));
+    expect(waiting).toMatchObject({ status: 'queued', attempts: 1, lastError: 'transient' });
+    expect(await r.drain()).toBe(0); // not due yet: backoff
+    now += 2_500;
+    await r.drain();
+    expect((await a.db.select().from(jobs).where(eq(jobs.id, flaky)))[0]).toMatchObject({ status: 'succeeded', attempts: 2 });
+    const broken = (await r.enqueue('broken', {}, { maxAttempts: 2 }))!;
+    await r.drain();
+    now += 10_000;
+    await r.drain();
+    expect((await a.db.select().from(jobs).where(eq(jobs.id, broken)))[0]).toMatchObject({ status: 'failed', attempts: 2, lastError: 'always broken' });
+  });
+});
+
+describe('durable jobs on PGlite', () => {
+  it('enqueues, runs and records a job', async () => {
+    const t = await createTestDatabase('pglite');
+    try {
+      const r = new JobRunner(t.db, { owner: 'solo', leaseMs: 1000, pollMs: 1000 }, log);
+      const seen: unknown[] = [];
+      r.handle('hello', async (p) => {
+        seen.push(p);
+      });
+      await r.enqueue('hello', { who: 'world' });
+      expect(await r.drain()).toBe(1);
+      expect(seen).toEqual([{ who: 'world' }]);
+    } finally {
+      await t.drop();
+    }
+  });
+});
