@@ -33,6 +33,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
+  if (database.listen) await agent.events.connect(database.listen);
   const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
@@ -56,6 +57,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
       await agent.stop();
+      await agent.events.disconnect();
       await engine.stop();
       await database.close();
     })());

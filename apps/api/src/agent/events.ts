@@ -1,7 +1,8 @@
 import { EventEmitter } from 'node:events';
 import { and, asc, eq, gt, max, sql, type SQL } from 'drizzle-orm';
 import { combine } from '../db/batch.ts';
-import type { Db } from '../db/client.ts';
+import type { Database, Db } from '../db/client.ts';
+import { isUniqueViolation } from '../db/errors.ts';
 import { runEvents } from '../db/schema/index.ts';
 
 export interface RunEvent {
@@ -18,13 +19,46 @@ export const TERMINAL_EVENTS = new Set(['run.completed', 'run.failed', 'run.canc
  * handed to live listeners, so a client that resumes from `Last-Event-ID` never misses or
  * repeats one. Appends for one run are serialised in this process.
  */
+const CHANNEL = 'kiln_run_events';
+
 export class RunEventLog {
   private readonly bus = new EventEmitter();
   private readonly next = new Map<string, number>();
   private readonly tails = new Map<string, Promise<unknown>>();
+  /** The last seq handed to live listeners, per run (to fetch only what another replica added). */
+  private readonly delivered = new Map<string, number>();
+  private unlisten: (() => Promise<void>) | undefined;
+  private remote = false;
 
   constructor(private readonly db: Db) {
     this.bus.setMaxListeners(0);
+  }
+
+  /**
+   * With several replicas on one Postgres database: every append also sends a NOTIFY, and
+   * events another replica appended are read back and handed to this process's followers.
+   */
+  async connect(listen: NonNullable<Database['listen']>): Promise<void> {
+    this.unlisten = await listen(CHANNEL, (payload) => {
+      const at = payload.lastIndexOf(':');
+      const runId = payload.slice(0, at);
+      const seq = Number(payload.slice(at + 1));
+      if (this.bus.listenerCount(runId) === 0 || seq <= (this.delivered.get(runId) ?? 0)) return;
+      this.catchUp(runId).catch(() => undefined);
+    });
+    this.remote = true;
+  }
+
+  async disconnect(): Promise<void> {
+    await this.unlisten?.();
+  }
+
+  private async catchUp(runId: string): Promise<void> {
+    for (const ev of await this.list(runId, this.delivered.get(runId) ?? 0)) {
+      if (ev.seq <= (this.delivered.get(runId) ?? 0)) continue;
+      this.delivered.set(runId, ev.seq);
+      this.bus.emit(runId, ev);
+    }
   }
 
   async append(runId: string, event: string, data: unknown = {}): Promise<RunEvent> {
@@ -37,7 +71,21 @@ export class RunEventLog {
    */
   appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = []): Promise<RunEvent[]> {
     const prev = this.tails.get(runId) ?? Promise.resolve();
-    const done = prev.then(async () => {
+    // Another replica may have appended to this run since (an approval decided there): on a
+    // sequence clash, re-read the last sequence number and try once more.
+    const done = prev.then(() =>
+      this.write(runId, items, writes).catch((err) => {
+        if (!isUniqueViolation(err)) throw err;
+        this.next.delete(runId);
+        return this.write(runId, items, writes);
+      }),
+    );
+    this.tails.set(runId, done.catch(() => undefined));
+    return done;
+  }
+
+  private write(runId: string, items: [event: string, data: unknown][], writes: SQL[]): Promise<RunEvent[]> {
+    return (async () => {
       let seq = this.next.get(runId);
       if (seq === undefined) {
         const [row] = await this.db.select({ m: max(runEvents.seq) }).from(runEvents).where(eq(runEvents.runId, runId));
@@ -51,14 +99,20 @@ export class RunEventLog {
             sql`, `,
           )}`
         : undefined;
-      await this.db.execute(combine(writes, insert));
+      const last = evs.at(-1)?.seq ?? seq - 1;
+      const notify = this.remote && insert ? sql`select pg_notify(${CHANNEL}, ${`${runId}:${last}`})` : undefined;
+      await this.db.execute(notify ? combine([...writes, insert!], notify) : combine(writes, insert));
       this.next.set(runId, seq + evs.length);
-      for (const ev of evs) this.bus.emit(runId, ev);
+      // Events another replica added before ours go out first, so followers never see a gap.
+      if (this.remote && evs.length && evs[0]!.seq > (this.delivered.get(runId) ?? 0) + 1) await this.catchUp(runId);
+      for (const ev of evs) {
+        if (ev.seq <= (this.delivered.get(runId) ?? 0)) continue;
+        this.delivered.set(runId, ev.seq);
+        this.bus.emit(runId, ev);
+      }
       if (evs.some((e) => TERMINAL_EVENTS.has(e.event))) this.next.delete(runId);
       return evs;
-    });
-    this.tails.set(runId, done.catch(() => undefined));
-    return done;
+    })();
   }
 
   async list(runId: string, after = 0): Promise<RunEvent[]> {

@@ -17,6 +17,11 @@ export type Db = PgDatabase<PgQueryResultHKT, typeof schema>;
 export interface Database {
   db: Db;
   driver: 'postgres' | 'pglite';
+  /**
+   * Postgres LISTEN, for news from other processes (replicas) on the same database. Absent on
+   * PGlite, which only one process can open.
+   */
+  listen?: (channel: string, onMessage: (payload: string) => void) => Promise<() => Promise<void>>;
   close(): Promise<void>;
 }
 
@@ -43,7 +48,15 @@ async function openPostgres(url: string): Promise<Database> {
     await migrator.end();
   }
   const client = postgres(url, { max: 10, onnotice: () => {} });
-  return { db: drizzlePostgres(client, { schema }) as unknown as Db, driver: 'postgres', close: () => client.end() };
+  return {
+    db: drizzlePostgres(client, { schema }) as unknown as Db,
+    driver: 'postgres',
+    listen: async (channel, onMessage) => {
+      const sub = await client.listen(channel, onMessage);
+      return () => sub.unlisten();
+    },
+    close: () => client.end(),
+  };
 }
 
 async function openPglite(dataDir?: string): Promise<Database> {
