@@ -93,6 +93,7 @@ export async function createTestApp(
   });
   const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger);
   await agent.startup();
+  if (database.listen) await agent.events.connect(database.listen);
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
@@ -136,6 +137,7 @@ export async function createTestApp(
     agent,
     async close() {
       await agent.stop();
+      await agent.events.disconnect();
       await engine.stop();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });
