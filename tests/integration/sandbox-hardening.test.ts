@@ -209,3 +209,42 @@ describe('hostile code is contained, reported clearly, and the sandbox stays usa
     expect((await run('open("/workspace/ok.txt", "w").write("ok")')).stdout).toBe('2\n');
   });
 });
+
+describe('the host does not trust what comes out of the sandbox', () => {
+  it('a forged oversized frame written to the runner\u2019s stdout ends that sandbox, not the server; the next exec gets a new one', async () => {
+    const t = await createTestApp();
+    try {
+      const team = await t.team('forger');
+      const { session } = await sessionIn(t, team);
+      const first = await exec(t, team.key, session, 'x = 1');
+      const forged = await exec(t, team.key, session, [
+        'import os, struct',
+        'fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)',
+        'os.write(fd, struct.pack(">I", 2**30) + b"x" * 1000)',
+      ].join('\n'));
+      expect(forged.error!.type).toBe('SandboxLost');
+      expect(forged.error!.message).toMatch(/frame of 1073741824 bytes/);
+      const next = await exec(t, team.key, session, '"x" in dir()');
+      expect(next.sandbox_id).not.toBe(first.sandbox_id);
+      expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('files over the size cap written in /workspace are not committed, and stay in the sandbox', async () => {
+    const t = await createTestApp({ maxFileBytes: 64 * 1024 });
+    try {
+      const team = await t.team('big-writer');
+      const { session } = await sessionIn(t, team);
+      const r = (await exec(t, team.key, session, 'open("/workspace/big.bin", "wb").write(b"0" * 100_000)\nopen("/workspace/small.txt", "w").write("ok")')) as unknown as {
+        workspace: { commit: { paths: string[] }; refused: { path: string; reason: string }[] };
+      };
+      expect(r.workspace.commit.paths).toEqual(['small.txt']);
+      expect(r.workspace.refused).toEqual([{ path: 'big.bin', reason: expect.stringMatching(/100000 bytes is over the 65536-byte file limit/) }]);
+      expect((await exec(t, team.key, session, 'import os\nos.path.getsize("/workspace/big.bin")')).stdout).toBe('100000\n');
+    } finally {
+      await t.close();
+    }
+  });
+});

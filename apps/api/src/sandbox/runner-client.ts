@@ -52,6 +52,11 @@ export class RunnerGoneError extends Error {}
 const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
 /** Beyond the runner's own timeout and its 1 s interrupt grace, how long the host waits. */
 const HOST_GRACE_MS = 5_000;
+/**
+ * The largest frame the host accepts. Code in the sandbox runs as the runner's user and can
+ * write to the runner's stdout, so frames are untrusted: an oversized one ends the sandbox.
+ */
+export const MAX_FRAME_BYTES = 64 * 1024 * 1024;
 
 /**
  * One long-lived `docker exec` of the runner, speaking length-prefixed JSON frames over the
@@ -171,8 +176,18 @@ export class RunnerClient {
     this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
     while (this.buf.length >= 4) {
       const n = this.buf.readUInt32BE(0);
+      if (n > MAX_FRAME_BYTES) {
+        this.markGone(`the runner sent a frame of ${n} bytes (limit ${MAX_FRAME_BYTES})`);
+        return;
+      }
       if (this.buf.length < 4 + n) break;
-      const msg = JSON.parse(this.buf.subarray(4, 4 + n).toString()) as Record<string, unknown>;
+      let msg: Record<string, unknown>;
+      try {
+        msg = JSON.parse(this.buf.subarray(4, 4 + n).toString()) as Record<string, unknown>;
+      } catch {
+        this.markGone('the runner sent a frame that is not JSON');
+        return;
+      }
       this.buf = this.buf.subarray(4 + n);
       this.dispatch(msg);
     }

@@ -89,9 +89,12 @@ export class WorkspaceService {
   ): Promise<{ outcome: CommitOutcome; pushBack: { path: string; data: Buffer | null }[]; ignored: { path: string; reason: string }[] }> {
     const ignored: { path: string; reason: string }[] = [];
     const outcome = await this.change(ws, prov, async () => {
+      // What the sandbox reports is untrusted: the same checks as the files API, and its size cap.
       for (const f of changes.changed) {
         try {
-          await this.repos.writeFile(ws.id, checkRelativePath(f.path), Buffer.from(f.data, 'base64'));
+          const data = Buffer.from(f.data, 'base64');
+          if (data.length > this.opts.maxFileBytes) throw new Error(`${data.length} bytes is over the ${this.opts.maxFileBytes}-byte file limit`);
+          await this.repos.writeFile(ws.id, checkRelativePath(f.path), data);
         } catch (err) {
           ignored.push({ path: f.path, reason: (err as Error).message });
         }
@@ -104,7 +107,9 @@ export class WorkspaceService {
         }
       }
     }, { originSession: prov.sessionId });
-    const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path), ...ignored.map((i) => i.path)];
+    // Refused and redacted files are put back as the repository has them; files that were not
+    // taken at all (too large) stay in the sandbox as they are, uncommitted.
+    const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path)];
     return { outcome, pushBack: await this.contents(ws.id, [...new Set(fix)].filter((p) => !p.includes('..'))), ignored };
   }
 
