@@ -88,6 +88,9 @@ export class SandboxEngine {
   private acquiring = new Map<string, Promise<Live>>();
   private pool: Container[] = [];
   private fills = new Set<Promise<void>>();
+  /** Sandbox ids whose container is being created, or claimed for a session, right now: never reaped. */
+  private readonly creating = new Set<string>();
+  private readonly claiming = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
   readonly stats: StatsSampler;
@@ -229,6 +232,8 @@ export class SandboxEngine {
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
     const warm = sameShape(limits, this.poolLimits) ? this.pool.shift() : undefined;
     const id = warm?.id ?? newId('sbx');
+    // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
+    this.claiming.add(id);
     // The database bookkeeping and the container start run side by side: a cold start costs
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Container> = warm
@@ -272,6 +277,7 @@ export class SandboxEngine {
       if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
       throw err;
     } finally {
+      this.claiming.delete(id);
       this.fillPool();
     }
   }
@@ -318,6 +324,15 @@ export class SandboxEngine {
 
   /** Creates, starts and connects to a hardened container. */
   private async create(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
+    this.creating.add(id);
+    try {
+      return await this.createNow(id, limits, labels);
+    } finally {
+      this.creating.delete(id);
+    }
+  }
+
+  private async createNow(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
     const container = await this.docker.createContainer(
       containerSpec({
         image: this.opts.image,
@@ -452,6 +467,8 @@ export class SandboxEngine {
     const keep = new Set([...this.pool.map((c) => c.container.id), ...[...this.live.values()].map((l) => l.container.id)]);
     const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
     for (const info of containers) {
+      const sbx = info.Labels['kiln.sandbox'] ?? '';
+      if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
       const mine = info.Labels['kiln.owner'] === this.opts.owner;
       const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
       if (keep.has(info.Id) && !expired && !opts.startup) continue;
