@@ -2,6 +2,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { memoryEntries } from '../memory/budget.ts';
 import type { SandboxLimits } from '../sandbox/limits.ts';
+import { readHead } from '../workspace/git.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 
 /** Where things are inside the sandbox; the template's placeholders name them. */
@@ -50,17 +51,9 @@ const PROMPT_FILES = ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 
 type Files = { texts: string[]; skills: SkillInfo[] };
 const fileCache = new Map<string, { head: string; files: Files }>();
 
-/** HEAD's sha from .git directly: every change to a workspace is a commit, so it names the file contents. */
-async function headOf(dir: string): Promise<string | null> {
-  const head = (await read(dir, '.git/HEAD')).trim();
-  const ref = /^ref: (refs\/heads\/[\w./-]+)$/.exec(head)?.[1];
-  const sha = ref ? (await read(dir, `.git/${ref}`)).trim() : head;
-  return /^[0-9a-f]{40}$/.test(sha) ? sha : null;
-}
-
 /** The prompt files and skills of a workspace, read again only when its HEAD moved. */
 async function workspaceFiles(dir: string): Promise<Files> {
-  const head = await headOf(dir);
+  const head = await readHead(dir);
   const hit = fileCache.get(dir);
   if (head && hit?.head === head) return hit.files;
   const files = { texts: await Promise.all(PROMPT_FILES.map((p) => read(dir, p))), skills: await listSkills(dir) };

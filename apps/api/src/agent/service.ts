@@ -6,7 +6,7 @@ import { and, asc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
-import { approvals, messages, runs, sessions, workspaces } from '../db/schema/index.ts';
+import { approvals, messages, runs, sessions } from '../db/schema/index.ts';
 import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
@@ -14,7 +14,7 @@ import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
@@ -85,6 +85,30 @@ interface Ctx {
 type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
 
 const hash = (s: string) => createHash('sha256').update(s).digest('hex');
+
+type NewMessage = { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string };
+
+function messageRow(session: SessionRow, runId: string, m: NewMessage): MessageRow {
+  return {
+    id: newId('msg'),
+    teamId: session.teamId,
+    sessionId: session.id,
+    runId,
+    role: m.role,
+    content: m.content,
+    toolCalls: m.toolCalls ?? null,
+    toolCallId: m.toolCallId ?? null,
+    contentHash: hash(`${m.role}\n${m.content}`),
+    createdAt: new Date(),
+    summarizedAt: null,
+  };
+}
+
+function insertMessage(row: MessageRow): SQL {
+  return sql`insert into messages (id, team_id, session_id, run_id, role, content, tool_calls, tool_call_id, content_hash, created_at)
+    values (${row.id}, ${row.teamId}, ${row.sessionId}, ${row.runId}, ${row.role}, ${row.content}, ${row.toolCalls === null ? null : JSON.stringify(row.toolCalls)}::jsonb,
+      ${row.toolCallId}, ${row.contentHash}, ${row.createdAt.toISOString()}::timestamptz)`;
+}
 
 /**
  * The agent loop as a service: a message starts a run; the run thinks (model), acts (Python in
@@ -269,7 +293,7 @@ export class AgentService {
   private async loop(runId: string, signal: AbortSignal, resume?: Resume): Promise<void> {
     let [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
     const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
-    const ws = await this.workspaceOf(run);
+    const ws = await getWorkspace(this.db, run.teamId, run.workspaceId);
     const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
     const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] } };
     if (run.status !== 'in_progress') {
@@ -576,42 +600,17 @@ export class AgentService {
     return true;
   }
 
-  private async addMessage(session: SessionRow, runId: string, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): Promise<MessageRow> {
-    const [row] = await this.db
-      .insert(messages)
-      .values({
-        id: newId('msg'),
-        teamId: session.teamId,
-        sessionId: session.id,
-        runId,
-        role: m.role,
-        content: m.content,
-        toolCalls: m.toolCalls ?? null,
-        toolCallId: m.toolCallId ?? null,
-        contentHash: hash(`${m.role}\n${m.content}`),
-      })
-      .returning();
-    return row!;
+  /** Writes one message now (outside a step: the person's message). */
+  private async addMessage(session: SessionRow, runId: string, m: NewMessage): Promise<MessageRow> {
+    const row = messageRow(session, runId, m);
+    await this.db.execute(insertMessage(row));
+    return row;
   }
 
   /** Adds a message to the run's transcript now and queues its row for the step's next flush. */
-  private say(ctx: Ctx, m: { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string }): MessageRow {
-    const row: MessageRow = {
-      id: newId('msg'),
-      teamId: ctx.session.teamId,
-      sessionId: ctx.session.id,
-      runId: ctx.run.id,
-      role: m.role,
-      content: m.content,
-      toolCalls: m.toolCalls ?? null,
-      toolCallId: m.toolCallId ?? null,
-      contentHash: hash(`${m.role}\n${m.content}`),
-      createdAt: new Date(),
-      summarizedAt: null,
-    };
-    ctx.queue.writes.push(sql`insert into messages (id, team_id, session_id, run_id, role, content, tool_calls, tool_call_id, content_hash, created_at)
-      values (${row.id}, ${row.teamId}, ${row.sessionId}, ${row.runId}, ${row.role}, ${row.content}, ${row.toolCalls === null ? null : JSON.stringify(row.toolCalls)}::jsonb,
-        ${row.toolCallId}, ${row.contentHash}, ${row.createdAt.toISOString()}::timestamptz)`);
+  private say(ctx: Ctx, m: NewMessage): MessageRow {
+    const row = messageRow(ctx.session, ctx.run.id, m);
+    ctx.queue.writes.push(insertMessage(row));
     ctx.rows.push(row);
     return row;
   }
@@ -624,11 +623,6 @@ export class AgentService {
       sql`update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
         steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`,
     );
-  }
-
-  private async workspaceOf(run: RunRow): Promise<WorkspaceRow> {
-    const [ws] = await this.db.select().from(workspaces).where(eq(workspaces.id, run.workspaceId));
-    return ws as WorkspaceRow;
   }
 
   /** Approvals past their deadline that no timer caught (e.g. across a restart). */

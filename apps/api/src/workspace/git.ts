@@ -1,4 +1,6 @@
 import { execFile } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 
 export type Git = (args: string[]) => Promise<string>;
 
@@ -29,4 +31,16 @@ export function gitIn(dir: string, home: string): Git {
         else resolve(stdout);
       });
     });
+}
+
+/**
+ * HEAD's sha read from `.git` directly (no git process): null when HEAD is not a loose ref.
+ * Every change to a workspace is a commit, so this names the working tree's content.
+ */
+export async function readHead(dir: string): Promise<string | null> {
+  const read = (p: string) => readFile(join(dir, '.git', p), 'utf8').then((t) => t.trim(), () => '');
+  const head = await read('HEAD');
+  const ref = /^ref: (refs\/heads\/[\w./-]+)$/.exec(head)?.[1];
+  const sha = ref ? await read(ref) : head;
+  return /^[0-9a-f]{40}$/.test(sha) ? sha : null;
 }

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { ApiError } from '../http/errors.ts';
-import { gitIn, type Git } from './git.ts';
+import { gitIn, readHead, type Git } from './git.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { isBuiltinSkillPath, resolveInside } from './paths.ts';
 import { kindsOf, type CommitAuthor, type CommitKind } from './kinds.ts';
@@ -159,7 +159,7 @@ export class WorkspaceRepos {
     ].filter(Boolean);
     const paragraphs = [summary, body, trailers.join('\n')].filter(Boolean).flatMap((p) => ['-m', p]);
     await git(['commit', '-q', '--no-verify', `--author=${IDENTITY[prov.author]}`, ...paragraphs]);
-    const sha = await this.headFromFiles(workspaceId) ?? (await git(['rev-parse', 'HEAD'])).trim();
+    const sha = await readHead(this.dirOf(workspaceId)) ?? (await git(['rev-parse', 'HEAD'])).trim();
     return {
       commit: {
         sha,
@@ -296,15 +296,6 @@ export class WorkspaceRepos {
       await git(['rm', '-q', '--cached', '-r', '--ignore-unmatch', '--', path]);
       await rm(join(dir, path), { recursive: true, force: true });
     }
-  }
-
-  /** HEAD's sha read from .git directly (saves a git process per commit); null when it is not a loose ref. */
-  private async headFromFiles(workspaceId: string): Promise<string | null> {
-    const gitDir = join(this.dirOf(workspaceId), '.git');
-    const head = (await readFile(join(gitDir, 'HEAD'), 'utf8').catch(() => '')).trim();
-    const ref = /^ref: (refs\/heads\/[\w./-]+)$/.exec(head)?.[1];
-    const sha = ref ? (await readFile(join(gitDir, ref), 'utf8').catch(() => '')).trim() : head;
-    return /^[0-9a-f]{40}$/.test(sha) ? sha : null;
   }
 
   async head(workspaceId: string): Promise<string | null> {
