@@ -18,7 +18,7 @@ export function cursorOn(id: AnyColumn, p: ListParams): { where: SQL | undefined
 }
 
 /** Turns `limit + 1` fetched rows into the API.md list envelope. */
-export function toPage<R extends { id: string }, O>(rows: R[], p: ListParams, map: (r: R) => O) {
+export function toPage<R extends { id: string }, O>(rows: R[], p: { limit: number }, map: (r: R) => O) {
   const has_more = rows.length > p.limit;
   const kept = has_more ? rows.slice(0, p.limit) : rows;
   return { data: kept.map(map), has_more, last_id: kept.at(-1)?.id ?? null };

@@ -9,6 +9,7 @@ import type { Db } from '../../db/client.ts';
 import { usage } from '../../db/schema/index.ts';
 import type { AppEnv } from '../../http/env.ts';
 import { ApiError } from '../../http/errors.ts';
+import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import { getSession } from '../../sessions/sessions.ts';
 import * as r from './runs.routes.ts';
@@ -90,10 +91,7 @@ export function runsRouter(db: Db, agent: AgentService) {
       const { s } = c.req.valid('param');
       await getSession(db, team, s);
       const q = c.req.valid('query');
-      const rows = await agent.listMessages(team, s, q);
-      const has_more = rows.length > q.limit;
-      const data = rows.slice(0, q.limit).map(messageView);
-      return c.json({ data, has_more, last_id: data.at(-1)?.id ?? null }, 200);
+      return c.json(toPage(await agent.listMessages(team, s, q), q, messageView), 200);
     })
     .openapi(r.getRun, async (c) => c.json(runView(await agent.getRun(teamOf(c), c.req.valid('param').r)), 200))
     .openapi(r.cancelRun, async (c) => {
