@@ -18,6 +18,8 @@ import { healthRouter } from './routes/health/health.index.ts';
 import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
 import { sessionsRouter } from './routes/sessions/sessions.index.ts';
 import type { SandboxEngine } from './sandbox/engine.ts';
+import type { EvolutionService } from './evolution/service.ts';
+import { evolutionsRouter } from './routes/evolutions/evolutions.index.ts';
 import type { AgentService } from './agent/service.ts';
 import { runsRouter } from './routes/runs/runs.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
@@ -33,6 +35,7 @@ export interface AppDeps {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  evolution: EvolutionService;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -47,7 +50,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, agent, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, evolution, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -70,6 +73,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, logge
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
   app.route('/', runsRouter(db, agent));
+  app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });

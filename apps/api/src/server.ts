@@ -12,6 +12,8 @@ import { ModelClient } from './agent/llm.ts';
 import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { EvolutionService } from './evolution/service.ts';
+import { JobRunner } from './jobs/runner.ts';
 
 export interface RunningServer {
   url: string;
@@ -34,7 +36,9 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
   if (database.listen) await agent.events.connect(database.listen);
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, logger });
+  const evolution = evolutionService(config, database.db, agent, workspaces, logger);
+  await evolution.start();
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, evolution, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -56,6 +60,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         });
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
+      await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();
       await engine.stop();
@@ -85,6 +90,16 @@ export function workspaceService(config: Config, db: Database['db'], logger: Log
     maxFileBytes: config.workspaces.maxFileBytes,
     embedder: embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined,
   }, logger);
+}
+
+/** Reviews and dreams as durable jobs, taken by this instance's job runner. */
+export function evolutionService(config: Config, db: Database['db'], agent: AgentService, workspaces: WorkspaceService, logger: Logger): EvolutionService {
+  const jobs = new JobRunner(db, { owner: config.instanceId, leaseMs: config.jobs.leaseMs, pollMs: config.jobs.pollMs }, logger);
+  return new EvolutionService(
+    { db, model: agent.model, workspaces, events: agent.events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
+    jobs,
+    { tickMs: config.evolutionTickMs },
+  );
 }
 
 export function agentService(config: Config, db: Database['db'], engine: SandboxEngine, workspaces: WorkspaceService, logger: Logger): AgentService {
