@@ -53,7 +53,7 @@ const fileCache = new Map<string, { head: string; files: Files }>();
 
 /** The prompt files and skills of a workspace, read again only when its HEAD moved. */
 async function workspaceFiles(dir: string): Promise<Files> {
-  const head = await readHead(dir);
+  const head = readHead(dir);
   const hit = fileCache.get(dir);
   if (head && hit?.head === head) return hit.files;
   const files = { texts: await Promise.all(PROMPT_FILES.map((p) => read(dir, p))), skills: await listSkills(dir) };
