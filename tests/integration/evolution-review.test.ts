@@ -1,6 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { sql } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EvolutionService } from '../../apps/api/src/evolution/service.ts';
@@ -274,5 +275,38 @@ describe('post-session review (a durable job, with a scripted model)', () => {
     expect(fake.chats().length - chatsBefore).toBe(1);
     expect(await evolution(ws, id)).toMatchObject({ status: 'committed', changed_paths: ['knowledge/stats.md'] });
     expect(git(ws, 'log', '--format=%s', '-3').split('\n').filter((s) => s.startsWith('Review:'))).toHaveLength(1);
+  });
+
+  it('a review that committed but died before telling the session is finished on its next attempt: told once, no second commit', async () => {
+    const { ws, session } = await workedSession();
+    const id = await requestReview(ws, session);
+    fake.script({ content: `<write_file path="knowledge/mean.md"># Mean\n\nThe mean of 1..3 is 2.</write_file><finish>Added a page</finish>` });
+    await t.evolution.jobs.drain();
+    const evo = await evolution(ws, id);
+    const told = (await messagesOf(session)).filter((m) => m.content.includes(id));
+    expect(told).toHaveLength(1);
+    const head = git(ws, 'rev-parse', 'HEAD').trim();
+    const db = t.database.db;
+    const crashAt = async () =>
+      db.execute(sql`update jobs set status = 'running', locked_until = now() - interval '1 minute' where payload->>'evolution_id' = ${id}`).then(() =>
+        db.execute(sql`update evolutions set status = 'running', commit_sha = null, changed_paths = '[]' where id = ${id}`),
+      );
+
+    // Died after the commit, before the session was told.
+    await db.execute(sql`delete from runs where id = ${told[0].run_id}`);
+    await db.execute(sql`delete from messages where id = ${told[0].id}`);
+    await crashAt();
+    const asked = fake.chats().length;
+    expect(await t.evolution.jobs.drain()).toBe(1);
+    expect(fake.chats().length).toBe(asked);
+    expect(git(ws, 'rev-parse', 'HEAD').trim()).toBe(head);
+    expect(await evolution(ws, id)).toMatchObject({ status: 'committed', commit_sha: evo.commit_sha, changed_paths: ['knowledge/mean.md'] });
+    expect((await messagesOf(session)).filter((m) => m.content.includes(id))).toHaveLength(1);
+
+    // Died after telling the session, before the record was finished: not told twice.
+    await crashAt();
+    await t.evolution.jobs.drain();
+    expect(await evolution(ws, id)).toMatchObject({ status: 'committed', commit_sha: evo.commit_sha });
+    expect((await messagesOf(session)).filter((m) => m.content.includes(id))).toHaveLength(1);
   });
 });

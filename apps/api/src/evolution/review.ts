@@ -4,7 +4,7 @@ import { ModelError, type ChatMessage, type ModelClient } from '../agent/llm.ts'
 import { insertMessage, messageRow } from '../agent/message-rows.ts';
 import { listSkills } from '../agent/prompt.ts';
 import type { Db } from '../db/client.ts';
-import { messages, runs, sessions } from '../db/schema/index.ts';
+import { messages, runs, sessions, workspaces } from '../db/schema/index.ts';
 import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
@@ -149,12 +149,31 @@ export async function recordUsage(db: Db, ws: WorkspaceRow, model: string, u: { 
     values (${newId('use')}, ${ws.teamId}, ${ws.id}, null, ${model}, ${u.promptTokens}, ${u.completionTokens})`);
 }
 
+/** The run that tells a session about a review is named after the evolution, so it is written once. */
+const announcementRun = (evo: { id: string }) => `run_${evo.id.slice(evo.id.indexOf('_') + 1)}`;
+
+/**
+ * A review that committed but crashed before the session was told (or the record finished):
+ * tell the session now, unless it already was, and finish the record.
+ */
+export async function finishCommittedReview(deps: EvolutionDeps, evo: EvolutionRow, commit: { sha: string; paths: string[]; summary: string }): Promise<void> {
+  const runId = announcementRun(evo);
+  const [[told], [session], [ws]] = await Promise.all([
+    deps.db.select({ id: runs.id }).from(runs).where(eq(runs.id, runId)),
+    deps.db.select().from(sessions).where(eq(sessions.id, evo.sessionId!)),
+    deps.db.select().from(workspaces).where(eq(workspaces.id, evo.workspaceId!)),
+  ]);
+  const summary = commit.summary.replace(/^Review: /, '');
+  if (!told && session && ws) await tellSession(deps, ws as WorkspaceRow, session, deps.model.modelFor((ws as WorkspaceRow).settings.model) ?? 'unknown', evo, commit.sha, commit.paths, summary);
+  await done(deps, evo, { status: 'committed', sha: commit.sha, paths: commit.paths, summary, runId }, session);
+}
+
 /**
  * Tells the session what changed: a finished run of its own (trigger `review`) holding the
  * message and the `evolution.committed` event, written in one statement.
  */
 async function tellSession(deps: EvolutionDeps, ws: WorkspaceRow, session: SessionRow, model: string, evo: EvolutionRow, sha: string, paths: string[], summary: string): Promise<string> {
-  const runId = newId('run');
+  const runId = announcementRun(evo);
   const content =
     `I reviewed this conversation and improved the workspace: ${summary}\n` +
     `Changed: ${paths.join(', ')} (commit ${sha.slice(0, 12)}, evolution ${evo.id}). ` +

@@ -10,7 +10,7 @@ import type { Provenance } from '../workspace/repo.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { InvalidDream, runDream } from './dream.ts';
 import { endEvolution, startEvolution, type EvolutionKind, type EvolutionRow } from './evolutions.ts';
-import { runReview, type EvolutionDeps } from './review.ts';
+import { finishCommittedReview, runReview, type EvolutionDeps } from './review.ts';
 import { undoEvolution } from './undo.ts';
 
 export const REVIEW_JOB = 'evolution.review';
@@ -161,8 +161,9 @@ export class EvolutionService {
     const { db, log } = this.deps;
     const evo = await startEvolution(db, p.evolution_id);
     if (!evo) return;
-    // Committed before a crash, but not recorded: finish the record instead of evolving twice.
+    // Committed before a crash, but not recorded: finish the record (and tell the session) instead of evolving twice.
     const [made] = await db.select().from(commits).where(eq(commits.evolutionId, evo.id));
+    if (made && kind === 'review') return finishCommittedReview(this.deps, evo, made);
     if (made) return endEvolution(db, evo.id, { status: 'committed', commitSha: made.sha, changedPaths: made.paths, summary: made.summary });
     const [ws] = (await db.select().from(workspaces).where(and(eq(workspaces.id, evo.workspaceId!), isNull(workspaces.deletedAt)))) as WorkspaceRow[];
     if (!ws) return endEvolution(db, evo.id, { status: 'skipped', summary: 'the workspace was deleted' });
