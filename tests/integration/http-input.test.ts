@@ -44,6 +44,14 @@ describe('bad input', () => {
     ['team', 'PATCH', '/v1/workspaces/{ws}', { raw: 'not json', headers: { 'content-type': 'application/json' } }],
     ['team', 'DELETE', '/v1/workspaces/bad id', {}],
     ['team', 'GET', '/v1/audit?limit=1000', {}],
+    ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 0 } }],
+    ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 31 } }],
+    ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 'two' } }],
+    ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 1, now: true } }],
+    ['team', 'POST', '/v1/workspaces/{ws}/review', { body: { session_id: 'not an id' } }],
+    ['team', 'POST', '/v1/workspaces/{ws}/review', { raw: '{"session_id"', headers: { 'content-type': 'application/json' } }],
+    ['team', 'GET', '/v1/workspaces/{ws}/evolutions?kind=self_update', {}],
+    ['team', 'POST', '/v1/workspaces/{ws}/evolutions/evo!/undo', {}],
     ['team', 'POST', '/v1/workspaces', { body: { name: 'n' }, headers: { 'idempotency-key': 'x'.repeat(300) } }],
   ];
 

@@ -1,6 +1,6 @@
 import { count } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { apiKeys } from '../../apps/api/src/db/schema/index.ts';
+import { apiKeys, evolutions } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 
 /**
@@ -90,6 +90,8 @@ describe('auth and tenancy', () => {
 
   it('answers 404, never 403, for every resource route on another team\u2019s resource, and changes nothing', async () => {
     const keysBefore = await t.database.db.select({ n: count() }).from(apiKeys);
+    const evo = (await t.call('POST', `/v1/workspaces/${wsA}/dream`, { key: a.key, body: {} })).body.id as string;
+    const evolutionsBefore = await t.database.db.select({ n: count() }).from(evolutions);
     const routes: [string, string, unknown?][] = [
       ['GET', `/v1/teams/${a.id}`],
       ['GET', `/v1/teams/${a.id}/keys`],
@@ -97,6 +99,11 @@ describe('auth and tenancy', () => {
       ['DELETE', `/v1/teams/${a.id}/keys/${keyA}`],
       ['GET', `/v1/workspaces/${wsA}`],
       ['PATCH', `/v1/workspaces/${wsA}`, { name: 'hijacked' }],
+      ['POST', `/v1/workspaces/${wsA}/review`, {}],
+      ['POST', `/v1/workspaces/${wsA}/dream`, {}],
+      ['GET', `/v1/workspaces/${wsA}/evolutions`],
+      ['GET', `/v1/workspaces/${wsA}/evolutions/${evo}`],
+      ['POST', `/v1/workspaces/${wsA}/evolutions/${evo}/undo`],
       ['DELETE', `/v1/workspaces/${wsA}`],
     ];
     for (const [method, path, body] of routes) {
@@ -107,6 +114,7 @@ describe('auth and tenancy', () => {
     const ws = await t.call('GET', `/v1/workspaces/${wsA}`, { key: a.key });
     expect(ws.body.name).toBe('alpha-ws');
     expect(await t.database.db.select({ n: count() }).from(apiKeys)).toEqual(keysBefore);
+    expect(await t.database.db.select({ n: count() }).from(evolutions)).toEqual(evolutionsBefore);
     const listed = await t.call('GET', '/v1/workspaces', { key: b.key });
     expect(listed.body.data.map((w: { id: string }) => w.id)).not.toContain(wsA);
     const audit = await t.call('GET', '/v1/audit', { key: b.key, headers: {} });
