@@ -23,6 +23,8 @@ import { runsRouter } from './routes/runs/runs.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
+import { systemRouter } from './routes/system/system.index.ts';
+import type { SelfUpdates } from './evolution/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 
 export interface AppDeps {
@@ -33,6 +35,8 @@ export interface AppDeps {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
+  updates?: SelfUpdates;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -47,7 +51,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, agent, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, updates, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -71,6 +75,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, logge
   app.route('/', sandboxesRouter(engine));
   app.route('/', runsRouter(db, agent));
   app.route('/', auditRouter(db));
+  if (updates) app.route('/', systemRouter(updates));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });
   app.doc31('/openapi.json', {

@@ -45,6 +45,10 @@ const schema = z.object({
   KILN_MODEL: z.string().min(1).max(200).optional(),
   KILN_MODEL_MAX_RETRIES: int(0, 10).default(3),
   KILN_MODEL_TIMEOUT_S: int(1, 3600).default(120),
+  KILN_SOURCE_DIR: z.string().min(1).optional(),
+  KILN_SELF_CHECK_TIMEOUT_S: int(10, 7200).default(600),
+  KILN_RESTART_STOP_TIMEOUT_S: int(1, 3600).default(60),
+  KILN_RESTART_READY_TIMEOUT_S: int(1, 3600).default(60),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -75,6 +79,8 @@ export type Config = {
     maxOutputBytes: number;
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
   };
+  /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
+  selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
 
 export class ConfigError extends Error {
@@ -137,6 +143,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         timeoutS: e.KILN_SANDBOX_MAX_TIMEOUT_S,
         diskMb: e.KILN_SANDBOX_MAX_DISK_MB,
       },
+    },
+    selfUpdate: {
+      sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
+      checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,
+      stopTimeoutMs: e.KILN_RESTART_STOP_TIMEOUT_S * 1000,
+      readyTimeoutMs: e.KILN_RESTART_READY_TIMEOUT_S * 1000,
     },
   };
 }

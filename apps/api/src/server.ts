@@ -12,6 +12,7 @@ import { ModelClient } from './agent/llm.ts';
 import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { SelfUpdates } from './evolution/self-update.ts';
 
 export interface RunningServer {
   url: string;
@@ -34,7 +35,9 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
   if (database.listen) await agent.events.connect(database.listen);
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, logger });
+  const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
+  await updates.startup();
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, updates, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -56,6 +59,8 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         });
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
+      updates.stop();
+      await agent.drain(config.shutdownGraceMs);
       await agent.stop();
       await agent.events.disconnect();
       await engine.stop();

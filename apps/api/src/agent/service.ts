@@ -137,6 +137,11 @@ export class AgentService {
     for (const a of pending) this.scheduleExpiry(a);
   }
 
+  /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */
+  async drain(ms: number): Promise<void> {
+    for (const end = Date.now() + ms; this.active.size > 0 && Date.now() < end; ) await new Promise((r) => setTimeout(r, 100));
+  }
+
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
     for (const t of this.expiries.values()) clearTimeout(t);
