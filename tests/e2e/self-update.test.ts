@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { alive } from '../../infra/relay/relay.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { startKiln, type KilnProcess } from '../support/server.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -48,6 +49,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
   let url: string;
   const adminKey = generateKey('admin');
   let teamKey: string;
+  let fake: FakeOpenAI;
 
   const mkTemp = (prefix: string) => {
     const d = mkdtempSync(join(tmpdir(), prefix));
@@ -103,6 +105,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     if (git(checkout, 'status', '--porcelain')) git(checkout, 'commit', '-q', '-m', 'test snapshot of the working tree');
     symlinkSync(join(ROOT, 'node_modules'), join(checkout, 'node_modules'));
 
+    fake = await startFakeOpenAI();
     dataDir = mkTemp('kiln-selfupdate-data-');
     const port = await freePort();
     first = await startKiln(
@@ -113,6 +116,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         KILN_SOURCE_DIR: checkout,
         KILN_RESTART_READY_TIMEOUT_S: '30',
         KILN_RESTART_STOP_TIMEOUT_S: '30',
+        OPENAI_BASE_URL: fake.url,
+        OPENAI_API_KEY: 'test-key',
+        KILN_MODEL: 'fake-model',
       },
       checkout,
     );
@@ -136,6 +142,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     if (v?.status === 200) pids.add(v.body.pid);
     for (const p of pids) if (alive(p)) process.kill(p, 'SIGKILL');
     await waitFor('every server to be gone', async () => ([...pids].some(alive) ? undefined : true), 10_000);
+    await fake?.close();
     for (const d of temp) rmSync(d, { recursive: true, force: true });
   });
 
@@ -194,6 +201,40 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
   });
 
+
+  const agentRun = { ws: '', run: '', approval: '' };
+
+  it('lets the agent of a workspace an org admin enabled propose a source update, which waits for an org admin even in auto mode', async () => {
+    const ws = (await api('/v1/workspaces', { method: 'POST', key: teamKey, body: JSON.stringify({ name: 'evolver', settings: { approval: { mode: 'auto' } } }) })).body;
+    expect(ws.settings.source_updates).toBe(false);
+    // Team keys cannot turn it on, neither through the workspace's settings nor the system route.
+    expect((await api(`/v1/workspaces/${ws.id}`, { method: 'PATCH', key: teamKey, body: JSON.stringify({ settings: { source_updates: true } }) })).status).toBe(400);
+    const enable = (key?: string) => api(`/v1/system/workspaces/${ws.id}/source-updates`, { method: 'PUT', key, body: JSON.stringify({ enabled: true }) });
+    expect((await enable(teamKey)).status).toBe(403);
+    expect((await enable()).body).toEqual({ workspace_id: ws.id, enabled: true });
+    expect((await api(`/v1/workspaces/${ws.id}`, { key: teamKey })).body.settings.source_updates).toBe(true);
+
+    const patch = patchOf({ 'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const agentBroke: number = 'still not a number';\n` });
+    fake.script(
+      { content: `<thinking>The id helper needs a constant.</thinking>\n<propose_source_update><reason>Add a constant to the id helper</reason><patch>\n${patch}</patch></propose_source_update>` },
+      { content: '<thinking>It is submitted.</thinking><finish>I proposed a platform update.</finish>' },
+    );
+    const ses = (await api(`/v1/workspaces/${ws.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' })).body;
+    const posted = await api(`/v1/sessions/${ses.id}/messages`, { method: 'POST', key: teamKey, body: JSON.stringify({ content: 'Improve the platform' }) });
+    expect(posted.status).toBe(202);
+    const runId = posted.body.run.id as string;
+    await waitFor('the run to wait for an approval', async () => ((await api(`/v1/runs/${runId}`, { key: teamKey })).body.status === 'requires_action' ? true : undefined));
+    const pending = (await api('/v1/approvals?status=pending', { key: teamKey })).body.data;
+    expect(pending).toHaveLength(1);
+    expect(pending[0]).toMatchObject({ run_id: runId, requires_org_admin: true });
+    expect(pending[0].code).toContain('Reason: Add a constant to the id helper\n\ndiff --git a/apps/api/src/lib/ids.ts');
+    const byOwner = await api(`/v1/approvals/${pending[0].id}`, { method: 'POST', key: teamKey, body: JSON.stringify({ decision: 'approve' }) });
+    expect(byOwner.status).toBe(403);
+    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([pending[0].id]);
+    expect((await api('/v1/system/updates')).body.data).toHaveLength(1);
+    Object.assign(agentRun, { ws: ws.id, run: runId, approval: pending[0].id });
+  });
+
   let applied: { id: string; commit: string; before: string };
 
   it('applies a good patch: self-check passes, one of two concurrent applies wins, the relay restarts into the new commit', async () => {
@@ -237,6 +278,20 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const actions = audit.body.data.filter((e: { resource_id: string }) => e.resource_id === r.body.id).map((e: { action: string }) => e.action);
     expect(actions).toEqual(expect.arrayContaining(['system.update.submit', 'system.update.check', 'system.update.apply', 'system.update.applied']));
     applied = { id: r.body.id, commit, before };
+  });
+
+  it('keeps the pending approval across the restart; once an org admin approves, the patch is submitted and self-checked', async () => {
+    expect((await api(`/v1/runs/${agentRun.run}`, { key: teamKey })).body.status).toBe('requires_action');
+    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([agentRun.approval]);
+    expect((await api(`/v1/approvals/${agentRun.approval}`, { method: 'POST', body: JSON.stringify({ decision: 'approve' }) })).status).toBe(200);
+    await waitFor('the run to complete', async () => ((await api(`/v1/runs/${agentRun.run}`, { key: teamKey })).body.status === 'completed' ? true : undefined));
+    const told = fake.chats()[1].messages.at(-1).content as string;
+    expect(told).toContain('[Source update submitted]');
+    const id = /update (evo_[0-9a-z]+)/.exec(told)![1]!;
+    const done = await settled(id, ['checking']);
+    expect(done).toMatchObject({ status: 'failed', reason: 'Add a constant to the id helper', changed_paths: ['apps/api/src/lib/ids.ts'] });
+    expect(done.checks.at(-1)).toMatchObject({ name: 'typecheck', ok: false });
+    expect(git(checkout, 'log', '-1', '--format=%B', `refs/kiln/updates/${id}`)).toContain('Kiln-Author: agent');
   });
 
   it('rolls back a patch that boots but is not ready on the live data: the commit reverted, the old version serving again', async () => {

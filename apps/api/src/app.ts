@@ -75,7 +75,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, updat
   app.route('/', sandboxesRouter(engine));
   app.route('/', runsRouter(db, agent));
   app.route('/', auditRouter(db));
-  if (updates) app.route('/', systemRouter(updates));
+  if (updates) app.route('/', systemRouter(db, updates));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });
   app.doc31('/openapi.json', {

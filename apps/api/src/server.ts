@@ -37,6 +37,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   if (database.listen) await agent.events.connect(database.listen);
   const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
   await updates.startup();
+  agent.allowSourceUpdates(updates);
   const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, updates, logger });
 
   const server = await new Promise<ServerType>((resolve) => {

@@ -2,6 +2,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { memoryEntries } from '../memory/budget.ts';
 import type { SandboxLimits } from '../sandbox/limits.ts';
+import { SOURCE_UPDATE_XML } from './source-update.ts';
 import { readHead } from '../workspace/git.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 
@@ -74,6 +75,9 @@ You will get the result of <python> or <memory_search> in the next message.`;
 const TOOLS_PROTOCOL = `Act through the tools: \`python\` runs code, \`memory_search\` searches memory, knowledge and
 skills, \`finish\` ends the task with a summary for the user. Call one tool per reply.`;
 
+const sourceUpdates = (s: WorkspaceSettings) =>
+  !s.source_updates ? '' : s.protocol === 'xml' ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}` : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
+
 export interface PromptInput {
   dir: string;
   settings: WorkspaceSettings;
@@ -108,7 +112,7 @@ writable: /workspace, /tmp, /home/sandbox; read-only: /workspace/skills/builtin
 limits per step: ${l.timeoutS} s, ${l.memoryMb} MiB memory, ${l.cpus} CPU, ${l.pids} processes, ${l.diskMb} MiB disk
 steps left in this task: at most ${settings.max_steps}
 </Environment>`,
-    `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}\n</Protocol>`,
+    `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}${sourceUpdates(settings)}\n</Protocol>`,
   ];
   return fillPlaceholders(sections.filter(Boolean).join('\n\n'));
 }

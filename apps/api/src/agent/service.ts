@@ -21,7 +21,8 @@ import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from '.
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
 import { fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
-import { parseTools, parseXml, TOOLS, XML_CORRECTION, type Action } from './protocol.ts';
+import { parseTools, parseXml, toolsFor, XML_CORRECTION, type Action } from './protocol.ts';
+import * as su from './source-update.ts';
 
 export type RunRow = typeof runs.$inferSelect;
 export type MessageRow = typeof messages.$inferSelect;
@@ -119,6 +120,7 @@ function insertMessage(row: MessageRow): SQL {
 export class AgentService {
   private readonly active = new Map<string, AbortController>();
   private readonly expiries = new Map<string, NodeJS.Timeout>();
+  private sourceUpdates: su.SourceUpdateSink | undefined;
 
   constructor(
     private readonly db: Db,
@@ -135,6 +137,11 @@ export class AgentService {
     for (const run of inFlight) await this.finish(run, 'failed', { code: 'interrupted', message: 'the server restarted while this run was in progress' });
     const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
     for (const a of pending) this.scheduleExpiry(a);
+  }
+
+  /** Where approved `propose_source_update` patches go; without it the action is refused. */
+  allowSourceUpdates(sink: su.SourceUpdateSink): void {
+    this.sourceUpdates = sink;
   }
 
   /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */
@@ -204,13 +211,14 @@ export class AgentService {
 
   // ---- approvals -----------------------------------------------------------------------
 
-  async listApprovals(teamId: string, f: { status?: string; workspace?: string }) {
+  /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
+  async listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
     return this.db
       .select()
       .from(approvals)
       .where(
         and(
-          eq(approvals.teamId, teamId),
+          teamId ? eq(approvals.teamId, teamId) : eq(approvals.requiresOrgAdmin, true),
           f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
           f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
         ),
@@ -238,7 +246,7 @@ export class AgentService {
       .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
       .returning();
     if (!decided) throw new ApiError('conflict', 'this approval was decided at the same moment by someone else');
-    if (decision === 'approve_session') await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
+    if (decision === 'approve_session' && !a.requiresOrgAdmin) await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
     this.clearExpiry(a.id);
     await this.resume(decided, status);
     return decided;
@@ -324,7 +332,7 @@ export class AgentService {
       let turn;
       try {
         const call = async (force?: { budget: number }) =>
-          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? TOOLS : undefined, signal });
+          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? toolsFor(ws.settings) : undefined, signal });
         try {
           turn = await call();
         } catch (err) {
@@ -379,6 +387,7 @@ export class AgentService {
       await this.flush(ctx);
       return false;
     }
+    if (action.type === 'source_update') return this.proposeSourceUpdate(ctx, action, toolCallId);
     this.emit(ctx, 'code.proposed', { code: action.code });
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
@@ -396,7 +405,20 @@ export class AgentService {
     return false;
   }
 
-  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
+  /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
+  private async proposeSourceUpdate(ctx: Ctx, action: { patch: string; reason: string }, toolCallId: string | undefined): Promise<boolean> {
+    const refusal = !ctx.ws.settings.source_updates || !this.sourceUpdates ? su.SOURCE_UPDATE_DISABLED : !action.patch || !action.reason.trim() ? su.SOURCE_UPDATE_INCOMPLETE : null;
+    if (refusal) {
+      this.reply(ctx, toolCallId, refusal);
+      await this.flush(ctx);
+      return false;
+    }
+    await this.flush(ctx);
+    await this.requestApproval(ctx, su.approvalText(action.reason, action.patch), toolCallId, true);
+    return true;
+  }
+
+  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined, orgAdmin = false): Promise<void> {
     const timeout = ctx.ws.settings.approval.timeout_s;
     const [a] = (await this.db
       .insert(approvals)
@@ -408,11 +430,12 @@ export class AgentService {
         runId: ctx.run.id,
         code,
         toolCallId: toolCallId ?? null,
+        requiresOrgAdmin: orgAdmin,
         expiresAt: new Date(Date.now() + timeout * 1000),
       })
       .returning()) as [ApprovalRow];
     await this.db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, ctx.run.id));
-    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString() });
+    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin });
     await this.events.append(ctx.run.id, 'run.requires_action', { approval_id: a.id });
     this.scheduleExpiry(a);
   }
@@ -420,6 +443,16 @@ export class AgentService {
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
   private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<boolean> {
     const toolCallId = approval.toolCallId ?? undefined;
+    if (outcome === 'approved' && approval.requiresOrgAdmin) {
+      const proposal = su.fromApprovalText(approval.code);
+      const sink = this.sourceUpdates;
+      const answer = sink
+        ? await sink.submit({ ...proposal, author: 'agent' }, undefined).then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
+        : su.SOURCE_UPDATE_DISABLED;
+      this.reply(ctx, toolCallId, answer);
+      await this.flush(ctx);
+      return false;
+    }
     if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId).then(() => false);
     this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
     await this.flush(ctx);

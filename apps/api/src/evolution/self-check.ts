@@ -27,6 +27,9 @@ export interface CheckOptions {
 /** A patch that cannot be applied: the route answers 400 and nothing is left behind. */
 export class PatchError extends Error {}
 
+/** The source checkout itself is unusable (not a git repository). */
+export class SourceError extends Error {}
+
 const LOG_HEAD = 4096;
 const LOG_TAIL = 12_288;
 const BANNER = /Kiln is listening on (\S+)/;
@@ -68,7 +71,9 @@ export async function preparePatch(sourceDir: string, o: { id: string; patch: st
     throw new PatchError('the patch may not create, change or delete symbolic links');
   }
   const git = sourceGit(sourceDir);
-  const base = (await git(['rev-parse', 'HEAD'])).trim();
+  const base = (await git(['rev-parse', 'HEAD']).catch(() => {
+    throw new SourceError(`the source directory ${sourceDir} is not a git checkout (set KILN_SOURCE_DIR)`);
+  })).trim();
   const home = mkdtempSync(join(tmpdir(), `${WORKTREE_PREFIX}${o.id}-`));
   const worktree = join(home, 'src');
   const patchFile = join(home, 'update.patch');

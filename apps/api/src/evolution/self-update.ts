@@ -2,17 +2,17 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { and, eq, inArray } from 'drizzle-orm';
+import { and, eq, inArray, isNull, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import { alive, type RelayPlan, type RelayStatus } from '../../../../infra/relay/relay.ts';
 import { recordAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
-import { evolutions } from '../db/schema/index.ts';
+import { evolutions, workspaces } from '../db/schema/index.ts';
 import type { AuditDraft, Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
-import { capLog, isCheckWorktree, PatchError, preparePatch, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
+import { capLog, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
 
 export type UpdateRow = typeof evolutions.$inferSelect;
 export type UpdateStatus = 'checking' | 'ready' | 'failed' | 'applying' | 'applied' | 'rolled_back';
@@ -132,6 +132,7 @@ export class SelfUpdates {
       const message = `${subject.slice(0, 100)}\n\n${rest.length ? `${rest.join('\n').trim()}\n\n` : ''}Kiln-Kind: source\nKiln-Update: ${id}\nKiln-Author: ${input.author}`;
       const prepared = await preparePatch(this.o.sourceDir, { id, patch: input.patch, message }).catch((err: Error) => {
         if (err instanceof PatchError) throw new ApiError('invalid_request', err.message);
+        if (err instanceof SourceError) throw new ApiError('unavailable', err.message);
         throw err;
       });
       let row: UpdateRow;
@@ -359,3 +360,19 @@ export function updateView(r: UpdateRow) {
   };
 }
 
+/**
+ * Lets (or stops) a workspace's agent propose platform source updates: an org admin's switch,
+ * kept in the workspace's settings (`source_updates`), which team keys cannot change.
+ */
+export async function setSourceUpdates(db: Db, wsId: string, enabled: boolean): Promise<{ teamId: string; before: boolean }> {
+  const [before] = await db
+    .select({ teamId: workspaces.teamId, enabled: sql<boolean | null>`(${workspaces.settings}->>'source_updates')::boolean` })
+    .from(workspaces)
+    .where(and(eq(workspaces.id, wsId), isNull(workspaces.deletedAt)));
+  if (!before) throw ApiError.notFound('workspace');
+  await db
+    .update(workspaces)
+    .set({ settings: sql`jsonb_set(${workspaces.settings}, '{source_updates}', ${enabled ? 'true' : 'false'}::jsonb)`, updatedAt: new Date() })
+    .where(eq(workspaces.id, wsId));
+  return { teamId: before.teamId, before: before.enabled ?? false };
+}

@@ -1,11 +1,12 @@
 import { requireOrgAdmin } from '../../auth/guards.ts';
-import { updateView, type SelfUpdates } from '../../evolution/self-update.ts';
+import { setSourceUpdates, updateView, type SelfUpdates } from '../../evolution/self-update.ts';
+import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import * as r from './system.routes.ts';
 
 /** Platform self-update: every route is org-admin only; the service writes its own audit rows. */
-export function systemRouter(updates: SelfUpdates) {
+export function systemRouter(db: Db, updates: SelfUpdates) {
   return createRouter()
     .openapi(r.submit, async (c) => {
       const body = c.req.valid('json');
@@ -35,5 +36,13 @@ export function systemRouter(updates: SelfUpdates) {
     .openapi(r.version, (c) => {
       requireOrgAdmin(c);
       return c.json(updates.currentVersion(), 200);
+    })
+    .openapi(r.sourceUpdates, async (c) => {
+      requireOrgAdmin(c);
+      const { ws } = c.req.valid('param');
+      const { enabled } = c.req.valid('json');
+      const { teamId, before } = await setSourceUpdates(db, ws, enabled);
+      c.set('audit', { action: 'workspace.source_updates', resourceType: 'workspace', resourceId: ws, teamId, before: { source_updates: before }, after: { source_updates: enabled } });
+      return c.json({ workspace_id: ws, enabled }, 200);
     });
 }

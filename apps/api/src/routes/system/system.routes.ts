@@ -113,3 +113,15 @@ export const version = createRoute({
   responses: { 200: jsonContent(Version, 'The running version'), ...errorResponses },
 });
 
+export const sourceUpdates = createRoute({
+  method: 'put',
+  path: '/v1/system/workspaces/{ws}/source-updates',
+  tags,
+  security,
+  summary: 'Let a workspace\u2019s agent propose platform source updates, each approved by an org admin (org admin)',
+  request: {
+    params: z.object({ ws: IdParam('ws', 'ws_0abc') }),
+    body: { content: { 'application/json': { schema: z.object({ enabled: z.boolean() }).strict() } }, required: true },
+  },
+  responses: { 200: jsonContent(z.object({ workspace_id: z.string(), enabled: z.boolean() }), 'The setting'), ...errorResponses },
+});
