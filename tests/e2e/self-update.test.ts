@@ -1,18 +1,16 @@
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { alive } from '../../infra/relay/relay.ts';
+import { cloneProject, freePort, gitSync as git } from '../support/checkout.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { startKiln, type KilnProcess } from '../support/server.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const git = (dir: string, ...args: string[]) =>
-  execFileSync('git', ['-C', dir, '-c', 'user.name=test', '-c', 'user.email=test@kiln.invalid', ...args], { encoding: 'utf8' }).trim();
 
 /** Polls until `fn` gives a value (not undefined) or the deadline passes; then fails with what it last saw. */
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 240_000): Promise<T> {
@@ -25,14 +23,6 @@ async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 2
     await new Promise((r) => setTimeout(r, 250));
   }
 }
-
-const freePort = () =>
-  new Promise<number>((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
 
 /**
  * Layer 5 end to end: a real git checkout of this project in a temporary directory, the real
@@ -93,17 +83,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
   beforeAll(async () => {
     // The project as it is now (uncommitted changes too), as a git checkout of its own.
     checkout = mkTemp('kiln-src-');
-    execFileSync('git', ['clone', '-q', ROOT, checkout]);
-    const files = execFileSync('git', ['-C', ROOT, 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], { encoding: 'utf8' }).split('\0');
-    for (const f of files.filter(Boolean)) {
-      if (!existsSync(join(ROOT, f))) continue;
-      mkdirSync(dirname(join(checkout, f)), { recursive: true });
-      copyFileSync(join(ROOT, f), join(checkout, f));
-    }
-    for (const f of execFileSync('git', ['-C', ROOT, 'ls-files', '-z', '--deleted'], { encoding: 'utf8' }).split('\0').filter(Boolean)) rmSync(join(checkout, f), { force: true });
-    git(checkout, 'add', '-A');
-    if (git(checkout, 'status', '--porcelain')) git(checkout, 'commit', '-q', '-m', 'test snapshot of the working tree');
-    symlinkSync(join(ROOT, 'node_modules'), join(checkout, 'node_modules'));
+    cloneProject(ROOT, checkout);
 
     fake = await startFakeOpenAI();
     dataDir = mkTemp('kiln-selfupdate-data-');
