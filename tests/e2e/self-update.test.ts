@@ -96,6 +96,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         KILN_SOURCE_DIR: checkout,
         KILN_RESTART_READY_TIMEOUT_S: '30',
         KILN_RESTART_STOP_TIMEOUT_S: '30',
+        // How long a stopping server waits for HTTP requests, then for runs in flight.
+        KILN_SHUTDOWN_GRACE_MS: '5000',
         OPENAI_BASE_URL: fake.url,
         OPENAI_API_KEY: 'test-key',
         KILN_MODEL: 'fake-model',
@@ -314,18 +316,41 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBe('yes');
   });
 
-  it('reverts an applied update through the same flow: a new update, self-checked, applied', async () => {
+  it('reverts an applied update through the same flow; runs in flight at the restart finish while it drains or are marked interrupted', async () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const r = await api(`/v1/system/updates/${applied.id}/revert`, { method: 'POST' });
     expect(r.status).toBe(202);
     expect(r.body.changed_paths).toEqual(['apps/api/src/routes/health/health.index.ts']);
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
+
+    // Two runs waiting on the model when the restart begins: one answer comes once the old
+    // server has been told to stop (it drains and finishes that run), the other never comes.
+    const ws = (await api('/v1/workspaces', { method: 'POST', key: teamKey, body: JSON.stringify({ name: 'busy' }) })).body;
+    const session = async () => (await api(`/v1/workspaces/${ws.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' })).body.id as string;
+    const [s1, s2] = [await session(), await session()];
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    fake.script({ content: '<finish>finished while the server drained</finish>', until: released }, { hang: true });
+    const asked = fake.chats().length;
+    const post = async (s: string) => (await api(`/v1/sessions/${s}/messages`, { method: 'POST', key: teamKey, body: JSON.stringify({ content: 'work' }) })).body.run.id as string;
+    const run1 = await post(s1);
+    await fake.chatRequests(asked + 1);
+    const run2 = await post(s2);
+    await fake.chatRequests(asked + 2);
+
     expect((await api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })).status).toBe(202);
+    const relayLog = join(dataDir, 'self-update', r.body.id, 'relay.log');
+    await waitFor('the relay to send SIGTERM', async () => (existsSync(relayLog) && readFileSync(relayLog, 'utf8').includes(`SIGTERM ${oldPid}`) ? true : undefined));
+    release();
+
     const v = await nextServer(oldPid, ready.commit_sha);
     pids.add(v.pid);
     expect((await settled(r.body.id, ['applying'])).status).toBe('applied');
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBeNull();
     expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(git(checkout, 'rev-parse', `${applied.before}^{tree}`));
+    // Only the draining old server can have completed run 1: the new one fails what it finds in flight.
+    expect((await api(`/v1/runs/${run1}`, { key: teamKey })).body).toMatchObject({ status: 'completed' });
+    expect((await api(`/v1/runs/${run2}`, { key: teamKey })).body).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
   });
 });

@@ -30,6 +30,8 @@ export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
 const MAX_VIOLATIONS = 3;
+const SHUTDOWN = 'shutdown';
+const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
 /** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
 const TOOL_RESULT_CAP = 1000;
 /** Level 2 instead of 3 when the token limit is hit with more turns than this. */
@@ -134,7 +136,7 @@ export class AgentService {
   /** After a restart: runs that were thinking or acting are failed as interrupted; pending approvals keep waiting. */
   async startup(): Promise<void> {
     const inFlight = await this.db.select().from(runs).where(inArray(runs.status, ['queued', 'in_progress']));
-    for (const run of inFlight) await this.finish(run, 'failed', { code: 'interrupted', message: 'the server restarted while this run was in progress' });
+    for (const run of inFlight) await this.finish(run, 'failed', INTERRUPTED);
     const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
     for (const a of pending) this.scheduleExpiry(a);
   }
@@ -152,7 +154,9 @@ export class AgentService {
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
     for (const t of this.expiries.values()) clearTimeout(t);
-    for (const c of this.active.values()) c.abort(new Error('shutdown'));
+    for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
+    // Let the aborted loops record that before the database closes (a start-up would otherwise).
+    await this.drain(5000);
   }
 
   async postMessage(teamId: string, sessionId: string, content: string): Promise<{ message: MessageRow; run: RunRow }> {
@@ -499,6 +503,8 @@ export class AgentService {
 
   /** Writes what the step still has queued, then ends the run. */
   private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
+    // A shutdown is no one's cancel: the run was interrupted, as after a crash.
+    if (status === 'cancelled' && (ctx.signal.reason as Error | undefined)?.message === SHUTDOWN) return this.end(ctx, 'failed', INTERRUPTED);
     await this.flush(ctx);
     await this.finish(ctx.run, status, error);
   }
