@@ -34,8 +34,8 @@ const LOG_HEAD = 4096;
 const LOG_TAIL = 12_288;
 const BANNER = /Kiln is listening on (\S+)/;
 const WORKTREE_PREFIX = 'kiln-self-check-';
-/** Settings git runs with here: no hooks, no signing, an identity of its own. */
-const IDENTITY = ['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid'];
+/** The identity of the commits Kiln makes in its own source (gitIn already turns hooks and signing off). */
+export const IDENTITY = ['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid'];
 
 /** Keys (a check's server or a test may print one) never reach the stored log. */
 export const redact = (text: string) => text.replace(/kiln_(admin_)?[A-Za-z0-9_-]{20,}/g, 'kiln_[redacted]');

@@ -12,7 +12,7 @@ import type { AuditDraft, Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
-import { capLog, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
+import { capLog, IDENTITY, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
 
 export type UpdateRow = typeof evolutions.$inferSelect;
 export type UpdateStatus = 'checking' | 'ready' | 'failed' | 'applying' | 'applied' | 'rolled_back';
@@ -241,10 +241,10 @@ export class SelfUpdates {
         .returning();
       if (!applying) throw new ApiError('conflict', 'this update is no longer ready');
       try {
-        await this.git([...['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid'], 'merge', '--ff-only', '-q', row.commitSha]);
+        await this.git([...IDENTITY, 'merge', '--ff-only', '-q', row.commitSha]);
         moved = true;
         await this.audit({ action: 'system.update.apply', before: { status: 'ready', commit: plan.previous }, after: { status: 'applying', commit: row.commitSha } }, id, actor, requestId);
-        this.startRelay(relayFile, plan);
+        this.follow(id, { pid: this.startRelay(relayFile, plan), plan });
       } catch (err) {
         if (moved) await this.git(['reset', '--keep', plan.previous]).catch(() => undefined);
         await this.db.update(evolutions).set({ status: 'ready' }).where(eq(evolutions.id, id));
@@ -259,7 +259,7 @@ export class SelfUpdates {
   }
 
   /** Detached, in its own process group, outliving this server; it inherits this environment. */
-  private startRelay(relayFile: string, plan: RelayPlan): void {
+  private startRelay(relayFile: string, plan: RelayPlan): number | undefined {
     const out = openSync(plan.logFile, 'a');
     try {
       const child = spawn(process.execPath, ['--import', 'tsx', relayFile, join(this.dir(plan.updateId), 'plan.json')], {
@@ -268,7 +268,9 @@ export class SelfUpdates {
         detached: true,
         stdio: ['ignore', out, out],
       });
+      child.on('error', (err) => this.log.error({ err, update: plan.updateId }, 'the relay did not start'));
       child.unref();
+      return child.pid;
     } finally {
       closeSync(out);
     }
@@ -277,14 +279,19 @@ export class SelfUpdates {
   /**
    * Polls the relay's status until it is done, then finishes the row: by the server it names as
    * the survivor (this one), or by any server once that one is gone. A relay that died before
-   * it was done fails the update.
+   * it was done fails the update; one that died before it wrote anything (`relay`: the server
+   * that started it is still the one running) also has the update's commit reverted.
    */
-  private follow(id: string): void {
+  private follow(id: string, relay?: { pid: number | undefined; plan: RelayPlan }): void {
     this.holder = id;
     const statusFile = join(this.dir(id), 'status.json');
     const tick = async () => {
       const status = existsSync(statusFile) ? (JSON.parse(readFileSync(statusFile, 'utf8')) as RelayStatus) : null;
-      if (status?.phase === 'done' && (status.pid === process.pid || !status.pid || !alive(status.pid))) {
+      if (!status && relay) {
+        if (relay.pid && alive(relay.pid)) return;
+        await this.revertUnstarted(relay.plan);
+        await this.finishApply(id, 'failed', 'the relay did not start: the update was reverted and this server kept running');
+      } else if (status?.phase === 'done' && (status.pid === process.pid || !status.pid || !alive(status.pid))) {
         await this.finishApply(id, status.outcome ?? 'failed', status.error ?? null, status.downtimeMs);
       } else if (!status || (status.phase !== 'done' && !alive(status.relayPid))) {
         await this.finishApply(id, 'failed', `the relay stopped before it finished (${status?.phase ?? 'no status'})`);
@@ -303,6 +310,12 @@ export class SelfUpdates {
         .finally(() => (busy = false));
     }, 250);
     this.watch.unref();
+  }
+
+  private async revertUnstarted(plan: RelayPlan): Promise<void> {
+    if ((await this.git(['rev-parse', 'HEAD'])).trim() !== plan.commit) return;
+    await this.git([...IDENTITY, 'revert', '--no-commit', plan.commit]);
+    await this.git([...IDENTITY, 'commit', '-q', '--no-verify', '-m', `Revert platform update ${plan.updateId}: the relay did not start\n\nKiln-Kind: source\nKiln-Update: ${plan.updateId}\nKiln-Author: system`]);
   }
 
   private async finishApply(id: string, outcome: 'applied' | 'rolled_back' | 'failed', error: string | null, downtimeMs?: number): Promise<void> {
