@@ -353,4 +353,34 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await api(`/v1/runs/${run1}`, { key: teamKey })).body).toMatchObject({ status: 'completed' });
     expect((await api(`/v1/runs/${run2}`, { key: teamKey })).body).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
   });
+  it('a patch to the relay takes effect at the next update; a relay that never starts gets that update reverted while the server keeps running', async () => {
+    const oldPid = (await api('/v1/system/version')).body.pid as number;
+    const broken = patchOf({
+      'infra/relay/relay.ts': (t) => t.replace('  async main(): Promise<void> {\n', '  async main(): Promise<void> {\n    // Broken on purpose: gone before it stops anything.\n    if (process.pid > 0) process.exit(3);\n'),
+    });
+    expect(broken).toContain('process.exit(3)');
+    const u1 = await submit(broken, 'Break the relay');
+    const ready1 = await settled(u1.body.id, ['checking']);
+    expect(ready1.status, JSON.stringify(ready1.checks.at(-1))).toBe('ready');
+    expect((await api(`/v1/system/updates/${u1.body.id}/apply`, { method: 'POST' })).status).toBe(202);
+    // The relay that applies it is the running version's, which works.
+    const v1 = await nextServer(oldPid, ready1.commit_sha);
+    pids.add(v1.pid);
+    expect((await settled(u1.body.id, ['applying'])).status).toBe('applied');
+
+    const tree = git(checkout, 'rev-parse', 'HEAD^{tree}');
+    const u2 = await submit(patchOf({ 'README.md': (t) => `${t}\nOne more line.\n` }), 'A harmless change');
+    const ready2 = await settled(u2.body.id, ['checking']);
+    expect(ready2.status).toBe('ready');
+    expect((await api(`/v1/system/updates/${u2.body.id}/apply`, { method: 'POST' })).status).toBe(202);
+    const done = await settled(u2.body.id, ['applying']);
+    expect(done.status).toBe('failed');
+    expect(done.error).toMatch(/relay did not start/);
+    expect((await api('/v1/system/version')).body).toMatchObject({ pid: v1.pid, commit: ready1.commit_sha });
+    expect(git(checkout, 'rev-parse', 'HEAD~1')).toBe(ready2.commit_sha);
+    expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(tree);
+    expect(git(checkout, 'log', '-1', '--format=%B')).toContain(`Kiln-Update: ${u2.body.id}`);
+    // The lock is free again: the next patch is looked at (and this one refused), not turned away with 409.
+    expect((await submit('not a patch', 'after the failed relay')).status).toBe(400);
+  });
 });
