@@ -82,4 +82,20 @@ describe('the kiln CLI', () => {
     const noKey = await kiln({ KILN_URL: server.url }, ['workspaces']);
     expect(noKey.code).toBe(2);
   });
+
+  it('evolution verbs: review, evolutions, undo (the server runs the review as a job)', async () => {
+    fake.script({ content: '<write_file path="knowledge/cli.md"># CLI\n\nThe answer was 42.</write_file><finish>Added a knowledge page</finish>' });
+    const queued = await kiln(env, ['review', 'research', '--json']);
+    expect(queued.code, queued.err).toBe(0);
+    const evo = JSON.parse(queued.out);
+    expect(evo).toMatchObject({ kind: 'review', status: 'queued' });
+    const deadline = Date.now() + 30_000;
+    let listed = '';
+    while (!listed.includes('committed') && Date.now() < deadline) listed = (await kiln(env, ['evolutions', 'research'])).out;
+    expect(listed).toContain(`${evo.id}  review committed`);
+    expect(listed).toContain('knowledge/cli.md');
+    const undo = await kiln(env, ['undo', 'research', evo.id]);
+    expect(undo.out).toMatch(new RegExp(`undone: ${evo.id} reverted by commit [0-9a-f]{10} \\(knowledge/cli.md\\)`));
+    expect((await kiln(env, ['undo', 'research', evo.id])).code).toBe(1);
+  });
 });

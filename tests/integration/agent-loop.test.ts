@@ -97,7 +97,7 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     expect(run.status).toBe('completed');
     const chats = fake.chats();
     const second = chats.at(-1);
-    expect(second.tools.map((x: { function: { name: string } }) => x.function.name)).toEqual(['python', 'memory_search', 'finish']);
+    expect(second.tools.map((x: { function: { name: string } }) => x.function.name)).toEqual(['python', 'memory_search', 'undo_evolution', 'finish']);
     const assistant = second.messages.at(-2);
     const tool = second.messages.at(-1);
     expect(assistant.tool_calls[0].function).toMatchObject({ name: 'python', arguments: '{"code":"print(sum(range(5)))"}' });

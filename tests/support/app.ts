@@ -9,6 +9,8 @@ import { WorkspaceService } from '../../apps/api/src/workspace/service.ts';
 import { RunEventLog } from '../../apps/api/src/agent/events.ts';
 import { ModelClient } from '../../apps/api/src/agent/llm.ts';
 import { AgentService } from '../../apps/api/src/agent/service.ts';
+import { EvolutionService } from '../../apps/api/src/evolution/service.ts';
+import { JobRunner } from '../../apps/api/src/jobs/runner.ts';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { createApp } from '../../apps/api/src/app.ts';
@@ -34,6 +36,8 @@ export interface TestApp {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
+  evolution: EvolutionService;
   database: TestDatabase;
   adminKey: string;
   /** Every log line the app wrote, parsed. */
@@ -94,6 +98,12 @@ export async function createTestApp(
   const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger);
   await agent.startup();
   if (database.listen) await agent.events.connect(database.listen);
+  const jobs = new JobRunner(database.db, { owner: `test-${randomBytes(4).toString('hex')}`, leaseMs: 60_000, pollMs: 60_000 }, logger);
+  const evolution = new EvolutionService(
+    { db: database.db, model: modelClient, workspaces, events: agent.events, log: logger, maxFileBytes: opts.maxFileBytes ?? 1024 * 1024 },
+    jobs,
+    { tickMs: 60_000 },
+  );
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
@@ -101,6 +111,7 @@ export async function createTestApp(
     engine,
     workspaces,
     agent,
+    evolution,
     logger,
     now: opts.now,
   });
@@ -135,7 +146,9 @@ export async function createTestApp(
     engine,
     workspaces,
     agent,
+    evolution,
     async close() {
+      await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();
       await engine.stop();

@@ -18,6 +18,8 @@ import { healthRouter } from './routes/health/health.index.ts';
 import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
 import { sessionsRouter } from './routes/sessions/sessions.index.ts';
 import type { SandboxEngine } from './sandbox/engine.ts';
+import type { EvolutionService } from './evolution/service.ts';
+import { evolutionsRouter } from './routes/evolutions/evolutions.index.ts';
 import type { AgentService } from './agent/service.ts';
 import { runsRouter } from './routes/runs/runs.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
@@ -35,6 +37,7 @@ export interface AppDeps {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  evolution: EvolutionService;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
   /** Injectable clock for the rate limiter. */
@@ -51,7 +54,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, agent, updates, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -74,6 +77,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, updat
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
   app.route('/', runsRouter(db, agent));
+  app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
   if (updates) app.route('/', systemRouter(db, updates));
 

@@ -49,6 +49,9 @@ const schema = z.object({
   KILN_SELF_CHECK_TIMEOUT_S: int(10, 7200).default(600),
   KILN_RESTART_STOP_TIMEOUT_S: int(1, 3600).default(60),
   KILN_RESTART_READY_TIMEOUT_S: int(1, 3600).default(60),
+  KILN_EVOLUTION_TICK_S: int(1, 3600).default(60),
+  KILN_JOBS_POLL_MS: int(50, 600_000).default(2000),
+  KILN_JOBS_LEASE_S: int(5, 86_400).default(300),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -70,6 +73,10 @@ export type Config = {
   instanceId: string;
   workspaces: { dir: string; template: string; maxFileBytes: number };
   openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
+  /** Durable jobs (reviews, dreams): how often to look for due ones, how long a claim lasts without a heartbeat. */
+  jobs: { pollMs: number; leaseMs: number };
+  /** How often idle sessions and dream schedules are checked. */
+  evolutionTickMs: number;
   sandbox: {
     poolSize: number;
     idleS: number;
@@ -121,6 +128,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
     },
+    jobs: { pollMs: e.KILN_JOBS_POLL_MS, leaseMs: e.KILN_JOBS_LEASE_S * 1000 },
+    evolutionTickMs: e.KILN_EVOLUTION_TICK_S * 1000,
     openai: {
       baseURL: e.OPENAI_BASE_URL,
       apiKey: e.OPENAI_API_KEY,

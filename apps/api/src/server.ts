@@ -13,6 +13,8 @@ import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
 import { SelfUpdates } from './evolution/self-update.ts';
+import { EvolutionService } from './evolution/service.ts';
+import { JobRunner } from './jobs/runner.ts';
 
 export interface RunningServer {
   url: string;
@@ -35,10 +37,12 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
   if (database.listen) await agent.events.connect(database.listen);
+  const evolution = evolutionService(config, database.db, agent, workspaces, logger);
+  await evolution.start();
   const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
   await updates.startup();
   agent.allowSourceUpdates(updates);
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, updates, logger });
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, evolution, updates, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -62,6 +66,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
       });
       updates.stop();
       await agent.drain(config.shutdownGraceMs);
+      await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();
       await engine.stop();
@@ -91,6 +96,16 @@ export function workspaceService(config: Config, db: Database['db'], logger: Log
     maxFileBytes: config.workspaces.maxFileBytes,
     embedder: embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined,
   }, logger);
+}
+
+/** Reviews and dreams as durable jobs, taken by this instance's job runner. */
+export function evolutionService(config: Config, db: Database['db'], agent: AgentService, workspaces: WorkspaceService, logger: Logger): EvolutionService {
+  const jobs = new JobRunner(db, { owner: config.instanceId, leaseMs: config.jobs.leaseMs, pollMs: config.jobs.pollMs }, logger);
+  return new EvolutionService(
+    { db, model: agent.model, workspaces, events: agent.events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
+    jobs,
+    { tickMs: config.evolutionTickMs },
+  );
 }
 
 export function agentService(config: Config, db: Database['db'], engine: SandboxEngine, workspaces: WorkspaceService, logger: Logger): AgentService {

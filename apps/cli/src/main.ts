@@ -12,6 +12,10 @@ const USAGE = `kiln — the Kiln command line (talks to the HTTP API)
   kiln log WORKSPACE [--kind K]       the workspace's commits
   kiln revert WORKSPACE SHA           revert a commit (a new commit)
   kiln exec SESSION CODE              run Python in a session's sandbox
+  kiln evolutions WORKSPACE           the evolution log: reviews and dreams, what they changed
+  kiln review WORKSPACE [SESSION]     run the post-session review now
+  kiln dream WORKSPACE [--days N]     consolidate memory now
+  kiln undo WORKSPACE EVOLUTION       undo what a review or dream committed
 
   --json prints the API's JSON.  Environment: KILN_URL (default http://127.0.0.1:7700), KILN_API_KEY.`;
 
@@ -84,6 +88,34 @@ async function main(argv: string[]): Promise<number> {
       const r = await client.call('POST', `/v1/sessions/${rest[0]}/exec`, { code: rest.slice(1).join(' ') });
       print(r, () => `${r.stdout}${r.stderr}${r.error ? `[${r.error.type}] ${r.error.message}` : ''}`.trimEnd());
       return r.error ? 1 : 0;
+    }
+    case 'evolutions': {
+      need(1, 'WORKSPACE');
+      const ws = await client.workspace(rest[0]!);
+      const r = await client.call('GET', `/v1/workspaces/${ws.id}/evolutions?limit=50`);
+      print(r, () =>
+        r.data
+          .map((e: any) => `${e.id}  ${e.kind.padEnd(6)} ${e.status.padEnd(9)} ${e.commit_sha?.slice(0, 10) ?? '-'.padEnd(10)}  ${e.summary ?? e.error ?? ''}${e.changed_paths.length ? `\n    ${e.changed_paths.join(', ')}` : ''}`)
+          .join('\n'),
+      );
+      return 0;
+    }
+    case 'review':
+    case 'dream': {
+      need(1, cmd === 'review' ? 'WORKSPACE [SESSION]' : 'WORKSPACE [--days N]');
+      const ws = await client.workspace(rest[0]!);
+      const days = rest.indexOf('--days') >= 0 ? Number(rest[rest.indexOf('--days') + 1]) : undefined;
+      const body = cmd === 'review' ? (rest[1] ? { session_id: rest[1] } : {}) : days ? { days } : {};
+      const r = await client.call('POST', `/v1/workspaces/${ws.id}/${cmd}`, body);
+      print(r, () => `${r.id}  ${r.kind} ${r.status}: follow it with kiln evolutions ${rest[0]}`);
+      return 0;
+    }
+    case 'undo': {
+      need(2, 'WORKSPACE EVOLUTION');
+      const ws = await client.workspace(rest[0]!);
+      const r = await client.call('POST', `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`);
+      print(r, () => `undone: ${r.evolution.id} reverted by commit ${r.commit_sha.slice(0, 10)} (${r.evolution.changed_paths.join(', ')})`);
+      return 0;
     }
     default:
       process.stderr.write(`kiln: unknown command ${cmd}\n${USAGE}\n`);

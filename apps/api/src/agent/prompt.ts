@@ -54,7 +54,7 @@ const fileCache = new Map<string, { head: string; files: Files }>();
 
 /** The prompt files and skills of a workspace, read again only when its HEAD moved. */
 async function workspaceFiles(dir: string): Promise<Files> {
-  const head = await readHead(dir);
+  const head = readHead(dir);
   const hit = fileCache.get(dir);
   if (head && hit?.head === head) return hit.files;
   const files = { texts: await Promise.all(PROMPT_FILES.map((p) => read(dir, p))), skills: await listSkills(dir) };
@@ -69,11 +69,13 @@ then exactly ONE of:
 code to run now
 </python>
 <memory_search>words to search memory, knowledge and skills for</memory_search>
+<undo_evolution>evolution id</undo_evolution> (only when the user asks to undo a self-evolution change)
 <finish>a short summary for the user: what was done, results, open points</finish>
 You will get the result of <python> or <memory_search> in the next message.`;
 
 const TOOLS_PROTOCOL = `Act through the tools: \`python\` runs code, \`memory_search\` searches memory, knowledge and
-skills, \`finish\` ends the task with a summary for the user. Call one tool per reply.`;
+skills, \`undo_evolution\` undoes a self-evolution change when the user asks, \`finish\` ends the task
+with a summary for the user. Call one tool per reply.`;
 
 const sourceUpdates = (s: WorkspaceSettings) =>
   !s.source_updates ? '' : s.protocol === 'xml' ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}` : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
@@ -84,6 +86,8 @@ export interface PromptInput {
   limits: SandboxLimits;
   snapshot: string | null;
   now: Date;
+  /** Recent changes made by self-evolution (review, dream), newest first. */
+  evolutions?: { id: string; kind: string; status: string; summary: string | null; paths: string[]; at: Date | null }[];
 }
 
 /** The system prompt, rebuilt from the workspace files before every model call. */
@@ -103,6 +107,11 @@ export async function buildSystemPrompt(input: PromptInput): Promise<string> {
     `<Python_Coding_Standard>\n${python.trim()}\n</Python_Coding_Standard>`,
     `<Skills>\n${skills.map((s) => `- ${s.name}: ${s.description} (${s.path})`).join('\n') || '(none yet)'}\n</Skills>`,
     `<Knowledge_Index>\n${knowledge.trim()}\n</Knowledge_Index>`,
+    input.evolutions?.length
+      ? `<Self_Evolution note="changes you made to yourself after earlier sessions; undo one with its id if the user asks">\n${input.evolutions
+          .map((e) => `- ${e.id} (${e.kind}, ${e.at?.toISOString().slice(0, 16).replace('T', ' ') ?? '?'}${e.status === 'reverted' ? ', already undone' : ''}): ${e.summary ?? ''} [${e.paths.join(', ')}]`)
+          .join('\n')}\n</Self_Evolution>`
+      : '',
     input.snapshot ? `<Current_Project_State>\n${input.snapshot.trim()}\n</Current_Project_State>` : '',
     `<Environment>
 date: ${input.now.toISOString().slice(0, 10)} (UTC ${input.now.toISOString().slice(11, 16)})

@@ -7,7 +7,8 @@ export type Action =
   | { type: 'python'; code: string }
   | { type: 'memory_search'; query: string }
   | { type: 'finish'; summary: string }
-  | { type: 'source_update'; patch: string; reason: string };
+  | { type: 'source_update'; patch: string; reason: string }
+  | { type: 'undo_evolution'; evolutionId: string };
 
 export interface Parsed {
   thinking: string | null;
@@ -31,7 +32,7 @@ function parseSourceUpdate(reply: string): Action | null {
   return { type: 'source_update', patch: patch ? `${patch}\n` : '', reason: tag(block, 'reason') ?? '' };
 }
 
-/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <finish> (or <propose_source_update>). */
+/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
 export function parseXml(reply: string): Parsed {
   const update = parseSourceUpdate(reply);
   if (update) return { thinking: tag(reply.replace(/<propose_source_update>[\s\S]*<\/propose_source_update>/i, ''), 'thinking'), action: update };
@@ -39,16 +40,18 @@ export function parseXml(reply: string): Parsed {
   const finish = tag(reply, 'finish');
   const python = tag(reply, 'python');
   const search = tag(reply, 'memory_search');
+  const undo = tag(reply, 'undo_evolution');
   let action: Action | null = null;
   if (finish !== null) action = { type: 'finish', summary: finish };
   else if (python) action = { type: 'python', code: unfence(python) };
   else if (search) action = { type: 'memory_search', query: search };
+  else if (undo) action = { type: 'undo_evolution', evolutionId: undo };
   return { thinking, action };
 }
 
 export const XML_CORRECTION =
   'Kiln System: [Protocol Violation] Your reply has no action tag. Reply with <thinking>…</thinking> followed by exactly one of ' +
-  '<python>code</python>, <memory_search>query</memory_search> or <finish>summary</finish>. Try again.';
+  '<python>code</python>, <memory_search>query</memory_search>, <undo_evolution>evolution id</undo_evolution> or <finish>summary</finish>. Try again.';
 
 export const TOOLS: ChatCompletionTool[] = [
   {
@@ -65,6 +68,14 @@ export const TOOLS: ChatCompletionTool[] = [
       name: 'memory_search',
       description: 'Search core memory, daily logs, knowledge pages and skills.',
       parameters: { type: 'object', properties: { query: { type: 'string' } }, required: ['query'] },
+    },
+  },
+  {
+    type: 'function',
+    function: {
+      name: 'undo_evolution',
+      description: 'Undo a change self-evolution made to the workspace (a review or dream), by its evolution id, when the user asks for it.',
+      parameters: { type: 'object', properties: { evolution_id: { type: 'string' } }, required: ['evolution_id'] },
     },
   },
   {
@@ -98,6 +109,7 @@ export function parseTools(content: string, calls: ToolCall[]): Parsed | { viola
   if (call.name === 'python' && str('code')) return { thinking, action: { type: 'python', code: str('code') }, toolCallId: call.id };
   if (call.name === 'memory_search' && str('query')) return { thinking, action: { type: 'memory_search', query: str('query') }, toolCallId: call.id };
   if (call.name === 'propose_source_update') return { thinking, action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId: call.id };
+  if (call.name === 'undo_evolution' && str('evolution_id')) return { thinking, action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId: call.id };
   if (call.name === 'finish') return { thinking, action: { type: 'finish', summary: str('summary') }, toolCallId: call.id };
   return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId: call.id };
 }

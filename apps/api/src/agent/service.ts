@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -16,6 +15,8 @@ import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sess
 import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
+import { insertMessage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
+import { recentEvolutions, undoEvolution } from '../evolution/undo.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
@@ -25,7 +26,7 @@ import { parseTools, parseXml, toolsFor, XML_CORRECTION, type Action } from './p
 import * as su from './source-update.ts';
 
 export type RunRow = typeof runs.$inferSelect;
-export type MessageRow = typeof messages.$inferSelect;
+export type { MessageRow };
 export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
@@ -82,36 +83,15 @@ interface Ctx {
   rows: MessageRow[];
   /** Writes and events of the current step not yet flushed (they go in one statement). */
   queue: { writes: SQL[]; events: [string, unknown][] };
+  /** Settles when everything flushed so far is stored; `failure` is the first write that was not. */
+  stored: Promise<void>;
+  failure?: unknown;
+  /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
+  evolutions: Awaited<ReturnType<typeof recentEvolutions>>;
 }
 
 /** How a paused run continues once its approval is decided. */
 type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
-
-const hash = (s: string) => createHash('sha256').update(s).digest('hex');
-
-type NewMessage = { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string };
-
-function messageRow(session: SessionRow, runId: string, m: NewMessage): MessageRow {
-  return {
-    id: newId('msg'),
-    teamId: session.teamId,
-    sessionId: session.id,
-    runId,
-    role: m.role,
-    content: m.content,
-    toolCalls: m.toolCalls ?? null,
-    toolCallId: m.toolCallId ?? null,
-    contentHash: hash(`${m.role}\n${m.content}`),
-    createdAt: new Date(),
-    summarizedAt: null,
-  };
-}
-
-function insertMessage(row: MessageRow): SQL {
-  return sql`insert into messages (id, team_id, session_id, run_id, role, content, tool_calls, tool_call_id, content_hash, created_at)
-    values (${row.id}, ${row.teamId}, ${row.sessionId}, ${row.runId}, ${row.role}, ${row.content}, ${row.toolCalls === null ? null : JSON.stringify(row.toolCalls)}::jsonb,
-      ${row.toolCallId}, ${row.contentHash}, ${row.createdAt.toISOString()}::timestamptz)`;
-}
 
 /**
  * The agent loop as a service: a message starts a run; the run thinks (model), acts (Python in
@@ -127,7 +107,7 @@ export class AgentService {
   constructor(
     private readonly db: Db,
     readonly events: RunEventLog,
-    private readonly model: ModelClient,
+    readonly model: ModelClient,
     private readonly engine: SandboxEngine,
     private readonly repo: WorkspaceService,
     private readonly log: Logger,
@@ -311,8 +291,11 @@ export class AgentService {
     let [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
     const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
     const ws = await getWorkspace(this.db, run.teamId, run.workspaceId);
-    const rows = await this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id));
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] } };
+    const [rows, evolutions] = await Promise.all([
+      this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
+      recentEvolutions(this.db, ws.id),
+    ]);
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] }, stored: Promise.resolve(), evolutions };
     if (run.status !== 'in_progress') {
       [run] = (await this.db.update(runs).set({ status: 'in_progress', startedAt: new Date() }).where(eq(runs.id, runId)).returning()) as [RunRow];
       ctx.run = run;
@@ -331,7 +314,8 @@ export class AgentService {
       // The step count is written with the step's usage (one statement), and by `finish`.
       ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
       this.emit(ctx, 'step.created', { step: ctx.run.steps });
-      await this.flush(ctx);
+      // Stored while the model thinks; the model call does not need it.
+      this.writeBehind(ctx);
 
       let turn;
       try {
@@ -365,7 +349,7 @@ export class AgentService {
         this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
         const correction = 'violation' in parsed ? `Kiln System: [Protocol Violation] ${parsed.violation}. Call exactly one tool with valid JSON arguments.` : XML_CORRECTION;
         this.reply(ctx, 'violation' in parsed ? parsed.toolCallId : undefined, correction);
-        await this.flush(ctx);
+        this.writeBehind(ctx);
         continue;
       }
       violations = 0;
@@ -388,7 +372,11 @@ export class AgentService {
       const hits = await this.repo.search(ctx.ws, action.query, 8);
       this.emit(ctx, 'memory.searched', { query: action.query, hits });
       this.reply(ctx, toolCallId, searchFeedback(action.query, hits));
-      await this.flush(ctx);
+      this.writeBehind(ctx);
+      return false;
+    }
+    if (action.type === 'undo_evolution') {
+      await this.undo(ctx, action.evolutionId, toolCallId);
       return false;
     }
     if (action.type === 'source_update') return this.proposeSourceUpdate(ctx, action, toolCallId);
@@ -396,7 +384,7 @@ export class AgentService {
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
       this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule));
-      await this.flush(ctx);
+      this.writeBehind(ctx);
       return false;
     }
     // approve_session takes effect from the next loop, which reloads the session.
@@ -466,7 +454,8 @@ export class AgentService {
   private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
     const runId = ctx.run.id;
     this.emit(ctx, 'exec.started', {});
-    await this.flush(ctx);
+    // Stored while the code runs; exec.output events queue up behind it, in order.
+    this.writeBehind(ctx);
     const outputs: Promise<unknown>[] = [];
     const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
       signal: ctx.signal,
@@ -495,6 +484,22 @@ export class AgentService {
     // Left queued: the loop writes it together with the next step's step.created (or the end).
   }
 
+  /** A user asked to undo a self-evolution change: a revert commit by the agent, within this run. */
+  private async undo(ctx: Ctx, evolutionId: string, toolCallId: string | undefined): Promise<void> {
+    let feedback: string;
+    try {
+      const { evolution, sha, paths } = await undoEvolution(this.db, this.repo, ctx.ws, evolutionId, { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id });
+      this.emit(ctx, 'evolution.reverted', { evolution_id: evolution.id, commit: sha, paths });
+      ctx.evolutions = ctx.evolutions.map((e) => (e.id === evolution.id ? { ...e, status: 'reverted' } : e));
+      feedback = `Kiln System: [Undone] evolution ${evolution.id} was reverted by commit ${sha.slice(0, 12)}; restored: ${paths.join(', ')}.`;
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      feedback = `Kiln System: [Undo failed] ${err.message}`;
+    }
+    this.reply(ctx, toolCallId, feedback);
+    this.writeBehind(ctx);
+  }
+
   /** The feedback message: a tool result under tool calling, a user message under XML. */
   private reply(ctx: Ctx, toolCallId: string | undefined, content: string): void {
     if (ctx.ws.settings.protocol === 'tools' && toolCallId) this.say(ctx, { role: 'tool', content, toolCallId });
@@ -513,12 +518,32 @@ export class AgentService {
     ctx.queue.events.push([event, data]);
   }
 
-  /** Writes the step's queued messages, usage and events in one statement, then streams the events. */
-  private async flush(ctx: Ctx): Promise<void> {
+  /**
+   * Writes the step's queued messages, usage and events in one statement (then streams the
+   * events) and resolves once everything the run flushed so far is stored. Appends of one run
+   * are serialised by the event log, so waiting for the last one waits for all.
+   */
+  private flush(ctx: Ctx): Promise<void> {
     const { writes, events } = ctx.queue;
-    if (!writes.length && !events.length) return;
-    ctx.queue = { writes: [], events: [] };
-    await this.events.appendMany(ctx.run.id, events, writes);
+    if (writes.length || events.length) {
+      ctx.queue = { writes: [], events: [] };
+      ctx.stored = this.events.appendMany(ctx.run.id, events, writes).then(
+        () => undefined,
+        (err) => void (ctx.failure ??= err),
+      );
+    }
+    return ctx.stored.then(() => {
+      if (ctx.failure) throw ctx.failure;
+    });
+  }
+
+  /**
+   * Starts the write without waiting for it, so the next model call or execution overlaps the
+   * database round trip. Events are still stored before they are streamed; a failed write
+   * surfaces at the next `flush`, which every path to the end of a run goes through.
+   */
+  private writeBehind(ctx: Ctx): void {
+    this.flush(ctx).catch(() => undefined);
   }
 
   private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
@@ -555,6 +580,7 @@ export class AgentService {
           limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
           snapshot: session.stateSnapshot,
           now: new Date(),
+          evolutions: ctx.evolutions,
         }),
       };
     };
@@ -592,7 +618,7 @@ export class AgentService {
     if (levels.length) {
       const after = messageTokens(out);
       this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: messageTokens(original), after_tokens: after, budget });
-      await this.flush(ctx);
+      this.writeBehind(ctx);
     }
     return out;
   }

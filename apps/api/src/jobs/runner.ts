@@ -6,6 +6,9 @@ import { newId } from '../lib/ids.ts';
 import { rowsOf } from '../db/rows.ts';
 
 export type JobRow = typeof jobs.$inferSelect;
+
+/** Thrown by a handler that was stopped from outside (shutdown): the job goes back to the queue as it was, no attempt used. */
+export class ReleaseJob extends Error {}
 export type JobHandler = (payload: any, job: JobRow) => Promise<void>;
 
 export interface JobRunnerOptions {
@@ -140,6 +143,13 @@ export class JobRunner {
       await handler(job.payload, job);
       await this.db.update(jobs).set({ status: 'succeeded', finishedAt: new Date(this.now()), lockedUntil: null }).where(mine);
     } catch (err) {
+      if (err instanceof ReleaseJob) {
+        await this.db
+          .update(jobs)
+          .set({ status: 'queued', attempts: sql`greatest(${jobs.attempts} - 1, 0)`, lockedBy: null, lockedUntil: null })
+          .where(mine);
+        return;
+      }
       const message = (err as Error).message ?? String(err);
       const retry = job.attempts < job.maxAttempts;
       this.log.warn({ job: job.id, kind: job.kind, attempt: job.attempts, retry, err }, 'job failed');

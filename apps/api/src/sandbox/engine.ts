@@ -131,6 +131,9 @@ export class SandboxEngine {
     this.stopped = true;
     clearInterval(this.timer);
     await Promise.allSettled([...this.acquiring.values()]);
+    // A warm container still being started removes itself once it is up (`stopped`): wait for it,
+    // or the process may exit and leave it running.
+    await this.poolSettled();
     const live = [...this.live.values()];
     const pool = this.pool.splice(0);
     await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...pool.map((w) => this.destroy(w))]);

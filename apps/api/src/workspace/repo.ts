@@ -159,7 +159,7 @@ export class WorkspaceRepos {
     ].filter(Boolean);
     const paragraphs = [summary, body, trailers.join('\n')].filter(Boolean).flatMap((p) => ['-m', p]);
     await git(['commit', '-q', '--no-verify', `--author=${IDENTITY[prov.author]}`, ...paragraphs]);
-    const sha = await readHead(this.dirOf(workspaceId)) ?? (await git(['rev-parse', 'HEAD'])).trim();
+    const sha = readHead(this.dirOf(workspaceId)) ?? (await git(['rev-parse', 'HEAD'])).trim();
     return {
       commit: {
         sha,

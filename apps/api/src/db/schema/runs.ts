@@ -15,6 +15,8 @@ export const runs = pgTable(
     sessionId: text('session_id').notNull().references(() => sessions.id, { onDelete: 'cascade' }),
     status: text('status', { enum: RUN_STATUSES }).notNull().default('queued'),
     model: text('model'),
+    /** What started the run: a person's message, or a post-session review telling the session what it changed. */
+    trigger: text('trigger', { enum: ['message', 'review'] }).notNull().default('message'),
     steps: integer('steps').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),

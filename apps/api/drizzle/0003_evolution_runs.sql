@@ -1,0 +1,1 @@
+ALTER TABLE "runs" ADD COLUMN "trigger" text DEFAULT 'message' NOT NULL;

@@ -1,0 +1,84 @@
+import { and, eq, inArray } from 'drizzle-orm';
+import type { Db } from '../db/client.ts';
+import { evolutions } from '../db/schema/index.ts';
+import { ApiError } from '../http/errors.ts';
+import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { newId } from '../lib/ids.ts';
+
+export type EvolutionRow = typeof evolutions.$inferSelect;
+export type EvolutionKind = 'review' | 'dream';
+
+/**
+ * Where a review or dream stands. `committed` changed the workspace (one commit); `no_change`
+ * looked and decided nothing was worth keeping; `skipped` had nothing new to look at;
+ * `reverted` was undone afterwards.
+ */
+export type EvolutionStatus = 'queued' | 'running' | 'committed' | 'no_change' | 'skipped' | 'failed' | 'reverted';
+
+export async function createEvolution(db: Db, v: { teamId: string; workspaceId: string; sessionId?: string | null; kind: EvolutionKind }): Promise<EvolutionRow> {
+  const [row] = await db
+    .insert(evolutions)
+    .values({ id: newId('evo'), teamId: v.teamId, workspaceId: v.workspaceId, sessionId: v.sessionId ?? null, kind: v.kind, status: 'queued' })
+    .returning();
+  return row!;
+}
+
+export async function getEvolution(db: Db, teamId: string, id: string): Promise<EvolutionRow> {
+  const [row] = await db.select().from(evolutions).where(and(eq(evolutions.id, id), eq(evolutions.teamId, teamId)));
+  if (!row) throw ApiError.notFound('evolution');
+  return row;
+}
+
+/** Marks a queued (or re-claimed) evolution running; false when it already ended. */
+export async function startEvolution(db: Db, id: string): Promise<EvolutionRow | null> {
+  const [row] = await db
+    .update(evolutions)
+    .set({ status: 'running' })
+    .where(and(eq(evolutions.id, id), inArray(evolutions.status, ['queued', 'running'])))
+    .returning();
+  return row ?? null;
+}
+
+export async function endEvolution(
+  db: Db,
+  id: string,
+  v: { status: Exclude<EvolutionStatus, 'queued' | 'running'>; summary?: string | null; commitSha?: string | null; changedPaths?: string[]; diary?: string | null; error?: string | null; checks?: unknown },
+): Promise<void> {
+  await db
+    .update(evolutions)
+    .set({
+      status: v.status,
+      summary: v.summary ?? null,
+      commitSha: v.commitSha ?? null,
+      changedPaths: v.changedPaths ?? [],
+      diary: v.diary ?? null,
+      error: v.error ?? null,
+      checks: v.checks ?? null,
+      finishedAt: new Date(),
+    })
+    .where(eq(evolutions.id, id));
+}
+
+export async function listEvolutions(db: Db, workspaceId: string, p: ListParams & { kind?: EvolutionKind }) {
+  const c = cursorOn(evolutions.id, p);
+  return db
+    .select()
+    .from(evolutions)
+    .where(and(eq(evolutions.workspaceId, workspaceId), p.kind ? eq(evolutions.kind, p.kind) : undefined, c.where))
+    .orderBy(c.orderBy)
+    .limit(c.limit);
+}
+
+export const evolutionView = (e: EvolutionRow) => ({
+  id: e.id,
+  kind: e.kind,
+  status: e.status,
+  session_id: e.sessionId,
+  commit_sha: e.commitSha,
+  changed_paths: e.changedPaths,
+  summary: e.summary,
+  diary: e.diary,
+  error: e.error,
+  created_at: e.createdAt.toISOString(),
+  finished_at: e.finishedAt?.toISOString() ?? null,
+});
