@@ -15,6 +15,8 @@ export interface Reply {
   error?: { message: string; code?: string; type?: string };
   /** Hold the answer until the client goes away (for cancel tests). */
   hang?: boolean;
+  /** Answer only once this settles (to hold a run in flight while something else happens). */
+  until?: Promise<unknown>;
   usage?: { prompt_tokens: number; completion_tokens: number };
 }
 
@@ -97,6 +99,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
         req.socket.on('close', () => res.destroy());
         return;
       }
+      if (reply.until) await reply.until;
       if (reply.status) return send(reply.status, { error: { type: 'invalid_request_error', code: null, ...reply.error } });
       const usage = reply.usage ?? { prompt_tokens: 100, completion_tokens: Math.max(1, Math.ceil((reply.content ?? '').length / 4)) };
       if (body.stream) {

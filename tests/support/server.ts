@@ -13,9 +13,9 @@ export interface KilnProcess {
   exited: Promise<number | string>;
 }
 
-/** Starts `apps/api/src/main.ts` as a real child process and waits for its "listening" banner. */
-export async function startKiln(env: Record<string, string>): Promise<KilnProcess> {
-  const proc = launchKiln(env);
+/** Starts `apps/api/src/main.ts` (of the checkout `cwd`) as a real child process and waits for its "listening" banner. */
+export async function startKiln(env: Record<string, string>, cwd = ROOT): Promise<KilnProcess> {
+  const proc = launchKiln(env, cwd);
   const url = await new Promise<string>((resolve, reject) => {
     const onData = () => {
       const m = /Kiln is listening on (\S+)/.exec(proc.stdout());
@@ -31,9 +31,9 @@ export async function startKiln(env: Record<string, string>): Promise<KilnProces
 }
 
 /** Spawns the server without waiting for it, for start-up failures. */
-export function launchKiln(env: Record<string, string>): Omit<KilnProcess, 'url'> {
+export function launchKiln(env: Record<string, string>, cwd = ROOT): Omit<KilnProcess, 'url'> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], {
-    cwd: ROOT,
+    cwd,
     env: {
       PATH: process.env.PATH!,
       HOME: process.env.HOME ?? '/root',

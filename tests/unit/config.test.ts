@@ -1,4 +1,5 @@
 import { resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../../apps/api/src/config.ts';
 
@@ -66,6 +67,18 @@ describe('config', () => {
     expect(lines).toHaveLength(2);
     expect(lines.join('\n')).not.toMatch(/hunter2|topsecret/);
     expect(lines.join('\n')).toContain('value hidden');
+  });
+
+  it('reads the self-update settings; the source defaults to the running checkout', () => {
+    expect(loadConfig({}).selfUpdate).toEqual({
+      sourceDir: fileURLToPath(new URL('../..', import.meta.url)).replace(/\/$/, ''),
+      checkTimeoutMs: 600_000,
+      stopTimeoutMs: 60_000,
+      readyTimeoutMs: 60_000,
+    });
+    const c = loadConfig({ KILN_SOURCE_DIR: '/srv/kiln', KILN_SELF_CHECK_TIMEOUT_S: '120', KILN_RESTART_STOP_TIMEOUT_S: '5', KILN_RESTART_READY_TIMEOUT_S: '7' });
+    expect(c.selfUpdate).toEqual({ sourceDir: '/srv/kiln', checkTimeoutMs: 120_000, stopTimeoutMs: 5000, readyTimeoutMs: 7000 });
+    expect(problems({ KILN_SELF_CHECK_TIMEOUT_S: '1', KILN_RESTART_READY_TIMEOUT_S: 'soon' }).map((l) => l.split(':')[0])).toEqual(['KILN_SELF_CHECK_TIMEOUT_S', 'KILN_RESTART_READY_TIMEOUT_S']);
   });
 
   it('treats empty strings as unset', () => {

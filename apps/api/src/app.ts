@@ -25,6 +25,8 @@ import { runsRouter } from './routes/runs/runs.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
+import { systemRouter } from './routes/system/system.index.ts';
+import type { SelfUpdates } from './evolution/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 
 export interface AppDeps {
@@ -36,6 +38,8 @@ export interface AppDeps {
   workspaces: WorkspaceService;
   agent: AgentService;
   evolution: EvolutionService;
+  /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
+  updates?: SelfUpdates;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -50,7 +54,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, agent, evolution, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -75,6 +79,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
   app.route('/', runsRouter(db, agent));
   app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
+  if (updates) app.route('/', systemRouter(db, updates));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });
   app.doc31('/openapi.json', {

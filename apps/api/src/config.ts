@@ -45,6 +45,10 @@ const schema = z.object({
   KILN_MODEL: z.string().min(1).max(200).optional(),
   KILN_MODEL_MAX_RETRIES: int(0, 10).default(3),
   KILN_MODEL_TIMEOUT_S: int(1, 3600).default(120),
+  KILN_SOURCE_DIR: z.string().min(1).optional(),
+  KILN_SELF_CHECK_TIMEOUT_S: int(10, 7200).default(600),
+  KILN_RESTART_STOP_TIMEOUT_S: int(1, 3600).default(60),
+  KILN_RESTART_READY_TIMEOUT_S: int(1, 3600).default(60),
   KILN_EVOLUTION_TICK_S: int(1, 3600).default(60),
   KILN_JOBS_POLL_MS: int(50, 600_000).default(2000),
   KILN_JOBS_LEASE_S: int(5, 86_400).default(300),
@@ -82,6 +86,8 @@ export type Config = {
     maxOutputBytes: number;
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
   };
+  /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
+  selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
 
 export class ConfigError extends Error {
@@ -146,6 +152,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         timeoutS: e.KILN_SANDBOX_MAX_TIMEOUT_S,
         diskMb: e.KILN_SANDBOX_MAX_DISK_MB,
       },
+    },
+    selfUpdate: {
+      sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
+      checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,
+      stopTimeoutMs: e.KILN_RESTART_STOP_TIMEOUT_S * 1000,
+      readyTimeoutMs: e.KILN_RESTART_READY_TIMEOUT_S * 1000,
     },
   };
 }

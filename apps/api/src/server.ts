@@ -12,6 +12,7 @@ import { ModelClient } from './agent/llm.ts';
 import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { SelfUpdates } from './evolution/self-update.ts';
 import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
 
@@ -38,7 +39,10 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   if (database.listen) await agent.events.connect(database.listen);
   const evolution = evolutionService(config, database.db, agent, workspaces, logger);
   await evolution.start();
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, evolution, logger });
+  const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
+  await updates.startup();
+  agent.allowSourceUpdates(updates);
+  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, evolution, updates, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
@@ -60,6 +64,8 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         });
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
+      updates.stop();
+      await agent.drain(config.shutdownGraceMs);
       await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();

@@ -2,6 +2,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { memoryEntries } from '../memory/budget.ts';
 import type { SandboxLimits } from '../sandbox/limits.ts';
+import { SOURCE_UPDATE_XML } from './source-update.ts';
 import { readHead } from '../workspace/git.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 
@@ -76,6 +77,9 @@ const TOOLS_PROTOCOL = `Act through the tools: \`python\` runs code, \`memory_se
 skills, \`undo_evolution\` undoes a self-evolution change when the user asks, \`finish\` ends the task
 with a summary for the user. Call one tool per reply.`;
 
+const sourceUpdates = (s: WorkspaceSettings) =>
+  !s.source_updates ? '' : s.protocol === 'xml' ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}` : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
+
 export interface PromptInput {
   dir: string;
   settings: WorkspaceSettings;
@@ -117,7 +121,7 @@ writable: /workspace, /tmp, /home/sandbox; read-only: /workspace/skills/builtin
 limits per step: ${l.timeoutS} s, ${l.memoryMb} MiB memory, ${l.cpus} CPU, ${l.pids} processes, ${l.diskMb} MiB disk
 steps left in this task: at most ${settings.max_steps}
 </Environment>`,
-    `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}\n</Protocol>`,
+    `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}${sourceUpdates(settings)}\n</Protocol>`,
   ];
   return fillPlaceholders(sections.filter(Boolean).join('\n\n'));
 }

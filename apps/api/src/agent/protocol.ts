@@ -1,10 +1,13 @@
 import type { ChatCompletionTool } from 'openai/resources/chat/completions';
 import type { ToolCall } from './llm.ts';
+import { SOURCE_UPDATE_TOOL } from './source-update.ts';
+import type { WorkspaceSettings } from '../workspace/settings.ts';
 
 export type Action =
   | { type: 'python'; code: string }
   | { type: 'memory_search'; query: string }
   | { type: 'finish'; summary: string }
+  | { type: 'source_update'; patch: string; reason: string }
   | { type: 'undo_evolution'; evolutionId: string };
 
 export interface Parsed {
@@ -19,8 +22,20 @@ const tag = (reply: string, name: string) => new RegExp(`<${name}>([\\s\\S]*?)</
 /** Code inside <python> may still be wrapped in a Markdown fence; take the code only. */
 const unfence = (code: string) => /^```(?:python|py)?\s*\n([\s\S]*?)\n?```\s*$/i.exec(code.trim())?.[1] ?? code;
 
-/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish>. */
+const unfenceDiff = (patch: string) => /^```(?:diff|patch)?\s*\n([\s\S]*?)\n?```\s*$/i.exec(patch.trim())?.[1] ?? patch;
+
+/** Read first: a patch may itself contain the other tags. */
+function parseSourceUpdate(reply: string): Action | null {
+  const block = tag(reply, 'propose_source_update');
+  if (block === null) return null;
+  const patch = unfenceDiff(tag(block, 'patch') ?? '').trim();
+  return { type: 'source_update', patch: patch ? `${patch}\n` : '', reason: tag(block, 'reason') ?? '' };
+}
+
+/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
 export function parseXml(reply: string): Parsed {
+  const update = parseSourceUpdate(reply);
+  if (update) return { thinking: tag(reply.replace(/<propose_source_update>[\s\S]*<\/propose_source_update>/i, ''), 'thinking'), action: update };
   const thinking = tag(reply, 'thinking');
   const finish = tag(reply, 'finish');
   const python = tag(reply, 'python');
@@ -73,6 +88,9 @@ export const TOOLS: ChatCompletionTool[] = [
   },
 ];
 
+/** The tools offered to the model: `propose_source_update` only where an org admin enabled it. */
+export const toolsFor = (settings: WorkspaceSettings): ChatCompletionTool[] => (settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS);
+
 /**
  * Native tool calling: the first tool call is the action; a plain answer without one is the
  * model finishing in prose. Arguments that are not valid JSON are a protocol violation.
@@ -90,6 +108,7 @@ export function parseTools(content: string, calls: ToolCall[]): Parsed | { viola
   const str = (k: string) => (typeof args[k] === 'string' ? (args[k] as string) : '');
   if (call.name === 'python' && str('code')) return { thinking, action: { type: 'python', code: str('code') }, toolCallId: call.id };
   if (call.name === 'memory_search' && str('query')) return { thinking, action: { type: 'memory_search', query: str('query') }, toolCallId: call.id };
+  if (call.name === 'propose_source_update') return { thinking, action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId: call.id };
   if (call.name === 'undo_evolution' && str('evolution_id')) return { thinking, action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId: call.id };
   if (call.name === 'finish') return { thinking, action: { type: 'finish', summary: str('summary') }, toolCallId: call.id };
   return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId: call.id };

@@ -22,7 +22,8 @@ import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from '.
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
 import { fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
-import { parseTools, parseXml, TOOLS, XML_CORRECTION, type Action } from './protocol.ts';
+import { parseTools, parseXml, toolsFor, XML_CORRECTION, type Action } from './protocol.ts';
+import * as su from './source-update.ts';
 
 export type RunRow = typeof runs.$inferSelect;
 export type { MessageRow };
@@ -30,6 +31,8 @@ export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
 const MAX_VIOLATIONS = 3;
+const SHUTDOWN = 'shutdown';
+const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
 /** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
 const TOOL_RESULT_CAP = 1000;
 /** Level 2 instead of 3 when the token limit is hit with more turns than this. */
@@ -99,6 +102,7 @@ type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired
 export class AgentService {
   private readonly active = new Map<string, AbortController>();
   private readonly expiries = new Map<string, NodeJS.Timeout>();
+  private sourceUpdates: su.SourceUpdateSink | undefined;
 
   constructor(
     private readonly db: Db,
@@ -112,15 +116,27 @@ export class AgentService {
   /** After a restart: runs that were thinking or acting are failed as interrupted; pending approvals keep waiting. */
   async startup(): Promise<void> {
     const inFlight = await this.db.select().from(runs).where(inArray(runs.status, ['queued', 'in_progress']));
-    for (const run of inFlight) await this.finish(run, 'failed', { code: 'interrupted', message: 'the server restarted while this run was in progress' });
+    for (const run of inFlight) await this.finish(run, 'failed', INTERRUPTED);
     const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
     for (const a of pending) this.scheduleExpiry(a);
+  }
+
+  /** Where approved `propose_source_update` patches go; without it the action is refused. */
+  allowSourceUpdates(sink: su.SourceUpdateSink): void {
+    this.sourceUpdates = sink;
+  }
+
+  /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */
+  async drain(ms: number): Promise<void> {
+    for (const end = Date.now() + ms; this.active.size > 0 && Date.now() < end; ) await new Promise((r) => setTimeout(r, 100));
   }
 
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
     for (const t of this.expiries.values()) clearTimeout(t);
-    for (const c of this.active.values()) c.abort(new Error('shutdown'));
+    for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
+    // Let the aborted loops record that before the database closes (a start-up would otherwise).
+    await this.drain(5000);
   }
 
   async postMessage(teamId: string, sessionId: string, content: string): Promise<{ message: MessageRow; run: RunRow }> {
@@ -179,13 +195,14 @@ export class AgentService {
 
   // ---- approvals -----------------------------------------------------------------------
 
-  async listApprovals(teamId: string, f: { status?: string; workspace?: string }) {
+  /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
+  async listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
     return this.db
       .select()
       .from(approvals)
       .where(
         and(
-          eq(approvals.teamId, teamId),
+          teamId ? eq(approvals.teamId, teamId) : eq(approvals.requiresOrgAdmin, true),
           f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
           f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
         ),
@@ -213,7 +230,7 @@ export class AgentService {
       .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
       .returning();
     if (!decided) throw new ApiError('conflict', 'this approval was decided at the same moment by someone else');
-    if (decision === 'approve_session') await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
+    if (decision === 'approve_session' && !a.requiresOrgAdmin) await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
     this.clearExpiry(a.id);
     await this.resume(decided, status);
     return decided;
@@ -303,7 +320,7 @@ export class AgentService {
       let turn;
       try {
         const call = async (force?: { budget: number }) =>
-          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? TOOLS : undefined, signal });
+          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? toolsFor(ws.settings) : undefined, signal });
         try {
           turn = await call();
         } catch (err) {
@@ -362,6 +379,7 @@ export class AgentService {
       await this.undo(ctx, action.evolutionId, toolCallId);
       return false;
     }
+    if (action.type === 'source_update') return this.proposeSourceUpdate(ctx, action, toolCallId);
     this.emit(ctx, 'code.proposed', { code: action.code });
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
@@ -379,7 +397,20 @@ export class AgentService {
     return false;
   }
 
-  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
+  /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
+  private async proposeSourceUpdate(ctx: Ctx, action: { patch: string; reason: string }, toolCallId: string | undefined): Promise<boolean> {
+    const refusal = !ctx.ws.settings.source_updates || !this.sourceUpdates ? su.SOURCE_UPDATE_DISABLED : !action.patch || !action.reason.trim() ? su.SOURCE_UPDATE_INCOMPLETE : null;
+    if (refusal) {
+      this.reply(ctx, toolCallId, refusal);
+      await this.flush(ctx);
+      return false;
+    }
+    await this.flush(ctx);
+    await this.requestApproval(ctx, su.approvalText(action.reason, action.patch), toolCallId, true);
+    return true;
+  }
+
+  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined, orgAdmin = false): Promise<void> {
     const timeout = ctx.ws.settings.approval.timeout_s;
     const [a] = (await this.db
       .insert(approvals)
@@ -391,11 +422,12 @@ export class AgentService {
         runId: ctx.run.id,
         code,
         toolCallId: toolCallId ?? null,
+        requiresOrgAdmin: orgAdmin,
         expiresAt: new Date(Date.now() + timeout * 1000),
       })
       .returning()) as [ApprovalRow];
     await this.db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, ctx.run.id));
-    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString() });
+    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin });
     await this.events.append(ctx.run.id, 'run.requires_action', { approval_id: a.id });
     this.scheduleExpiry(a);
   }
@@ -403,6 +435,16 @@ export class AgentService {
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
   private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<boolean> {
     const toolCallId = approval.toolCallId ?? undefined;
+    if (outcome === 'approved' && approval.requiresOrgAdmin) {
+      const proposal = su.fromApprovalText(approval.code);
+      const sink = this.sourceUpdates;
+      const answer = sink
+        ? await sink.submit({ ...proposal, author: 'agent' }, undefined).then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
+        : su.SOURCE_UPDATE_DISABLED;
+      this.reply(ctx, toolCallId, answer);
+      await this.flush(ctx);
+      return false;
+    }
     if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId).then(() => false);
     this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
     await this.flush(ctx);
@@ -466,6 +508,8 @@ export class AgentService {
 
   /** Writes what the step still has queued, then ends the run. */
   private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
+    // A shutdown is no one's cancel: the run was interrupted, as after a crash.
+    if (status === 'cancelled' && (ctx.signal.reason as Error | undefined)?.message === SHUTDOWN) return this.end(ctx, 'failed', INTERRUPTED);
     await this.flush(ctx);
     await this.finish(ctx.run, status, error);
   }

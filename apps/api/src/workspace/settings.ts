@@ -40,6 +40,10 @@ const sections = {
   model: z.string().min(1).max(200).nullable().openapi({ description: 'null = the server default (KILN_MODEL)' }),
   protocol: z.enum(['xml', 'tools']),
   max_steps: z.number().int().min(1).max(500),
+  source_updates: z
+    .boolean()
+    .default(false)
+    .openapi({ description: 'the agent may propose platform source updates (each needs an org admin\u2019s approval); only an org admin changes this (PUT /v1/system/workspaces/{ws}/source-updates)' }),
   approval: z
     .object({
       mode: z.enum(['ask', 'auto', 'deny']),
@@ -99,6 +103,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
   model: null,
   protocol: 'xml',
   max_steps: 30,
+  source_updates: false,
   approval: { mode: 'ask', rules: [], timeout_s: 600 },
   sandbox: { memory_mb: 512, cpus: 1, pids: 256, timeout_s: 60, disk_mb: 256, network: 'none' },
   context: { max_tokens: 64_000, max_turns: 40 },

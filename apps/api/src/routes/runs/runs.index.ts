@@ -43,6 +43,7 @@ const approvalView = (a: ApprovalRow) => ({
   session_id: a.sessionId,
   workspace_id: a.workspaceId,
   code: a.code,
+  requires_org_admin: a.requiresOrgAdmin,
   status: a.status,
   decision: a.decision,
   reason: a.reason,
@@ -110,12 +111,16 @@ export function runsRouter(db: Db, agent: AgentService) {
       }
       return streamRun(c, agent.events, run.id, after) as never;
     })
-    .openapi(r.listApprovals, async (c) => c.json({ data: (await agent.listApprovals(teamOf(c), c.req.valid('query'))).map(approvalView) }, 200))
+    .openapi(r.listApprovals, async (c) => {
+      const orgAdmin = c.get('principal').role === 'org_admin';
+      return c.json({ data: (await agent.listApprovals(orgAdmin ? null : teamOf(c), c.req.valid('query'))).map(approvalView) }, 200);
+    })
     .openapi(r.decideApproval, async (c) => {
-      teamOf(c);
+      // Org admins decide the approvals only they may (platform source updates), in any team.
+      if (c.get('principal').role !== 'org_admin') teamOf(c);
       const { decision, reason } = c.req.valid('json');
       const a = await agent.decide(c.get('principal'), c.req.valid('param').a, decision, reason);
-      c.set('audit', { action: 'approval.decide', resourceType: 'approval', resourceId: a.id, after: { decision, reason: reason ?? null, run_id: a.runId } });
+      c.set('audit', { action: 'approval.decide', resourceType: 'approval', resourceId: a.id, teamId: a.teamId, after: { decision, reason: reason ?? null, run_id: a.runId } });
       return c.json(approvalView(a), 200);
     })
     .openapi(r.getUsage, async (c) => {

@@ -35,6 +35,7 @@ export const Approval = z
     session_id: z.string(),
     workspace_id: z.string(),
     code: z.string(),
+    requires_org_admin: z.boolean().openapi({ description: 'a platform source update proposed by the agent: only an org admin decides it' }),
     status: z.enum(['pending', 'approved', 'denied', 'expired']),
     decision: z.string().nullable(),
     reason: z.string().nullable(),

@@ -1,0 +1,248 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { basename, dirname, join } from 'node:path';
+import { generateKey } from '../auth/keys.ts';
+import { gitIn, type Git } from '../workspace/git.ts';
+
+/** One step of the self-check (or the restart), as stored in the update's `checks`. */
+export interface CheckStep {
+  name: 'install' | 'typecheck' | 'smoke' | 'boot' | 'readyz' | 'restart';
+  ok: boolean;
+  duration_ms: number;
+  log: string;
+}
+
+export interface CheckOptions {
+  /** Per step: install, type-check, smoke tests, boot. */
+  stepTimeoutMs: number;
+  readyTimeoutMs: number;
+  stopTimeoutMs: number;
+  dockerHost?: string;
+  /** Child processes started by the check, so a shutdown can end them. */
+  children: Set<ChildProcess>;
+}
+
+/** A patch that cannot be applied: the route answers 400 and nothing is left behind. */
+export class PatchError extends Error {}
+
+/** The source checkout itself is unusable (not a git repository). */
+export class SourceError extends Error {}
+
+const LOG_HEAD = 4096;
+const LOG_TAIL = 12_288;
+const BANNER = /Kiln is listening on (\S+)/;
+const WORKTREE_PREFIX = 'kiln-self-check-';
+/** The identity of the commits Kiln makes in its own source (gitIn already turns hooks and signing off). */
+export const IDENTITY = ['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid'];
+
+/** Keys (a check's server or a test may print one) never reach the stored log. */
+export const redact = (text: string) => text.replace(/kiln_(admin_)?[A-Za-z0-9_-]{20,}/g, 'kiln_[redacted]');
+
+/** The head and tail of a long log, redacted, with the number of characters cut. */
+export function capLog(text: string): string {
+  const t = redact(text);
+  if (t.length <= LOG_HEAD + LOG_TAIL) return t;
+  return `${t.slice(0, LOG_HEAD)}\n… [${t.length - LOG_HEAD - LOG_TAIL} characters cut] …\n${t.slice(-LOG_TAIL)}`;
+}
+
+/** git in the platform's source checkout, with nothing of the server's environment or user config. */
+export const sourceGit = (dir: string): Git => gitIn(dir, tmpdir());
+
+/** A check's directory (`<tmp>/kiln-self-check-<id>/`) holds its worktree (`src/`), the patch and the boot's data. */
+export const isCheckWorktree = (path: string) => basename(path) === 'src' && basename(dirname(path)).startsWith(WORKTREE_PREFIX);
+
+export interface Prepared {
+  worktree: string;
+  base: string;
+  commit: string;
+  paths: string[];
+}
+
+/**
+ * Applies an untrusted patch in a new worktree at the source's HEAD and commits it there
+ * (detached, kept reachable by `refs/kiln/updates/<id>`). git refuses paths outside the
+ * worktree, inside `.git` and beyond symbolic links; links themselves are refused here. On any
+ * failure the worktree is removed and nothing else was written.
+ */
+export async function preparePatch(sourceDir: string, o: { id: string; patch: string; message: string }): Promise<Prepared> {
+  if (/^(new file mode|new mode|old mode|deleted file mode|index [0-9a-f]+\.\.[0-9a-f]+) 120000\b/m.test(o.patch)) {
+    throw new PatchError('the patch may not create, change or delete symbolic links');
+  }
+  const git = sourceGit(sourceDir);
+  const base = (await git(['rev-parse', 'HEAD']).catch(() => {
+    throw new SourceError(`the source directory ${sourceDir} is not a git checkout (set KILN_SOURCE_DIR)`);
+  })).trim();
+  const home = mkdtempSync(join(tmpdir(), `${WORKTREE_PREFIX}${o.id}-`));
+  const worktree = join(home, 'src');
+  const patchFile = join(home, 'update.patch');
+  try {
+    await git(['worktree', 'add', '--detach', worktree, base]);
+    writeFileSync(patchFile, o.patch);
+    const wt = sourceGit(worktree);
+    await wt(['apply', '--check', patchFile]).catch((err: Error) => {
+      throw new PatchError(`the patch does not apply to ${base.slice(0, 12)}: ${err.message.replace(/^git apply failed: /, '').replaceAll(patchFile, 'patch')}`);
+    });
+    await wt(['apply', '--index', patchFile]);
+    const paths = (await wt(['diff', '--cached', '--name-only', '-z'])).split('\0').filter(Boolean);
+    if (paths.length === 0) throw new PatchError('the patch changes nothing');
+    await wt([...IDENTITY, 'commit', '-q', '--no-verify', '-m', o.message]);
+    const commit = (await wt(['rev-parse', 'HEAD'])).trim();
+    await git(['update-ref', `refs/kiln/updates/${o.id}`, commit]);
+    return { worktree, base, commit, paths };
+  } catch (err) {
+    await removeWorktree(sourceDir, worktree);
+    throw err;
+  }
+}
+
+/** Removes a check's worktree with everything else in its directory. */
+export async function removeWorktree(sourceDir: string, worktree: string): Promise<void> {
+  await sourceGit(sourceDir)(['worktree', 'remove', '--force', worktree]).catch(() => undefined);
+  rmSync(dirname(worktree), { recursive: true, force: true });
+  await sourceGit(sourceDir)(['worktree', 'prune']).catch(() => undefined);
+}
+
+/** The environment of every process the check starts: nothing of the server's secrets. */
+function childEnv(o: CheckOptions, extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH ?? '/usr/bin:/bin',
+    HOME: process.env.HOME ?? tmpdir(),
+    LANG: 'C.UTF-8',
+    NO_COLOR: '1',
+    CI: '1',
+    ...(o.dockerHost ? { DOCKER_HOST: o.dockerHost } : {}),
+    ...extra,
+  };
+}
+
+function track(o: CheckOptions, child: ChildProcess): { output: () => string; exited: Promise<number | string> } {
+  let out = '';
+  const take = (d: Buffer) => {
+    out += d.toString();
+    // Keep memory bounded on a runaway log; capLog keeps head and tail of what is left.
+    if (out.length > 4 * 1024 * 1024) out = out.slice(0, LOG_HEAD) + out.slice(-2 * 1024 * 1024);
+  };
+  child.stdout?.on('data', take);
+  child.stderr?.on('data', take);
+  o.children.add(child);
+  const exited = new Promise<number | string>((resolve) =>
+    child.on('close', (code, signal) => {
+      o.children.delete(child);
+      resolve(code ?? signal ?? -1);
+    }),
+  );
+  child.on('error', (err) => (out += `\n${err.message}`));
+  return { output: () => out, exited };
+}
+
+async function timed(name: CheckStep['name'], fn: () => Promise<{ ok: boolean; log: string }>): Promise<CheckStep> {
+  const t0 = performance.now();
+  const { ok, log } = await fn().catch((err: Error) => ({ ok: false, log: err.message }));
+  return { name, ok, duration_ms: Math.round(performance.now() - t0), log: capLog(log) };
+}
+
+/** Runs a command to completion (SIGKILL at the step deadline); ok means exit code 0. */
+function command(o: CheckOptions, cwd: string, cmd: string, args: string[]): Promise<{ ok: boolean; log: string }> {
+  const child = spawn(cmd, args, { cwd, env: childEnv(o), stdio: ['ignore', 'pipe', 'pipe'] });
+  const { output, exited } = track(o, child);
+  const timer = setTimeout(() => child.kill('SIGKILL'), o.stepTimeoutMs);
+  return exited.then((code) => {
+    clearTimeout(timer);
+    const note = code === 0 ? '' : code === 'SIGKILL' ? `\n[killed after ${o.stepTimeoutMs} ms]` : `\n[exit ${code}]`;
+    return { ok: code === 0, log: `$ ${[cmd, ...args].join(' ')}\n${output()}${note}` };
+  });
+}
+
+const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Boots the patched server on a spare port with a throwaway embedded database, no warm pool and
+ * an instance id of its own (its reaper touches nobody's containers), waits for its banner,
+ * then probes `/readyz` and stops it with SIGTERM: a clean exit is part of passing.
+ */
+async function boot(o: CheckOptions, worktree: string, id: string): Promise<CheckStep[]> {
+  const dataDir = join(dirname(worktree), 'data');
+  const env = childEnv(o, {
+    KILN_PORT: '0',
+    KILN_HOST: '127.0.0.1',
+    KILN_DATA_DIR: dataDir,
+    KILN_ADMIN_KEY: generateKey('admin'),
+    KILN_SANDBOX_POOL_SIZE: '0',
+    KILN_INSTANCE_ID: `self-check-${id}-${randomBytes(3).toString('hex')}`,
+    KILN_LOG_LEVEL: 'warn',
+    KILN_SOURCE_DIR: worktree,
+  });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], { cwd: worktree, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const { output, exited } = track(o, child);
+  let gone: number | string | undefined;
+  void exited.then((c) => (gone = c));
+  try {
+    const t0 = performance.now();
+    let url: string | undefined;
+    for (const end = Date.now() + o.stepTimeoutMs; !url && gone === undefined && Date.now() < end; await delay(100)) url = BANNER.exec(output())?.[1];
+    const booted: CheckStep = {
+      name: 'boot',
+      ok: !!url,
+      duration_ms: Math.round(performance.now() - t0),
+      log: capLog(url ? `listening on ${url}\n${output()}` : `${output()}\n[${gone === undefined ? `no banner within ${o.stepTimeoutMs} ms` : `exit ${gone}`}]`),
+    };
+    if (!url) return [booted];
+    const ready = await timed('readyz', async () => {
+      let last = 'no answer';
+      for (const end = Date.now() + o.readyTimeoutMs; gone === undefined && Date.now() < end; await delay(200)) {
+        const res = await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(2000) }).catch((err: Error) => err);
+        last = res instanceof Error ? res.message : `${res.status} ${await res.text()}`;
+        if (!(res instanceof Error) && res.status === 200) break;
+      }
+      const ok = last.startsWith('200 ');
+      if (!ok) return { ok, log: `GET /readyz → ${last}\n${output()}` };
+      child.kill('SIGTERM');
+      const code = await Promise.race([exited, delay(o.stopTimeoutMs).then(() => 'timeout')]);
+      const clean = code === 0;
+      return { ok: clean, log: `GET /readyz → ${last}\nSIGTERM → ${code === 'timeout' ? `still running after ${o.stopTimeoutMs} ms` : `exit ${code}`}\n${output()}` };
+    });
+    return [booted, ready];
+  } finally {
+    if (gone === undefined) {
+      child.kill('SIGKILL');
+      await exited;
+    }
+  }
+}
+
+/**
+ * The self-check of a prepared worktree: install (only when package-lock.json differs from the
+ * running checkout's; otherwise its node_modules is linked), type-check, the smoke suite, then
+ * boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
+ */
+export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o: CheckOptions, onStep: (s: CheckStep) => Promise<void>): Promise<boolean> {
+  const lock = (dir: string) => {
+    try {
+      return readFileSync(join(dir, 'package-lock.json'), 'utf8');
+    } catch {
+      return null;
+    }
+  };
+  const steps: (() => Promise<CheckStep | CheckStep[]>)[] = [
+    () =>
+      lock(p.worktree) === lock(sourceDir)
+        ? timed('install', async () => {
+            symlinkSync(realpathSync(join(sourceDir, 'node_modules')), join(p.worktree, 'node_modules'));
+            return { ok: true, log: "package-lock.json unchanged: linked the running checkout's node_modules" };
+          })
+        : timed('install', () => command(o, p.worktree, 'npm', ['ci', '--no-audit', '--no-fund'])),
+    () => timed('typecheck', () => command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.json', '--noEmit'])),
+    () => timed('smoke', () => command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke'])),
+    () => boot(o, p.worktree, id),
+  ];
+  for (const step of steps) {
+    const done = await step();
+    for (const s of [done].flat()) {
+      await onStep(s);
+      if (!s.ok) return false;
+    }
+  }
+  return true;
+}

@@ -1,0 +1,104 @@
+/**
+ * Platform self-update benchmark (`npm run bench:self-update`): prints figures, never fails on time.
+ *
+ * On a clone of this checkout, a server started as its own process takes BENCH_ROUNDS harmless
+ * patches (one README line each) through submit → self-check → apply → relay restart, and says
+ *  1. how long each self-check step took (install is a node_modules link: the lockfile is unchanged)
+ *  2. the restart's downtime as the relay measured it (SIGTERM to the new version's /readyz 200)
+ *  3. the downtime a client saw: the longest run of failed /healthz polls (every 10 ms) around it
+ */
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { generateKey } from '../apps/api/src/auth/keys.ts';
+import { alive } from '../infra/relay/relay.ts';
+import { cloneProject, freePort, gitSync } from '../tests/support/checkout.ts';
+import { startKiln } from '../tests/support/server.ts';
+import { heading, row, summarize } from './lib.ts';
+
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+async function main() {
+  const dir = mkdtempSync(join(tmpdir(), 'kiln-bench-selfupdate-'));
+  const checkout = join(dir, 'src');
+  cloneProject(ROOT, checkout);
+  const adminKey = generateKey('admin');
+  const port = await freePort();
+  const first = await startKiln({ KILN_DATA_DIR: join(dir, 'data'), KILN_ADMIN_KEY: adminKey, KILN_PORT: String(port), KILN_SOURCE_DIR: checkout }, checkout);
+  const url = first.url;
+  const pids = new Set([first.child.pid!]);
+  const api = async (path: string, method = 'GET', body?: unknown) => {
+    const res = await fetch(`${url}${path}`, { method, headers: { authorization: `Bearer ${adminKey}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+    return (await res.json()) as any;
+  };
+  const until = async <T>(fn: () => Promise<T | undefined>): Promise<T> => {
+    for (;;) {
+      const v = await fn().catch(() => undefined);
+      if (v !== undefined) return v;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+
+  const steps = new Map<string, number[]>();
+  const relay: number[] = [];
+  const client: number[] = [];
+  try {
+    for (let i = 0; i < ROUNDS; i++) {
+      const readme = join(checkout, 'README.md');
+      const original = readFileSync(readme, 'utf8');
+      writeFileSync(readme, `${original}\nBenchmark round ${i}.\n`);
+      const patch = `${gitSync(checkout, 'diff')}\n`;
+      writeFileSync(readme, original);
+
+      const submitted = await api('/v1/system/updates', 'POST', { patch, reason: `benchmark round ${i}` });
+      const ready = await until(async () => {
+        const u = await api(`/v1/system/updates/${submitted.id}`);
+        return u.status === 'checking' ? undefined : u;
+      });
+      if (ready.status !== 'ready') throw new Error(`self-check failed: ${JSON.stringify(ready.checks.at(-1))}`);
+      for (const c of ready.checks) steps.set(c.name, [...(steps.get(c.name) ?? []), c.duration_ms]);
+
+      // Poll /healthz from just before the apply until the update is finished.
+      let polling = true;
+      let gapStart: number | undefined;
+      let longest = 0;
+      const poller = (async () => {
+        while (polling) {
+          const ok = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false);
+          const now = performance.now();
+          if (!ok) gapStart ??= now;
+          else if (gapStart !== undefined) {
+            longest = Math.max(longest, now - gapStart);
+            gapStart = undefined;
+          }
+          await new Promise((r) => setTimeout(r, 10));
+        }
+      })();
+      await api(`/v1/system/updates/${submitted.id}/apply`, 'POST');
+      const done = await until(async () => {
+        const u = await api(`/v1/system/updates/${submitted.id}`);
+        return u.status === 'applying' ? undefined : u;
+      });
+      polling = false;
+      await poller;
+      if (done.status !== 'applied') throw new Error(`apply ended ${done.status}: ${done.error}`);
+      pids.add((await api('/v1/system/version')).pid);
+      relay.push(done.checks.at(-1).duration_ms);
+      client.push(longest);
+    }
+  } finally {
+    for (const p of pids) if (alive(p)) process.kill(p, 'SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
+
+  heading(`Platform self-update, ${ROUNDS} round(s) of a one-line patch (PGlite, ${new Date().toISOString().slice(0, 10)})`);
+  for (const [name, samples] of steps) process.stdout.write(`${row(`self-check step: ${name}`, summarize(samples))}\n`);
+  const total = [...steps.values()].reduce((acc, s) => acc.map((v, i) => v + s[i]!), new Array<number>(ROUNDS).fill(0));
+  process.stdout.write(`${row('self-check, all steps', summarize(total))}\n`);
+  process.stdout.write(`${row('restart downtime (relay: SIGTERM → /readyz 200)', summarize(relay))}\n`);
+  process.stdout.write(`${row('restart downtime seen by a client (/healthz)', summarize(client))}\n`);
+}
+
+await main();
