@@ -12,7 +12,7 @@ import { createTestApp } from '../tests/support/app.ts';
 import { converse, eventsUntil } from '../tests/support/agent.ts';
 import { startFakeOpenAI } from '../tests/support/fake-openai.ts';
 import { sessionIn } from '../tests/support/sandbox.ts';
-import { heading, row, summarize, timeEach } from './lib.ts';
+import { cpuEach, cpuMs, heading, row, summarize, timeEach } from './lib.ts';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 10);
 const STEPS = Number(process.env.BENCH_STEPS ?? 10);
@@ -29,33 +29,43 @@ async function main() {
     script();
     await converse(t, team.key, session, 'warm up');
     const perStep: number[] = [];
+    const cpuPerStep: number[] = [];
     for (let i = 0; i < RUNS; i++) {
       script();
       const t0 = performance.now();
+      const c0 = cpuMs();
       const { run } = await converse(t, team.key, session, `run ${i}`);
       perStep.push((performance.now() - t0) / run.steps);
+      cpuPerStep.push((cpuMs() - c0) / run.steps);
     }
     const step = summarize(perStep);
 
     heading('2. the parts that are not Kiln, measured alone in the same run');
     const client = new OpenAI({ baseURL: fake.url, apiKey: 'k', maxRetries: 0 });
     const messages = (fake.chats().at(-1).messages as OpenAI.ChatCompletionMessageParam[]).slice();
-    const model = summarize(
-      await timeEach(RUNS * STEPS, async () => {
-        fake.script({ content: '<python>n = 1</python>' });
-        const stream = await client.chat.completions.create({ model: 'fake-model', messages, stream: true, stream_options: { include_usage: true } });
-        for await (const _ of stream) void _;
-      }),
-    );
+    const modelCall = async () => {
+      fake.script({ content: '<python>n = 1</python>' });
+      const stream = await client.chat.completions.create({ model: 'fake-model', messages, stream: true, stream_options: { include_usage: true } });
+      for await (const _ of stream) void _;
+    };
+    const model = summarize(await timeEach(RUNS * STEPS, modelCall));
+    const modelCpu = summarize(await cpuEach(RUNS * STEPS, modelCall));
     const limits = t.engine.limitsFor((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox);
     // The same session's sandbox, with its workspace copy synced after each execution, as in a step.
     const ctx = { teamId: team.id, workspaceId: ws, sessionId: session, workspaceDir: t.workspaces.repos.dirOf(ws) };
     const sandbox = summarize(await timeEach(RUNS * STEPS, () => t.engine.exec(ctx, limits, 'n = 1')));
+    const sandboxCpu = summarize(await cpuEach(RUNS * STEPS, () => t.engine.exec(ctx, limits, 'n = 1')));
     process.stdout.write(`${row('model call to the scripted endpoint', model)}\n`);
     process.stdout.write(`${row('sandbox exec + workspace sync (engine)', sandbox)}\n`);
     process.stdout.write(`${row('one agent step, end to end', step)}\n`);
     const overhead = { n: step.n, p50: step.p50 - model.p50 - sandbox.p50, p95: step.p95 - model.p50 - sandbox.p50 };
     process.stdout.write(`${row('Kiln overhead per step (step − model − exec)', overhead)}\n`);
+    // CPU time of this process is not inflated by other load on the machine (or a hypervisor's
+    // steal time) the way wall-clock time is: the same subtraction, in CPU milliseconds.
+    const stepCpu = summarize(cpuPerStep);
+    process.stdout.write(`${row('CPU: one agent step (this process)', stepCpu)}\n`);
+    process.stdout.write(`${row('CPU: model call + sandbox exec alone', { n: modelCpu.n, p50: modelCpu.p50 + sandboxCpu.p50, p95: modelCpu.p95 + sandboxCpu.p95 })}\n`);
+    process.stdout.write(`${row('CPU: Kiln per step (step − model − exec)', { n: stepCpu.n, p50: stepCpu.p50 - modelCpu.p50 - sandboxCpu.p50, p95: stepCpu.p95 - modelCpu.p50 - sandboxCpu.p50 })}\n`);
 
     heading('3. cancel: from POST /cancel to run.cancelled, while code spins in the sandbox');
     const cancelTimes: number[] = [];

@@ -29,6 +29,23 @@ export async function timeEach(n: number, fn: (i: number) => Promise<unknown>, w
   return out;
 }
 
+/** CPU time this process has used (user + system), in milliseconds. */
+export function cpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+}
+
+/** Like `timeEach`, but measures the CPU time this process spent, not the wall-clock time. */
+export async function cpuEach(n: number, fn: (i: number) => Promise<unknown>): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const c0 = cpuMs();
+    await fn(i);
+    out.push(cpuMs() - c0);
+  }
+  return out;
+}
+
 const ms = (v: number) => `${v.toFixed(2)} ms`;
 
 export function row(label: string, s: Summary, baseline?: Summary): string {
