@@ -383,4 +383,28 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     // The lock is free again: the next patch is looked at (and this one refused), not turned away with 409.
     expect((await submit('not a patch', 'after the failed relay')).status).toBe(400);
   });
+
+  it('installs the dependencies a patch changes (package-lock.json differs) before type-checking it', async () => {
+    // A patch that adds a dependency, made the way a person would: npm resolves it into the lockfile.
+    const scratch = mkTemp('kiln-patch-dep-');
+    execFileSync('git', ['clone', '-q', checkout, scratch]);
+    execFileSync('npm', ['install', '--package-lock-only', '--no-audit', '--no-fund', '--save-dev', 'is-number@7.0.0'], { cwd: scratch, stdio: 'ignore' });
+    git(scratch, 'add', '-A');
+    const patch = git(scratch, 'diff', '--cached') + '\n';
+    expect(patch).toContain('package-lock.json');
+    const r = await submit(patch, 'Add is-number as a dev dependency');
+    expect(r.status).toBe(202);
+    const done = await settled(r.body.id, ['checking']);
+    expect(done.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
+      ['install', true],
+      ['typecheck', true],
+      ['smoke', true],
+      ['boot', true],
+      ['readyz', true],
+    ]);
+    // npm ci ran in the worktree (the unchanged-lockfile path only links node_modules).
+    expect(done.checks[0].log).not.toContain('linked the running checkout');
+    expect(done.checks[0].log).toMatch(/added \d+ packages/);
+    expect(done.status).toBe('ready');
+  });
 });
