@@ -61,6 +61,16 @@ export class RunEventLog {
     }
   }
 
+  /** A run written together with its first events: they are numbered from 1 without asking the database. */
+  begin(runId: string): void {
+    this.next.set(runId, 1);
+  }
+
+  /** A run that was never written (its first write failed). */
+  forget(runId: string): void {
+    this.next.delete(runId);
+  }
+
   async append(runId: string, event: string, data: unknown = {}): Promise<RunEvent> {
     return (await this.appendMany(runId, [[event, data]]))[0]!;
   }
@@ -80,7 +90,15 @@ export class RunEventLog {
         return this.write(runId, items, writes);
       }),
     );
-    this.tails.set(runId, done.catch(() => undefined));
+    const tail = done.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.tails.set(runId, tail);
+    // The chain is only needed while appends are pending: drop it once the last one settled.
+    void tail.then(() => {
+      if (this.tails.get(runId) === tail) this.tails.delete(runId);
+    });
     return done;
   }
 

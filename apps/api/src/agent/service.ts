@@ -90,6 +90,9 @@ interface Ctx {
   evolutions: Awaited<ReturnType<typeof recentEvolutions>>;
 }
 
+/** What a run's loop starts from. */
+type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
+
 /** How a paused run continues once its approval is decided. */
 type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
 
@@ -146,19 +149,28 @@ export class AgentService {
       throw new ApiError('model_unavailable', 'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting "model". Sessions, exec, files and memory work without one.');
     }
     const runId = newId('run');
-    let run: RunRow;
+    const now = new Date();
+    const run: RunRow = {
+      id: runId, teamId, workspaceId: workspace.id, sessionId, status: 'queued', model, trigger: 'message', steps: 0, promptTokens: 0, completionTokens: 0,
+      error: null, createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
+    };
+    const message = messageRow(session, runId, { role: 'user', content });
+    // The run, the person's message, the session's activity and the first two events: one statement.
+    const writes = [
+      sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at) values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz)`,
+      insertMessage(message),
+      sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
+    ];
+    this.events.begin(runId);
     try {
-      [run] = (await this.db.insert(runs).values({ id: runId, teamId, workspaceId: workspace.id, sessionId, model }).returning()) as [RunRow];
+      await this.events.appendMany(runId, [['run.created', { run_id: runId, session_id: sessionId, model }], ['message.created', { id: message.id, role: 'user', content }]], writes);
     } catch (err) {
+      this.events.forget(runId);
       if (!isUniqueViolation(err)) throw err;
       const [busy] = await this.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, sessionId), inArray(runs.status, ACTIVE)));
       throw new ApiError('session_busy', 'this session already has a run that has not finished', { run_id: busy?.id ?? null });
     }
-    const message = await this.addMessage(session, run.id, { role: 'user', content });
-    await this.db.update(sessions).set({ lastActivityAt: new Date() }).where(eq(sessions.id, sessionId));
-    await this.events.append(run.id, 'run.created', { run_id: run.id, session_id: sessionId, model });
-    await this.events.append(run.id, 'message.created', { id: message.id, role: 'user', content });
-    this.launch(run.id);
+    this.launch(runId, undefined, { run, session, ws: workspace });
     return { message, run };
   }
 
@@ -273,12 +285,13 @@ export class AgentService {
 
   // ---- the loop ------------------------------------------------------------------------
 
-  private launch(runId: string, resume?: Resume): void {
+  /** Starts (or resumes) a run's loop; `loaded` spares re-reading what the caller just wrote. */
+  private launch(runId: string, resume?: Resume, loaded?: Loaded): void {
     const controller = new AbortController();
     // Every model call and execution of the run listens to this one signal.
     setMaxListeners(0, controller.signal);
     this.active.set(runId, controller);
-    this.loop(runId, controller.signal, resume)
+    this.loop(runId, controller.signal, resume, loaded)
       .catch(async (err) => {
         this.log.error({ err, run: runId }, 'run crashed');
         const [run] = await this.db.select().from(runs).where(eq(runs.id, runId));
@@ -287,19 +300,25 @@ export class AgentService {
       .finally(() => this.active.delete(runId));
   }
 
-  private async loop(runId: string, signal: AbortSignal, resume?: Resume): Promise<void> {
-    let [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
+  private async load(runId: string): Promise<Loaded> {
+    const [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
     const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
-    const ws = await getWorkspace(this.db, run.teamId, run.workspaceId);
+    return { run, session, ws: await getWorkspace(this.db, run.teamId, run.workspaceId) };
+  }
+
+  private async loop(runId: string, signal: AbortSignal, resume?: Resume, loaded?: Loaded): Promise<void> {
+    const { run, session, ws } = loaded ?? (await this.load(runId));
     const [rows, evolutions] = await Promise.all([
       this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
       recentEvolutions(this.db, ws.id),
     ]);
     const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] }, stored: Promise.resolve(), evolutions };
     if (run.status !== 'in_progress') {
-      [run] = (await this.db.update(runs).set({ status: 'in_progress', startedAt: new Date() }).where(eq(runs.id, runId)).returning()) as [RunRow];
-      ctx.run = run;
-      await this.events.append(runId, 'run.in_progress', {});
+      // Written with the first step's step.created (every way the loop goes flushes first).
+      const startedAt = new Date();
+      ctx.queue.writes.push(sql`update runs set status = 'in_progress', started_at = ${startedAt.toISOString()}::timestamptz where id = ${runId} and status = 'queued'`);
+      this.emit(ctx, 'run.in_progress', {});
+      ctx.run = { ...run, status: 'in_progress', startedAt };
     }
     if (resume) {
       const done = await this.afterApproval(ctx, resume);
@@ -668,13 +687,6 @@ export class AgentService {
     const gone = new Set(ids);
     ctx.rows = ctx.rows.filter((r) => !gone.has(r.id));
     return true;
-  }
-
-  /** Writes one message now (outside a step: the person's message). */
-  private async addMessage(session: SessionRow, runId: string, m: NewMessage): Promise<MessageRow> {
-    const row = messageRow(session, runId, m);
-    await this.db.execute(insertMessage(row));
-    return row;
   }
 
   /** Adds a message to the run's transcript now and queues its row for the step's next flush. */
