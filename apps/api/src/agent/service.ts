@@ -16,7 +16,8 @@ import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
-import { recentEvolutions, undoEvolution } from '../evolution/undo.ts';
+import { recentEvolutions } from '../evolution/evolutions.ts';
+import { undoEvolution } from '../evolution/undo.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
@@ -310,7 +311,7 @@ export class AgentService {
     const { run, session, ws } = loaded ?? (await this.load(runId));
     const [rows, evolutions] = await Promise.all([
       this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
-      recentEvolutions(this.db, ws.id),
+      recentEvolutions(this.db, { id: ws.id, dir: this.repo.repos.dirOf(ws.id) }),
     ]);
     const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] }, stored: Promise.resolve(), evolutions };
     if (run.status !== 'in_progress') {

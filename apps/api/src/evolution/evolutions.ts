@@ -1,9 +1,10 @@
-import { and, eq, inArray } from 'drizzle-orm';
+import { and, desc, eq, inArray } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { evolutions } from '../db/schema/index.ts';
 import { ApiError } from '../http/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
+import { readHead } from '../workspace/git.ts';
 
 export type EvolutionRow = typeof evolutions.$inferSelect;
 export type EvolutionKind = 'review' | 'dream';
@@ -44,7 +45,7 @@ export async function endEvolution(
   id: string,
   v: { status: Exclude<EvolutionStatus, 'queued' | 'running'>; summary?: string | null; commitSha?: string | null; changedPaths?: string[]; diary?: string | null; error?: string | null; checks?: unknown },
 ): Promise<void> {
-  await db
+  const [row] = await db
     .update(evolutions)
     .set({
       status: v.status,
@@ -56,7 +57,9 @@ export async function endEvolution(
       checks: v.checks ?? null,
       finishedAt: new Date(),
     })
-    .where(eq(evolutions.id, id));
+    .where(eq(evolutions.id, id))
+    .returning({ workspaceId: evolutions.workspaceId });
+  if (row?.workspaceId) forgetRecent(row.workspaceId);
 }
 
 export async function listEvolutions(db: Db, workspaceId: string, p: ListParams & { kind?: EvolutionKind }) {
@@ -82,3 +85,31 @@ export const evolutionView = (e: EvolutionRow) => ({
   created_at: e.createdAt.toISOString(),
   finished_at: e.finishedAt?.toISOString() ?? null,
 });
+
+type Recent = { id: string; kind: string; status: string; summary: string | null; paths: string[]; at: Date | null }[];
+const recentCache = new Map<string, { head: string; rows: Recent }>();
+
+/** After an evolution's status changed (its commit came first, so HEAD alone does not tell). */
+export function forgetRecent(workspaceId: string): void {
+  recentCache.delete(workspaceId);
+}
+
+/**
+ * The last few changes self-evolution made in a workspace, for the agent's prompt (so "undo
+ * that" has a name). Every such change, and every undo, is a commit, so the answer is kept
+ * until the workspace's HEAD moves, or until this process records a new status (which follows
+ * its commit). Another replica's status change shows here with the next commit.
+ */
+export async function recentEvolutions(db: Db, workspace: { id: string; dir: string }, limit = 5): Promise<Recent> {
+  const head = readHead(workspace.dir);
+  const hit = recentCache.get(workspace.id);
+  if (head && hit?.head === head) return hit.rows;
+  const rows = await db
+    .select({ id: evolutions.id, kind: evolutions.kind, status: evolutions.status, summary: evolutions.summary, paths: evolutions.changedPaths, at: evolutions.finishedAt })
+    .from(evolutions)
+    .where(and(eq(evolutions.workspaceId, workspace.id), inArray(evolutions.status, ['committed', 'reverted'])))
+    .orderBy(desc(evolutions.id))
+    .limit(limit);
+  if (head) recentCache.set(workspace.id, { head, rows });
+  return rows;
+}
