@@ -40,6 +40,7 @@ export interface TestApp {
   evolution: EvolutionService;
   database: TestDatabase;
   adminKey: string;
+  workspacesDir: string;
   /** Every log line the app wrote, parsed. */
   logs: Record<string, unknown>[];
   /** Raw log output, to check that no secret ever reaches it. */
@@ -60,13 +61,16 @@ export async function createTestApp(
     sandbox?: Partial<EngineOptions>;
     embedder?: Embedder;
     maxFileBytes?: number;
+    /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
+    replicaOf?: TestApp;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
   } = {},
 ): Promise<TestApp> {
-  const database = await createTestDatabase(opts.driver ?? 'postgres');
-  const adminKey = generateKey('admin');
-  await bootstrapAdminKey(database.db, { adminKey, dataDir: '/nonexistent' });
+  const replica = opts.replicaOf;
+  const database = replica ? await replica.database.reopen() : await createTestDatabase(opts.driver ?? 'postgres');
+  const adminKey = replica?.adminKey ?? generateKey('admin');
+  if (!replica) await bootstrapAdminKey(database.db, { adminKey, dataDir: '/nonexistent' });
   let text = '';
   const logs: Record<string, unknown>[] = [];
   const sink = new Writable({
@@ -80,7 +84,7 @@ export async function createTestApp(
   const docker = connectDocker(process.env.DOCKER_HOST);
   const engine = new SandboxEngine(database.db, docker, { ...testEngineOptions(), ...opts.sandbox }, logger);
   await engine.start();
-  const workspacesDir = mkdtempSync(join(tmpdir(), 'kiln-ws-'));
+  const workspacesDir = replica?.workspacesDir ?? mkdtempSync(join(tmpdir(), 'kiln-ws-'));
   const workspaces = new WorkspaceService(
     database.db,
     new WorkspaceRepos(workspacesDir, TEMPLATE),
@@ -97,7 +101,10 @@ export async function createTestApp(
   });
   const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger);
   await agent.startup();
-  if (database.listen) await agent.events.connect(database.listen);
+  if (database.listen) {
+    await agent.events.connect(database.listen);
+    await agent.connectCancels(database.listen);
+  }
   const jobs = new JobRunner(database.db, { owner: `test-${randomBytes(4).toString('hex')}`, leaseMs: 60_000, pollMs: 60_000 }, logger);
   const evolution = new EvolutionService(
     { db: database.db, model: modelClient, workspaces, events: agent.events, log: logger, maxFileBytes: opts.maxFileBytes ?? 1024 * 1024 },
@@ -133,6 +140,7 @@ export async function createTestApp(
     app,
     database,
     adminKey,
+    workspacesDir,
     logs,
     logText: () => text,
     call,
@@ -151,7 +159,9 @@ export async function createTestApp(
       await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();
+      await agent.disconnectCancels();
       await engine.stop();
+      if (replica) return database.close();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });
     },

@@ -11,19 +11,30 @@ export const DRIVERS: Driver[] = ['postgres', 'pglite'];
 export interface TestDatabase extends Database {
   url?: string;
   drop(): Promise<void>;
+  /** A second connection to the same Postgres database (another replica); closing it drops nothing. */
+  reopen(): Promise<TestDatabase>;
 }
 
 /** A fresh, migrated database: a new Postgres database (dropped afterwards) or an in-memory PGlite. */
 export async function createTestDatabase(driver: Driver = 'postgres'): Promise<TestDatabase> {
   if (driver === 'pglite') {
     const database = await openDatabase({});
-    return { ...database, drop: () => database.close() };
+    return {
+      ...database,
+      drop: () => database.close(),
+      reopen: () => Promise.reject(new Error('an in-memory PGlite cannot be shared by two replicas')),
+    };
   }
   const url = await createPgDatabase();
   const database = await openDatabase({ url });
+  const reopen = async (): Promise<TestDatabase> => {
+    const again = await openDatabase({ url });
+    return { ...again, url, drop: () => again.close(), reopen };
+  };
   return {
     ...database,
     url,
+    reopen,
     drop: async () => {
       await database.close();
       await dropPgDatabase(url);

@@ -31,6 +31,8 @@ export interface FakeOpenAI {
   pending(): number;
   /** Resolves once `n` chat requests have arrived in total. */
   chatRequests(n: number): Promise<void>;
+  /** Resolves once `n` held (`hang`) requests have been given up by their client in total. */
+  hangsClosed(n: number): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -84,6 +86,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   const requests: FakeOpenAI['requests'] = [];
   const queue: Reply[] = [];
   const arrivals = new EventEmitter();
+  let closedHangs = 0;
   const server: Server = createServer(async (req: IncomingMessage, res: ServerResponse) => {
     const body = await readBody(req);
     requests.push({ path: req.url ?? '', body });
@@ -96,7 +99,11 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
       const reply = queue.shift();
       if (!reply) return send(500, { error: { message: 'the fake model has no scripted answer left', type: 'server_error' } });
       if (reply.hang) {
-        req.socket.on('close', () => res.destroy());
+        req.socket.on('close', () => {
+          res.destroy();
+          closedHangs++;
+          arrivals.emit('hang-closed');
+        });
         return;
       }
       if (reply.until) await reply.until;
@@ -159,6 +166,17 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
           }
         };
         arrivals.on('chat', check);
+        check();
+      }),
+    hangsClosed: (n) =>
+      new Promise<void>((resolve) => {
+        const check = () => {
+          if (closedHangs >= n) {
+            arrivals.off('hang-closed', check);
+            resolve();
+          }
+        };
+        arrivals.on('hang-closed', check);
         check();
       }),
     close: () =>

@@ -36,7 +36,10 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
   const agent = agentService(config, database.db, engine, workspaces, logger);
   await agent.startup();
-  if (database.listen) await agent.events.connect(database.listen);
+  if (database.listen) {
+    await agent.events.connect(database.listen);
+    await agent.connectCancels(database.listen);
+  }
   const evolution = evolutionService(config, database.db, agent, workspaces, logger);
   await evolution.start();
   const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
@@ -69,6 +72,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
       await evolution.stop();
       await agent.stop();
       await agent.events.disconnect();
+      await agent.disconnectCancels();
       await engine.stop();
       await database.close();
     })());

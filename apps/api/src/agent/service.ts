@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, asc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import type { Db } from '../db/client.ts';
+import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { approvals, messages, runs, sessions } from '../db/schema/index.ts';
 import type { Principal } from '../http/env.ts';
@@ -33,6 +33,9 @@ export type ApprovalRow = typeof approvals.$inferSelect;
 const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
 const MAX_VIOLATIONS = 3;
 const SHUTDOWN = 'shutdown';
+const CANCEL_CHANNEL = 'kiln_run_cancel';
+/** How long a cancel waits for the replica running the run before ending it itself. */
+const CANCEL_WAIT_MS = 2000;
 const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
 /** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
 const TOOL_RESULT_CAP = 1000;
@@ -107,6 +110,7 @@ export class AgentService {
   private readonly active = new Map<string, AbortController>();
   private readonly expiries = new Map<string, NodeJS.Timeout>();
   private sourceUpdates: su.SourceUpdateSink | undefined;
+  private unlistenCancels: (() => Promise<void>) | undefined;
 
   constructor(
     private readonly db: Db,
@@ -190,6 +194,18 @@ export class AgentService {
       .limit(p.limit + 1);
   }
 
+  /**
+   * With several replicas on one Postgres: a cancel for a run that another replica is running
+   * reaches that replica through a NOTIFY, and stops it there.
+   */
+  async connectCancels(listen: NonNullable<Database['listen']>): Promise<void> {
+    this.unlistenCancels = await listen(CANCEL_CHANNEL, (runId) => this.active.get(runId)?.abort(new Error('cancelled')));
+  }
+
+  async disconnectCancels(): Promise<void> {
+    await this.unlistenCancels?.();
+  }
+
   /** Stops the model call and the running code; the run ends `cancelled`. */
   async cancel(teamId: string, runId: string): Promise<RunRow> {
     const run = await this.getRun(teamId, runId);
@@ -198,12 +214,33 @@ export class AgentService {
     const controller = this.active.get(runId);
     if (controller) {
       controller.abort(new Error('cancelled'));
+    } else if (this.unlistenCancels && run.status !== 'requires_action' && (await this.cancelElsewhere(runId))) {
+      // The replica running it stopped it.
     } else {
-      // Queued or waiting for an approval: nothing is running, end it here.
+      // Queued or waiting for an approval (or its replica is gone): nothing is running, end it here.
       await this.db.update(approvals).set({ status: 'denied', decision: 'deny', reason: 'run cancelled', decidedAt: new Date() }).where(and(eq(approvals.runId, runId), eq(approvals.status, 'pending')));
       await this.finish(run, 'cancelled');
     }
     return this.getRun(teamId, runId);
+  }
+
+  /** Asks the other replicas to stop a run; true once it ended (within 2 s), false when nobody did. */
+  private async cancelElsewhere(runId: string): Promise<boolean> {
+    const ended = new AbortController();
+    const timer = setTimeout(() => ended.abort(), CANCEL_WAIT_MS);
+    try {
+      const terminal = new Promise<void>((resolve) => {
+        void this.events.follow(runId, 0, (ev) => TERMINAL_EVENTS.has(ev.event) && resolve(), ended.signal);
+        ended.signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+      await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${runId})`);
+      await terminal;
+      const [now] = await this.db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId));
+      return !now || !ACTIVE.includes(now.status as (typeof ACTIVE)[number]);
+    } finally {
+      clearTimeout(timer);
+      ended.abort();
+    }
   }
 
   // ---- approvals -----------------------------------------------------------------------
