@@ -27,6 +27,12 @@ export function messageRow(session: SessionRow, runId: string, m: NewMessage): M
   };
 }
 
+/** One model call's tokens, by team, workspace, run (none for reviews and dreams) and model. */
+export function insertUsage(by: { teamId: string; workspaceId: string; runId: string | null; model: string }, u: { promptTokens: number; completionTokens: number }): SQL {
+  return sql`insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
+    values (${newId('use')}, ${by.teamId}, ${by.workspaceId}, ${by.runId}, ${by.model}, ${u.promptTokens}, ${u.completionTokens})`;
+}
+
 /** The insert for a message row, to go into a step's combined write. */
 export function insertMessage(row: MessageRow): SQL {
   return sql`insert into messages (id, team_id, session_id, run_id, role, content, tool_calls, tool_call_id, content_hash, created_at)

@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { approvals, messages, runs, sessions } from '../db/schema/index.ts';
+import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
@@ -15,7 +16,7 @@ import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sess
 import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
-import { insertMessage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
+import { insertMessage, insertUsage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
 import { recentEvolutions } from '../evolution/evolutions.ts';
 import { undoEvolution } from '../evolution/undo.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
@@ -30,7 +31,7 @@ export type RunRow = typeof runs.$inferSelect;
 export type { MessageRow };
 export type ApprovalRow = typeof approvals.$inferSelect;
 
-const ACTIVE = ['queued', 'in_progress', 'requires_action'] as const;
+const ACTIVE = ACTIVE_RUN_STATUSES;
 const MAX_VIOLATIONS = 3;
 const SHUTDOWN = 'shutdown';
 const CANCEL_CHANNEL = 'kiln_run_cancel';
@@ -107,7 +108,9 @@ type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired
  * approvals), so a paused run resumes after a restart.
  */
 export class AgentService {
+  /** Runs looping in this process: how to stop each, and when it has ended. */
   private readonly active = new Map<string, AbortController>();
+  private readonly running = new Set<Promise<void>>();
   private readonly expiries = new Map<string, NodeJS.Timeout>();
   private sourceUpdates: su.SourceUpdateSink | undefined;
   private unlistenCancels: (() => Promise<void>) | undefined;
@@ -136,7 +139,12 @@ export class AgentService {
 
   /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */
   async drain(ms: number): Promise<void> {
-    for (const end = Date.now() + ms; this.active.size > 0 && Date.now() < end; ) await new Promise((r) => setTimeout(r, 100));
+    // Runs that start meanwhile (an approval decided during the drain) are waited for too.
+    for (const end = Date.now() + ms; this.running.size > 0 && Date.now() < end; ) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([Promise.allSettled([...this.running]), new Promise((r) => (timer = setTimeout(r, end - Date.now())))]);
+      clearTimeout(timer);
+    }
   }
 
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
@@ -329,13 +337,17 @@ export class AgentService {
     // Every model call and execution of the run listens to this one signal.
     setMaxListeners(0, controller.signal);
     this.active.set(runId, controller);
-    this.loop(runId, controller.signal, resume, loaded)
+    const done: Promise<void> = this.loop(runId, controller.signal, resume, loaded)
       .catch(async (err) => {
         this.log.error({ err, run: runId }, 'run crashed');
         const [run] = await this.db.select().from(runs).where(eq(runs.id, runId));
         if (run && ACTIVE.includes(run.status as (typeof ACTIVE)[number])) await this.finish(run, 'failed', { code: 'internal', message: (err as Error).message });
       })
-      .finally(() => this.active.delete(runId));
+      .finally(() => {
+        this.active.delete(runId);
+        this.running.delete(done);
+      });
+    this.running.add(done);
   }
 
   private async load(runId: string): Promise<Loaded> {
@@ -738,8 +750,7 @@ export class AgentService {
   /** Queues one model call's tokens: a usage row, and the run's totals and step count. */
   private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
     ctx.queue.writes.push(
-      sql`insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
-        values (${newId('use')}, ${ctx.run.teamId}, ${ctx.ws.id}, ${ctx.run.id}, ${ctx.model}, ${u.promptTokens}, ${u.completionTokens})`,
+      insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u),
       sql`update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
         steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`,
     );

@@ -1,11 +1,11 @@
 import { and, asc, eq, inArray, sql } from 'drizzle-orm';
 import type { RunEventLog } from '../agent/events.ts';
 import { ModelError, type ChatMessage, type ModelClient } from '../agent/llm.ts';
-import { insertMessage, messageRow } from '../agent/message-rows.ts';
+import { insertMessage, insertUsage, messageRow } from '../agent/message-rows.ts';
 import { listSkills } from '../agent/prompt.ts';
 import type { Db } from '../db/client.ts';
 import { messages, runs, sessions, workspaces } from '../db/schema/index.ts';
-import { newId } from '../lib/ids.ts';
+import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
@@ -82,7 +82,7 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
   const { db } = deps;
   const [session] = (await db.select().from(sessions).where(eq(sessions.id, evo.sessionId!))) as [SessionRow | undefined];
   if (!session) return done(deps, evo, { status: 'skipped', summary: 'the session no longer exists' });
-  const [active] = await db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ['queued', 'in_progress', 'requires_action'])));
+  const [active] = await db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
   if (active) return done(deps, evo, { status: 'skipped', summary: `the session had a run in progress (${active.id}); it is reviewed once it is idle` }, session);
   const rows = await db.select().from(messages).where(eq(messages.sessionId, session.id)).orderBy(asc(messages.id));
   if (!rows.some((m) => m.role === 'user')) return done(deps, evo, { status: 'skipped', summary: 'the session has no conversation yet' }, session);
@@ -145,8 +145,7 @@ async function done(deps: EvolutionDeps, evo: EvolutionRow, outcome: ReviewOutco
 
 /** A review's or dream's model call, counted for the workspace (no run of its own). */
 export async function recordUsage(db: Db, ws: WorkspaceRow, model: string, u: { promptTokens: number; completionTokens: number }): Promise<void> {
-  await db.execute(sql`insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
-    values (${newId('use')}, ${ws.teamId}, ${ws.id}, null, ${model}, ${u.promptTokens}, ${u.completionTokens})`);
+  await db.execute(insertUsage({ teamId: ws.teamId, workspaceId: ws.id, runId: null, model }, u));
 }
 
 /** The run that tells a session about a review is named after the evolution, so it is written once. */

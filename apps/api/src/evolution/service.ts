@@ -3,6 +3,7 @@ import { and, desc, eq, inArray, isNull, sql } from 'drizzle-orm';
 import { ModelError } from '../agent/llm.ts';
 import { rowsOf } from '../db/rows.ts';
 import { commits, evolutions, messages, runs, sessions, workspaces } from '../db/schema/index.ts';
+import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import { ApiError } from '../http/errors.ts';
 import { ReleaseJob, type JobRow, type JobRunner } from '../jobs/runner.ts';
 import { newId } from '../lib/ids.ts';
@@ -15,7 +16,6 @@ import { undoEvolution } from './undo.ts';
 
 export const REVIEW_JOB = 'evolution.review';
 export const DREAM_JOB = 'evolution.dream';
-const ACTIVE_RUN = ['queued', 'in_progress', 'requires_action'] as const;
 /** After a restart, scheduled dreams missed within this window still run (once). */
 const CATCH_UP_MS = 24 * 3600_000;
 
@@ -69,7 +69,7 @@ export class EvolutionService {
       .orderBy(desc(sessions.lastActivityAt))
       .limit(1);
     if (!session) throw sessionId ? ApiError.notFound('session') : new ApiError('conflict', 'this workspace has no session to review');
-    const [active] = await this.deps.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN)));
+    const [active] = await this.deps.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
     if (active) throw new ApiError('session_busy', 'the session has a run that has not finished; it is reviewed once it is idle', { run_id: active.id });
     return (await this.enqueue(ws, 'review', session.id, {}))!;
   }

@@ -5,6 +5,8 @@ import { sessions } from './sessions.ts';
 import { workspaces } from './workspaces.ts';
 
 export const RUN_STATUSES = ['queued', 'in_progress', 'requires_action', 'completed', 'failed', 'cancelled'] as const;
+/** A run in one of these has not finished: at most one per session. */
+export const ACTIVE_RUN_STATUSES = ['queued', 'in_progress', 'requires_action'] as const;
 
 export const runs = pgTable(
   'runs',
