@@ -105,6 +105,24 @@ describe('sandbox lifecycle', () => {
     expect(after.status).toBe(409);
   });
 
+  it('a reap that overlaps the pool refill never removes a container that joined the pool meanwhile', async () => {
+    await t.engine.poolSettled();
+    const { session } = await sessionIn(t, team);
+    await exec(t, team.key, session, 'print(1)'); // takes a warm container: the pool refills
+    let settled = false;
+    const refill = t.engine.poolSettled().then(() => (settled = true));
+    // Reap over and over while the replacement is being started, then once more after.
+    while (!settled) await t.engine.reap();
+    await refill;
+    await t.engine.reap();
+    expect(t.engine.poolReady).toBe(2);
+    // Both pooled containers are really there: two new sessions run on them.
+    for (const _ of [1, 2]) {
+      const next = await sessionIn(t, team);
+      expect((await exec(t, team.key, next.session, 'print("pooled")')).stdout).toBe('pooled\n');
+    }
+  });
+
   it('reclaims sandboxes idle longer than the idle timeout', async () => {
     const { session } = await sessionIn(t, team);
     const r = await exec(t, team.key, session, 'kept = 1');

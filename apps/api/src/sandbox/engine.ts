@@ -467,17 +467,19 @@ export class SandboxEngine {
         removed++;
       }
     }
-    const keep = new Set([...this.pool.map((c) => c.container.id), ...[...this.live.values()].map((l) => l.container.id)]);
     const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
     for (const info of containers) {
       const sbx = info.Labels['kiln.sandbox'] ?? '';
       if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
+      // Asked now, not before the listing: a warm container that finished starting (or was
+      // claimed) while the list was being fetched is pooled or live by the time we get here.
+      const kept = this.pool.some((c) => c.container.id === info.Id) || [...this.live.values()].some((l) => l.container.id === info.Id);
       const mine = info.Labels['kiln.owner'] === this.opts.owner;
       const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
-      if (keep.has(info.Id) && !expired && !opts.startup) continue;
+      if (kept && !expired && !opts.startup) continue;
       if (!expired && !mine) continue;
       await this.docker.getContainer(info.Id).remove({ force: true }).catch(() => undefined);
-      if (keep.has(info.Id)) {
+      if (kept) {
         this.pool = this.pool.filter((c) => c.container.id !== info.Id);
         const live = [...this.live.values()].find((l) => l.container.id === info.Id);
         if (live) await this.release(live.sessionId, 'expired');
