@@ -1,14 +1,13 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { PGlite } from '@electric-sql/pglite';
-import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
 import type { PgDatabase, PgQueryResultHKT } from 'drizzle-orm/pg-core';
 import { drizzle as drizzlePglite } from 'drizzle-orm/pglite';
 import { migrate as migratePglite } from 'drizzle-orm/pglite/migrator';
 import { drizzle as drizzlePostgres } from 'drizzle-orm/postgres-js';
 import { migrate as migratePostgres } from 'drizzle-orm/postgres-js/migrator';
 import postgres from 'postgres';
+import { PgliteThread } from './pglite-thread.ts';
 import * as schema from './schema/index.ts';
 
 /** The one database type the rest of the code sees, whichever driver is underneath. */
@@ -65,8 +64,14 @@ async function openPglite(dataDir?: string): Promise<Database> {
     path = join(dataDir, 'pglite');
     mkdirSync(path, { recursive: true });
   }
-  const client = await PGlite.create(path, { relaxedDurability: true, extensions: { pg_trgm } });
-  const db = drizzlePglite(client, { schema });
-  await migratePglite(db, { migrationsFolder });
-  return { db: db as unknown as Db, driver: 'pglite', close: () => client.close() };
+  // In its own thread, so that statements do not stop the API's event loop (see PgliteThread).
+  const client = await PgliteThread.open(path);
+  try {
+    const db = drizzlePglite(client.asPglite(), { schema });
+    await migratePglite(db, { migrationsFolder });
+    return { db: db as unknown as Db, driver: 'pglite', close: () => client.close() };
+  } catch (err) {
+    await client.close();
+    throw err;
+  }
 }
