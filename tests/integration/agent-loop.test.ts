@@ -71,6 +71,13 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     expect((await exec(t, team.key, session, 'x')).stdout).toBe('42\n');
     const usage = await t.call('GET', '/v1/usage?group_by=model', { key: team.key });
     expect(usage.body.data.find((u: { key: string }) => u.key === 'fake-model')).toMatchObject({ calls: 4, prompt_tokens: 400 });
+    // The message's audit event is written with the run (one commit), by the key that sent it.
+    const audit = await t.call('GET', '/v1/audit?action=session.message&limit=100', { key: team.key });
+    const [posted] = audit.body.data.filter((e: { resource_id: string }) => e.resource_id === run.id);
+    expect(posted).toMatchObject({ team_id: team.id, resource_type: 'run', actor_role: 'owner', after: { session_id: session } });
+    expect(posted.actor).toMatch(/^key_/);
+    expect(posted.request_id).toBeTruthy();
+    expect(audit.body.data.filter((e: { resource_id: string }) => e.resource_id === run.id)).toHaveLength(1);
   });
 
   it('corrects a reply without an action tag, and fails clearly after three in a row', async () => {

@@ -7,6 +7,8 @@ import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { approvals, messages, runs, sessions } from '../db/schema/index.ts';
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
+import { auditRow, insertAudit } from '../audit/audit.ts';
+import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
@@ -155,7 +157,8 @@ export class AgentService {
     await this.drain(5000);
   }
 
-  async postMessage(teamId: string, sessionId: string, content: string): Promise<{ message: MessageRow; run: RunRow }> {
+  /** Starts a run for a person's message. With `audit`, its audit event is written in the same commit. */
+  async postMessage(teamId: string, sessionId: string, content: string, audit?: ExecAudit): Promise<{ message: MessageRow; run: RunRow }> {
     const { session, workspace } = await getActiveSessionWithWorkspace(this.db, teamId, sessionId);
     const model = this.model.modelFor(workspace.settings.model);
     if (!model) {
@@ -168,12 +171,16 @@ export class AgentService {
       error: null, createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
     };
     const message = messageRow(session, runId, { role: 'user', content });
-    // The run, the person's message, the session's activity and the first two events: one statement.
+    // The run, the person's message, the session's activity, the audit event and the first two events: one statement.
     const writes = [
       sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at) values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz)`,
       insertMessage(message),
       sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
     ];
+    if (audit) {
+      const draft = { action: 'session.message', resourceType: 'run', resourceId: runId, teamId, after: { session_id: sessionId, message_id: message.id } };
+      writes.push(insertAudit(auditRow(draft, audit.actor, audit.requestId)));
+    }
     this.events.begin(runId);
     try {
       await this.events.appendMany(runId, [['run.created', { run_id: runId, session_id: sessionId, model }], ['message.created', { id: message.id, role: 'user', content }]], writes);

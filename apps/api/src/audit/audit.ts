@@ -1,4 +1,4 @@
-import { and, eq, type SQL } from 'drizzle-orm';
+import { and, eq, sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { auditEvents } from '../db/schema/index.ts';
 import type { AuditDraft, Principal } from '../http/env.ts';
@@ -19,6 +19,14 @@ export function auditRow(draft: AuditDraft, actor: Principal | undefined, reques
     after: draft.after ?? null,
     requestId: requestId ?? null,
   };
+}
+
+/** The insert for an audit row, to go into a caller's combined write (one commit with the change it describes). */
+export function insertAudit(a: typeof auditEvents.$inferInsert): SQL {
+  const json = (v: unknown) => (v === null || v === undefined ? null : JSON.stringify(v));
+  return sql`insert into audit_events (id, team_id, actor_key_id, actor_role, action, resource_type, resource_id, before, after, request_id)
+    values (${a.id}, ${a.teamId ?? null}, ${a.actorKeyId ?? null}, ${a.actorRole}, ${a.action}, ${a.resourceType ?? null}, ${a.resourceId ?? null},
+      ${json(a.before)}::jsonb, ${json(a.after)}::jsonb, ${a.requestId ?? null})`;
 }
 
 export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | undefined, requestId?: string) {

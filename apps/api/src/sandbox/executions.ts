@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { sql, type SQL } from 'drizzle-orm';
-import { auditRow } from '../audit/audit.ts';
+import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { AuditDraft, Principal } from '../http/env.ts';
 import { newId } from '../lib/ids.ts';
 import type { RunnerResult } from './runner-client.ts';
@@ -43,8 +43,5 @@ export function executionWrite(rec: ExecutionRecord, audit?: ExecAudit): { id: s
   };
   const a = auditRow(draft, audit.actor, audit.requestId);
   if (audit.role) a.actorRole = audit.role;
-  const insertAudit = sql`insert into audit_events (id, team_id, actor_key_id, actor_role, action, resource_type, resource_id, before, after, request_id)
-    values (${a.id}, ${a.teamId}, ${a.actorKeyId}, ${a.actorRole}, ${a.action}, ${a.resourceType}, ${a.resourceId}, null,
-      ${JSON.stringify(a.after)}::jsonb, ${a.requestId})`;
-  return { id, writes: [insertExecution, insertAudit] };
+  return { id, writes: [insertExecution, insertAudit(a)] };
 }

@@ -82,8 +82,9 @@ export function runsRouter(db: Db, agent: AgentService) {
     .openapi(r.postMessage, async (c) => {
       const team = writableTeamOf(c);
       const { s } = c.req.valid('param');
-      const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content);
-      c.set('audit', { action: 'session.message', resourceType: 'run', resourceId: run.id, after: { session_id: s, message_id: message.id } });
+      // The audit event is written with the run, in one commit.
+      const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content, { actor: c.get('principal'), requestId: c.get('requestId') });
+      c.set('audit', { action: 'session.message', recorded: true });
       if (c.req.valid('query').stream === 'true') return streamRun(c, agent.events, run.id, 0) as never;
       return c.json({ message: messageView(message), run: runView(run) }, 202);
     })
