@@ -46,4 +46,33 @@ describe('agent runs across replicas', () => {
     expect(next.status).toBe(202);
     await eventsUntil(b, next.body.run.id, ['run.completed']);
   });
+
+  it('a run ended elsewhere while its model call was out: its own end adds no second terminal event, and the call still counts', async () => {
+    const { session } = await sessionIn(a, team, { approval: { mode: 'auto' } });
+    let answer!: () => void;
+    fake.script({ content: '<finish>too late</finish>', until: new Promise<void>((r) => (answer = r)) });
+    const asked = fake.chats().length;
+    const posted = await a.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'slow' } });
+    const runId = posted.body.run.id as string;
+    await fake.chatRequests(asked + 1);
+
+    // A third replica starting up marks runs in flight as interrupted (it cannot tell whose they are).
+    const c = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a });
+    try {
+      const failed = await eventsUntil(c, runId, ['run.failed']);
+      expect(failed.at(-1)!.data).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
+      // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
+      answer();
+      await expect.poll(async () => (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.usage.prompt_tokens).toBe(100);
+      const run = (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body;
+      expect(run).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
+      const all = (await a.agent.events.list(runId)).map((e) => e.event);
+      expect(all.filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e))).toEqual(['run.failed']);
+      // Its final message was still stored: nothing the run said is lost.
+      const transcript = await a.call('GET', `/v1/sessions/${session}/messages`, { key: team.key });
+      expect(transcript.body.data.at(-1)).toMatchObject({ role: 'assistant', content: 'too late' });
+    } finally {
+      await c.close();
+    }
+  });
 });

@@ -84,7 +84,7 @@ describe('PGlite in its own thread', () => {
     const err = await d.db.insert(schema.teams).values({ id: `${team.id}-2`, name: 'dup-team' }).catch((e) => e);
     expect(isUniqueViolation(err)).toBe(true);
     const raw = await d.db.execute(sql`select * from no_such_table`).catch((e) => e);
-    let e: { code?: string; cause?: unknown } | undefined = raw;
+    let e = raw as { code?: string; cause?: unknown } | undefined;
     while (e && !e.code) e = e.cause as typeof e;
     expect(e?.code).toBe('42P01');
   });

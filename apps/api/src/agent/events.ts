@@ -1,6 +1,7 @@
 import { EventEmitter } from 'node:events';
 import { and, asc, eq, gt, max, sql, type SQL } from 'drizzle-orm';
 import { combine } from '../db/batch.ts';
+import { rowsOf } from '../db/rows.ts';
 import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { runEvents } from '../db/schema/index.ts';
@@ -13,6 +14,16 @@ export interface RunEvent {
 }
 
 export const TERMINAL_EVENTS = new Set(['run.completed', 'run.failed', 'run.cancelled']);
+
+/**
+ * Events that are stored only if a write takes effect: `write` is a data-modifying statement
+ * that returns at most one row with a jsonb column `data`, merged into each event's data.
+ * (A run's terminal event is written only by the update that actually ends the run.)
+ */
+export interface GuardedEvents {
+  write: SQL;
+  events: [event: string, data: unknown][];
+}
 
 /**
  * Run events are written to Postgres with their per-run sequence number first and only then
@@ -79,15 +90,15 @@ export class RunEventLog {
    * Several events in one statement, numbered consecutively — together with `writes`, the
    * changes they describe (messages, usage), so both land in one round trip and one commit.
    */
-  appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = []): Promise<RunEvent[]> {
+  appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = [], guarded?: GuardedEvents): Promise<RunEvent[]> {
     const prev = this.tails.get(runId) ?? Promise.resolve();
     // Another replica may have appended to this run since (an approval decided there): on a
     // sequence clash, re-read the last sequence number and try once more.
     const done = prev.then(() =>
-      this.write(runId, items, writes).catch((err) => {
+      this.write(runId, items, writes, guarded).catch((err) => {
         if (!isUniqueViolation(err)) throw err;
         this.next.delete(runId);
-        return this.write(runId, items, writes);
+        return this.write(runId, items, writes, guarded);
       }),
     );
     const tail = done.then(
@@ -102,7 +113,7 @@ export class RunEventLog {
     return done;
   }
 
-  private write(runId: string, items: [event: string, data: unknown][], writes: SQL[]): Promise<RunEvent[]> {
+  private write(runId: string, items: [event: string, data: unknown][], writes: SQL[], guarded?: GuardedEvents): Promise<RunEvent[]> {
     return (async () => {
       let seq = this.next.get(runId);
       if (seq === undefined) {
@@ -110,16 +121,40 @@ export class RunEventLog {
         seq = (row?.m ?? 0) + 1;
       }
       const createdAt = new Date();
+      const at = createdAt.toISOString();
       const evs = items.map(([event, data], i) => ({ seq: seq! + i, event, data, createdAt }));
-      const insert = evs.length
-        ? sql`insert into run_events (run_id, seq, event, data, created_at) values ${sql.join(
-            evs.map((e) => sql`(${runId}, ${e.seq}, ${e.event}, ${JSON.stringify(e.data ?? {})}::jsonb, ${createdAt.toISOString()}::timestamptz)`),
-            sql`, `,
-          )}`
-        : undefined;
-      const last = evs.at(-1)?.seq ?? seq - 1;
-      const notify = this.remote && insert ? sql`select pg_notify(${CHANNEL}, ${`${runId}:${last}`})` : undefined;
-      await this.db.execute(notify ? combine([...writes, insert!], notify) : combine(writes, insert));
+      // Typed, so that the rows can also be a VALUES list in a UNION.
+      const row = (e: { seq: number; event: string; data: unknown }) => sql`(${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb, ${at}::timestamptz)`;
+      let statement: SQL;
+      let ifWritten: RunEvent[] = [];
+      if (!guarded) {
+        const insert = evs.length ? sql`insert into run_events (run_id, seq, event, data, created_at) values ${sql.join(evs.map(row), sql`, `)}` : undefined;
+        const notify = this.remote && insert ? sql`select pg_notify(${CHANNEL}, ${`${runId}:${evs.at(-1)!.seq}`})` : undefined;
+        statement = notify ? combine([...writes, insert!], notify) : combine(writes, insert);
+      } else {
+        // The guard is the CTE after the writes; its events are selected from it, so they exist
+        // only if it returned a row. The top statement says how many events went in.
+        ifWritten = guarded.events.map(([event, data], i) => ({ seq: seq! + evs.length + i, event, data, createdAt }));
+        const guard = sql.raw(`w${writes.length}`);
+        const conditional = ifWritten.map(
+          (e) => sql`select ${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb || ${guard}.data, ${at}::timestamptz from ${guard}`,
+        );
+        const selects = evs.length ? [sql`select * from (values ${sql.join(evs.map(row), sql`, `)}) v`, ...conditional] : conditional;
+        const insert = sql`insert into run_events (run_id, seq, event, data, created_at) ${sql.join(selects, sql` union all `)} returning seq, data`;
+        const inserted = sql.raw(`w${writes.length + 1}`);
+        const last = ifWritten.at(-1)?.seq ?? seq + evs.length - 1;
+        const notify = this.remote ? sql`, pg_notify(${CHANNEL}, ${`${runId}:${last}`})` : sql``;
+        statement = combine([...writes, guarded.write, insert], sql`select (select json_agg(json_build_object('seq', seq, 'data', data)) from ${inserted}) as inserted${notify}`);
+      }
+      const result = await this.db.execute(statement);
+      if (guarded) {
+        const inserted = rowsOf<{ inserted: { seq: number; data: unknown }[] | null }>(result)[0]?.inserted ?? [];
+        // What the guard returned is part of the stored data: hand out exactly what was stored.
+        for (const e of ifWritten) {
+          const stored = inserted.find((r) => r.seq === e.seq);
+          if (stored) evs.push({ ...e, data: stored.data });
+        }
+      }
       this.next.set(runId, seq + evs.length);
       // Events another replica added before ours go out first, so followers never see a gap.
       if (this.remote && evs.length && evs[0]!.seq > (this.delivered.get(runId) ?? 0) + 1) await this.catchUp(runId);

@@ -89,12 +89,42 @@ interface Ctx {
   /** The transcript not yet condensed away, kept in step with the database by `say`. */
   rows: MessageRow[];
   /** Writes and events of the current step not yet flushed (they go in one statement). */
-  queue: { writes: SQL[]; events: [string, unknown][] };
+  queue: Queue;
   /** Settles when everything flushed so far is stored; `failure` is the first write that was not. */
   stored: Promise<void>;
   failure?: unknown;
   /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
   evolutions: Awaited<ReturnType<typeof recentEvolutions>>;
+}
+
+/**
+ * What a step has not written yet. Changes to the run's own row are kept as one patch, not as
+ * statements: a statement may update a row only once, and the run's end updates it too.
+ */
+interface Queue {
+  writes: SQL[];
+  events: [string, unknown][];
+  run?: RunPatch;
+}
+interface RunPatch {
+  promptTokens: number;
+  completionTokens: number;
+  steps?: number;
+  /** queued → in_progress, at this time. */
+  startedAt?: Date;
+}
+
+const emptyQueue = (): Queue => ({ writes: [], events: [] });
+
+/** The SET list for a run patch (after `update runs set`); `ending`: the caller sets the status. */
+function runPatchSet(p: RunPatch, ending = false): SQL {
+  const parts = [sql`prompt_tokens = prompt_tokens + ${p.promptTokens}`, sql`completion_tokens = completion_tokens + ${p.completionTokens}`];
+  if (p.steps !== undefined && !ending) parts.push(sql`steps = greatest(steps, ${p.steps})`);
+  if (p.startedAt) {
+    parts.push(sql`started_at = coalesce(started_at, ${p.startedAt.toISOString()}::timestamptz)`);
+    if (!ending) parts.push(sql`status = case when status = 'queued' then 'in_progress' else status end`);
+  }
+  return sql.join(parts, sql`, `);
 }
 
 /** What a run's loop starts from. */
@@ -369,11 +399,11 @@ export class AgentService {
       this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
       recentEvolutions(this.db, { id: ws.id, dir: this.repo.repos.dirOf(ws.id) }),
     ]);
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: { writes: [], events: [] }, stored: Promise.resolve(), evolutions };
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: emptyQueue(), stored: Promise.resolve(), evolutions };
     if (run.status !== 'in_progress') {
       // Written with the first step's step.created (every way the loop goes flushes first).
       const startedAt = new Date();
-      ctx.queue.writes.push(sql`update runs set status = 'in_progress', started_at = ${startedAt.toISOString()}::timestamptz where id = ${runId} and status = 'queued'`);
+      this.patchRun(ctx, { startedAt });
       this.emit(ctx, 'run.in_progress', {});
       ctx.run = { ...run, status: 'in_progress', startedAt };
     }
@@ -582,12 +612,16 @@ export class AgentService {
     else this.say(ctx, { role: 'user', content });
   }
 
-  /** Writes what the step still has queued, then ends the run. */
+  /** Ends the run together with what the step still has queued: one statement. */
   private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
     // A shutdown is no one's cancel: the run was interrupted, as after a crash.
     if (status === 'cancelled' && (ctx.signal.reason as Error | undefined)?.message === SHUTDOWN) return this.end(ctx, 'failed', INTERRUPTED);
-    await this.flush(ctx);
-    await this.finish(ctx.run, status, error);
+    // An earlier write-behind that failed surfaces here, before the run is marked as ended.
+    await ctx.stored;
+    if (ctx.failure) throw ctx.failure;
+    const queued = ctx.queue;
+    ctx.queue = emptyQueue();
+    await this.finish(ctx.run, status, error, queued);
   }
 
   private emit(ctx: Ctx, event: string, data: unknown): void {
@@ -600,9 +634,10 @@ export class AgentService {
    * are serialised by the event log, so waiting for the last one waits for all.
    */
   private flush(ctx: Ctx): Promise<void> {
-    const { writes, events } = ctx.queue;
+    const { writes, events, run } = ctx.queue;
+    if (run) writes.push(sql`update runs set ${runPatchSet(run)} where id = ${ctx.run.id}`);
     if (writes.length || events.length) {
-      ctx.queue = { writes: [], events: [] };
+      ctx.queue = emptyQueue();
       ctx.stored = this.events.appendMany(ctx.run.id, events, writes).then(
         () => undefined,
         (err) => void (ctx.failure ??= err),
@@ -622,15 +657,23 @@ export class AgentService {
     this.flush(ctx).catch(() => undefined);
   }
 
-  private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
-    const [done] = await this.db
-      .update(runs)
-      .set({ status, error: error ?? null, finishedAt: new Date(), steps: sql`greatest(${runs.steps}, ${run.steps})` })
-      .where(and(eq(runs.id, run.id), inArray(runs.status, ACTIVE)))
-      .returning();
-    if (!done) return;
-    const event = `run.${status}`;
-    if (TERMINAL_EVENTS.has(event)) await this.events.append(run.id, event, { status, error: error ?? null, steps: done.steps });
+  /**
+   * Marks the run as ended — only if it still is active — and stores its terminal event in the
+   * same statement, with `queued` writes and events that go before it.
+   */
+  private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }, queued: Queue = emptyQueue()): Promise<void> {
+    const patch = queued.run ? sql`, ${runPatchSet(queued.run, true)}` : sql``;
+    const end = sql`update runs set status = ${status}, error = ${error ? JSON.stringify(error) : null}::jsonb, finished_at = ${new Date().toISOString()}::timestamptz,
+        steps = greatest(steps, ${Math.max(run.steps, queued.run?.steps ?? 0)})${patch}
+      where id = ${run.id} and status in (${sql.join(ACTIVE.map((a) => sql`${a}`), sql`, `)})
+      returning jsonb_build_object('steps', steps) as data`;
+    const stored = await this.events.appendMany(run.id, queued.events, queued.writes, { write: end, events: [[`run.${status}`, { status, error: error ?? null }]] });
+    // Ended elsewhere in the meantime (a cancel on another replica): the run row stays as that
+    // end left it, but the tokens of the last model call still count.
+    if (queued.run && !stored.some((e) => TERMINAL_EVENTS.has(e.event))) {
+      const { promptTokens, completionTokens } = queued.run;
+      await this.db.execute(sql`update runs set ${runPatchSet({ promptTokens, completionTokens })} where id = ${run.id}`);
+    }
   }
 
   // ---- transcript ----------------------------------------------------------------------
@@ -756,11 +799,20 @@ export class AgentService {
 
   /** Queues one model call's tokens: a usage row, and the run's totals and step count. */
   private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
-    ctx.queue.writes.push(
-      insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u),
-      sql`update runs set prompt_tokens = prompt_tokens + ${u.promptTokens}, completion_tokens = completion_tokens + ${u.completionTokens},
-        steps = greatest(steps, ${ctx.run.steps}) where id = ${ctx.run.id}`,
-    );
+    ctx.queue.writes.push(insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u));
+    this.patchRun(ctx, { promptTokens: u.promptTokens, completionTokens: u.completionTokens, steps: ctx.run.steps });
+  }
+
+  /** Adds to the run's row patch for the next write (tokens add up; the rest is replaced). */
+  private patchRun(ctx: Ctx, p: Partial<RunPatch>): void {
+    const q = ctx.queue.run ?? { promptTokens: 0, completionTokens: 0 };
+    ctx.queue.run = {
+      ...q,
+      ...p,
+      promptTokens: q.promptTokens + (p.promptTokens ?? 0),
+      completionTokens: q.completionTokens + (p.completionTokens ?? 0),
+      startedAt: p.startedAt ?? q.startedAt,
+    };
   }
 
   /** Approvals past their deadline that no timer caught (e.g. across a restart). */
