@@ -1,4 +1,6 @@
+import { eq, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runs } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { eventsUntil } from '../support/agent.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
@@ -47,32 +49,88 @@ describe('agent runs across replicas', () => {
     await eventsUntil(b, next.body.run.id, ['run.completed']);
   });
 
-  it('a run ended elsewhere while its model call was out: its own end adds no second terminal event, and the call still counts', async () => {
-    const { session } = await sessionIn(a, team, { approval: { mode: 'auto' } });
+  /** Posts a message on `app` whose model answer is held until `answer()`; resolves once the model was asked. */
+  async function heldRun(app: TestApp, content = '<finish>held</finish>') {
+    const { session } = await sessionIn(app, team, { approval: { mode: 'auto' } });
     let answer!: () => void;
-    fake.script({ content: '<finish>too late</finish>', until: new Promise<void>((r) => (answer = r)) });
+    fake.script({ content, until: new Promise<void>((r) => (answer = r)) });
     const asked = fake.chats().length;
-    const posted = await a.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'slow' } });
-    const runId = posted.body.run.id as string;
+    const posted = await app.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'slow' } });
+    expect(posted.status).toBe(202);
     await fake.chatRequests(asked + 1);
+    return { session, runId: posted.body.run.id as string, answer };
+  }
+  const terminals = async (app: TestApp, runId: string) =>
+    (await app.agent.events.list(runId)).map((e) => e.event).filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e));
 
-    // A third replica starting up marks runs in flight as interrupted (it cannot tell whose they are).
+  it('a replica that starts leaves alone the runs another live replica is running', async () => {
+    const { runId, answer } = await heldRun(a);
     const c = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a });
     try {
-      const failed = await eventsUntil(c, runId, ['run.failed']);
-      expect(failed.at(-1)!.data).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
-      // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
+      // C's start-up is over: the run is still A's, in progress.
+      expect((await c.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('in_progress');
       answer();
-      await expect.poll(async () => (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.usage.prompt_tokens).toBe(100);
-      const run = (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body;
-      expect(run).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
-      const all = (await a.agent.events.list(runId)).map((e) => e.event);
-      expect(all.filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e))).toEqual(['run.failed']);
-      // Its final message was still stored: nothing the run said is lost.
-      const transcript = await a.call('GET', `/v1/sessions/${session}/messages`, { key: team.key });
-      expect(transcript.body.data.at(-1)).toMatchObject({ role: 'assistant', content: 'too late' });
+      const events = await eventsUntil(c, runId, ['run.completed', 'run.failed']);
+      expect(events.at(-1)!.event).toBe('run.completed');
+      expect(await terminals(a, runId)).toEqual(['run.completed']);
     } finally {
       await c.close();
+    }
+  });
+
+  it('a run ended elsewhere while its model call was out: its own end adds no second terminal event, and the call still counts', async () => {
+    const { session, runId, answer } = await heldRun(a, '<finish>too late</finish>');
+    // Someone else ends the run meanwhile (written directly, without telling replica A).
+    await b.database.db.update(runs).set({ status: 'cancelled', finishedAt: new Date() }).where(eq(runs.id, runId));
+    await b.agent.events.append(runId, 'run.cancelled', { status: 'cancelled', error: null });
+    answer();
+    // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
+    await expect.poll(async () => (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.usage.prompt_tokens).toBe(100);
+    expect((await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('cancelled');
+    expect(await terminals(a, runId)).toEqual(['run.cancelled']);
+    // Its final message was still stored: nothing the run said is lost.
+    const transcript = await a.call('GET', `/v1/sessions/${session}/messages`, { key: team.key });
+    expect(transcript.body.data.at(-1)).toMatchObject({ role: 'assistant', content: 'too late' });
+  });
+
+  it('a server that died: once its lease runs out, another marks its runs interrupted; live leases are left alone', async () => {
+    const { session, ws } = await sessionIn(a, team, { approval: { mode: 'auto' } });
+    const other = await sessionIn(a, team, { approval: { mode: 'auto' } });
+    const insert = (id: string, sessionId: string, runner: string, lease: string) =>
+      a.database.db.execute(sql`insert into runs (id, team_id, workspace_id, session_id, status, model, runner, lease_until)
+        values (${id}, ${team.id}, ${ws}, ${sessionId}, 'in_progress', 'fake-model', ${runner}, now() + ${lease}::interval)`);
+    await insert('run_deadserver', session, 'dead-server', '300 milliseconds');
+    await insert('run_liveserver', other.session, 'live-server', '1 hour');
+    // A replica with a short lease looks for orphans every 200 ms.
+    const d = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
+    try {
+      await expect.poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.status, { timeout: 15_000 }).toBe('failed');
+      expect((await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.error).toMatchObject({ code: 'interrupted' });
+      expect(await terminals(d, 'run_deadserver')).toEqual(['run.failed']);
+      expect((await d.call('GET', '/v1/runs/run_liveserver', { key: team.key })).body.status).toBe('in_progress');
+    } finally {
+      await d.close();
+      await a.database.db.update(runs).set({ status: 'cancelled' }).where(eq(runs.id, 'run_liveserver'));
+    }
+  });
+
+  it('a live server renews its runs: a long model call outlasts the lease many times and still completes', async () => {
+    const d = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
+    const e = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
+    try {
+      const { runId, answer } = await heldRun(d);
+      const leaseOf = async () => (await d.database.db.select({ l: runs.leaseUntil }).from(runs).where(eq(runs.id, runId)))[0]!.l!.getTime();
+      const first = await leaseOf();
+      // Renewed three times over (each lease 600 ms, renewed every 200 ms) while E sweeps for orphans.
+      await expect.poll(leaseOf, { timeout: 15_000 }).toBeGreaterThan(first + 1200);
+      expect((await e.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('in_progress');
+      answer();
+      const events = await eventsUntil(e, runId, ['run.completed', 'run.failed']);
+      expect(events.at(-1)!.event).toBe('run.completed');
+      expect(await terminals(e, runId)).toEqual(['run.completed']);
+    } finally {
+      await e.close();
+      await d.close();
     }
   });
 });

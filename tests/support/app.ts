@@ -63,6 +63,8 @@ export async function createTestApp(
     maxFileBytes?: number;
     /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
     replicaOf?: TestApp;
+    /** How long this app's runs are its own without renewal (default 60 s). */
+    runLeaseMs?: number;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
   } = {},
@@ -99,7 +101,10 @@ export async function createTestApp(
     maxRetries: opts.model?.maxRetries ?? 0,
     timeoutMs: 30_000,
   });
-  const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger);
+  const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger, {
+    owner: `test-${randomBytes(4).toString('hex')}`,
+    leaseMs: opts.runLeaseMs ?? 60_000,
+  });
   await agent.startup();
   if (database.listen) {
     await agent.events.connect(database.listen);

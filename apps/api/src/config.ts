@@ -52,6 +52,7 @@ const schema = z.object({
   KILN_EVOLUTION_TICK_S: int(1, 3600).default(60),
   KILN_JOBS_POLL_MS: int(50, 600_000).default(2000),
   KILN_JOBS_LEASE_S: int(5, 86_400).default(300),
+  KILN_RUN_LEASE_S: int(3, 3_600).default(60),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -75,6 +76,8 @@ export type Config = {
   openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
   /** Durable jobs (reviews, dreams): how often to look for due ones, how long a claim lasts without a heartbeat. */
   jobs: { pollMs: number; leaseMs: number };
+  /** How long a run is its server's without renewal (renewed every third of it). */
+  runLeaseMs: number;
   /** How often idle sessions and dream schedules are checked. */
   evolutionTickMs: number;
   sandbox: {
@@ -129,6 +132,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
     },
     jobs: { pollMs: e.KILN_JOBS_POLL_MS, leaseMs: e.KILN_JOBS_LEASE_S * 1000 },
+    runLeaseMs: e.KILN_RUN_LEASE_S * 1000,
     evolutionTickMs: e.KILN_EVOLUTION_TICK_S * 1000,
     openai: {
       baseURL: e.OPENAI_BASE_URL,

@@ -115,5 +115,5 @@ export function evolutionService(config: Config, db: Database['db'], agent: Agen
 export function agentService(config: Config, db: Database['db'], engine: SandboxEngine, workspaces: WorkspaceService, logger: Logger): AgentService {
   const o = config.openai;
   const model = new ModelClient({ baseURL: o.baseURL, apiKey: o.apiKey, defaultModel: o.model, maxRetries: o.maxRetries, timeoutMs: o.timeoutMs });
-  return new AgentService(db, new RunEventLog(db), model, engine, workspaces, logger);
+  return new AgentService(db, new RunEventLog(db), model, engine, workspaces, logger, { owner: config.instanceId, leaseMs: config.runLeaseMs });
 }

@@ -1,7 +1,7 @@
 import { setMaxListeners } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { and, asc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
+import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
@@ -127,6 +127,15 @@ function runPatchSet(p: RunPatch, ending = false): SQL {
   return sql.join(parts, sql`, `);
 }
 
+/**
+ * Which server runs a run's loop: its instance id, and how long its claim lasts unless renewed.
+ * A server that dies stops renewing; any other then marks its runs interrupted.
+ */
+export interface RunLeases {
+  owner: string;
+  leaseMs: number;
+}
+
 /** What a run's loop starts from. */
 type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
 
@@ -146,6 +155,7 @@ export class AgentService {
   private readonly expiries = new Map<string, NodeJS.Timeout>();
   private sourceUpdates: su.SourceUpdateSink | undefined;
   private unlistenCancels: (() => Promise<void>) | undefined;
+  private leaseTimer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly db: Db,
@@ -154,12 +164,20 @@ export class AgentService {
     private readonly engine: SandboxEngine,
     private readonly repo: WorkspaceService,
     private readonly log: Logger,
+    private readonly leases: RunLeases = { owner: 'local', leaseMs: 60_000 },
   ) {}
 
-  /** After a restart: runs that were thinking or acting are failed as interrupted; pending approvals keep waiting. */
+  /**
+   * After a restart: runs whose loop is gone — this server's own from before, and those of a
+   * server whose lease ran out — are failed as interrupted. Runs another live server is running
+   * are left alone. Pending approvals keep waiting.
+   */
   async startup(): Promise<void> {
-    const inFlight = await this.db.select().from(runs).where(inArray(runs.status, ['queued', 'in_progress']));
-    for (const run of inFlight) await this.finish(run, 'failed', INTERRUPTED);
+    await this.interruptOrphans(true);
+    this.leaseTimer = setInterval(() => {
+      this.tendLeases().catch((err) => this.log.warn({ err }, 'run lease upkeep failed'));
+    }, Math.max(50, Math.floor(this.leases.leaseMs / 3)));
+    this.leaseTimer.unref();
     const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
     for (const a of pending) this.scheduleExpiry(a);
   }
@@ -179,8 +197,38 @@ export class AgentService {
     }
   }
 
+  /** The lease a run gets when this server starts or resumes its loop (database time, so clocks need not agree). */
+  private leaseSql(): SQL {
+    return sql`now() + ${this.leases.leaseMs} * interval '1 millisecond'`;
+  }
+
+  /** Renews this server's runs, and interrupts runs whose server stopped renewing theirs. */
+  private async tendLeases(): Promise<void> {
+    if (this.active.size) {
+      await this.db.execute(sql`update runs set lease_until = ${this.leaseSql()}
+        where runner = ${this.leases.owner} and status in ('queued', 'in_progress')`);
+    }
+    await this.interruptOrphans(false);
+  }
+
+  /**
+   * Fails runs in flight that no live loop runs: unclaimed ones, those whose lease has run out,
+   * and (at start-up) this server's own. Their server, should it still be alive, is told to stop
+   * them (the cancel channel); its own end then finds the run ended and writes nothing.
+   */
+  private async interruptOrphans(atStartup: boolean): Promise<void> {
+    const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), atStartup ? eq(runs.runner, this.leases.owner) : undefined);
+    const inFlight = await this.db.select().from(runs).where(and(inArray(runs.status, ['queued', 'in_progress']), orphaned));
+    for (const run of inFlight) {
+      if (this.active.has(run.id)) continue;
+      await this.finish(run, 'failed', INTERRUPTED);
+      if (this.unlistenCancels && run.runner && run.runner !== this.leases.owner) await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${run.id})`);
+    }
+  }
+
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
+    clearInterval(this.leaseTimer);
     for (const t of this.expiries.values()) clearTimeout(t);
     for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
     // Let the aborted loops record that before the database closes (a start-up would otherwise).
@@ -199,11 +247,13 @@ export class AgentService {
     const run: RunRow = {
       id: runId, teamId, workspaceId: workspace.id, sessionId, status: 'queued', model, trigger: 'message', steps: 0, promptTokens: 0, completionTokens: 0,
       error: null, createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
+      runner: this.leases.owner, leaseUntil: new Date(now.getTime() + this.leases.leaseMs),
     };
     const message = messageRow(session, runId, { role: 'user', content });
     // The run, the person's message, the session's activity, the audit event and the first two events: one statement.
     const writes = [
-      sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at) values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz)`,
+      sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at, runner, lease_until)
+        values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz, ${this.leases.owner}, ${this.leaseSql()})`,
       insertMessage(message),
       sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
     ];
@@ -360,7 +410,7 @@ export class AgentService {
     await this.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status: outcome === 'approved' ? 'approved' : outcome, decision: a.decision, reason: a.reason });
     const [run] = await this.db
       .update(runs)
-      .set({ status: 'in_progress' })
+      .set({ status: 'in_progress', runner: this.leases.owner, leaseUntil: this.leaseSql() })
       .where(and(eq(runs.id, a.runId), eq(runs.status, 'requires_action')))
       .returning();
     if (run) this.launch(run.id, { approval: a, outcome });
