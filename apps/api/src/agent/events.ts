@@ -36,6 +36,8 @@ export class RunEventLog {
   private readonly bus = new EventEmitter();
   private readonly next = new Map<string, number>();
   private readonly tails = new Map<string, Promise<unknown>>();
+  /** Per run, the queued plain append that has not started yet: later plain appends join it. */
+  private readonly joinable = new Map<string, { items: [string, unknown][]; done: Promise<RunEvent[]> }>();
   /** The last seq handed to live listeners, per run (to fetch only what another replica added). */
   private readonly delivered = new Map<string, number>();
   private unlisten: (() => Promise<void>) | undefined;
@@ -89,18 +91,35 @@ export class RunEventLog {
   /**
    * Several events in one statement, numbered consecutively — together with `writes`, the
    * changes they describe (messages, usage), so both land in one round trip and one commit.
+   *
+   * Plain appends (events only) that arrive while an earlier write of the run is still in
+   * flight join into one statement: a burst of output chunks costs one round trip per write
+   * the database can do, not one per chunk. Each caller still gets its own events.
    */
   appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = [], guarded?: GuardedEvents): Promise<RunEvent[]> {
-    const prev = this.tails.get(runId) ?? Promise.resolve();
-    // Another replica may have appended to this run since (an approval decided there): on a
-    // sequence clash, re-read the last sequence number and try once more.
-    const done = prev.then(() =>
-      this.write(runId, items, writes, guarded).catch((err) => {
+    const open = this.joinable.get(runId);
+    if (open && !writes.length && !guarded && items.length) {
+      const from = open.items.length;
+      open.items.push(...items);
+      return open.done.then((evs) => evs.slice(from, from + items.length));
+    }
+    const prev = this.tails.get(runId);
+    const batch = { items: [...items], done: undefined as unknown as Promise<RunEvent[]> };
+    const start = () => {
+      // From here on, the statement is being made: later appends go into the next one.
+      if (this.joinable.get(runId) === batch) this.joinable.delete(runId);
+      // Another replica may have appended to this run since (an approval decided there): on a
+      // sequence clash, re-read the last sequence number and try once more.
+      return this.write(runId, batch.items, writes, guarded).catch((err) => {
         if (!isUniqueViolation(err)) throw err;
         this.next.delete(runId);
-        return this.write(runId, items, writes, guarded);
-      }),
-    );
+        return this.write(runId, batch.items, writes, guarded);
+      });
+    };
+    const done = prev ? prev.then(start) : start();
+    batch.done = done;
+    if (prev && !writes.length && !guarded) this.joinable.set(runId, batch);
+    else this.joinable.delete(runId);
     const tail = done.then(
       () => undefined,
       () => undefined,
