@@ -2,6 +2,8 @@ import { count } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { apiKeys, evolutions } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
+import { converse } from '../support/agent.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 
 /**
  * Auth and tenancy through the real HTTP stack: unknown keys, roles, and above all that
@@ -9,21 +11,30 @@ import { createTestApp, type TestApp } from '../support/app.ts';
  */
 describe('auth and tenancy', () => {
   let t: TestApp;
+  let fake: FakeOpenAI;
+  let runA: string;
   let a: { id: string; key: string };
   let b: { id: string; key: string };
   let wsA: string;
   let keyA: string;
 
   beforeAll(async () => {
-    t = await createTestApp();
+    fake = await startFakeOpenAI();
+    t = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
     a = await t.team('alpha');
     b = await t.team('beta');
     const ws = await t.call('POST', '/v1/workspaces', { key: a.key, body: { name: 'alpha-ws' } });
     wsA = ws.body.id;
     const k = await t.call('POST', `/v1/teams/${a.id}/keys`, { key: a.key, body: { name: 'second', role: 'member' } });
     keyA = k.body.id;
+    const s = await t.call('POST', `/v1/workspaces/${wsA}/sessions`, { key: a.key, body: {} });
+    fake.script({ content: '<finish>hello</finish>' });
+    runA = (await converse(t, a.key, s.body.id, 'hi')).run.id;
   });
-  afterAll(() => t.close());
+  afterAll(async () => {
+    await t.close();
+    await fake.close();
+  });
 
   it('refuses requests without a key, with a malformed header, or with an unknown key', async () => {
     for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }] as Record<string, string>[]) {
@@ -104,6 +115,9 @@ describe('auth and tenancy', () => {
       ['GET', `/v1/workspaces/${wsA}/evolutions`],
       ['GET', `/v1/workspaces/${wsA}/evolutions/${evo}`],
       ['POST', `/v1/workspaces/${wsA}/evolutions/${evo}/undo`],
+      ['GET', `/v1/runs/${runA}`],
+      ['GET', `/v1/runs/${runA}/events`],
+      ['POST', `/v1/runs/${runA}/cancel`],
       ['DELETE', `/v1/workspaces/${wsA}`],
     ];
     for (const [method, path, body] of routes) {
@@ -119,5 +133,32 @@ describe('auth and tenancy', () => {
     expect(listed.body.data.map((w: { id: string }) => w.id)).not.toContain(wsA);
     const audit = await t.call('GET', '/v1/audit', { key: b.key, headers: {} });
     expect(audit.body.data.every((e: { team_id: string }) => e.team_id === b.id)).toBe(true);
+  });
+
+  it('lists runs of the caller\u2019s team only, filtered by status, workspace and session', async () => {
+    const own = await t.call('GET', '/v1/runs', { key: a.key });
+    expect(own.status).toBe(200);
+    expect(own.body).toMatchObject({ has_more: false, last_id: runA });
+    expect(own.body.data).toEqual([expect.objectContaining({ id: runA, workspace_id: wsA, status: 'completed' })]);
+    for (const q of ['', `?workspace=${wsA}`, `?session=${own.body.data[0].session_id}`, '?status=completed']) {
+      const other = await t.call('GET', `/v1/runs${q}`, { key: b.key });
+      expect(other.status, q).toBe(200);
+      expect(other.body, q).toEqual({ data: [], has_more: false, last_id: null });
+    }
+    expect((await t.call('GET', '/v1/runs?status=completed,failed', { key: a.key })).body.data.map((r: { id: string }) => r.id)).toEqual([runA]);
+    expect((await t.call('GET', '/v1/runs?status=queued,in_progress,requires_action', { key: a.key })).body.data).toEqual([]);
+    expect((await t.call('GET', '/v1/runs?workspace=ws_other', { key: a.key })).body.data).toEqual([]);
+    const admin = await t.call('GET', '/v1/runs', { key: t.adminKey });
+    expect(admin.status).toBe(403);
+    expect(admin.body.error.code).toBe('forbidden');
+  });
+
+  it('rejects a malformed runs query with the 400 envelope', async () => {
+    for (const q of ['?status=done', '?status=completed,', '?limit=0', '?limit=101', '?order=up']) {
+      const r = await t.call('GET', `/v1/runs${q}`, { key: a.key });
+      expect(r.status, q).toBe(400);
+      expect(r.body.error, q).toMatchObject({ type: 'invalid_request_error', code: 'invalid_request' });
+      expect(r.body.error.request_id).toBe(r.headers.get('x-request-id'));
+    }
   });
 });

@@ -11,6 +11,7 @@ import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../http/env.ts';
 import { ApiError } from '../http/errors.ts';
+import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
@@ -278,6 +279,25 @@ export class AgentService {
     const [run] = await this.db.select().from(runs).where(and(eq(runs.id, runId), eq(runs.teamId, teamId)));
     if (!run) throw ApiError.notFound('run');
     return run;
+  }
+
+  /** The team's runs, id-ordered with the list cursor, narrowed by status, workspace and session. */
+  async listRuns(teamId: string, f: ListParams & { status?: RunRow['status'][]; workspace?: string; session?: string }) {
+    const c = cursorOn(runs.id, f);
+    return this.db
+      .select()
+      .from(runs)
+      .where(
+        and(
+          eq(runs.teamId, teamId),
+          f.status ? inArray(runs.status, f.status) : undefined,
+          f.workspace ? eq(runs.workspaceId, f.workspace) : undefined,
+          f.session ? eq(runs.sessionId, f.session) : undefined,
+          c.where,
+        ),
+      )
+      .orderBy(c.orderBy)
+      .limit(c.limit);
   }
 
   async listMessages(teamId: string, sessionId: string, p: { after?: string; limit: number }) {

@@ -17,6 +17,7 @@ import * as r from './runs.routes.ts';
 export const runView = (run: RunRow) => ({
   id: run.id,
   session_id: run.sessionId,
+  workspace_id: run.workspaceId,
   status: run.status,
   model: run.model,
   steps: run.steps,
@@ -94,6 +95,11 @@ export function runsRouter(db: Db, agent: AgentService) {
       await getSession(db, team, s);
       const q = c.req.valid('query');
       return c.json(toPage(await agent.listMessages(team, s, q), q, messageView), 200);
+    })
+    .openapi(r.listRuns, async (c) => {
+      const q = c.req.valid('query');
+      const status = q.status?.split(',') as RunRow['status'][] | undefined;
+      return c.json(toPage(await agent.listRuns(teamOf(c), { ...q, status }), q, runView), 200);
     })
     .openapi(r.getRun, async (c) => c.json(runView(await agent.getRun(teamOf(c), c.req.valid('param').r)), 200))
     .openapi(r.cancelRun, async (c) => {

@@ -1,10 +1,13 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import { RUN_STATUSES } from '../../db/schema/runs.ts';
+import { ListQuery, listOf } from '../../http/pagination.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
 export const Run = z
   .object({
     id: z.string(),
     session_id: z.string(),
+    workspace_id: z.string(),
     status: z.enum(['queued', 'in_progress', 'requires_action', 'completed', 'failed', 'cancelled']),
     model: z.string().nullable(),
     steps: z.number().int(),
@@ -79,6 +82,29 @@ export const listMessages = createRoute({
     query: z.object({ limit: z.coerce.number().int().min(1).max(500).default(100), after: z.string().max(64).optional() }),
   },
   responses: { 200: jsonContent(z.object({ data: z.array(Message), has_more: z.boolean(), last_id: z.string().nullable() }), 'Messages'), ...errorResponses },
+});
+
+const STATUS_LIST = new RegExp(`^(${RUN_STATUSES.join('|')})(,(${RUN_STATUSES.join('|')}))*$`);
+
+export const listRuns = createRoute({
+  method: 'get',
+  path: '/v1/runs',
+  tags: ['Runs'],
+  security,
+  summary: 'The team\u2019s runs, newest first (filter by status, workspace, session)',
+  request: {
+    query: ListQuery.extend({
+      status: z
+        .string()
+        .max(200)
+        .regex(STATUS_LIST, `a comma-separated list of ${RUN_STATUSES.join(', ')}`)
+        .optional()
+        .openapi({ description: 'one status or several, comma-separated', example: 'queued,in_progress,requires_action' }),
+      workspace: z.string().max(64).optional(),
+      session: z.string().max(64).optional(),
+    }),
+  },
+  responses: { 200: jsonContent(listOf(Run), 'Runs'), ...errorResponses },
 });
 
 export const getRun = createRoute({
