@@ -65,6 +65,8 @@ export async function createTestApp(
     replicaOf?: TestApp;
     /** How long this app's runs are its own without renewal (default 60 s). */
     runLeaseMs?: number;
+    /** Where the built dashboard is (default apps/dashboard/dist). */
+    dashboardDir?: string;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
   } = {},
@@ -126,6 +128,7 @@ export async function createTestApp(
     evolution,
     logger,
     now: opts.now,
+    dashboardDir: opts.dashboardDir,
   });
 
   const call: TestApp['call'] = async (method, path, o = {}) => {

@@ -7,6 +7,7 @@ import type { Db } from './db/client.ts';
 import { auditTrail } from './http/audit-trail.ts';
 import { KeyCache } from './auth/key-cache.ts';
 import { authn } from './http/authn.ts';
+import { dashboardRouter } from './http/dashboard.ts';
 import { docsRouter } from './http/docs.ts';
 import { ApiError, errorBody } from './http/errors.ts';
 import { idempotency } from './http/idempotency.ts';
@@ -40,6 +41,8 @@ export interface AppDeps {
   evolution: EvolutionService;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
+  /** Where the built dashboard is (default apps/dashboard/dist). */
+  dashboardDir?: string;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -54,7 +57,7 @@ function toApiError(err: Error): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
-export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now }: AppDeps) {
+export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now, dashboardDir }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -87,6 +90,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
     info: { title: 'Kiln API', version: '1', description: 'Self-hosted AI agents with hardened Python sandboxes and git-backed self-evolution.' },
   });
   app.route('/', docsRouter());
+  app.route('/', dashboardRouter(dashboardDir));
 
   app.notFound((c) => c.json(errorBody(new ApiError('not_found', `no route for ${c.req.method} ${c.req.path}`), c.get('requestId')), 404));
   app.onError((err, c) => {

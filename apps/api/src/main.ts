@@ -19,7 +19,7 @@ const server = await startServer(config, logger).catch((err: Error) => {
   process.exit(1);
 });
 
-const lines = [`Kiln is listening on ${server.url}`, `  API reference: ${server.url}/docs`, `  database: ${server.database.driver}`];
+const lines = [`Kiln is listening on ${server.url}`, `  dashboard: ${server.url}/ (paste a key)`, `  API reference: ${server.url}/docs`, `  database: ${server.database.driver}`];
 if (server.bootstrap.createdKey) {
   lines.push(
     `  org-admin key (shown once, also saved to ${server.bootstrap.keyFile}):`,
