@@ -30,3 +30,9 @@ ensure_node_deps() {
     npm ci --no-audit --no-fund >&2
   fi
 }
+
+# Builds the ops dashboard (apps/dashboard → apps/dashboard/dist, served by the API at /).
+build_dashboard() {
+  say "building the dashboard"
+  (cd "$KILN_ROOT" && npm run --silent dashboard:build >&2)
+}

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# `npm test`: start what the suite needs (dockerd, PostgreSQL), build the sandbox image, run vitest.
+# `npm test`: start what the suite needs (dockerd, PostgreSQL, Debian's chromium for the browser
+# tests), build the sandbox image and the dashboard, run vitest.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_node_deps
+[ -x /usr/bin/chromium ] || apt_install chromium
 bash "$KILN_ROOT/infra/docker.sh"
 bash "$KILN_ROOT/infra/postgres.sh"
 cd "$KILN_ROOT"
 node_modules/.bin/tsx sandbox-image/build.ts
+build_dashboard
 say "type-check"
 node_modules/.bin/tsc -p tsconfig.json
+node_modules/.bin/tsc -p apps/dashboard/tsconfig.json
 exec node_modules/.bin/vitest run "$@"

@@ -1,0 +1,44 @@
+const KEY = 'kiln.key';
+
+export const getKey = () => sessionStorage.getItem(KEY);
+export const setKey = (key: string) => sessionStorage.setItem(KEY, key);
+export const clearKey = () => sessionStorage.removeItem(KEY);
+/** Org-admin keys manage teams and updates; team routes answer them 403. */
+export const isOrgAdminKey = (key: string | null) => !!key && key.startsWith('kiln_admin_');
+
+/** An answer outside 2xx: its message is the API's `error.message`. */
+export class ApiFailure extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The API.md envelope's message, or what can be said without one. */
+export async function failureOf(res: Response): Promise<ApiFailure> {
+  const body = (await res.json().catch(() => null)) as { error?: { code?: string; message?: string } } | null;
+  return new ApiFailure(res.status, body?.error?.code ?? 'http_error', body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`);
+}
+
+export function authHeaders(key = getKey()): Record<string, string> {
+  return key ? { authorization: `Bearer ${key}` } : {};
+}
+
+/** One call to the HTTP API with the signed-in key (or `key`). */
+export async function api<T = any>(method: string, path: string, body?: unknown, key?: string): Promise<T> {
+  const headers: Record<string, string> = { ...authHeaders(key ?? getKey()), accept: 'application/json' };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  let res: Response;
+  try {
+    res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (err) {
+    throw new ApiFailure(0, 'network', `the API could not be reached: ${(err as Error).message}`);
+  }
+  if (!res.ok) throw await failureOf(res);
+  return (await res.json()) as T;
+}
+
+export const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));

@@ -1,0 +1,73 @@
+import './style.css';
+import { api, clearKey, getKey, isOrgAdminKey, messageOf, setKey } from './api.ts';
+import { h, replace } from './dom.ts';
+import { flash, type Dispose } from './panel.ts';
+import { adminView, auditView } from './views/audit.ts';
+import { overview } from './views/overview.ts';
+import { runView } from './views/run.ts';
+import { workspaceView } from './views/workspace.ts';
+
+const root = document.getElementById('app')!;
+let dispose: Dispose[] = [];
+
+/** The first screen: the key is checked against the API before it is kept (in this tab only). */
+function signIn(): HTMLElement {
+  const input = h('input', { id: 'key', type: 'password', name: 'key', autocomplete: 'off', placeholder: 'kiln_…', required: true, size: 60 });
+  const error = h('p', { class: 'error', role: 'alert' });
+  const form = h(
+    'form',
+    {
+      class: 'signin',
+      onsubmit: async (ev: Event) => {
+        ev.preventDefault();
+        replace(error);
+        const key = input.value.trim();
+        try {
+          await api('GET', '/v1/teams', undefined, key);
+          setKey(key);
+          render();
+        } catch (err) {
+          replace(error, messageOf(err));
+        }
+      },
+    },
+    h('h1', {}, 'Kiln ops'),
+    h('p', {}, 'Paste an API key. It stays in this browser tab (sessionStorage) until you sign out.'),
+    input,
+    h('button', { type: 'submit' }, 'Sign in'),
+    error,
+  );
+  return form;
+}
+
+function viewFor(hash: string): HTMLElement {
+  const [, name, id] = hash.replace(/^#/, '').split('/');
+  if (name === 'ws' && id) return workspaceView(decodeURIComponent(id), dispose);
+  if (name === 'runs' && id) return runView(decodeURIComponent(id), dispose);
+  if (name === 'audit') return auditView(dispose);
+  if (name === 'admin') return adminView(dispose);
+  return overview(dispose);
+}
+
+function render(): void {
+  for (const d of dispose) d();
+  dispose = [];
+  const key = getKey();
+  if (!key) return replace(root, signIn());
+  const nav = h(
+    'nav',
+    {},
+    h('strong', {}, 'Kiln ops'),
+    h('a', { href: '#/' }, 'Overview'),
+    h('a', { href: '#/audit' }, 'Audit'),
+    h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
+    h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),
+    h('button', { type: 'button', id: 'signout', onclick: () => (clearKey(), (location.hash = '#/'), render()) }, 'Sign out'),
+  );
+  const hint = isOrgAdminKey(key) ? h('p', { class: 'hint' }, 'An org-admin key manages teams and platform updates; runs, approvals, sandboxes and workspaces need a team key.') : null;
+  replace(flash);
+  replace(root, nav, hint, flash, h('main', {}, viewFor(location.hash)));
+}
+
+window.addEventListener('hashchange', render);
+render();

@@ -1,0 +1,80 @@
+import { messageOf } from './api.ts';
+import { h, replace, type Child } from './dom.ts';
+
+/** What a view registers to stop when the route changes (timers, streams). */
+export type Dispose = () => void;
+
+/**
+ * A titled box that loads its data from the API and renders it; with `everyMs` it reloads,
+ * and re-renders only when the data changed (so a button is not swapped under the cursor).
+ * A failed load shows the API's error message in the box.
+ */
+export function panel<T>(
+  id: string,
+  title: string,
+  load: () => Promise<T>,
+  render: (data: T, reload: () => Promise<void>) => Child,
+  opts: { everyMs?: number; dispose: Dispose[]; actions?: Child[] },
+): HTMLElement {
+  const body = h('div', { class: 'panel-body' }, h('p', { class: 'loading' }, 'loading…'));
+  const box = h('section', { class: 'panel', id }, h('header', {}, h('h2', {}, title), ...(opts.actions ?? [])), body);
+  let last: string | undefined;
+  let stopped = false;
+  const reload = async () => {
+    try {
+      const data = await load();
+      const json = JSON.stringify(data);
+      if (stopped || json === last) return;
+      last = json;
+      replace(body, render(data, reload));
+    } catch (err) {
+      const text = messageOf(err);
+      if (stopped || last === `!${text}`) return;
+      last = `!${text}`;
+      replace(body, h('p', { class: 'error', role: 'alert' }, text));
+    }
+  };
+  void reload();
+  const timer = opts.everyMs ? setInterval(() => void reload(), opts.everyMs) : undefined;
+  opts.dispose.push(() => {
+    stopped = true;
+    clearInterval(timer);
+  });
+  return box;
+}
+
+/** Where actions report what they did or the API's error: one line under the navigation, kept across panel reloads. */
+export const flash = h('p', { id: 'flash', role: 'status' });
+
+function say(text: string, ok: boolean) {
+  flash.className = ok ? 'ok' : 'error';
+  replace(flash, text);
+}
+
+/** A button that runs an API action, reports its outcome (or the API's error) in `flash`, then reloads. */
+export function action(label: string, run: () => Promise<string | void>, opts: { confirm?: string; after?: () => Promise<void>; className?: string } = {}): HTMLElement {
+  const button = h(
+    'button',
+    {
+      type: 'button',
+      class: opts.className ?? '',
+      onclick: async () => {
+        if (opts.confirm && !window.confirm(opts.confirm)) return;
+        button.disabled = true;
+        try {
+          say(`${label}: ${(await run()) ?? 'done'}`, true);
+          await opts.after?.();
+        } catch (err) {
+          say(`${label}: ${messageOf(err)}`, false);
+        } finally {
+          button.disabled = false;
+        }
+      },
+    },
+    label,
+  );
+  return button;
+}
+
+/** A route link. */
+export const link = (href: string, text: Child) => h('a', { href }, text);

@@ -1,0 +1,99 @@
+/** The shapes of the API answers the dashboard reads (see /openapi.json). */
+export interface List<T> {
+  data: T[];
+  has_more?: boolean;
+  last_id?: string | null;
+}
+export interface Run {
+  id: string;
+  session_id: string;
+  workspace_id: string;
+  status: string;
+  model: string | null;
+  steps: number;
+  usage: { prompt_tokens: number; completion_tokens: number };
+  error?: { code: string; message: string } | null;
+  created_at: string;
+  finished_at: string | null;
+}
+export interface Approval {
+  id: string;
+  run_id: string;
+  session_id: string;
+  workspace_id: string;
+  code: string;
+  status: string;
+  expires_at: string;
+}
+export interface Sandbox {
+  id: string;
+  session_id: string | null;
+  state: string;
+  memory_bytes: number | null;
+  cpu_percent: number | null;
+  limits: { memoryMb: number };
+  last_used_at: string;
+}
+export interface Workspace {
+  id: string;
+  name: string;
+  head: string | null;
+  settings: { approval: { mode: string }; protocol: string; model: string | null };
+  created_at: string;
+}
+export interface UsageRow {
+  key: string;
+  prompt_tokens: number;
+  completion_tokens: number;
+  calls: number;
+}
+export interface Session {
+  id: string;
+  title: string | null;
+  status: string;
+  last_activity_at: string;
+}
+export interface Commit {
+  sha: string;
+  kind: string;
+  author: string;
+  summary: string;
+  paths: string[];
+  created_at: string;
+}
+export interface Evolution {
+  id: string;
+  kind: string;
+  status: string;
+  commit_sha: string | null;
+  summary: string | null;
+  created_at: string;
+}
+export interface AuditEvent {
+  id: string;
+  team_id: string | null;
+  actor: string | null;
+  action: string;
+  resource_type: string | null;
+  resource_id: string | null;
+  created_at: string;
+}
+export interface Team {
+  id: string;
+  name: string;
+  created_at: string;
+}
+export interface Update {
+  id: string;
+  status: string;
+  reason: string;
+  commit_sha: string | null;
+  error: string | null;
+  created_at: string;
+}
+export interface Version {
+  commit: string | null;
+  branch: string | null;
+  pid: number;
+  started_at: string;
+}

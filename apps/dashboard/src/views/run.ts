@@ -1,0 +1,64 @@
+import { api, authHeaders, messageOf } from '../api.ts';
+import { h, replace, when } from '../dom.ts';
+import { action, link, panel, type Dispose } from '../panel.ts';
+import { followRun, type RunEvent } from '../sse.ts';
+import type { Run } from '../types.ts';
+
+const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
+
+/** The readable part of an event: output text, code, thinking; otherwise its data as JSON. */
+function eventText(ev: RunEvent): string {
+  const d = (ev.data ?? {}) as Record<string, unknown>;
+  for (const k of ['data', 'code', 'text', 'content', 'summary', 'message']) if (typeof d[k] === 'string') return d[k] as string;
+  return JSON.stringify(ev.data);
+}
+
+/** One run: its status, a Cancel button and its events as they happen (SSE, resumed after a drop). */
+export function runView(id: string, dispose: Dispose[]): HTMLElement {
+  const path = `/v1/runs/${encodeURIComponent(id)}`;
+  let refreshRun: () => Promise<void> = async () => undefined;
+  const state = h('span', { class: 'stream-state', 'data-state': 'connecting' }, 'connecting');
+  const list = h('ol', { class: 'events' });
+  const abort = new AbortController();
+  dispose.push(() => abort.abort());
+  void followRun({
+    url: `${path}/events`,
+    headers: authHeaders(),
+    signal: abort.signal,
+    terminal: TERMINAL,
+    onState: (s, detail) => {
+      state.setAttribute('data-state', s);
+      replace(state, detail ? `${s}: ${detail}` : s);
+    },
+    onEvent: (ev) => {
+      list.append(h('li', { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id }, h('span', { class: 'seq' }, ev.id), h('span', { class: 'name' }, ev.event), h('pre', {}, eventText(ev))));
+      if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();
+    },
+  }).catch((err) => {
+    state.setAttribute('data-state', 'error');
+    state.className = 'stream-state error';
+    replace(state, messageOf(err));
+  });
+  return h(
+    'div',
+    { class: 'view' },
+    panel(
+      'run',
+      `Run ${id}`,
+      () => api<Run>('GET', path),
+      (r, reload) => {
+        refreshRun = reload;
+        return h(
+          'div',
+          {},
+          h('p', {}, 'status ', h('strong', { class: `status ${r.status}`, id: 'run-status' }, r.status), ` · ${r.steps} steps · model ${r.model ?? '—'} · tokens ${r.usage.prompt_tokens}/${r.usage.completion_tokens}`),
+          h('p', {}, 'workspace ', link(`#/ws/${r.workspace_id}`, r.workspace_id), ` · session ${r.session_id} · started ${when(r.created_at)} · finished ${when(r.finished_at)}`),
+          r.error ? h('p', { class: 'error' }, `${r.error.code}: ${r.error.message}`) : null,
+          TERMINAL.has(`run.${r.status}`) ? null : action('Cancel', async () => void (await api('POST', `${path}/cancel`)), { confirm: 'Cancel this run? Its running code is killed.', after: reload, className: 'danger' }),
+        );
+      },
+      { dispose },
+    ),
+    h('section', { class: 'panel', id: 'events' }, h('header', {}, h('h2', {}, 'Events'), state), list),
+  );
+}

@@ -1,0 +1,97 @@
+import { api } from '../api.ts';
+import { h, table, when } from '../dom.ts';
+import { action, panel, type Dispose } from '../panel.ts';
+import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
+import { runsTable } from './overview.ts';
+
+const EVERY_MS = 5000;
+const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
+
+/** One workspace: its runs and sessions, its history with Revert, its evolutions with Undo. */
+export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
+  const base = `/v1/workspaces/${encodeURIComponent(ws)}`;
+  const reloadAll: (() => Promise<void>)[] = [];
+  const refreshAll = async () => void (await Promise.all(reloadAll.map((f) => f())));
+  const remember = (reload: () => Promise<void>) => reloadAll.includes(reload) || reloadAll.push(reload);
+  return h(
+    'div',
+    { class: 'view' },
+    panel(
+      'workspace',
+      'Workspace',
+      () => api<Workspace>('GET', base),
+      (w) =>
+        h(
+          'div',
+          {},
+          h('h3', { class: 'ws-name' }, w.name),
+          h('p', {}, `${w.id} · HEAD ${short(w.head)} · approval ${w.settings.approval.mode} · protocol ${w.settings.protocol}`),
+          action('Request a review', async () => `review ${(await api<Evolution>('POST', `${base}/review`, {})).id} queued`, { after: refreshAll }),
+          action('Request a dream', async () => `dream ${(await api<Evolution>('POST', `${base}/dream`, {})).id} queued`, { after: refreshAll }),
+        ),
+      { dispose },
+    ),
+    panel('ws-runs', 'Runs', () => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20`), (p) => runsTable(p.data, 'no run yet'), { everyMs: EVERY_MS, dispose }),
+    panel(
+      'sessions',
+      'Sessions',
+      () => api<List<Session>>('GET', `${base}/sessions?limit=50`),
+      (p) => table(['session', 'title', 'status', 'last activity'], p.data, (s) => [s.id, s.title ?? '—', s.status, when(s.last_activity_at)], 'no session yet'),
+      { everyMs: EVERY_MS, dispose },
+    ),
+    panel(
+      'commits',
+      'Commits',
+      () => api<List<Commit>>('GET', `${base}/commits?limit=50`),
+      (p, reload) => {
+        remember(reload);
+        return table(
+          ['commit', 'kind', 'author', 'message', 'files', 'when', ''],
+          p.data,
+          (c) => [
+            h('code', {}, short(c.sha)),
+            c.kind,
+            c.author,
+            c.summary,
+            c.paths.join(', '),
+            when(c.created_at),
+            action('Revert', async () => `reverted as ${short((await api<{ commit: Commit | null }>('POST', `${base}/commits/${c.sha}/revert`)).commit?.sha ?? null)}`, {
+              confirm: `Revert ${short(c.sha)} "${c.summary}" with a new commit?`,
+              after: refreshAll,
+            }),
+          ],
+          'no commit',
+        );
+      },
+      { everyMs: EVERY_MS, dispose },
+    ),
+    panel(
+      'evolutions',
+      'Evolutions',
+      () => api<List<Evolution>>('GET', `${base}/evolutions`),
+      (p, reload) => {
+        remember(reload);
+        return table(
+          ['evolution', 'kind', 'status', 'summary', 'commit', 'when', ''],
+          p.data,
+          (e) => [
+            e.id,
+            e.kind,
+            e.status,
+            e.summary ?? '—',
+            h('code', {}, short(e.commit_sha)),
+            when(e.created_at),
+            e.commit_sha && e.status === 'committed'
+              ? action('Undo', async () => `undone as ${short((await api<{ commit_sha: string }>('POST', `${base}/evolutions/${e.id}/undo`)).commit_sha)}`, {
+                  confirm: `Undo ${e.kind} ${e.id} with a new commit?`,
+                  after: refreshAll,
+                })
+              : null,
+          ],
+          'no evolution yet',
+        );
+      },
+      { everyMs: EVERY_MS, dispose },
+    ),
+  );
+}
