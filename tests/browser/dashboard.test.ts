@@ -1,0 +1,169 @@
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import type { AddressInfo } from 'node:net';
+import { serve, type ServerType } from '@hono/node-server';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { eventsUntil, TERMINAL } from '../support/agent.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { sessionIn } from '../support/sandbox.ts';
+
+/** Debian's chromium, as infra/test.sh installs it. */
+export const CHROMIUM = {
+  executablePath: '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+};
+
+/**
+ * The ops dashboard in a real browser, against the real app served over HTTP (real Postgres,
+ * Docker and git; the scripted model is the only fake). Every outcome is checked through the API.
+ */
+describe('ops dashboard in chromium', () => {
+  let fake: FakeOpenAI;
+  let t: TestApp;
+  let server: ServerType;
+  let url: string;
+  let browser: Browser;
+  let page: Page;
+  let team: { id: string; key: string };
+
+  beforeAll(async () => {
+    if (!existsSync(join(DASHBOARD_DIST, 'index.html'))) throw new Error('the dashboard is not built: run `npm run dashboard:build` (npm test does)');
+    fake = await startFakeOpenAI();
+    t = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
+    team = await t.team('dash');
+    server = await new Promise<ServerType>((resolve) => {
+      const s = serve({ fetch: t.app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
+    });
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    browser = await chromium.launch(CHROMIUM);
+  });
+  afterEach(async () => {
+    await page?.context().close();
+  });
+  afterAll(async () => {
+    await browser?.close();
+    await new Promise<void>((resolve) => (server ? server.close(() => resolve()) : resolve()));
+    await t?.close();
+    await fake?.close();
+  });
+
+  async function open(hash = '#/', key = team.key): Promise<Page> {
+    page = await (await browser.newContext()).newPage();
+    await page.goto(`${url}/${hash}`);
+    await page.fill('#key', key);
+    await page.click('form.signin button[type=submit]');
+    await page.waitForSelector('nav');
+    return page;
+  }
+
+  /** A run in a session of an `ask` workspace that proposes `code`, paused for approval. */
+  async function pausedRun(code: string) {
+    const { ws, session } = await sessionIn(t, team, { approval: { mode: 'ask' } });
+    fake.script({ content: `<python>${code}</python>` }, { content: '<finish>done</finish>' });
+    const posted = await t.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'go' } });
+    expect(posted.status).toBe(202);
+    const run = posted.body.run.id as string;
+    await eventsUntil(t, run, ['run.requires_action', ...TERMINAL]);
+    const pending = await t.call('GET', `/v1/approvals?status=pending&workspace=${ws}`, { key: team.key });
+    expect(pending.body.data).toHaveLength(1);
+    return { ws, session, run, approval: pending.body.data[0].id as string };
+  }
+
+  it('a wrong key shows the API\u2019s error message and keeps nothing', async () => {
+    const expected = (await t.call('GET', '/v1/teams', { key: 'kiln_not_a_real_key' })).body.error.message as string;
+    expect(expected.length).toBeGreaterThan(0);
+    page = await (await browser.newContext()).newPage();
+    await page.goto(`${url}/`);
+    await page.fill('#key', 'kiln_not_a_real_key');
+    await page.click('form.signin button[type=submit]');
+    const alert = page.locator('form.signin [role=alert]');
+    await alert.filter({ hasText: expected }).waitFor();
+    expect(await alert.textContent()).toBe(expected);
+    expect(await page.evaluate(() => sessionStorage.length)).toBe(0);
+    expect(await page.locator('nav').count()).toBe(0);
+  });
+
+  it('signs in with a team key, lists its workspaces, opens one, and signs out', async () => {
+    const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'dash-research' } });
+    const other = await t.team('dash-other');
+    const hidden = await t.call('POST', '/v1/workspaces', { key: other.key, body: { name: 'someone-elses' } });
+    expect(hidden.status).toBe(201);
+    await open();
+    const link = page.locator('#workspaces a', { hasText: 'dash-research' });
+    await link.waitFor();
+    expect(await page.locator('#workspaces').textContent()).not.toContain('someone-elses');
+    await link.click();
+    await page.waitForURL(`**/#/ws/${ws.body.id}`);
+    await page.locator('.ws-name', { hasText: 'dash-research' }).waitFor();
+    await page.click('#signout');
+    await page.waitForSelector('form.signin');
+    expect(await page.evaluate(() => sessionStorage.length)).toBe(0);
+  });
+
+  it('shows a run paused for approval; Approve resumes it and it completes', async () => {
+    const { run, approval } = await pausedRun('print("approved-" + str(6 * 7))');
+    await open();
+    await page.locator(`#runs a[href="#/runs/${run}"]`).waitFor();
+    expect(await page.locator('#runs').textContent()).toContain('requires_action');
+    const item = page.locator(`#approvals li[data-approval="${approval}"]`);
+    expect(await item.locator('pre').textContent()).toBe('print("approved-" + str(6 * 7))');
+    const done = eventsUntil(t, run, TERMINAL);
+    await item.getByRole('button', { name: 'Approve', exact: true }).click();
+    const events = await done;
+    expect(events.at(-1)!.event).toBe('run.completed');
+    expect(events.some((e) => e.event === 'exec.output' && JSON.stringify(e.data).includes('approved-42'))).toBe(true);
+    expect((await t.call('GET', `/v1/runs/${run}`, { key: team.key })).body.status).toBe('completed');
+    const decided = await t.call('GET', '/v1/approvals?status=approved', { key: team.key });
+    expect(decided.body.data.find((a: { id: string }) => a.id === approval)).toMatchObject({ status: 'approved', decision: 'approve' });
+    // The overview notices on its next refresh.
+    await page.locator('#runs', { hasText: 'no run in flight' }).waitFor();
+  });
+
+  it('the run page streams events live, in order, none twice', async () => {
+    const { run, approval } = await pausedRun('print("live-" + str(7 * 6))');
+    await open(`#/runs/${run}`);
+    await page.locator('.events li.run-requires_action').waitFor();
+    await page.locator('.stream-state[data-state=live]').waitFor();
+    expect(await page.locator('.events').textContent()).not.toContain('live-42');
+    // Decided elsewhere (the API): the page, already open, must show what follows.
+    expect((await t.call('POST', `/v1/approvals/${approval}`, { key: team.key, body: { decision: 'approve' } })).status).toBe(200);
+    await page.locator('.events li.exec-output', { hasText: 'live-42' }).waitFor();
+    await page.locator('#run-status', { hasText: 'completed' }).waitFor();
+    await page.locator('.stream-state[data-state=ended]').waitFor();
+    const shown = (await page.locator('.events li').evaluateAll((lis) => lis.map((li) => Number(li.getAttribute('data-seq'))))) as number[];
+    const stored = await t.app.request(`/v1/runs/${run}/events`, { headers: { authorization: `Bearer ${team.key}`, accept: 'application/json' } });
+    expect(shown).toEqual(((await stored.json()) as { data: { id: number }[] }).data.map((e) => e.id));
+  });
+
+  it('Cancel on the run page cancels a paused run', async () => {
+    const { run } = await pausedRun('print("never")');
+    await open(`#/runs/${run}`);
+    page.once('dialog', (d) => void d.accept());
+    await page.getByRole('button', { name: 'Cancel' }).click();
+    await page.locator('.events li.run-cancelled').waitFor();
+    expect((await t.call('GET', `/v1/runs/${run}`, { key: team.key })).body.status).toBe('cancelled');
+  });
+
+  it('Revert on the workspace page creates a revert commit', async () => {
+    const { ws } = await sessionIn(t, team);
+    const put = await t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: team.key, raw: '# Note\n\nreverted from the dashboard\n' });
+    expect(put.status).toBe(200);
+    const sha = put.body.commit.sha as string;
+    await open(`#/ws/${ws}`);
+    const row = page.locator('#commits tr', { hasText: sha.slice(0, 10) });
+    await row.waitFor();
+    page.once('dialog', (d) => void d.accept());
+    await row.getByRole('button', { name: 'Revert' }).click();
+    await page.locator('#flash.ok', { hasText: 'reverted as' }).waitFor();
+    const commits = await t.call('GET', `/v1/workspaces/${ws}/commits`, { key: team.key });
+    const newest = commits.body.data[0];
+    expect(newest.sha).not.toBe(sha);
+    expect(newest.paths).toEqual(['knowledge/dash-note.md']);
+    expect(newest.summary).toContain('Revert');
+    expect(await page.locator('#flash').textContent()).toContain(newest.sha.slice(0, 10));
+    expect((await t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: team.key })).status).toBe(404);
+  });
+});
