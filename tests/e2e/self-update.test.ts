@@ -159,10 +159,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const before = head();
     const version = (await api('/v1/system/version')).body;
     expect(version).toMatchObject({ commit: before, pid: first.child.pid, branch: expect.any(String) });
-    const patch = patchOf({ 'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const broken: number = 'not a number';\n` });
+    // The dashboard is type-checked too (its own tsconfig), after the API.
+    const patch = patchOf({ 'apps/dashboard/src/dom.ts': (t) => `${t}\nexport const broken: number = 'not a number';\n` });
     const r = await submit(patch, 'A change that does not type-check');
     expect(r.status).toBe(202);
-    expect(r.body).toMatchObject({ status: 'checking', changed_paths: ['apps/api/src/lib/ids.ts'] });
+    expect(r.body).toMatchObject({ status: 'checking', changed_paths: ['apps/dashboard/src/dom.ts'] });
     // One update at a time.
     expect((await submit(patch, 'again')).status).toBe(409);
 
@@ -173,6 +174,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       ['typecheck', false],
     ]);
     expect(done.checks[1].log).toContain("error TS2322: Type 'string' is not assignable to type 'number'");
+    expect(done.checks[1].log).toContain('-p tsconfig.json --noEmit');
+    expect(done.checks[1].log).toContain('apps/dashboard/src/dom.ts');
     expect(done.error).toMatch(/typecheck/);
     expect((await api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })).status).toBe(409);
 

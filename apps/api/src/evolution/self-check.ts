@@ -233,7 +233,15 @@ export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o
             return { ok: true, log: "package-lock.json unchanged: linked the running checkout's node_modules" };
           })
         : timed('install', () => command(o, p.worktree, 'npm', ['ci', '--no-audit', '--no-fund'])),
-    () => timed('typecheck', () => command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.json', '--noEmit'])),
+    // The API and the dashboard (its own tsconfig, with the DOM library), as `npm test` checks them.
+    () =>
+      timed('typecheck', async () => {
+        const tsc = (config: string) => command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', config, '--noEmit']);
+        const api = await tsc('tsconfig.json');
+        if (!api.ok) return api;
+        const dashboard = await tsc('apps/dashboard/tsconfig.json');
+        return { ok: dashboard.ok, log: `${api.log}\n${dashboard.log}` };
+      }),
     () => timed('smoke', () => command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke'])),
     () => boot(o, p.worktree, id),
   ];
