@@ -6,9 +6,9 @@ import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
-import { eventsUntil, TERMINAL } from '../support/agent.ts';
+import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
-import { sessionIn } from '../support/sandbox.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
 
 /** Debian's chromium, as infra/test.sh installs it. */
 export const CHROMIUM = {
@@ -59,10 +59,14 @@ describe('ops dashboard in chromium', () => {
     return page;
   }
 
-  /** A run in a session of an `ask` workspace that proposes `code`, paused for approval. */
-  async function pausedRun(code: string) {
+  /**
+   * A run in a session of an `ask` workspace that proposes `code`, paused for approval; with
+   * `resumes` (default), the model's answer after the code is scripted too.
+   */
+  async function pausedRun(code: string, resumes = true) {
     const { ws, session } = await sessionIn(t, team, { approval: { mode: 'ask' } });
-    fake.script({ content: `<python>${code}</python>` }, { content: '<finish>done</finish>' });
+    expect(fake.pending()).toBe(0);
+    fake.script({ content: `<python>${code}</python>` }, ...(resumes ? [{ content: '<finish>done</finish>' }] : []));
     const posted = await t.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'go' } });
     expect(posted.status).toBe(202);
     const run = posted.body.run.id as string;
@@ -139,7 +143,7 @@ describe('ops dashboard in chromium', () => {
   });
 
   it('Cancel on the run page cancels a paused run', async () => {
-    const { run } = await pausedRun('print("never")');
+    const { run } = await pausedRun('print("never")', false);
     await open(`#/runs/${run}`);
     page.once('dialog', (d) => void d.accept());
     await page.getByRole('button', { name: 'Cancel' }).click();
@@ -165,5 +169,84 @@ describe('ops dashboard in chromium', () => {
     expect(newest.summary).toContain('Revert');
     expect(await page.locator('#flash').textContent()).toContain(newest.sha.slice(0, 10));
     expect((await t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: team.key })).status).toBe(404);
+  });
+
+  it('Deny tells the model a person refused; Approve for session stops asking in that session', async () => {
+    const denied = await pausedRun('print("refused")');
+    await open();
+    const done = eventsUntil(t, denied.run, TERMINAL);
+    await page.locator(`#approvals li[data-approval="${denied.approval}"]`).getByRole('button', { name: 'Deny' }).click();
+    expect((await done).at(-1)!.event).toBe('run.completed');
+    expect(fake.chats().at(-1).messages.at(-1).content).toContain('[User Denied]');
+    expect((await t.call('GET', '/v1/approvals?status=denied', { key: team.key })).body.data.map((a: { id: string }) => a.id)).toContain(denied.approval);
+
+    const trusted = await pausedRun('print("first")');
+    await page.locator(`#approvals li[data-approval="${trusted.approval}"]`).getByRole('button', { name: 'Approve for session' }).click();
+    expect((await eventsUntil(t, trusted.run, TERMINAL)).at(-1)!.event).toBe('run.completed');
+    // The next run in that session runs its code without asking.
+    fake.script({ content: '<python>print("second")</python>' }, { content: '<finish>done</finish>' });
+    const next = await converse(t, team.key, trusted.session, 'again');
+    expect(next.run.status).toBe('completed');
+    expect(next.names).not.toContain('run.requires_action');
+    expect(next.names).toContain('exec.completed');
+  });
+
+  it('Kill on the overview removes a live sandbox; its session gets a fresh one on the next exec', async () => {
+    const { session } = await sessionIn(t, team);
+    expect((await exec(t, team.key, session, 'x = 1\nprint(x)')).stdout).toBe('1\n');
+    const live = (await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.find((s: { session_id: string }) => s.session_id === session);
+    expect(live).toBeTruthy();
+    await open();
+    const row = page.locator('#sandboxes tr', { hasText: live.id });
+    await row.waitFor();
+    page.once('dialog', (d) => void d.accept());
+    await row.getByRole('button', { name: 'Kill' }).click();
+    // The panel reloads after the action: the row goes, and the API agrees.
+    await row.waitFor({ state: 'detached' });
+    expect((await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.some((s: { id: string }) => s.id === live.id)).toBe(false);
+    // The variables went with it; the session itself still works.
+    expect((await exec(t, team.key, session, 'print("x" in globals())')).stdout).toBe('False\n');
+  });
+
+  it('Request a review from the workspace page queues one; Undo reverts what it committed', async () => {
+    const { ws, session } = await sessionIn(t, team, { approval: { mode: 'auto' } });
+    fake.script({ content: '<python>print(sum([1, 2, 3]))</python>' }, { content: '<finish>6</finish>' });
+    expect((await converse(t, team.key, session, 'add 1, 2, 3')).run.status).toBe('completed');
+    await open(`#/ws/${ws}`);
+    await page.getByRole('button', { name: 'Request a review' }).click();
+    await page.locator('#flash.ok', { hasText: 'queued' }).waitFor();
+    const queued = (await t.call('GET', `/v1/workspaces/${ws}/evolutions`, { key: team.key })).body.data;
+    expect(queued).toHaveLength(1);
+    expect(queued[0]).toMatchObject({ kind: 'review', status: 'queued', session_id: session });
+    expect(await page.locator('#flash').textContent()).toContain(queued[0].id);
+
+    const skill = '---\nname: add-numbers\ndescription: Add a list of numbers with sum()\n---\n\n1. `sum(xs)`\n';
+    fake.script({ content: `<write_file path="skills/add-numbers/SKILL.md">\n${skill}</write_file>\n<finish>Saved how to add numbers</finish>` });
+    expect(await t.evolution.jobs.drain()).toBe(1);
+    const committed = (await t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: team.key })).body;
+    expect(committed.status).toBe('committed');
+
+    const row = page.locator('#evolutions tr', { hasText: queued[0].id });
+    const undo = row.getByRole('button', { name: 'Undo' });
+    await undo.waitFor();
+    page.once('dialog', (d) => void d.accept());
+    await undo.click();
+    await page.locator('#flash.ok', { hasText: 'undone as' }).waitFor();
+    expect((await t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: team.key })).body.status).toBe('reverted');
+    expect((await t.call('GET', `/v1/workspaces/${ws}/files?path=skills/add-numbers/SKILL.md`, { key: team.key })).status).toBe(404);
+  });
+
+  it('the audit page lists what the team did; an org-admin key sees teams and the version, and is told team views need a team key', async () => {
+    const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'dash-audited' } });
+    await open('#/audit');
+    await page.locator('#audit tr', { hasText: ws.body.id }).first().waitFor();
+    expect(await page.locator('#audit').textContent()).toContain('workspace.create');
+    await page.context().close();
+
+    await open('#/', t.adminKey);
+    await page.locator('#runs', { hasText: 'team key' }).waitFor();
+    await page.getByRole('link', { name: 'Teams & updates' }).click();
+    await page.locator('#teams tr', { hasText: team.id }).waitFor();
+    expect(await page.locator('#teams').textContent()).toContain('dash');
   });
 });
