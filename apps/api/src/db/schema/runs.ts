@@ -34,6 +34,8 @@ export const runs = pgTable(
   },
   (t) => [
     index('runs_session_idx').on(t.sessionId, t.id),
+    // GET /v1/runs: a team's runs, newest first.
+    index('runs_team_idx').on(t.teamId, t.id),
     index('runs_status_idx').on(t.status),
     // At most one unfinished run per session: the second message gets 409 session_busy.
     uniqueIndex('runs_one_active_per_session').on(t.sessionId).where(sql`status in ('queued', 'in_progress', 'requires_action')`),

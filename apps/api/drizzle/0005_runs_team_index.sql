@@ -1,0 +1,1 @@
+CREATE INDEX "runs_team_idx" ON "runs" USING btree ("team_id","id");
