@@ -28,8 +28,11 @@ export interface RelayPlan {
   sourceDir: string;
   commit: string;
   previous: string;
-  /** Run in `sourceDir` before a start, when the update changed package-lock.json. */
-  install: string[] | null;
+  /**
+   * Run in `sourceDir` before each start, in order: `npm ci` when the update changed
+   * package-lock.json, the dashboard build when it changed the dashboard (or the lockfile).
+   */
+  prepare: string[][];
   stopTimeoutMs: number;
   readyTimeoutMs: number;
   statusFile: string;
@@ -132,8 +135,16 @@ class Relay {
    * Starts a server detached (it must outlive the relay), reads the URL from its banner in the
    * log and probes `/readyz` until it answers 200; undefined when it does not in time.
    */
-  async startAndProbe(): Promise<{ child: ChildProcess; url?: string; ready: boolean }> {
-    if (this.plan.install) await this.run(this.plan.install[0]!, this.plan.install.slice(1));
+  async startAndProbe(): Promise<{ child?: ChildProcess; url?: string; ready: boolean; why?: string }> {
+    for (const [cmd, ...args] of this.plan.prepare) {
+      try {
+        await this.run(cmd!, args);
+      } catch (err) {
+        // Nothing was started: the caller reverts (or reports) as for a server that never came up.
+        this.log(`${[cmd, ...args].join(' ')} failed: ${(err as Error).message}`);
+        return { ready: false, why: `\`${[cmd, ...args].join(' ')}\` failed` };
+      }
+    }
     const from = (() => {
       try {
         return statSync(this.plan.serverLogFile).size;
@@ -177,12 +188,12 @@ class Relay {
     this.write({ phase: 'starting' });
     const next = await this.startAndProbe();
     if (next.ready) {
-      this.write({ phase: 'done', outcome: 'applied', pid: next.child.pid, url: next.url, head: p.commit, downtimeMs: Date.now() - this.stopSentAt });
+      this.write({ phase: 'done', outcome: 'applied', pid: next.child?.pid, url: next.url, head: p.commit, downtimeMs: Date.now() - this.stopSentAt });
       return;
     }
-    const why = next.url ? `the new version did not answer /readyz 200 within ${p.readyTimeoutMs} ms` : 'the new version did not start listening';
+    const why = next.why ?? (next.url ? `the new version did not answer /readyz 200 within ${p.readyTimeoutMs} ms` : 'the new version did not start listening');
     this.write({ phase: 'reverting', error: why });
-    if (next.child.pid) await this.stop(next.child.pid);
+    if (next.child?.pid) await this.stop(next.child.pid);
     let head: string;
     try {
       await this.git(['revert', '--no-commit', p.commit]);
@@ -198,7 +209,7 @@ class Relay {
     this.write({
       phase: 'done',
       outcome: back.ready ? 'rolled_back' : 'failed',
-      pid: back.child.pid,
+      pid: back.child?.pid,
       url: back.url,
       head,
       error: back.ready ? why : `${why}; the previous version did not become ready either`,

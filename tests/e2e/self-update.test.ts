@@ -227,13 +227,16 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const patch = patchOf({
       'apps/api/src/routes/health/health.index.ts': (t) =>
         t.replace(".openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))", ".openapi(healthz, (c) => {\n      c.header('x-kiln-patched', 'yes');\n      return c.json({ status: 'ok' as const }, 200);\n    })"),
+      // A dashboard change too: the new server must serve a new build of it.
+      'apps/dashboard/index.html': (t) => t.replace('<title>Kiln ops</title>', '<title>Kiln ops (patched)</title>'),
     });
     expect(patch).toContain('x-kiln-patched');
+    expect(patch).toContain('Kiln ops (patched)');
     const r = await submit(patch, 'Say which build answers /healthz');
     expect(r.status).toBe(202);
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
-    expect(ready.checks.map((c: { name: string }) => c.name)).toEqual(['install', 'typecheck', 'smoke', 'boot', 'readyz']);
+    expect(ready.checks.map((c: { name: string }) => c.name)).toEqual(['install', 'typecheck', 'dashboard', 'smoke', 'boot', 'readyz']);
     expect(ready.checks.every((c: { ok: boolean }) => c.ok)).toBe(true);
     expect(JSON.stringify(ready.checks)).not.toMatch(/kiln_admin_[A-Za-z0-9_-]{20}/);
     const commit = ready.commit_sha as string;
@@ -252,6 +255,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(head()).toBe(commit);
     expect(git(checkout, 'log', '-1', '--format=%B')).toMatch(new RegExp(`Kiln-Kind: source\\nKiln-Update: ${r.body.id}\\nKiln-Author: user`));
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBe('yes');
+    expect(await (await fetch(`${url}/`)).text()).toContain('<title>Kiln ops (patched)</title>');
     const fin = await settled(r.body.id, ['applying']);
     expect(fin.status).toBe('applied');
     expect(fin.checks.at(-1)).toMatchObject({ name: 'restart', ok: true });
@@ -323,7 +327,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const r = await api(`/v1/system/updates/${applied.id}/revert`, { method: 'POST' });
     expect(r.status).toBe(202);
-    expect(r.body.changed_paths).toEqual(['apps/api/src/routes/health/health.index.ts']);
+    expect(r.body.changed_paths).toEqual(['apps/api/src/routes/health/health.index.ts', 'apps/dashboard/index.html']);
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
 
@@ -351,6 +355,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     pids.add(v.pid);
     expect((await settled(r.body.id, ['applying'])).status).toBe('applied');
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBeNull();
+    // The dashboard was rebuilt from the reverted sources.
+    expect(await (await fetch(`${url}/`)).text()).toContain('<title>Kiln ops</title>');
     expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(git(checkout, 'rev-parse', `${applied.before}^{tree}`));
     // Only the draining old server can have completed run 1: the new one fails what it finds in flight.
     expect((await api(`/v1/runs/${run1}`, { key: teamKey })).body).toMatchObject({ status: 'completed' });
@@ -401,6 +407,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(done.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
       ['install', true],
       ['typecheck', true],
+      ['dashboard', true],
       ['smoke', true],
       ['boot', true],
       ['readyz', true],

@@ -8,7 +8,7 @@ import { gitIn, type Git } from '../workspace/git.ts';
 
 /** One step of the self-check (or the restart), as stored in the update's `checks`. */
 export interface CheckStep {
-  name: 'install' | 'typecheck' | 'smoke' | 'boot' | 'readyz' | 'restart';
+  name: 'install' | 'typecheck' | 'dashboard' | 'smoke' | 'boot' | 'readyz' | 'restart';
   ok: boolean;
   duration_ms: number;
   log: string;
@@ -214,8 +214,8 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
 
 /**
  * The self-check of a prepared worktree: install (only when package-lock.json differs from the
- * running checkout's; otherwise its node_modules is linked), type-check, the smoke suite, then
- * boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
+ * running checkout's; otherwise its node_modules is linked), type-check, the dashboard build,
+ * the smoke suite, then boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
  */
 export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o: CheckOptions, onStep: (s: CheckStep) => Promise<void>): Promise<boolean> {
   const lock = (dir: string) => {
@@ -242,6 +242,8 @@ export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o
         const dashboard = await tsc('apps/dashboard/tsconfig.json');
         return { ok: dashboard.ok, log: `${api.log}\n${dashboard.log}` };
       }),
+    // The dashboard builds (into the worktree), so an update cannot leave it unbuildable.
+    () => timed('dashboard', () => command(o, p.worktree, process.execPath, ['node_modules/vite/bin/vite.js', 'build', 'apps/dashboard', '--logLevel', 'warn'])),
     () => timed('smoke', () => command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke'])),
     () => boot(o, p.worktree, id),
   ];

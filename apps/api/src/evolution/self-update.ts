@@ -210,7 +210,10 @@ export class SelfUpdates {
       if (!branch) throw new ApiError('conflict', 'the source checkout is not on a branch');
       const [head, parent] = await Promise.all([this.git(['rev-parse', 'HEAD']), this.git(['rev-parse', `${row.commitSha}^`])]);
       if (head.trim() !== parent.trim()) throw new ApiError('conflict', 'the source branch moved since this update was checked: submit the patch again');
-      const lockChanged = await this.git(['diff', '--quiet', head.trim(), row.commitSha, '--', 'package-lock.json']).then(() => false, () => true);
+      const changes = (...paths: string[]) => this.git(['diff', '--quiet', head.trim(), row.commitSha!, '--', ...paths]).then(() => false, () => true);
+      const lockChanged = await changes('package-lock.json');
+      // The dashboard is served from its build: a new one for new sources (or a new vite).
+      const dashboardChanged = lockChanged || (await changes('apps/dashboard'));
 
       const dir = this.dir(id);
       mkdirSync(dir, { recursive: true });
@@ -225,7 +228,7 @@ export class SelfUpdates {
         sourceDir: this.o.sourceDir,
         commit: row.commitSha,
         previous: head.trim(),
-        install: lockChanged ? ['npm', 'ci', '--no-audit', '--no-fund'] : null,
+        prepare: [...(lockChanged ? [['npm', 'ci', '--no-audit', '--no-fund']] : []), ...(dashboardChanged ? [['npm', 'run', '--silent', 'dashboard:build']] : [])],
         stopTimeoutMs: this.o.stopTimeoutMs,
         readyTimeoutMs: this.o.readyTimeoutMs,
         statusFile: join(dir, 'status.json'),

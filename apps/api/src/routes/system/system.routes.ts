@@ -5,7 +5,7 @@ import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../ht
 const STATUSES = ['checking', 'ready', 'failed', 'applying', 'applied', 'rolled_back'] as const;
 
 const Check = z.object({
-  name: z.enum(['install', 'typecheck', 'smoke', 'boot', 'readyz', 'restart']),
+  name: z.enum(['install', 'typecheck', 'dashboard', 'smoke', 'boot', 'readyz', 'restart']),
   ok: z.boolean(),
   duration_ms: z.number().int(),
   log: z.string().openapi({ description: 'head and tail of the output, keys redacted' }),
