@@ -49,6 +49,9 @@ describe('agent runs across replicas', () => {
     await eventsUntil(b, next.body.run.id, ['run.completed']);
   });
 
+  /** Another replica of `a` (with a short run lease when given). */
+  const replica = (runLeaseMs?: number) => createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs });
+
   /** Posts a message on `app` whose model answer is held until `answer()`; resolves once the model was asked. */
   async function heldRun(app: TestApp, content = '<finish>held</finish>') {
     const { session } = await sessionIn(app, team, { approval: { mode: 'auto' } });
@@ -65,7 +68,7 @@ describe('agent runs across replicas', () => {
 
   it('a replica that starts leaves alone the runs another live replica is running', async () => {
     const { runId, answer } = await heldRun(a);
-    const c = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a });
+    const c = await replica();
     try {
       // C's start-up is over: the run is still A's, in progress.
       expect((await c.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('in_progress');
@@ -102,7 +105,7 @@ describe('agent runs across replicas', () => {
     await insert('run_deadserver', session, 'dead-server', '300 milliseconds');
     await insert('run_liveserver', other.session, 'live-server', '1 hour');
     // A replica with a short lease looks for orphans every 200 ms.
-    const d = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
+    const d = await replica(600);
     try {
       await expect.poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.status, { timeout: 15_000 }).toBe('failed');
       expect((await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.error).toMatchObject({ code: 'interrupted' });
@@ -115,8 +118,8 @@ describe('agent runs across replicas', () => {
   });
 
   it('a live server renews its runs: a long model call outlasts the lease many times and still completes', async () => {
-    const d = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
-    const e = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs: 600 });
+    const d = await replica(600);
+    const e = await replica(600);
     try {
       const { runId, answer } = await heldRun(d);
       const leaseOf = async () => (await d.database.db.select({ l: runs.leaseUntil }).from(runs).where(eq(runs.id, runId)))[0]!.l!.getTime();

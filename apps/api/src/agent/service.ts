@@ -35,6 +35,8 @@ export type { MessageRow };
 export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ACTIVE_RUN_STATUSES;
+/** Runs whose loop runs on some server (paused ones wait for a person, on none). */
+const LOOPING = ['queued', 'in_progress'] as const;
 const MAX_VIOLATIONS = 3;
 const SHUTDOWN = 'shutdown';
 const CANCEL_CHANNEL = 'kiln_run_cancel';
@@ -207,7 +209,7 @@ export class AgentService {
   private async tendLeases(): Promise<void> {
     if (this.active.size) {
       await this.db.execute(sql`update runs set lease_until = ${this.leaseSql()}
-        where runner = ${this.leases.owner} and status in ('queued', 'in_progress')`);
+        where runner = ${this.leases.owner} and status in (${sql.join(LOOPING.map((st) => sql`${st}`), sql`, `)})`);
     }
     await this.interruptOrphans(false);
   }
@@ -219,7 +221,7 @@ export class AgentService {
    */
   private async interruptOrphans(atStartup: boolean): Promise<void> {
     const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), atStartup ? eq(runs.runner, this.leases.owner) : undefined);
-    const inFlight = await this.db.select().from(runs).where(and(inArray(runs.status, ['queued', 'in_progress']), orphaned));
+    const inFlight = await this.db.select().from(runs).where(and(inArray(runs.status, [...LOOPING]), orphaned));
     for (const run of inFlight) {
       if (this.active.has(run.id)) continue;
       await this.finish(run, 'failed', INTERRUPTED);
