@@ -48,10 +48,15 @@ export interface AppDeps {
 }
 
 /** Maps anything thrown to the API.md error envelope; only 5xx are logged as errors. */
-function toApiError(err: Error): ApiError {
+function toApiError(err: Error, contentType: string | undefined): ApiError {
   if (err instanceof ApiError) return err;
   if (err instanceof HTTPException) {
     if (err.status === 413) return new ApiError('payload_too_large', err.message);
+    // curl -d sends a form content type: say what to send instead of just "unsupported".
+    if (err.status === 415) {
+      const sent = contentType ? `Content-Type ${contentType.split(';')[0]!.trim().slice(0, 100)}` : 'no Content-Type';
+      return new ApiError('unsupported_media_type', `the body must be JSON sent with the header "Content-Type: application/json" (this request had ${sent})`);
+    }
     if (err.status < 500) return new ApiError('invalid_request', err.message || 'invalid request');
   }
   return new ApiError('internal', 'internal error');
@@ -94,7 +99,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
 
   app.notFound((c) => c.json(errorBody(new ApiError('not_found', `no route for ${c.req.method} ${c.req.path}`), c.get('requestId')), 404));
   app.onError((err, c) => {
-    const e = toApiError(err);
+    const e = toApiError(err, c.req.header('content-type'));
     if (e.status >= 500) c.get('log').error({ err }, 'request failed');
     for (const [k, v] of Object.entries(e.headers)) c.header(k, v);
     return c.json(errorBody(e, c.get('requestId')), e.status);
