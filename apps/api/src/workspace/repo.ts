@@ -7,7 +7,7 @@ import { gitIn, readHead, type Git } from './git.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { isBuiltinSkillPath, resolveInside } from './paths.ts';
 import { kindsOf, type CommitAuthor, type CommitKind } from './kinds.ts';
-import { redactSecrets, type Redaction } from './secrets.ts';
+import { scanSecrets, type Redaction } from './secrets.ts';
 
 export interface Provenance {
   author: CommitAuthor;
@@ -45,7 +45,6 @@ export interface DirEntry {
   size: number;
 }
 
-const MAX_SCAN_BYTES = 2 * 1024 * 1024;
 const IDENTITY: Record<CommitAuthor, string> = {
   agent: 'Kiln Agent <agent@kiln.invalid>',
   user: 'Kiln User <user@kiln.invalid>',
@@ -122,20 +121,26 @@ export class WorkspaceRepos {
     }
     if (refused.length) paths = await this.staged(git);
 
+    // Every file that is about to be committed is scanned for secrets, whatever its size or
+    // encoding: read a bounded batch at a time (never one descriptor per file at once).
     const redactions: Redaction[] = [];
-    for (const p of paths) {
-      const file = join(dir, p);
-      const info = await lstat(file).catch(() => null);
-      if (!info?.isFile() || info.size > MAX_SCAN_BYTES) continue;
-      const buf = await readFile(file);
-      if (buf.includes(0)) continue;
-      const scanned = redactSecrets(p, buf.toString('utf8'));
-      if (scanned.redactions.length) {
-        await writeFile(file, scanned.text);
-        await git(['add', '--', p]);
-        redactions.push(...scanned.redactions);
+    let secretRefusals = false;
+    for await (const batch of scanBatches(dir, paths)) {
+      const verdicts = await scanSecrets(batch);
+      for (const [k, verdict] of verdicts.entries()) {
+        const p = batch[k]!.path;
+        if (verdict.kind === 'redacted') {
+          await writeFile(join(dir, p), verdict.data);
+          await git(['add', '-f', '--', p]);
+          redactions.push(...verdict.redactions);
+        } else if (verdict.kind === 'refused') {
+          await this.restore(git, dir, p, await hasHead());
+          refused.push({ path: p, reason: `not committed: ${verdict.reason}` });
+          secretRefusals = true;
+        }
       }
     }
+    if (secretRefusals) paths = await this.staged(git);
     if (paths.length === 0) return { commit: null, redactions, refused };
 
     const kinds = kindsOf(paths);
@@ -343,6 +348,27 @@ export class WorkspaceRepos {
     const file = await resolveInside(this.dirOf(workspaceId), path);
     await unlink(file);
   }
+}
+
+const SCAN_BATCH_FILES = 256;
+const SCAN_BATCH_BYTES = 8 * 1024 * 1024;
+
+/** The regular files among `paths` with their content, in batches of bounded count and size, read one batch at a time. */
+async function* scanBatches(dir: string, paths: string[]): AsyncGenerator<{ path: string; data: Buffer }[]> {
+  let batch: { path: string; data: Buffer }[] = [];
+  let bytes = 0;
+  for (const p of paths) {
+    const info = await lstat(join(dir, p)).catch(() => null);
+    if (!info?.isFile()) continue;
+    if (batch.length >= SCAN_BATCH_FILES || (batch.length && bytes + info.size > SCAN_BATCH_BYTES)) {
+      yield batch;
+      batch = [];
+      bytes = 0;
+    }
+    batch.push({ path: p, data: await readFile(join(dir, p)) });
+    bytes += info.size;
+  }
+  if (batch.length) yield batch;
 }
 
 function autoSummary(author: CommitAuthor, paths: string[]): string {

@@ -1,3 +1,5 @@
+import { Worker } from 'node:worker_threads';
+
 /** A secret found in content about to be committed. */
 export interface Redaction {
   path: string;
@@ -5,34 +7,168 @@ export interface Redaction {
   type: string;
 }
 
-const PATTERNS: { type: string; re: RegExp }[] = [
-  { type: 'private_key', re: /-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----/g },
-  { type: 'aws_access_key', re: /\b(?:AKIA|ASIA)[0-9A-Z]{16}\b/g },
-  { type: 'aws_secret_key', re: /(?<=aws_secret_access_key\s*[=:]\s*["']?)[A-Za-z0-9/+=]{40}\b/gi },
-  { type: 'github_token', re: /\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b/g },
-  { type: 'openai_key', re: /\bsk-(?:proj-|live-)?[A-Za-z0-9_-]{20,}\b/g },
-  { type: 'anthropic_key', re: /\bsk-ant-[A-Za-z0-9_-]{20,}\b/g },
-  { type: 'stripe_key', re: /\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b/g },
-  { type: 'slack_token', re: /\bxox[abposr]-[A-Za-z0-9-]{10,}\b/g },
-  { type: 'google_api_key', re: /\bAIza[0-9A-Za-z_-]{35}\b/g },
-  { type: 'kiln_key', re: /\bkiln_(?:admin_)?[A-Za-z0-9_-]{32}\b/g },
-  { type: 'jwt', re: /\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b/g },
-  {
-    type: 'password_assignment',
-    re: /(?<=\b(?:password|passwd|secret|api_key|apikey|access_token|auth_token)\s*[=:]\s*["'])[^"'\s]{8,}(?=["'])/gi,
-  },
-];
+/** What may be committed of one file. */
+export type ScanVerdict =
+  | { kind: 'clean' }
+  /** The same file with every secret replaced by `[REDACTED:type]`, in its own encoding. */
+  | { kind: 'redacted'; data: Buffer; redactions: Redaction[] }
+  /** Not committed at all: a secret in a binary file, a key store, or content that could not be scanned. */
+  | { kind: 'refused'; reason: string; redactions: Redaction[] };
 
-/** Replaces every secret in `text` with `[REDACTED:type]`, reporting where each one was. */
-export function redactSecrets(path: string, text: string): { text: string; redactions: Redaction[] } {
-  const redactions: Redaction[] = [];
-  let out = text;
-  for (const { type, re } of PATTERNS) {
-    out = out.replace(re, (match: string, ...args: unknown[]) => {
-      const offset = args.find((a) => typeof a === 'number') as number;
-      redactions.push({ path, line: out.slice(0, offset).split('\n').length, type });
-      return `[REDACTED:${type}]`;
+/** How long one file may take to scan before it is refused instead (and the scanner restarted). */
+export const SCAN_DEADLINE_MS = 15_000;
+
+/**
+ * Files that hold private keys by their very name (SSH identities, PKCS#12 and Java key stores,
+ * password databases): never committed, whatever their content looks like.
+ */
+const KEY_STORE = /(?:^|\/)(?:id_(?:rsa|dsa|ecdsa|ed25519|ecdsa_sk|ed25519_sk)|[^/]+\.(?:p12|pfx|jks|keystore|kdbx|ppk|gpg))$/i;
+
+interface Finding {
+  start: number;
+  end: number;
+  type: string;
+}
+
+type Encoding = 'latin1' | 'utf16le' | 'utf16be';
+
+/**
+ * How to read a file as text for scanning. Secrets are ASCII, so UTF-8 (and anything that is not
+ * UTF-16) is read byte for byte as latin1: offsets are byte offsets and a redacted file is
+ * written back with every other byte unchanged. UTF-16 is recognised by its byte-order mark or,
+ * without one, by NUL bytes sitting in every other position of ASCII text.
+ */
+function encodingOf(buf: Buffer): Encoding {
+  if (buf[0] === 0xff && buf[1] === 0xfe) return 'utf16le';
+  if (buf[0] === 0xfe && buf[1] === 0xff) return 'utf16be';
+  const sample = buf.subarray(0, 4096);
+  let evenNul = 0;
+  let oddNul = 0;
+  for (let i = 0; i < sample.length; i++) if (sample[i] === 0) (i % 2 ? oddNul++ : evenNul++);
+  const half = sample.length / 2;
+  if (half >= 2 && oddNul > half * 0.6 && evenNul < half * 0.1) return 'utf16le';
+  if (half >= 2 && evenNul > half * 0.6 && oddNul < half * 0.1) return 'utf16be';
+  return 'latin1';
+}
+
+const swap16 = (b: Buffer) => Buffer.from(b).swap16();
+const decode = (buf: Buffer, enc: Encoding) =>
+  enc === 'latin1' ? buf.toString('latin1') : enc === 'utf16le' ? buf.toString('utf16le') : swap16(buf.subarray(0, buf.length & ~1)).toString('utf16le');
+const encode = (text: string, enc: Encoding) => (enc === 'latin1' ? Buffer.from(text, 'latin1') : enc === 'utf16le' ? Buffer.from(text, 'utf16le') : swap16(Buffer.from(text, 'utf16le')));
+
+/**
+ * The secret scanner: the rules (secretlint's recommended preset plus Kiln's own patterns, see
+ * secret-scan.worker.mjs) run in a worker thread of their own, one file at a time, each under a
+ * deadline. Content is the tenants', so a pathological file can cost that thread time, never the
+ * API's event loop; past the deadline the thread is replaced and the file refused.
+ */
+class SecretScanner {
+  private worker: Worker | undefined;
+  private nextId = 1;
+  private readonly pending = new Map<number, { worker: Worker; resolve: (f: Finding[][]) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
+
+  private ensure(): Worker {
+    if (this.worker) return this.worker;
+    const worker = new Worker(new URL('./secret-scan.worker.mjs', import.meta.url));
+    worker.unref();
+    worker.on('message', (msg: { id: number; findings?: Finding[][]; error?: string }) => {
+      const p = this.pending.get(msg.id);
+      if (!p) return;
+      this.pending.delete(msg.id);
+      clearTimeout(p.timer);
+      if (msg.error !== undefined) p.reject(new Error(msg.error));
+      else p.resolve(msg.findings!);
+    });
+    const fail = (err: Error) => {
+      if (this.worker === worker) this.worker = undefined;
+      // Only what this thread was asked: a replacement may already be scanning other files.
+      for (const [id, p] of this.pending) {
+        if (p.worker !== worker) continue;
+        this.pending.delete(id);
+        clearTimeout(p.timer);
+        p.reject(err);
+      }
+    };
+    worker.on('error', fail);
+    worker.on('exit', (code) => fail(new Error(`the secret scanner stopped (exit ${code})`)));
+    this.worker = worker;
+    return worker;
+  }
+
+  /** The findings in each text, in order; rejects past the deadline (the thread is then replaced). */
+  find(files: { path: string; text: string }[], deadlineMs: number): Promise<Finding[][]> {
+    const worker = this.ensure();
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`));
+        if (this.worker === worker) this.worker = undefined;
+        void worker.terminate();
+      }, deadlineMs);
+      this.pending.set(id, { worker, resolve, reject, timer });
+      worker.postMessage({ id, files });
     });
   }
-  return { text: out, redactions: redactions.sort((a, b) => a.line - b.line) };
+}
+
+const scanner = new SecretScanner();
+
+/**
+ * Decides what of each file may be committed: secrets in text (UTF-8, UTF-16 or anything else
+ * that is text) are redacted in place; a binary file holding one, a key store by its name, or a
+ * file that could not be scanned is refused. The files go to the scanner's thread together (one
+ * round trip); when they cannot all be scanned in time, each is tried alone under its own
+ * deadline, so only the file that is slow to scan is refused.
+ */
+export async function scanSecrets(files: { path: string; data: Buffer }[], deadlineMs = SCAN_DEADLINE_MS): Promise<ScanVerdict[]> {
+  const verdicts: (ScanVerdict | undefined)[] = files.map((f) =>
+    KEY_STORE.test(f.path) ? { kind: 'refused', reason: 'its name marks it as a private key or key store, which is never committed', redactions: [] } : f.data.length === 0 ? { kind: 'clean' } : undefined,
+  );
+  const todo = files.flatMap((f, i) => {
+    if (verdicts[i]) return [];
+    const enc = encodingOf(f.data);
+    return [{ i, path: f.path, data: f.data, enc, text: decode(f.data, enc) }];
+  });
+  if (todo.length === 0) return verdicts as ScanVerdict[];
+  let found: (Finding[] | Error)[];
+  try {
+    found = await scanner.find(todo.map(({ path, text }) => ({ path, text })), deadlineMs);
+  } catch (err) {
+    found = todo.length === 1 ? [err as Error] : [];
+    for (const t of todo.length === 1 ? [] : todo) found.push(await scanner.find([{ path: t.path, text: t.text }], deadlineMs).then((r) => r[0]!, (e: Error) => e));
+  }
+  todo.forEach((t, k) => (verdicts[t.i] = verdictOf(t, found[k]!)));
+  return verdicts as ScanVerdict[];
+}
+
+function verdictOf(file: { path: string; data: Buffer; enc: Encoding; text: string }, found: Finding[] | Error): ScanVerdict {
+  const { path, data, enc, text } = file;
+  if (found instanceof Error) return { kind: 'refused', reason: found.message, redactions: [] };
+  if (found.length === 0) return { kind: 'clean' };
+  const lineOf = lineCounter(text);
+  const redactions = found.map((f) => ({ path, line: lineOf(f.start), type: f.type }));
+  // Binary content cannot be redacted without breaking its format: the whole file stays out.
+  if (enc === 'latin1' && data.includes(0)) {
+    return { kind: 'refused', reason: `it is a binary file that holds a secret (${[...new Set(redactions.map((r) => r.type))].join(', ')})`, redactions };
+  }
+  let out = '';
+  let at = 0;
+  for (const f of found) {
+    out += `${text.slice(at, f.start)}[REDACTED:${f.type}]`;
+    at = f.end;
+  }
+  out += text.slice(at);
+  // A UTF-16 byte-order mark was decoded as U+FEFF and is encoded back with the rest.
+  return { kind: 'redacted', data: encode(out, enc), redactions };
+}
+
+/** Line numbers of offsets given in increasing order, counting newlines once. */
+function lineCounter(text: string): (offset: number) => number {
+  let line = 1;
+  let at = 0;
+  return (offset) => {
+    for (; at < offset; at++) if (text.charCodeAt(at) === 10) line++;
+    return line;
+  };
 }
