@@ -249,4 +249,22 @@ describe('ops dashboard in chromium', () => {
     await page.locator('#teams tr', { hasText: team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
   });
+  it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
+    const violations: string[] = [];
+    const watch = (p: Page) => p.on('console', (m) => /Content Security Policy|Refused to/.test(m.text()) && violations.push(m.text()));
+    await open('#/');
+    watch(page);
+    await page.reload();
+    await page.fill('#key', team.key);
+    await page.click('form.signin button[type=submit]');
+    await page.waitForSelector('nav');
+    await page.context().close();
+
+    page = await (await browser.newContext()).newPage();
+    watch(page);
+    await page.goto(`${url}/docs`);
+    await page.locator('.swagger-ui .info .title', { hasText: 'Kiln API' }).waitFor();
+    await page.locator('.opblock-tag', { hasText: /./ }).first().waitFor();
+    expect(violations).toEqual([]);
+  });
 });

@@ -48,6 +48,24 @@ describe('dashboard served by the API', () => {
     expect((await t.app.request(`/assets/${css}`)).headers.get('content-type')).toBe('text/css; charset=utf-8');
   });
 
+  it('pages and API answers carry a Content-Security-Policy, X-Frame-Options and nosniff', async () => {
+    for (const path of ['/', '/docs', '/docs/init.js', '/healthz', '/v1/teams']) {
+      const res = await t.app.request(path);
+      expect(res.headers.get('x-frame-options'), path).toBe('DENY');
+      expect(res.headers.get('x-content-type-options'), path).toBe('nosniff');
+      expect(res.headers.get('referrer-policy'), path).toBe('no-referrer');
+      const csp = res.headers.get('content-security-policy') ?? '';
+      expect(csp, path).toContain("script-src 'self'");
+      expect(csp, path).toContain("frame-ancestors 'none'");
+      expect(csp, path).not.toMatch(/script-src[^;]*unsafe/);
+    }
+    expect((await t.app.request('/')).headers.get('content-security-policy')).toContain("style-src 'self';");
+    // The reference page runs no inline script: its start-up is a file of its own.
+    const docs = await (await t.app.request('/docs')).text();
+    expect(docs).not.toMatch(/<script>(?!<\/script>)/);
+    expect(docs).toContain('<script src="/docs/init.js"></script>');
+  });
+
   it('never serves anything outside assets/, and unknown paths keep the 404 envelope', async () => {
     for (const path of ['/assets/..%2Findex.html', '/assets/..%2F..%2F..%2Fpackage.json', '/assets/.hidden.js', '/assets/nope.js', '/assets/index.html', '/nothing']) {
       const r = await t.app.request(path);

@@ -1,5 +1,6 @@
 import { HTTPException } from 'hono/http-exception';
 import { bodyLimit } from 'hono/body-limit';
+import { secureHeaders } from 'hono/secure-headers';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
@@ -62,10 +63,34 @@ function toApiError(err: Error, contentType: string | undefined): ApiError {
   return new ApiError('internal', 'internal error');
 }
 
+/**
+ * Every response says: no framing, no MIME sniffing, no referrer, and for pages a policy that
+ * lets them load only this server's own scripts, styles and API (the dashboard renders tenant
+ * data; should any reach the DOM as markup, the browser still runs none of it).
+ */
+const PAGE_CSP = {
+  defaultSrc: ["'self'"],
+  scriptSrc: ["'self'"],
+  styleSrc: ["'self'"],
+  imgSrc: ["'self'", 'data:'],
+  connectSrc: ["'self'"],
+  fontSrc: ["'self'"],
+  objectSrc: ["'none'"],
+  baseUri: ["'none'"],
+  formAction: ["'self'"],
+  frameAncestors: ["'none'"],
+};
+const headers = (styleSrc: string[]) =>
+  secureHeaders({ contentSecurityPolicy: { ...PAGE_CSP, styleSrc }, xFrameOptions: 'DENY', referrerPolicy: 'no-referrer', strictTransportSecurity: false });
+const pageHeaders = headers(PAGE_CSP.styleSrc);
+// Swagger UI sets inline style attributes; its scripts are still only this server's files.
+const docsHeaders = headers(["'self'", "'unsafe-inline'"]);
+
 export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now, dashboardDir }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
+  app.use('*', (c, next) => (c.req.path === '/docs' || c.req.path.startsWith('/docs/') ? docsHeaders : pageHeaders)(c, next));
   app.use(
     '*',
     bodyLimit({
