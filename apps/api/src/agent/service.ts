@@ -381,7 +381,9 @@ export class AgentService {
   async decide(principal: Principal, approvalId: string, decision: 'approve' | 'deny' | 'approve_session', reason?: string): Promise<ApprovalRow> {
     const teamId = principal.teamId;
     const [a] = await this.db.select().from(approvals).where(and(eq(approvals.id, approvalId), teamId ? eq(approvals.teamId, teamId) : undefined));
-    if (!a) throw ApiError.notFound('approval');
+    // An org-admin key acts inside no team: it sees and decides only the approvals reserved for
+    // org admins (platform source updates); a team's ordinary approvals are the team's own.
+    if (!a || (!teamId && !a.requiresOrgAdmin)) throw ApiError.notFound('approval');
     if (a.requiresOrgAdmin ? principal.role !== 'org_admin' : !principal.canApprove) {
       throw new ApiError('forbidden', a.requiresOrgAdmin ? 'only an org admin may decide this approval' : 'this key may not approve code: use an owner or admin key, or one created with can_approve');
     }

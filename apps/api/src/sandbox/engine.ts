@@ -212,8 +212,10 @@ export class SandboxEngine {
     return live.client.putFile(path, data);
   }
 
-  async getFile(ctx: ExecContext, limits: SandboxLimits, path: string): Promise<Buffer> {
-    const live = await this.acquire(ctx, limits);
+  /** Reads a file in the session's running sandbox; null when it has none (a read never starts one). */
+  async readLiveFile(sessionId: string, path: string): Promise<Buffer | null> {
+    const live = this.live.get(sessionId);
+    if (!live?.client.alive) return null;
     return live.client.getFile(path);
   }
 

@@ -6,6 +6,7 @@ import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
 import { sandboxPath } from '../../sandbox/paths.ts';
+import { checkRelativePath } from '../../workspace/paths.ts';
 import { SessionCache } from '../../sessions/session-cache.ts';
 import * as sessions from '../../sessions/sessions.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
@@ -101,10 +102,19 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     .openapi(r.getFile, async (c) => {
       const team = teamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
-      const { ctx, limits } = await target(team, c.req.valid('param').s);
-      const data = await engine.getFile(ctx, limits, path).catch((err: Error) => {
+      const { ws, ctx } = await target(team, c.req.valid('param').s);
+      // A read starts no sandbox (a viewer's key included): without one running, /workspace is
+      // the workspace as committed, which is what a new sandbox would be given.
+      let data = await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {
         throw /No such file|FileNotFound/.test(err.message) ? ApiError.notFound(`file ${path}`) : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
       });
+      if (!data) {
+        if (!path.startsWith('/workspace/')) throw ApiError.notFound(`file ${path} (the session has no sandbox running; /tmp and the home directory start empty with its next execution)`);
+        const rel = checkRelativePath(path.slice('/workspace/'.length));
+        const info = await workspaces.repos.stat(ws.id, rel);
+        if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
+        data = await workspaces.repos.readFile(ws.id, rel);
+      }
       return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
     });
 }
