@@ -252,12 +252,13 @@ describe('ops dashboard in chromium', () => {
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) => p.on('console', (m) => /Content Security Policy|Refused to/.test(m.text()) && violations.push(m.text()));
-    await open('#/');
+    page = await (await browser.newContext()).newPage();
     watch(page);
-    await page.reload();
+    await page.goto(`${url}/#/`);
     await page.fill('#key', team.key);
     await page.click('form.signin button[type=submit]');
     await page.waitForSelector('nav');
+    await page.locator('#runs').waitFor();
     await page.context().close();
 
     page = await (await browser.newContext()).newPage();
