@@ -27,8 +27,12 @@ function hashOf(parts: (string | Buffer)[]): string {
   return h.digest('hex').slice(0, 16);
 }
 
+/** Build outputs that are never runner inputs: Python's bytecode caches are written wherever the runner was imported. */
+const NOT_INPUTS = new Set(['__pycache__']);
+
 function filesUnder(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true })
+    .filter((e) => !NOT_INPUTS.has(e.name))
     .flatMap((e) => (e.isDirectory() ? filesUnder(join(dir, e.name)) : [join(dir, e.name)]))
     .sort();
 }

@@ -1,10 +1,15 @@
 """Kiln's in-container runner: one stateful Python interpreter per session, driven over stdin/stdout.
 
-The host starts this file with `docker exec` (as uid 10001) and talks to it in frames: a 4-byte
-big-endian length followed by UTF-8 JSON, in both directions. The runner is a supervisor: the
-user's code runs in a separate worker process (so a crash, an out-of-memory kill or a hung
+The host starts this file with `docker exec` (as the sandbox's own uid) and talks to it in frames:
+a 4-byte big-endian length followed by UTF-8 JSON, in both directions. The runner is a supervisor:
+the user's code runs in a separate worker process (so a crash, an out-of-memory kill or a hung
 interpreter never takes the supervisor down), whose stdout/stderr are pipes the supervisor
 streams back as they come, keeping head and tail when they are too long.
+
+The user's code runs as the runner's uid, so the runner makes itself non-dumpable first: code of
+that uid can then neither open /proc/<runner>/{mem,fd/*} nor ptrace it, and the worker holds no
+copy of the runner's stdin/stdout, so the frames the host reads are the runner's alone. Each
+result echoes the sha256 of the code the runner handed to the interpreter.
 
 Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output"} | {"op": "cancel", "id"}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
@@ -13,11 +18,14 @@ Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev":
 """
 
 import base64
+import ctypes
+import hashlib
 import io
 import json
 import os
 import selectors
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -32,6 +40,54 @@ READ_ONLY = ("skills/builtin",)
 OOM_FILE = "/sys/fs/cgroup/memory/memory.oom_control"
 OOM_FILE_V2 = "/sys/fs/cgroup/memory.events"
 PIDS_FILES = ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
+# Native thread pools would make every cell look like it left threads behind; a sandbox has
+# a CPU or two, so one BLAS/OpenMP thread costs little.
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+THREAD_EXIT_POLLS = 20  # a thread the cell joined may still be leaving the kernel: look again, 10 ms apart
+
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+# io_uring_setup, io_uring_enter, io_uring_register: the same numbers on every architecture
+# (the unified table from 425 on); the x32 bit is masked so that ABI cannot go round it.
+IO_URING_FIRST, IO_URING_LAST, X32_BIT = 425, 427, 0x40000000
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, EPERM = 0x7FFF0000, 0x00050000, 1
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def harden():
+    """Before anything of the user's runs: no /proc or ptrace access to us, and no io_uring.
+
+    Docker's default seccomp profile still allows io_uring (a large kernel surface that
+    bypasses per-syscall filtering); seccomp filters stack and are inherited by every child,
+    so this one, installed on top of the daemon's own default profile, denies it to the
+    runner and to everything the user's code can start. Both steps are required: a runner
+    that cannot take them must not run code.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed")
+    ld_nr, and_k, jge_k, jgt_k, ret_k = 0x20, 0x54, 0x35, 0x25, 0x06
+    program = [
+        (ld_nr, 0, 0, 0),  # A = seccomp_data.nr
+        (and_k, 0, 0, ~X32_BIT & 0xFFFFFFFF),
+        (jge_k, 0, 2, IO_URING_FIRST),  # below the range: allow
+        (jgt_k, 1, 0, IO_URING_LAST),  # above it: allow
+        (ret_k, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        (ret_k, 0, 0, SECCOMP_RET_ALLOW),
+    ]
+    filters = (SockFilter * len(program))(*[SockFilter(*ins) for ins in program])
+    fprog = SockFprog(len(program), filters)
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "installing the seccomp filter failed")
 
 
 def read_first(paths):
@@ -74,20 +130,66 @@ def oom_kills():
     return None
 
 
-def manifest(root):
-    """path -> (size, mtime_ns) of every regular file under root (symbolic links are never synced)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".git" and not os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames:
-            full = os.path.join(dirpath, name)
+def regular_files(root, skip=(".git",)):
+    """(path, stat) of every regular file under root, never following a symbolic link.
+
+    With an explicit stack, not recursion (os.walk recurses on Python 3.11): the user's code
+    decides how deep the tree is, and a deep one must not end the runner with a RecursionError.
+    """
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for e in entries:
             try:
-                st = os.lstat(full)
+                if e.is_dir(follow_symlinks=False):
+                    if e.name not in skip:
+                        stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    yield e.path, e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if os.path.isfile(full) and not os.path.islink(full):
-                out[os.path.relpath(full, root)] = (st.st_size, st.st_mtime_ns)
-    return out
+
+
+def manifest(root):
+    """path -> (size, mtime_ns) of every regular file under root (symbolic links are never synced)."""
+    return {os.path.relpath(path, root): (st.st_size, st.st_mtime_ns) for path, st in regular_files(root)}
+
+
+def open_regular(path, flags, mode=0o644):
+    """Opens a regular file and nothing else: a FIFO, device or directory the user's code put
+    in its place would block the runner (a FIFO with no writer) or be no file at all."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file (it is {kind_of(st.st_mode)})")
+        os.set_blocking(fd, True)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def kind_of(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular(path, limit):
+    fd, st = open_regular(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise ValueError(f"file larger than {limit} bytes")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"file larger than {limit} bytes")
+    return data
 
 
 class Capture:
@@ -159,7 +261,7 @@ class Runner:
     def start_worker(self):
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        env = dict(os.environ, KILN_REQ_FD=str(req_r), KILN_RES_FD=str(res_w))
+        env = dict(os.environ, KILN_REQ_FD=str(req_r), KILN_RES_FD=str(res_w), **SINGLE_THREADED)
         for attempt in range(50):
             try:
                 proc = subprocess.Popen(
@@ -258,7 +360,11 @@ class Runner:
             "oom_before": oom_kills(),
             "sync": bool(msg.get("sync")),
         }
-        req = json.dumps({"code": msg.get("code", "")}).encode("utf-8") + b"\n"
+        code = msg.get("code", "")
+        # The host accepts the result only if this matches the code it sent: what was
+        # approved is what the interpreter is handed.
+        self.current["code_sha256"] = hashlib.sha256(code.encode("utf-8")).hexdigest()
+        req = json.dumps({"code": code}).encode("utf-8") + b"\n"
         os.write(self.worker["req"], req)
 
     def interrupt(self, why):
@@ -286,6 +392,7 @@ class Runner:
                 "stderr_bytes": cur["stderr"].total,
                 "truncated": cur["stdout"].truncated or cur["stderr"].truncated,
                 "restarted": self.restarted,
+                "code_sha256": cur["code_sha256"],
             }
         )
         if cur.get("sync") and self.synced is not None:
@@ -321,10 +428,33 @@ class Runner:
             return {"type": "Timeout", "message": f"execution exceeded the {t:g} s time limit and did not stop when interrupted; the interpreter was restarted and its variables are lost"}
         return {"type": "Timeout", "message": f"execution exceeded the {t:g} s time limit and was interrupted; variables are kept"}
 
+    def threads_left(self):
+        """How many threads besides its main one the interpreter still has after a cell."""
+        task_dir = f"/proc/{self.worker['proc'].pid}/task"
+        for _ in range(THREAD_EXIT_POLLS):
+            try:
+                extra = len(os.listdir(task_dir)) - 1
+            except OSError:
+                return 0
+            if extra <= 0:
+                return 0
+            time.sleep(0.01)
+        return extra
+
     def on_worker_result(self, res):
         cur = self.current
         if not cur:
             return
+        # A thread the cell left behind keeps running between cells, where it could read the
+        # next cell's code off the request pipe or answer for it: it ends with its cell, as the
+        # cell's processes do, and that takes the interpreter with it.
+        extra = self.threads_left()
+        if extra:
+            self.drain_output()
+            self.restart_worker()
+            note = f"[kiln] the code left {extra} thread(s) running; a cell's threads end with it, so the interpreter was restarted and its variables are lost\n"
+            cur["stderr"].add(note.encode("utf-8"))
+            self.send({"ev": "out", "id": cur["id"], "stream": "stderr", "data": note})
         res["error"] = explain(res.get("error"))
         why = cur["interrupted"]
         if why and res.get("error", {}).get("type") == "KeyboardInterrupt":
@@ -342,7 +472,9 @@ class Runner:
             raise ValueError(f"file larger than {MAX_FILE} bytes")
         path = msg["path"]
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "wb") as f:
+        fd, _ = open_regular(path, os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(fd, "wb") as f:
+            f.truncate(0)
             f.write(data)
         if msg.get("mode") is not None:
             os.chmod(path, int(msg["mode"]) & 0o777)
@@ -350,12 +482,7 @@ class Runner:
         self.send({"ev": "ok", "id": msg["id"], "size": len(data)})
 
     def get_file(self, msg):
-        path = msg["path"]
-        size = os.path.getsize(path)
-        if size > MAX_FILE:
-            raise ValueError(f"file larger than {MAX_FILE} bytes")
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular(msg["path"], MAX_FILE)
         self.send({"ev": "file", "id": msg["id"], "size": len(data), "data": base64.b64encode(data).decode("ascii")})
 
     # ---- workspace sync -------------------------------------------------------------------
@@ -366,9 +493,8 @@ class Runner:
             members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith(("/", "..")) and "/../" not in m.name]
             tar.extractall(WORKSPACE, members=members, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(WORKSPACE, members=members)
         for rel in READ_ONLY:  # a hint only: the host refuses changes there anyway
-            for dirpath, _, filenames in os.walk(os.path.join(WORKSPACE, rel)):
-                for name in filenames:
-                    os.chmod(os.path.join(dirpath, name), 0o444)
+            for path, _ in regular_files(os.path.join(WORKSPACE, rel), skip=()):
+                os.chmod(path, 0o444)
         self.synced = manifest(WORKSPACE)
         self.send({"ev": "ok", "id": msg["id"], "files": len(self.synced)})
 
@@ -402,9 +528,8 @@ class Runner:
                 skipped.append({"path": rel, "reason": f"{size} bytes is over what one step may sync"})
                 continue
             try:
-                with open(os.path.join(WORKSPACE, rel), "rb") as f:
-                    data = f.read()
-            except OSError as e:
+                data = read_regular(os.path.join(WORKSPACE, rel), limit - total)
+            except (OSError, ValueError) as e:
                 skipped.append({"path": rel, "reason": str(e)})
                 continue
             total += len(data)
@@ -496,6 +621,7 @@ class Runner:
 
 
 if __name__ == "__main__":
+    harden()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     Runner().run()

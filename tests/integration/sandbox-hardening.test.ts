@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { RunnerClient, RunnerGoneError } from '../../apps/api/src/sandbox/runner-client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
@@ -70,13 +71,30 @@ describe('sandbox hardening (inspected on the real container)', () => {
     expect(Date.parse(labels['kiln.expires']!)).toBeGreaterThan(Date.now());
   });
 
-  it('inside, the code is uid 10001 with no effective capabilities and NoNewPrivs set', async () => {
+  it('inside, the code runs as the sandbox\u2019s own uid (its label) with no effective capabilities and NoNewPrivs set', async () => {
     const r = await exec(t, team.key, session, [
       'import os',
       'st = dict(l.split(":\\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)',
-      'print(os.getuid(), os.getgid(), st["CapEff"].strip(), st["NoNewPrivs"].strip())',
+      'print(os.getuid(), os.getgid(), st["CapEff"].strip(), st["NoNewPrivs"].strip(), os.stat("/workspace").st_uid, os.stat("/tmp").st_uid, os.stat(os.environ["HOME"]).st_uid)',
     ].join('\n'));
-    expect(r.stdout.trim()).toBe('10001 10001 0000000000000000 1');
+    const uid = inspect.Config.Labels['kiln.uid'];
+    expect(Number(uid)).toBeGreaterThanOrEqual(2_000_000_000);
+    expect(r.stdout.trim()).toBe(`${uid} ${uid} 0000000000000000 1 ${uid} ${uid} ${uid}`);
+  });
+
+  it('io_uring is denied (Docker\u2019s default profile allows it) while Python, numpy, pandas and matplotlib work', async () => {
+    const r = await exec(t, team.key, session, [
+      'import ctypes, os, io, numpy, pandas, matplotlib.pyplot as plt',
+      'libc = ctypes.CDLL(None, use_errno=True)',
+      'params = ctypes.create_string_buffer(120)',
+      'fd = libc.syscall(425, 8, params)',
+      'print(fd, os.strerror(ctypes.get_errno()) if fd < 0 else "io_uring ring created")',
+      'df = pandas.DataFrame({"x": numpy.arange(5)})',
+      'plt.plot(df.x, df.x ** 2); buf = io.BytesIO(); plt.savefig(buf, format="png"); plt.close("all")',
+      'print(int(df.x.sum()), buf.getvalue()[:4] == b"\\x89PNG")',
+    ].join('\n'));
+    expect(r.stdout).toBe('-1 Operation not permitted\n10 True\n');
+    expect(r.restarted).toBe(false);
   });
 });
 
@@ -211,22 +229,61 @@ describe('hostile code is contained, reported clearly, and the sandbox stays usa
 });
 
 describe('the host does not trust what comes out of the sandbox', () => {
-  it('a forged oversized frame written to the runner\u2019s stdout ends that sandbox, not the server; the next exec gets a new one', async () => {
+  it('code cannot reach the runner through /proc: its stdout, stdin and memory are closed to it, so no result can be forged', async () => {
     const t = await createTestApp();
     try {
       const team = await t.team('forger');
       const { session } = await sessionIn(t, team);
-      const first = await exec(t, team.key, session, 'x = 1');
+      await exec(t, team.key, session, 'x = 1');
+      // The forged frame is a complete, well-formed result: before the runner was made
+      // non-dumpable the host recorded it as the answer (exit 0, invented stdout).
       const forged = await exec(t, team.key, session, [
-        'import os, struct',
-        'fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)',
-        'os.write(fd, struct.pack(">I", 2**30) + b"x" * 1000)',
+        'import json, os, struct',
+        'runner = os.getppid()',
+        'def attempt(what, fn):',
+        '    try:',
+        '        fn()',
+        '        print(what, "open")',
+        '    except OSError as e:',
+        '        print(what, type(e).__name__)',
+        'frame = json.dumps({"ev": "result", "id": "forged", "ok": True, "exit_code": 0, "stdout": "forged"}).encode()',
+        'attempt("stdout", lambda: os.write(os.open(f"/proc/{runner}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
+        'attempt("stdin", lambda: os.open(f"/proc/{runner}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
+        'attempt("mem", lambda: open(f"/proc/{runner}/mem", "rb").close())',
       ].join('\n'));
-      expect(forged.error!.type).toBe('SandboxLost');
-      expect(forged.error!.message).toMatch(/frame of 1073741824 bytes/);
-      const next = await exec(t, team.key, session, '"x" in dir()');
-      expect(next.sandbox_id).not.toBe(first.sandbox_id);
-      expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
+      expect(forged.stdout).toBe('stdout PermissionError\nstdin PermissionError\nmem PermissionError\n');
+      expect(forged.error).toBeUndefined();
+      expect((await exec(t, team.key, session, 'x')).stdout).toBe('1\n');
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('a thread a cell leaves running ends with it: the interpreter restarts, says so, and the next cell runs the code that was sent', async () => {
+    const t = await createTestApp();
+    try {
+      const team = await t.team('threads');
+      const { session } = await sessionIn(t, team);
+      // The thread waits for the next cell's code on the interpreter's request pipe and
+      // swaps in its own: approved code would not be the code that runs.
+      const r = await exec(t, team.key, session, [
+        'import json, sys, threading',
+        'worker = sys.modules["__main__"]',
+        'def steal():',
+        '    json.loads(worker.REQ.readline())',
+        '    worker.send({"ok": True, "exit_code": 0, "error": None, "artifacts": []})',
+        'threading.Thread(target=steal, daemon=True).start()',
+        'keep = 1',
+      ].join('\n'));
+      expect(r.restarted).toBe(true);
+      expect(r.stderr).toMatch(/left 1 thread\(s\) running.*interpreter was restarted and its variables are lost/);
+      const next = await exec(t, team.key, session, 'print("approved")\n"keep" in dir()');
+      expect(next.stdout).toBe('approved\nFalse\n');
+      expect(next.restarted).toBe(false);
+      // Threads the cell joined are gone: no restart.
+      const joined = await exec(t, team.key, session, 'import threading\nth = threading.Thread(target=lambda: None)\nth.start(); th.join()\nkeep = 2');
+      expect(joined.restarted).toBe(false);
+      expect((await exec(t, team.key, session, 'keep')).stdout).toBe('2\n');
     } finally {
       await t.close();
     }
@@ -247,4 +304,120 @@ describe('the host does not trust what comes out of the sandbox', () => {
       await t.close();
     }
   });
+});
+
+describe('one sandbox cannot starve another, or its own runner', () => {
+  let t: TestApp;
+  const teams: { id: string; key: string }[] = [];
+  const sessions: string[] = [];
+
+  beforeAll(async () => {
+    t = await createTestApp();
+    for (const name of ['tenant-a', 'tenant-b']) {
+      const team = await t.team(name);
+      teams.push(team);
+      sessions.push((await sessionIn(t, team, { sandbox: { memory_mb: 128, disk_mb: 128, timeout_s: 30 } })).session);
+    }
+  });
+  afterAll(() => t.close());
+
+  const inotify = [
+    'import ctypes, os',
+    'libc = ctypes.CDLL(None, use_errno=True)',
+    'def one():',
+    '    fd = libc.inotify_init1(0)',
+    '    return fd if fd >= 0 else -ctypes.get_errno()',
+  ].join('\n');
+
+  it('every sandbox has its own uid, so exhausting a per-uid kernel limit (inotify) in one leaves the other able to use it', async () => {
+    const a = await exec(t, teams[0]!.key, sessions[0]!, `${inotify}\nheld = []\nwhile (fd := one()) >= 0:\n    held.append(fd)\nprint(len(held) > 0, fd == -24, os.getuid())`);
+    const b = await exec(t, teams[1]!.key, sessions[1]!, `${inotify}\nprint(one() >= 0, os.getuid())`);
+    const [aOk, aFull, aUid] = a.stdout.trim().split(' ');
+    const [bOk, bUid] = b.stdout.trim().split(' ');
+    expect([aOk, aFull]).toEqual(['True', 'True']);
+    expect(bUid).not.toBe(aUid);
+    expect(bOk).toBe('True');
+  });
+
+  it('filling every writable directory gives ENOSPC and the interpreter (and its variables) survive', async () => {
+    const [team, session] = [teams[1]!, sessions[1]!];
+    await exec(t, team.key, session, 'v = 42');
+    const r = await exec(t, team.key, session, [
+      'import errno, os',
+      'chunk = b"0" * (1024 * 1024)',
+      'for d in ("/tmp", "/workspace", os.environ["HOME"]):',
+      '    try:',
+      '        with open(f"{d}/fill.bin", "wb") as f:',
+      '            while True:',
+      '                f.write(chunk)',
+      '                f.flush()',
+      '    except OSError as e:',
+      '        print(d, errno.errorcode[e.errno])',
+      '    os.remove(f"{d}/fill.bin")',
+    ].join('\n'));
+    expect(r.stdout).toBe('/tmp ENOSPC\n/workspace ENOSPC\n/home/sandbox ENOSPC\n');
+    expect(r.restarted).toBe(false);
+    expect((await exec(t, team.key, session, 'v')).stdout).toBe('42\n');
+  });
+
+  it('1,200 nested directories in /workspace are synced without ending the runner', async () => {
+    const [team, session] = [teams[0]!, sessions[0]!];
+    await exec(t, team.key, session, 'v = 7');
+    const r = await exec(t, team.key, session, 'import os\np = "/workspace"\nfor _ in range(1200):\n    p += "/d"\n    os.mkdir(p)\nopen(p + "/deep.txt", "w").write("deep")');
+    expect(r.error).toBeUndefined();
+    const after = await exec(t, team.key, session, 'v');
+    expect(after).toMatchObject({ stdout: '7\n', restarted: false, sandbox_id: r.sandbox_id });
+  });
+
+  it('GET of a session file that is a FIFO, a directory or a device is a clear 400 (not a hang), and PUT onto a FIFO is refused', async () => {
+    const [team, session] = [teams[0]!, sessions[0]!];
+    await exec(t, team.key, session, 'import os\nos.mkfifo("/tmp/pipe")\nos.mkdir("/tmp/dir")');
+    for (const [path, kind] of [['/tmp/pipe', 'a FIFO'], ['/tmp/dir', 'a directory'], ['/tmp/null', 'a character device']] as const) {
+      if (path === '/tmp/null') await exec(t, team.key, session, 'import os\nos.symlink("/dev/null", "/tmp/null")');
+      const r = await t.call('GET', `/v1/sessions/${session}/files?path=${path}`, { key: team.key });
+      expect(r.status, path).toBe(400);
+      expect(r.body.error.message, path).toContain(`is not a regular file (it is ${kind})`);
+    }
+    const put = await t.call('PUT', `/v1/sessions/${session}/files?path=/tmp/pipe`, { key: team.key, raw: 'x' });
+    expect(put.status).toBe(400);
+    expect((await exec(t, team.key, session, 'print("still here")')).stdout).toBe('still here\n');
+  });
+});
+
+describe('the host accepts only answers that match what it asked', () => {
+  // A stand-in runner in a real container that answers each request wrongly in one way.
+  const fake = (answer: string) => [
+    'import json, struct, sys',
+    'out, inp = sys.stdout.buffer, sys.stdin.buffer',
+    'def send(m):',
+    '    b = json.dumps(m).encode()',
+    '    out.write(struct.pack(">I", len(b)) + b); out.flush()',
+    'send({"ev": "ready"})',
+    'n = struct.unpack(">I", inp.read(4))[0]',
+    'msg = json.loads(inp.read(n))',
+    `send(${answer})`,
+    'inp.read()',
+  ].join('\n');
+  const cases: [string, string, RegExp][] = [
+    ['no pending request', '{"ev": "result", "id": "someone-else", "ok": True}', /result frame for no pending request/],
+    ['the wrong kind', '{"ev": "file", "id": msg["id"], "data": ""}', /expecting result with file/],
+    ['other code', '{"ev": "result", "id": msg["id"], "ok": True, "exit_code": 0, "stdout": "forged", "code_sha256": "0" * 64}', /result for code other than what was sent/],
+    ['unasked changes', '{"ev": "result", "id": msg["id"], "ok": True, "code_sha256": __import__("hashlib").sha256(msg["code"].encode()).hexdigest(), "changes": {"changed": [], "deleted": ["README.md"], "skipped": []}}', /changes that were not asked for/],
+  ];
+  for (const [name, answer, reason] of cases) {
+    it(`an answer for ${name} ends the runner instead of being recorded`, async () => {
+      const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
+      const container = await docker.createContainer({ Image: image, Cmd: ['sleep', 'infinity'], HostConfig: { NetworkMode: 'none' } });
+      try {
+        await container.start();
+        const client = await RunnerClient.start(docker, container, '65534:65534', 30_000, ['python3', '-c', fake(answer)]);
+        const result = client.exec('print("approved")', { timeoutMs: 10_000, maxOutputBytes: 65536 });
+        await expect(result).rejects.toThrow(RunnerGoneError);
+        await expect(result).rejects.toThrow(reason);
+        expect(client.alive).toBe(false);
+      } finally {
+        await container.remove({ force: true });
+      }
+    });
+  }
 });

@@ -1,4 +1,4 @@
-import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -10,8 +10,8 @@ const docker = connectDocker(process.env.DOCKER_HOST);
 const imageDir = fileURLToPath(new URL('../../sandbox-image', import.meta.url));
 
 /** Runs a command in a throwaway container of the image, with no network, and returns its output. */
-async function runInImage(image: string, cmd: string[]): Promise<{ code: number; out: string }> {
-  const container = await docker.createContainer({ Image: image, Cmd: cmd, HostConfig: { NetworkMode: 'none', AutoRemove: false } });
+async function runInImage(image: string, cmd: string[], user?: string): Promise<{ code: number; out: string }> {
+  const container = await docker.createContainer({ Image: image, Cmd: cmd, User: user, HostConfig: { NetworkMode: 'none', AutoRemove: false } });
   try {
     await container.start();
     const { StatusCode } = await container.wait();
@@ -49,9 +49,22 @@ describe('sandbox image', () => {
       'plt.plot(df.x, df.x ** 2); buf = io.BytesIO(); plt.savefig(buf, format="png")',
       'print(os.getuid(), int(df.x.sum()), buf.getvalue()[:4] == b"\\x89PNG", os.getcwd())',
     ].join('\n');
-    const r = await runInImage(tag, ['python3', '-c', script]);
-    expect(r.out.trim()).toBe('10001 6 True /workspace');
+    // Any uid: each sandbox gets its own, and nothing in the image belongs to a fixed one.
+    const r = await runInImage(tag, ['python3', '-c', script], '2000012345:2000012345');
+    expect(r.out.trim()).toBe('2000012345 6 True /workspace');
     expect(r.code).toBe(0);
+  });
+
+  it('ships no compiler and no setuid or setgid file', async () => {
+    const tag = await ensureSandboxImage(docker);
+    const script = [
+      'for c in cc c++ cpp gcc g++ as ld; do command -v "$c"; done',
+      'ls /usr/lib/gcc/*/*/cc1 2>/dev/null',
+      'find / -xdev -type f -perm /6000 2>/dev/null',
+      'echo end',
+    ].join('; ');
+    const r = await runInImage(tag, ['sh', '-c', script], '0:0');
+    expect(r.out).toBe('end\n');
   });
 
   it('the runner hash follows its inputs and its base', () => {
@@ -64,6 +77,9 @@ describe('sandbox image', () => {
       writeFileSync(join(copy, 'runner', 'extra.py'), 'print(1)\n');
       expect(runnerHash('base:a', copy)).not.toBe(h);
       writeFileSync(join(copy, 'build.ts'), '// build logic is not a runner input\n');
+      // Nor is Python's bytecode cache, written wherever the runner was imported.
+      mkdirSync(join(copy, 'runner', '__pycache__'), { recursive: true });
+      writeFileSync(join(copy, 'runner', '__pycache__', 'kiln_runner.cpython-311.pyc'), 'bytecode');
       rmSync(join(copy, 'runner', 'extra.py'));
       expect(runnerHash('base:a', copy)).toBe(h);
     } finally {

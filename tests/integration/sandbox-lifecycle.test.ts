@@ -36,11 +36,12 @@ describe('sandbox lifecycle', () => {
   });
 
   it('a workspace whose disk shape differs from the pool gets a cold container with its own limits', async () => {
-    const { session } = await sessionIn(t, team, { sandbox: { disk_mb: 100, memory_mb: 300 } });
+    // Memory enough for /tmp, /workspace and home at 100 + 100 + 16 MB to fit inside it with the runner's reserve.
+    const { session } = await sessionIn(t, team, { sandbox: { disk_mb: 100, memory_mb: 400 } });
     const r = await exec(t, team.key, session, 'print("cold")');
     const info = await docker.getContainer((await containerOf(r.sandbox_id))!.Id).inspect();
     expect(info.HostConfig.Tmpfs!['/tmp']).toContain('size=100m');
-    expect(info.HostConfig.Memory).toBe(300 * 1024 * 1024);
+    expect(info.HostConfig.Memory).toBe(400 * 1024 * 1024);
   });
 
   it('a warm container claimed by a workspace with other memory/CPU/pids limits is updated to them', async () => {

@@ -177,6 +177,8 @@ export async function createTestApp(
 }
 
 /** Server defaults, a unique owner per app (so parallel test files never reap each other) and no warm pool. */
+/** KILN_SANDBOX_IMAGE picks the image under test (a new build's tag); the default is kiln-sandbox:latest. */
 export function testEngineOptions(): EngineOptions {
-  return { ...engineOptions(loadConfig({})), owner: `test-${randomBytes(4).toString('hex')}`, poolSize: 0 };
+  const image = process.env.KILN_SANDBOX_IMAGE;
+  return { ...engineOptions(loadConfig(image ? { KILN_SANDBOX_IMAGE: image } : {})), owner: `test-${randomBytes(4).toString('hex')}`, poolSize: 0 };
 }

@@ -5,7 +5,8 @@ import type { Db } from '../db/client.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
 import { ApiError } from '../http/errors.ts';
 import { newId } from '../lib/ids.ts';
-import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
+import { randomInt } from 'node:crypto';
+import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
 import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
@@ -77,6 +78,9 @@ interface Live extends Container {
 
 const ACTIVE = ['starting', 'ready'] as const;
 const LABEL = 'kiln.managed';
+/** The label that records a container's sandbox uid: the record every replica on this Docker host checks. */
+const UID_LABEL = 'kiln.uid';
+const UID_ATTEMPTS = 8;
 
 /**
  * Owns every sandbox container of this API instance: a warm pool of started containers with a
@@ -91,6 +95,8 @@ export class SandboxEngine {
   /** Sandbox ids whose container is being created, or claimed for a session, right now: never reaped. */
   private readonly creating = new Set<string>();
   private readonly claiming = new Set<string>();
+  /** Uids of containers this instance is creating, before Docker lists them. */
+  private readonly uidsInFlight = new Set<number>();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
   readonly stats: StatsSampler;
@@ -182,6 +188,7 @@ export class SandboxEngine {
     const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
     delete (rest as { id?: string }).id;
+    delete (rest as { code_sha256?: string }).code_sha256;
     return { ...rest, sandbox_id: live.id, execution_id: executionId, changes, record: opts.deferRecord ? rec.writes : undefined };
   }
 
@@ -338,30 +345,56 @@ export class SandboxEngine {
   }
 
   private async createNow(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
-    const container = await this.docker.createContainer(
-      containerSpec({
-        image: this.opts.image,
-        name: `kiln-${id}`,
-        limits,
-        labels: {
-          [LABEL]: '1',
-          'kiln.sandbox': id,
-          'kiln.owner': this.opts.owner,
-          'kiln.team': '',
-          'kiln.session': '',
-          'kiln.expires': new Date(this.now() + this.opts.maxLifetimeMs).toISOString(),
-          ...labels,
-        },
-      }),
-    );
+    const { container, uid } = await this.createWithOwnUid(id, limits, labels);
     try {
       await container.start();
-      const client = await RunnerClient.start(this.docker, container, SANDBOX_USER);
+      const client = await RunnerClient.start(this.docker, container, sandboxUser(uid));
       return { id, container, client, limits };
     } catch (err) {
       await container.remove({ force: true }).catch(() => undefined);
       throw err;
     }
+  }
+
+  /**
+   * Creates the container with a uid no other live sandbox on this Docker host has (other
+   * replicas included). The uid is drawn at random from a range of 10^8 and recorded in a
+   * label; after the create, Docker is asked who else carries it: on a clash the new
+   * container steps back and draws again (two racing creates may both step back; neither
+   * ever runs beside another holder).
+   */
+  private async createWithOwnUid(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<{ container: Docker.Container; uid: number }> {
+    for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
+      const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
+      if (this.uidsInFlight.has(uid)) continue;
+      this.uidsInFlight.add(uid);
+      try {
+        const container = await this.docker.createContainer(
+          containerSpec({
+            image: this.opts.image,
+            name: `kiln-${id}`,
+            limits,
+            uid,
+            labels: {
+              [LABEL]: '1',
+              'kiln.sandbox': id,
+              'kiln.owner': this.opts.owner,
+              'kiln.team': '',
+              'kiln.session': '',
+              'kiln.expires': new Date(this.now() + this.opts.maxLifetimeMs).toISOString(),
+              ...labels,
+              [UID_LABEL]: String(uid),
+            },
+          }),
+        );
+        const holders = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] } });
+        if (holders.length <= 1) return { container, uid };
+        await container.remove({ force: true }).catch(() => undefined);
+      } finally {
+        this.uidsInFlight.delete(uid);
+      }
+    }
+    throw new ApiError('sandbox_unavailable', 'could not find a free uid for a new sandbox; try again');
   }
 
   private fillPool(): void {

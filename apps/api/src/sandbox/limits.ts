@@ -1,4 +1,5 @@
 import type { WorkspaceSettings } from '../workspace/settings.ts';
+import { tmpfsSizes } from './container-spec.ts';
 
 /** The resources one sandbox may use. */
 export interface SandboxLimits {
@@ -20,5 +21,5 @@ export function effectiveLimits(ws: WorkspaceSettings['sandbox'], max: SandboxLi
   };
 }
 
-/** Limits that can only be set when a container is created (tmpfs sizes, ulimits). */
-export const sameShape = (a: SandboxLimits, b: SandboxLimits) => a.diskMb === b.diskMb;
+/** Limits that can only be set when a container is created (tmpfs sizes, which follow disk and memory; ulimits). */
+export const sameShape = (a: SandboxLimits, b: SandboxLimits) => JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b));

@@ -1,4 +1,4 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { PassThrough, type Duplex } from 'node:stream';
 import type Docker from 'dockerode';
 
@@ -44,7 +44,16 @@ interface Pending {
   resolve(msg: Record<string, unknown>): void;
   reject(err: Error): void;
   onOutput?: OutputListener;
+  /** The only event that answers this request (besides `error`, and `out` for an exec). */
+  answer: 'ready' | 'result' | 'ok' | 'file';
+  /** For an exec: the sha256 of the code sent, which the result must echo. */
+  codeSha256?: string;
+  /** For an exec: whether it asked for the workspace's changes (none are accepted otherwise). */
+  sync?: boolean;
 }
+
+/** What each request op is answered with. */
+const ANSWERS = { exec: 'result', put: 'ok', sync_in: 'ok', delete: 'ok', ping: 'ok', get: 'file' } as const;
 
 /** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
 export class RunnerGoneError extends Error {}
@@ -72,8 +81,8 @@ export class RunnerClient {
   private constructor(private readonly stream: Duplex) {}
 
   /** Starts the runner in a running container as the sandbox user and waits until it is ready. */
-  static async start(docker: Docker, container: Docker.Container, user = '10001:10001', readyTimeoutMs = 30_000): Promise<RunnerClient> {
-    const exec = await container.exec({ Cmd: RUNNER_CMD, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
+  static async start(docker: Docker, container: Docker.Container, user: string, readyTimeoutMs = 30_000, cmd = RUNNER_CMD): Promise<RunnerClient> {
+    const exec = await container.exec({ Cmd: cmd, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
     const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
     const client = new RunnerClient(stream);
     const stdout = new PassThrough();
@@ -82,6 +91,7 @@ export class RunnerClient {
     const ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)), readyTimeoutMs);
       client.pending.set('ready', {
+        answer: 'ready',
         resolve: () => {
           clearTimeout(timer);
           resolve();
@@ -120,7 +130,9 @@ export class RunnerClient {
       () => this.markGone(`no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`),
       opts.timeoutMs + HOST_GRACE_MS,
     );
-    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync: opts.sync ?? false }, opts.onOutput).finally(() => {
+    const sync = opts.sync ?? false;
+    const check = { codeSha256: createHash('sha256').update(code, 'utf8').digest('hex'), sync };
+    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync }, opts.onOutput, check).finally(() => {
       clearTimeout(hostTimer);
       opts.signal?.removeEventListener('abort', onAbort);
     }) as Promise<unknown> as Promise<RunnerResult>;
@@ -156,10 +168,14 @@ export class RunnerClient {
     this.markGone('closed');
   }
 
-  private request(msg: Record<string, unknown> & { id: string }, onOutput?: OutputListener): Promise<Record<string, unknown>> {
+  private request(
+    msg: Record<string, unknown> & { id: string; op: keyof typeof ANSWERS },
+    onOutput?: OutputListener,
+    check: Pick<Pending, 'codeSha256' | 'sync'> = {},
+  ): Promise<Record<string, unknown>> {
     if (this.goneReason !== undefined) return Promise.reject(new RunnerGoneError(this.goneReason));
     return new Promise((resolve, reject) => {
-      this.pending.set(msg.id, { resolve, reject, onOutput });
+      this.pending.set(msg.id, { resolve, reject, onOutput, answer: ANSWERS[msg.op], ...check });
       this.send(msg);
     });
   }
@@ -193,20 +209,36 @@ export class RunnerClient {
     }
   }
 
+  /**
+   * Frames are accepted only as the answer to a request still pending, of the kind that
+   * request expects; an exec's result must echo the sha256 of the code sent and may carry
+   * workspace changes only when they were asked for. Anything else means the stream is not
+   * the runner's own any more: the sandbox is ended rather than believed.
+   */
   private dispatch(msg: Record<string, unknown>): void {
-    if (msg.ev === 'ready') {
-      const p = this.pending.get('ready');
-      this.pending.delete('ready');
-      p?.resolve(msg);
+    const id = msg.ev === 'ready' ? 'ready' : msg.id;
+    const p = typeof id === 'string' ? this.pending.get(id) : undefined;
+    if (!p || typeof id !== 'string') {
+      this.markGone(`the runner sent a ${String(msg.ev)} frame for no pending request`);
       return;
     }
-    const p = this.pending.get(msg.id as string);
-    if (!p) return;
-    if (msg.ev === 'out') {
+    if (msg.ev === 'out' && p.answer === 'result') {
       p.onOutput?.(msg.stream as 'stdout' | 'stderr', msg.data as string);
       return;
     }
-    this.pending.delete(msg.id as string);
+    const problem =
+      msg.ev !== p.answer && msg.ev !== 'error'
+        ? `answered a request expecting ${p.answer} with ${String(msg.ev)}`
+        : msg.ev === 'result' && msg.code_sha256 !== p.codeSha256
+          ? 'sent a result for code other than what was sent'
+          : msg.ev === 'result' && msg.changes !== undefined && !p.sync
+            ? 'sent workspace changes that were not asked for'
+            : undefined;
+    if (problem) {
+      this.markGone(`the runner ${problem}`);
+      return;
+    }
+    this.pending.delete(id);
     if (msg.ev === 'error') p.reject(new Error(msg.message as string));
     else p.resolve(msg);
   }
