@@ -116,8 +116,10 @@ export class WorkspaceService {
   /** Runs `change` under the workspace lock and commits whatever it changed. */
   async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
-      await change();
-      const o = await this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      const o = await this.orDiscard(ws.id, async () => {
+        await change();
+        return this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      });
       if (o.commit) await this.record(ws, o.commit);
       return o;
     });
@@ -156,13 +158,30 @@ export class WorkspaceService {
 
   async revert(ws: WorkspaceRow, sha: string, prov: Provenance): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
-      const o = await this.repos.revert(ws.id, sha, prov);
+      const o = await this.orDiscard(ws.id, () => this.repos.revert(ws.id, sha, prov));
       await this.record(ws, o.commit!);
       return o;
     });
     await this.reindex(ws, outcome.commit!);
     await this.announce(ws.id, outcome.commit!.paths);
     return outcome;
+  }
+
+  /**
+   * Runs a change of the working tree and its commit: when either fails, the working tree is
+   * put back to HEAD, so a change is committed whole or not at all and the next one starts clean.
+   * Callers hold the workspace lock.
+   */
+  private async orDiscard<T>(workspaceId: string, work: () => Promise<T>): Promise<T> {
+    try {
+      return await work();
+    } catch (err) {
+      // A refusal (ApiError) is raised before anything is written, or after it is undone.
+      if (err instanceof ApiError) throw err;
+      this.log.error({ err, workspace: workspaceId }, 'a workspace change could not be committed; its working tree is put back to HEAD');
+      await this.repos.discardChanges(workspaceId).catch((e: unknown) => this.log.error({ err: e, workspace: workspaceId }, 'could not put a workspace back to HEAD'));
+      throw err;
+    }
   }
 
   private async reindex(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
