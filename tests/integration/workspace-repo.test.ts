@@ -293,4 +293,42 @@ describe('names git refuses never reach git; git never fails on a name we accept
     expect(next.status).toBe(200);
     expect(next.body.commit.paths).toEqual(['next.md']);
   });
+
+  it('start-up repair logs, marks and skips a workspace it cannot repair, and clears the mark once it can', async () => {
+    const broken = await newWs('repair-broken');
+    const stranded = await newWs('repair-stranded');
+    const legacy = await newWs('repair-legacy');
+    const brokenDir = t.workspaces.repos.dirOf(broken);
+    mkdirSync(join(brokenDir, 'embedded'));
+    git(join(brokenDir, 'embedded'), 'init', '-q');
+    writeFileSync(join(brokenDir, 'kept.md'), 'written before the crash\n');
+    writeFileSync(join(t.workspaces.repos.dirOf(stranded), 'stranded.md'), 'stranded\n');
+    // A name an older version let through, which made every commit (and this repair) fail.
+    mkdirSync(join(t.workspaces.repos.dirOf(legacy), '.git.'));
+    writeFileSync(join(t.workspaces.repos.dirOf(legacy), '.git./hooks'), 'x');
+    writeFileSync(join(t.workspaces.repos.dirOf(legacy), 'legacy.md'), 'legacy\n');
+
+    const { failed } = await t.workspaces.repairAll();
+    expect(failed).toBe(1);
+    const repairedIds = t.logs.filter((l) => l.msg === 'repaired workspace').map((l) => l.workspace);
+    expect(repairedIds).toEqual(expect.arrayContaining([stranded, legacy]));
+    expect(repairedIds).not.toContain(broken);
+    const b = (await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body;
+    expect(b.repair_error).toMatch(/embedded/);
+    expect(Date.parse(b.repair_failed_at)).not.toBeNaN();
+    expect(t.logs.some((l) => l.workspace === broken && l.level === 50)).toBe(true);
+    // Skipped, not wiped: what the crash left is still there for an operator.
+    expect(readFileSync(join(brokenDir, 'kept.md'), 'utf8')).toBe('written before the crash\n');
+    for (const ok of [stranded, legacy]) {
+      const w = (await t.call('GET', `/v1/workspaces/${ok}`, { key: team.key })).body;
+      expect(w).toMatchObject({ repair_error: null, repair_failed_at: null });
+      expect(git(t.workspaces.repos.dirOf(ok), 'status', '--porcelain', '--ignored')).toBe('');
+    }
+    expect(git(t.workspaces.repos.dirOf(legacy), 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('legacy.md');
+
+    execFileSync('rm', ['-rf', join(brokenDir, 'embedded')]);
+    await t.workspaces.repairAll();
+    expect((await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body).toMatchObject({ repair_error: null, repair_failed_at: null });
+    expect(git(brokenDir, 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('kept.md');
+  });
 });
