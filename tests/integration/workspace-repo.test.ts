@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { commits } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { tableCounts } from '../support/counts.ts';
+import { HOSTILE_NAMES } from '../support/hostile-names.ts';
 
 const git = (dir: string, ...args: string[]) => execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' });
 
@@ -195,5 +196,139 @@ describe('workspaces are git repositories', () => {
       expect(r.status, `${method} ${path}`).toBe(404);
     }
     expect(git(dir, 'rev-parse', 'HEAD').trim()).toBe(sha);
+  });
+});
+
+describe('names git refuses never reach git; git never fails on a name we accept', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    t = await createTestApp();
+    team = await t.team('names');
+  });
+  afterAll(() => t.close());
+  const newWs = async (name: string) => (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
+  const put = (ws: string, path: string, content: string) =>
+    t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw: content });
+  const row = async (ws: string) => ({ ...(await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body, teamId: team.id, createdAt: new Date(), updatedAt: new Date(), deletedAt: null });
+
+  it('every hostile name, at the top and nested, is refused with a 400 or committed; commits keep working', async () => {
+    const ws = await newWs('hostile');
+    const dir = t.workspaces.repos.dirOf(ws);
+    let accepted = 0;
+    for (const name of HOSTILE_NAMES) {
+      for (const path of [name, `d1/${name}`, `d2/${name}/f.md`]) {
+        const r = await put(ws, path, '* working-tree-encoding=UTF-16\n');
+        expect([200, 400], `${JSON.stringify(path)}: ${JSON.stringify(r.body)}`).toContain(r.status);
+        if (r.status === 400) {
+          expect(r.body.error.code).toBe('invalid_request');
+          continue;
+        }
+        accepted++;
+        expect(r.body.commit.paths, JSON.stringify(path)).toEqual([path]);
+        expect(git(dir, 'cat-file', '-p', `HEAD:${path}`)).toBe('* working-tree-encoding=UTF-16\n');
+      }
+    }
+    for (const refused of ['.git.', '.git ', 'git~1', 'GIT~1', '.git::$INDEX_ALLOCATION', '.g\u200cit', '.gitattributes', '.gitignore', '.gitmodules', 'line\nbreak']) {
+      expect((await put(ws, `d/${refused}`, 'x')).status, JSON.stringify(refused)).toBe(400);
+    }
+    expect(accepted).toBeGreaterThan(40);
+    // Nothing is left outside a commit, and the next write commits as usual.
+    expect(git(dir, 'ls-files', '-z', '--others', '--modified')).toBe('');
+    expect((await put(ws, 'after.md', 'still fine\n')).body.commit.paths).toEqual(['after.md']);
+    const under = await put(ws, 'after.md/x.md', 'x');
+    expect(under.status).toBe(400);
+    expect(under.body.error.message).toMatch(/not a directory/);
+    git(dir, 'fsck', '--no-progress');
+  });
+
+  it('ignore and attribute files already in a working tree hide nothing and break nothing', async () => {
+    const ws = await newWs('legacy-dotfiles');
+    const dir = t.workspaces.repos.dirOf(ws);
+    // What an older version let a sandbox write, before these names were refused.
+    writeFileSync(join(dir, '.gitignore'), '*.md\nhidden/\n');
+    mkdirSync(join(dir, 'knowledge/deep'), { recursive: true });
+    writeFileSync(join(dir, 'knowledge/deep/.gitignore'), '*\n');
+    writeFileSync(join(dir, '.gitattributes'), '* working-tree-encoding=UTF-16\n* filter=evil diff=evil merge=evil text eol=crlf ident\n');
+    mkdirSync(join(dir, 'hidden'));
+    const token = `ghp_${'Qq7'.repeat(12)}`;
+    writeFileSync(join(dir, 'hidden/creds.txt'), `token: ${token}\n`);
+    writeFileSync(join(dir, 'knowledge/deep/notes.md'), 'deep $Id$ notes\n');
+    mkdirSync(join(dir, '.git. '));
+    writeFileSync(join(dir, '.git. /config'), 'x');
+    const outcome = await t.workspaces.commitPending(await row(ws), { author: 'agent' });
+    expect(outcome.commit!.paths).toEqual(['hidden/creds.txt', 'knowledge/deep/notes.md']);
+    expect(outcome.refused.map((r) => r.path).sort()).toEqual(['.git. ', '.gitattributes', '.gitignore', 'knowledge/deep/.gitignore']);
+    expect(outcome.redactions.map((r) => r.path)).toEqual(['hidden/creds.txt']);
+    expect(git(dir, 'show', 'HEAD:hidden/creds.txt')).not.toContain(token);
+    // Stored byte for byte: no attribute converted anything.
+    expect(git(dir, 'show', 'HEAD:knowledge/deep/notes.md')).toBe('deep $Id$ notes\n');
+    expect(existsSync(join(dir, '.gitignore')) || existsSync(join(dir, '.git. '))).toBe(false);
+    expect(git(dir, 'ls-files', '-z', '--others', '--modified')).toBe('');
+    expect((await put(ws, 'knowledge/after.md', 'fine\n')).body.commit.paths).toEqual(['knowledge/after.md']);
+    // One an older version committed stays in the tree, and still changes nothing.
+    writeFileSync(join(dir, '.gitattributes'), '[attr]evil filter=evil text\n* working-tree-encoding=UTF-16 evil ident eol=crlf diff=evil merge=evil\n');
+    const blob = git(dir, 'hash-object', '-w', '--no-filters', '.gitattributes').trim();
+    git(dir, 'update-index', '--add', '--cacheinfo', `100644,${blob},.gitattributes`);
+    git(dir, '-c', 'user.name=old', '-c', 'user.email=old@old', 'commit', '-qm', 'committed by an older version');
+    const tracked = await put(ws, 'knowledge/id.md', 'plain $Id$ text\n');
+    expect(tracked.body.commit.paths).toEqual(['knowledge/id.md']);
+    expect(git(dir, 'cat-file', '-p', 'HEAD:knowledge/id.md')).toBe('plain $Id$ text\n');
+    expect(readFileSync(join(dir, 'knowledge/id.md'), 'utf8')).toBe('plain $Id$ text\n');
+  });
+
+  it('a commit that fails anyway puts the working tree back to HEAD, and the next commit works', async () => {
+    const ws = await newWs('fails');
+    const dir = t.workspaces.repos.dirOf(ws);
+    const head = git(dir, 'rev-parse', 'HEAD');
+    // An embedded repository with no commit: git cannot add it (no request can create one).
+    mkdirSync(join(dir, 'embedded'));
+    git(join(dir, 'embedded'), 'init', '-q');
+    const r = await put(ws, 'half.md', 'half-written\n');
+    expect(r.status).toBe(500);
+    expect(git(dir, 'rev-parse', 'HEAD')).toBe(head);
+    expect(existsSync(join(dir, 'half.md'))).toBe(false);
+    expect(git(dir, 'status', '--porcelain', '--ignored')).toBe('');
+    const next = await put(ws, 'next.md', 'next\n');
+    expect(next.status).toBe(200);
+    expect(next.body.commit.paths).toEqual(['next.md']);
+  });
+
+  it('start-up repair logs, marks and skips a workspace it cannot repair, and clears the mark once it can', async () => {
+    const broken = await newWs('repair-broken');
+    const stranded = await newWs('repair-stranded');
+    const legacy = await newWs('repair-legacy');
+    const brokenDir = t.workspaces.repos.dirOf(broken);
+    mkdirSync(join(brokenDir, 'embedded'));
+    git(join(brokenDir, 'embedded'), 'init', '-q');
+    writeFileSync(join(brokenDir, 'kept.md'), 'written before the crash\n');
+    writeFileSync(join(t.workspaces.repos.dirOf(stranded), 'stranded.md'), 'stranded\n');
+    // A name an older version let through, which made every commit (and this repair) fail.
+    mkdirSync(join(t.workspaces.repos.dirOf(legacy), '.git.'));
+    writeFileSync(join(t.workspaces.repos.dirOf(legacy), '.git./hooks'), 'x');
+    writeFileSync(join(t.workspaces.repos.dirOf(legacy), 'legacy.md'), 'legacy\n');
+
+    const { failed } = await t.workspaces.repairAll();
+    expect(failed).toBe(1);
+    const repairedIds = t.logs.filter((l) => l.msg === 'repaired workspace').map((l) => l.workspace);
+    expect(repairedIds).toEqual(expect.arrayContaining([stranded, legacy]));
+    expect(repairedIds).not.toContain(broken);
+    const b = (await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body;
+    expect(b.repair_error).toMatch(/embedded/);
+    expect(Date.parse(b.repair_failed_at)).not.toBeNaN();
+    expect(t.logs.some((l) => l.workspace === broken && l.level === 50)).toBe(true);
+    // Skipped, not wiped: what the crash left is still there for an operator.
+    expect(readFileSync(join(brokenDir, 'kept.md'), 'utf8')).toBe('written before the crash\n');
+    for (const ok of [stranded, legacy]) {
+      const w = (await t.call('GET', `/v1/workspaces/${ok}`, { key: team.key })).body;
+      expect(w).toMatchObject({ repair_error: null, repair_failed_at: null });
+      expect(git(t.workspaces.repos.dirOf(ok), 'status', '--porcelain', '--ignored')).toBe('');
+    }
+    expect(git(t.workspaces.repos.dirOf(legacy), 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('legacy.md');
+
+    execFileSync('rm', ['-rf', join(brokenDir, 'embedded')]);
+    await t.workspaces.repairAll();
+    expect((await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body).toMatchObject({ repair_error: null, repair_failed_at: null });
+    expect(git(brokenDir, 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('kept.md');
   });
 });

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { converse } from '../support/agent.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { HOSTILE_NAMES } from '../support/hostile-names.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 /** The workspace is copied into /workspace; whatever code changes there is committed with provenance. */
@@ -96,5 +97,46 @@ describe('the workspace inside the sandbox', () => {
     const del = await exec(t, team.key, session, 'import os\nos.remove("/workspace/data/input.csv")');
     expect((del as unknown as { workspace: { commit: { paths: string[] } } }).workspace.commit.paths).toEqual(['data/input.csv']);
     expect(git(ws, 'ls-files', 'data')).toBe('');
+  });
+  it('names git refuses and ignore files written in the sandbox are ignored with a reason; nothing escapes the commit', async () => {
+    const { session, ws } = await sessionIn(t, team);
+    const names = HOSTILE_NAMES.filter((n) => !n.includes('\n') && n.length < 200);
+    const code = [
+      'import json, os',
+      `names = json.loads(${JSON.stringify(JSON.stringify(names))})`,
+      'for i, n in enumerate(names):',
+      '    os.makedirs(f"/workspace/h/{i}/{n}", exist_ok=True)',
+      '    open(f"/workspace/h/{i}/{n}/f.md", "w").write("x\\n")',
+      'open("/workspace/.gitignore", "w").write("*.csv\\nsecret/\\n")',
+      'open("/workspace/.gitattributes", "w").write("* working-tree-encoding=UTF-16\\n")',
+      'os.makedirs("/workspace/secret", exist_ok=True)',
+      'open("/workspace/secret/plan.md", "w").write("hidden plan\\n")',
+      'open("/workspace/rows.csv", "w").write("a,b\\n")',
+    ].join('\n');
+    const r = (await exec(t, team.key, session, code)) as unknown as { workspace: { commit: { paths: string[] }; refused: { path: string; reason: string }[] } };
+    const ignored = r.workspace.refused.map((x) => x.path);
+    expect(ignored).toEqual(expect.arrayContaining(['.gitignore', '.gitattributes', 'h/0/.git./f.md', 'h/5/git~1/f.md']));
+    expect(r.workspace.refused.find((x) => x.path === '.gitignore')!.reason).toMatch(/reserved/);
+    expect(r.workspace.commit.paths).toEqual(expect.arrayContaining(['rows.csv', 'secret/plan.md']));
+    // Every path the sandbox reported was either committed or ignored with a reason.
+    expect([...r.workspace.commit.paths, ...ignored].sort()).toEqual(['.gitattributes', '.gitignore', 'rows.csv', 'secret/plan.md', ...names.map((n, i) => `h/${i}/${n}/f.md`)].sort());
+    // Nothing in the host's working tree is outside a commit.
+    expect(git(ws, 'ls-files', '-z', '--others', '--modified')).toBe('');
+    const next = (await exec(t, team.key, session, 'open("/workspace/next.md", "w").write("next\\n")')) as unknown as { workspace: { commit: { paths: string[] } } };
+    expect(next.workspace.commit.paths).toEqual(['next.md']);
+  });
+  it('a .gitignore written in the sandbox hides nothing from the commit, its secret scan or revert', async () => {
+    const { session, ws } = await sessionIn(t, team);
+    const first = (await exec(t, team.key, session, 'open("/workspace/.gitignore", "w").write("secret/\\n")')) as unknown as { workspace: { commit: unknown; refused: { path: string; reason: string }[] } };
+    expect(first.workspace.commit).toBeNull();
+    expect(first.workspace.refused).toEqual([{ path: '.gitignore', reason: expect.stringMatching(/reserved/) }]);
+    const token = `ghp_${'Hh4'.repeat(12)}`;
+    const second = (await exec(t, team.key, session, `import os\nos.makedirs("/workspace/secret", exist_ok=True)\nopen("/workspace/secret/plan.md", "w").write("token: ${token}\\n")`)) as unknown as { workspace: { commit: { sha: string; paths: string[] }; redactions: { path: string }[] } };
+    expect(second.workspace.commit.paths).toEqual(['secret/plan.md']);
+    expect(second.workspace.redactions.map((r) => r.path)).toEqual(['secret/plan.md']);
+    expect(git(ws, 'ls-files', '-z', '--others', '--modified')).toBe('');
+    const rev = await t.call('POST', `/v1/workspaces/${ws}/commits/${second.workspace.commit.sha}/revert`, { key: team.key });
+    expect(rev.body.commit.paths).toEqual(['secret/plan.md']);
+    expect(git(ws, 'ls-files', 'secret')).toBe('');
   });
 });

@@ -2,10 +2,25 @@ import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-export type Git = (args: string[]) => Promise<string>;
+/** Runs one git command; `input` is written to its standard input. */
+export type Git = (args: string[], input?: string) => Promise<string>;
 
-/** Settings every workspace git command runs with: no hooks, no signing, paths printed as-is. */
+/** Settings every git command runs with: no hooks, no signing, paths printed as-is. */
 const CONFIG = ['-c', 'core.hooksPath=/dev/null', '-c', 'commit.gpgsign=false', '-c', 'core.quotepath=off', '-c', 'gc.auto=0'];
+/**
+ * What a tenant's files must never change about git in a workspace: no global or system
+ * attributes or ignore files (in-tree ones are neutralised by the repository itself, see
+ * WorkspaceRepos), git's refusal of NTFS and HFS+ spellings of .git on, no line-ending
+ * conversion, and every path argument taken literally (a file named "*" or ":(top)" is that file).
+ */
+const TENANT_CONFIG = [
+  '-c', 'core.attributesFile=/dev/null',
+  '-c', 'core.excludesFile=/dev/null',
+  '-c', 'core.protectNTFS=true',
+  '-c', 'core.protectHFS=true',
+  '-c', 'core.autocrlf=false',
+];
+const TENANT_ENV = { GIT_ATTR_NOSYSTEM: '1', GIT_LITERAL_PATHSPECS: '1' };
 
 /**
  * Runs git in a workspace with argument arrays (never a shell) and a minimal environment:
@@ -14,8 +29,9 @@ const CONFIG = ['-c', 'core.hooksPath=/dev/null', '-c', 'commit.gpgsign=false', 
  * Why not simple-git: its completion detection waits an extra 50 ms after every command that
  * prints nothing (`add`, `commit -q`, a clean `status`), which made one commit cost ~160 ms.
  */
-export function gitIn(dir: string, home: string): Git {
+export function gitIn(dir: string, home: string, opts: { tenant?: boolean } = {}): Git {
   const env = {
+    ...(opts.tenant ? TENANT_ENV : {}),
     PATH: process.env.PATH ?? '/usr/bin:/bin',
     HOME: home,
     LANG: 'C.UTF-8',
@@ -24,12 +40,15 @@ export function gitIn(dir: string, home: string): Git {
     GIT_COMMITTER_NAME: 'Kiln',
     GIT_COMMITTER_EMAIL: 'system@kiln.invalid',
   };
-  return (args) =>
+  const config = opts.tenant ? [...CONFIG, ...TENANT_CONFIG] : CONFIG;
+  return (args, input) =>
     new Promise((resolve, reject) => {
-      execFile('git', ['-C', dir, ...CONFIG, ...args], { env, encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 }, (err, stdout, stderr) => {
+      const child = execFile('git', ['-C', dir, ...config, ...args], { env, encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 }, (err, stdout, stderr) => {
         if (err) reject(new Error(`git ${args[0]} failed: ${(stderr || err.message).trim()}`));
         else resolve(stdout);
       });
+      // git may exit before reading its input (it failed): that is reported above, not here.
+      child.stdin?.on('error', () => undefined).end(input ?? '');
     });
 }
 

@@ -4,8 +4,9 @@ import { ApiError } from '../http/errors.ts';
 import { BUILTIN_SKILLS } from './kinds.ts';
 
 /**
- * A workspace-relative path checked for shape: no absolute paths, no "..", no ".git", no
- * empty or odd segments. Returns it normalised ("" for the root).
+ * A workspace-relative path checked for shape: no absolute paths, no "..", no empty or odd
+ * segments, and no segment git itself refuses or reads as configuration (see `segmentRefusal`).
+ * Returns it normalised ("" for the root).
  */
 export function checkRelativePath(input: string, opts: { allowRoot?: boolean } = {}): string {
   const path = input.replace(/^\.\/+/, '').replace(/\/+$/, '');
@@ -20,8 +21,60 @@ export function checkRelativePath(input: string, opts: { allowRoot?: boolean } =
   const segments = path.split('/');
   if (segments.some((s) => s === '..')) throw bad('must not contain ".."');
   if (segments.some((s) => s === '' || s === '.')) throw bad('must not contain empty or "." segments');
-  if (segments.some((s) => s.toLowerCase() === '.git')) throw bad('must not touch .git');
+  const refusal = pathRefusal(path);
+  if (refusal) throw bad(refusal.why);
   return posix.normalize(path);
+}
+
+/** The first segment of a path git refuses or reads as configuration (see `segmentRefusal`): the path up to it, and why. */
+export function pathRefusal(path: string): { upTo: string; why: string } | null {
+  const segments = path.split('/');
+  for (let i = 0; i < segments.length; i++) {
+    const why = segmentRefusal(segments[i]!);
+    if (why) return { upTo: segments.slice(0, i + 1).join('/'), why };
+  }
+  return null;
+}
+
+// Control characters (git quotes them everywhere, a terminal may act on them) and lone UTF-16
+// surrogates (they reach the filesystem as U+FFFD: a different name from the one checked).
+const UNSTORABLE = /[\u0000-\u001f\u007f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+// Code points HFS+ ignores in names (git's next_hfs_char): ".g\u200cit" is ".git" there.
+const HFS_IGNORED = /[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]/g;
+// Files git reads as configuration from the working tree: a tenant writing one would change
+// what git does with every other file (hide it, convert it, fail on it).
+const RESERVED = [
+  { name: 'gitattributes', hash: 'gi7d29' },
+  { name: 'gitignore', hash: 'gi250a' },
+  { name: 'gitmodules', hash: 'gi7eba' },
+].map(({ name, hash }) => ({
+  name,
+  // Its 8.3 short names: the first six letters and "~1" to "~4", or (git's is_ntfs_dot_generic)
+  // up to six letters of a hash prefix, "~", then digits not starting with 0, eight characters in all.
+  short: new RegExp(`^(?:${name.slice(0, 6)}~[1-4]|${Array.from({ length: 7 }, (_, k) => `${hash.slice(0, k)}~[1-9][0-9]{${6 - k}}`).join('|')})$`),
+}));
+/** The temporary files of atomic writes, never committed (see WorkspaceRepos.writeFile): `.kiln-*.tmp`. */
+export const isTempName = (name: string) => /^\.kiln-.*\.tmp$/s.test(name);
+
+/**
+ * Why git would refuse (or obey) a path segment, or null. A port of git's verify_path rules
+ * with core.protectNTFS and core.protectHFS on (workspace git runs with both): ".git" in any
+ * case, followed by dots, spaces or an NTFS stream (":..."), its 8.3 short name "git~1", or
+ * spelled with code points HFS+ ignores; the same spellings of .gitattributes, .gitignore and
+ * .gitmodules (plus their 8.3 short names), which are reserved at any depth.
+ */
+export function segmentRefusal(segment: string): string | null {
+  if (UNSTORABLE.test(segment)) return 'contains a control character or an unpaired surrogate';
+  if (Buffer.byteLength(segment) > 255) return 'has a name longer than 255 bytes';
+  if (isTempName(segment)) return 'uses the name of a temporary file';
+  // NTFS ignores trailing dots and spaces and everything from a stream separator on.
+  const ntfs = segment.replace(/:.*$/s, '').replace(/[. ]+$/, '').toLowerCase();
+  const hfs = segment.replace(HFS_IGNORED, '').toLowerCase();
+  if (ntfs === '.git' || ntfs === 'git~1' || hfs === '.git') return 'must not touch .git';
+  for (const { name, short } of RESERVED) {
+    if (ntfs === `.${name}` || hfs === `.${name}` || short.test(ntfs)) return `.${name} is reserved: git reads it as configuration`;
+  }
+  return null;
 }
 
 export const isBuiltinSkillPath = (path: string) => path === 'skills/builtin' || path.startsWith(BUILTIN_SKILLS);

@@ -1,11 +1,11 @@
 import { cp, lstat, mkdir, readdir, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { ApiError } from '../http/errors.ts';
 import { gitIn, readHead, type Git } from './git.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
-import { isBuiltinSkillPath, resolveInside } from './paths.ts';
+import { isBuiltinSkillPath, isTempName, pathRefusal, resolveInside } from './paths.ts';
 import { kindsOf, type CommitAuthor, type CommitKind } from './kinds.ts';
 import { scanSecrets, type Redaction } from './secrets.ts';
 
@@ -45,6 +45,11 @@ export interface DirEntry {
   size: number;
 }
 
+/**
+ * `.git/info/attributes` of every workspace: it outranks every .gitattributes in the tree, so
+ * none of them (an older version let tenants write them) converts, filters or fails a file.
+ */
+const NEUTRAL_ATTRIBUTES = '* !text !eol !crlf !working-tree-encoding !filter !ident !diff !merge !conflict-marker-size !whitespace !delta\n';
 const IDENTITY: Record<CommitAuthor, string> = {
   agent: 'Kiln Agent <agent@kiln.invalid>',
   user: 'Kiln User <user@kiln.invalid>',
@@ -64,7 +69,15 @@ export class WorkspaceRepos {
   }
 
   private git(workspaceId: string): Git {
-    return gitIn(this.dirOf(workspaceId), this.root);
+    return gitIn(this.dirOf(workspaceId), this.root, { tenant: true });
+  }
+
+  /** What makes git in a workspace deaf to its files: neutral attributes, temporary files excluded. */
+  private async protect(dir: string): Promise<void> {
+    await mkdir(join(dir, '.git/info'), { recursive: true });
+    await writeFile(join(dir, '.git/info/attributes'), NEUTRAL_ATTRIBUTES);
+    // A crash between writing a temporary file and renaming it must not commit the temporary file.
+    await writeFile(join(dir, '.git/info/exclude'), '.kiln-*.tmp\n');
   }
 
   /** Creates the repository from the template with one system commit. */
@@ -75,8 +88,7 @@ export class WorkspaceRepos {
     await cp(this.template, dir, { recursive: true });
     const git = this.git(workspaceId);
     await git(['init', '-q', '-b', 'main']);
-    // A crash between writing a temporary file and renaming it must not commit the temporary file.
-    await writeFile(join(dir, '.git/info/exclude'), '.kiln-*.tmp\n');
+    await this.protect(dir);
     const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Create workspace from template', kind: 'system' });
     return outcome.commit!;
   }
@@ -87,9 +99,10 @@ export class WorkspaceRepos {
 
   /**
    * Commits whatever changed in the working tree, with provenance trailers. Before it lands:
-   * changes to read-only paths (built-in skills, for anyone but the system) are undone, a
-   * MEMORY.md over budget is put back, and secrets are redacted in the files themselves.
-   * Callers hold the workspace lock.
+   * files under names git refuses or reads as configuration are removed, changes to read-only
+   * paths (built-in skills, for anyone but the system) are undone, a MEMORY.md over budget is
+   * put back, and secrets are redacted in the files themselves. Nothing else is left out: no
+   * ignore rule applies. Callers hold the workspace lock.
    */
   async commitPending(
     workspaceId: string,
@@ -98,11 +111,11 @@ export class WorkspaceRepos {
   ): Promise<CommitOutcome> {
     const git = this.git(workspaceId);
     const dir = this.dirOf(workspaceId);
-    await git(['add', '-A']);
-    let paths = await this.staged(git);
     const refused: CommitOutcome['refused'] = [];
     let headKnown: boolean | undefined;
     const hasHead = async () => (headKnown ??= Boolean(await this.head(workspaceId)));
+    await this.stageAll(git, dir, refused, hasHead);
+    let paths = await this.staged(git);
 
     if (prov.author !== 'system') {
       for (const p of paths.filter(isBuiltinSkillPath)) {
@@ -231,7 +244,8 @@ export class WorkspaceRepos {
   /**
    * Start-up repair after a crash: removes stale git lock files, abandons a half-done revert,
    * and commits (as the system) any change found in the working tree, so nothing is lost and
-   * everything stays revertible.
+   * everything stays revertible (files under names git refuses are removed, see stageAll).
+   * When that commit fails, the working tree is left as it is for an operator to look at.
    */
   async repair(workspaceId: string): Promise<{ removedLocks: string[]; recovered: CommitOutcome | null }> {
     const gitDir = join(this.dirOf(workspaceId), '.git');
@@ -243,15 +257,14 @@ export class WorkspaceRepos {
         removedLocks.push(lock);
       }
     }
+    // A workspace made by an older version gets the protections of a new one.
+    await this.protect(this.dirOf(workspaceId));
     const git = this.git(workspaceId);
     if (existsSync(join(gitDir, 'REVERT_HEAD')) || existsSync(join(gitDir, 'sequencer'))) {
       await git(['revert', '--abort']).catch(() => git(['reset', '--merge']));
     }
-    const dirty = (await git(['status', '--porcelain'])).trim() !== '';
-    const recovered = dirty
-      ? await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Recover uncommitted changes found at start-up', kind: 'system' })
-      : null;
-    return { removedLocks, recovered };
+    const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Recover uncommitted changes found at start-up', kind: 'system' });
+    return { removedLocks, recovered: outcome.commit || outcome.refused.length ? outcome : null };
   }
 
   /** Every commit sha, newest first. */
@@ -284,6 +297,40 @@ export class WorkspaceRepos {
       evolutionId: get('Kiln-Evolution')[0] ?? null,
       createdAt: new Date(date.trim()),
     };
+  }
+
+  /**
+   * Stages every change in the working tree by name, ignore rules or not (`--force`), except
+   * temporary files. A new or changed file under a name git refuses or reads as configuration
+   * (only an older version, or a crash, leaves one) is removed instead, and reported in
+   * `refused`: git never sees it, so it can never fail a commit.
+   */
+  private async stageAll(git: Git, dir: string, refused: CommitOutcome['refused'], hasHead: () => Promise<boolean>): Promise<void> {
+    const listed = (await git(['ls-files', '-z', '--others', '--modified', '--deleted'])).split('\0').filter(Boolean);
+    const take: string[] = [];
+    for (const path of new Set(listed)) {
+      if (isTempName(basename(path))) continue;
+      const refusal = pathRefusal(path.replace(/\/$/, ''));
+      // A deletion is taken whatever the name: it can only make the tree safer.
+      if (!refusal || !(await lstat(join(dir, path)).catch(() => null))) {
+        take.push(path);
+      } else if (!refused.some((r) => r.path === refusal.upTo)) {
+        await this.restore(git, dir, refusal.upTo, await hasHead());
+        refused.push({ path: refusal.upTo, reason: refusal.why });
+      }
+    }
+    if (take.length) await git(['add', '--all', '--force', '--pathspec-from-file=-', '--pathspec-file-nul'], take.join('\0'));
+  }
+
+  /**
+   * Puts the working tree back exactly as HEAD has it, after a change that could not be
+   * committed: no half-written change stays behind to fail (or sneak into) the next commit.
+   */
+  async discardChanges(workspaceId: string): Promise<void> {
+    const git = this.git(workspaceId);
+    if (!(await this.head(workspaceId))) return;
+    await git(['reset', '-q', '--hard', 'HEAD']);
+    await git(['clean', '-q', '-f', '-f', '-d', '-x']);
   }
 
   /** The staged paths (added, modified, deleted). */
@@ -338,7 +385,10 @@ export class WorkspaceRepos {
     const existing = await lstat(file).catch(() => null);
     if (existing?.isSymbolicLink()) throw new ApiError('invalid_request', `path ${JSON.stringify(path)} is a symbolic link`);
     if (existing?.isDirectory()) throw new ApiError('invalid_request', `path ${JSON.stringify(path)} is a directory`);
-    await mkdir(dirname(file), { recursive: true });
+    await mkdir(dirname(file), { recursive: true }).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOTDIR' || err.code === 'EEXIST') throw new ApiError('invalid_request', `path ${JSON.stringify(path)}: a parent of it is a file, not a directory`);
+      throw err;
+    });
     const tmp = join(dirname(file), `.kiln-${randomBytes(6).toString('hex')}.tmp`);
     await writeFile(tmp, data);
     await rename(tmp, file);

@@ -116,8 +116,10 @@ export class WorkspaceService {
   /** Runs `change` under the workspace lock and commits whatever it changed. */
   async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
-      await change();
-      const o = await this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      const o = await this.orDiscard(ws.id, async () => {
+        await change();
+        return this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
+      });
       if (o.commit) await this.record(ws, o.commit);
       return o;
     });
@@ -156,13 +158,30 @@ export class WorkspaceService {
 
   async revert(ws: WorkspaceRow, sha: string, prov: Provenance): Promise<CommitOutcome> {
     const outcome = await this.lock.run(ws.id, async () => {
-      const o = await this.repos.revert(ws.id, sha, prov);
+      const o = await this.orDiscard(ws.id, () => this.repos.revert(ws.id, sha, prov));
       await this.record(ws, o.commit!);
       return o;
     });
     await this.reindex(ws, outcome.commit!);
     await this.announce(ws.id, outcome.commit!.paths);
     return outcome;
+  }
+
+  /**
+   * Runs a change of the working tree and its commit: when either fails, the working tree is
+   * put back to HEAD, so a change is committed whole or not at all and the next one starts clean.
+   * Callers hold the workspace lock.
+   */
+  private async orDiscard<T>(workspaceId: string, work: () => Promise<T>): Promise<T> {
+    try {
+      return await work();
+    } catch (err) {
+      // A refusal (ApiError) is raised before anything is written, or after it is undone.
+      if (err instanceof ApiError) throw err;
+      this.log.error({ err, workspace: workspaceId }, 'a workspace change could not be committed; its working tree is put back to HEAD');
+      await this.repos.discardChanges(workspaceId).catch((e: unknown) => this.log.error({ err: e, workspace: workspaceId }, 'could not put a workspace back to HEAD'));
+      throw err;
+    }
   }
 
   private async reindex(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
@@ -208,31 +227,46 @@ export class WorkspaceService {
   /**
    * Start-up repair of every live workspace: stale git locks removed, uncommitted changes
    * committed by the system, and commits the table missed (a crash between git and the
-   * database) mirrored again.
+   * database) mirrored again. A workspace that cannot be repaired is logged, marked
+   * (`repair_error`, shown by its GET) and skipped: one workspace never stops the server.
+   * The mark is cleared by the next repair that succeeds.
    */
-  async repairAll(): Promise<{ repaired: number }> {
+  async repairAll(): Promise<{ repaired: number; failed: number }> {
     const rows = (await this.db.select().from(workspaces).where(isNull(workspaces.deletedAt))) as WorkspaceRow[];
     let repaired = 0;
+    let failed = 0;
     for (const ws of rows) {
-      if (!this.repos.exists(ws.id)) {
-        this.log.error({ workspace: ws.id }, 'workspace repository is missing');
-        continue;
-      }
-      const { removedLocks, recovered, missing } = await this.lock.run(ws.id, async () => {
-        const fixed = await this.repos.repair(ws.id);
-        const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
-        const absent = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
-        for (const sha of absent) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
-        return { ...fixed, missing: absent };
-      });
-      const head = await this.repos.head(ws.id);
-      if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
-      if (missing.length || recovered?.commit) await reindexAll(this.db, this.indexTarget(ws), this.opts.embedder);
-      if (removedLocks.length || recovered?.commit || missing.length) {
-        repaired++;
-        this.log.warn({ workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, mirrored: missing.length }, 'repaired workspace');
+      try {
+        if (await this.repairOne(ws)) repaired++;
+        if (ws.repairError !== null) await this.db.update(workspaces).set({ repairError: null, repairFailedAt: null }).where(eq(workspaces.id, ws.id));
+      } catch (err) {
+        failed++;
+        this.log.error({ err, workspace: ws.id }, 'could not repair a workspace; it is marked and skipped');
+        const message = (err as Error).message.slice(0, 2000);
+        await this.db.update(workspaces).set({ repairError: message, repairFailedAt: new Date() }).where(eq(workspaces.id, ws.id));
       }
     }
-    return { repaired };
+    return { repaired, failed };
+  }
+
+  /** Repairs one workspace; true when there was something to repair. */
+  private async repairOne(ws: WorkspaceRow): Promise<boolean> {
+    if (!this.repos.exists(ws.id)) throw new Error('workspace repository is missing');
+    const { removedLocks, recovered, missing } = await this.lock.run(ws.id, async () => {
+      const fixed = await this.repos.repair(ws.id);
+      const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
+      const absent = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
+      for (const sha of absent) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
+      return { ...fixed, missing: absent };
+    });
+    const head = await this.repos.head(ws.id);
+    if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
+    if (missing.length || recovered?.commit) await reindexAll(this.db, this.indexTarget(ws), this.opts.embedder);
+    const changed = Boolean(removedLocks.length || recovered || missing.length);
+    if (changed) {
+      const refused = recovered?.refused.map((r) => r.path);
+      this.log.warn({ workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, refused, mirrored: missing.length }, 'repaired workspace');
+    }
+    return changed;
   }
 }

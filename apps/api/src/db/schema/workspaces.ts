@@ -13,6 +13,9 @@ export const workspaces = pgTable(
     createdAt: createdAt(),
     updatedAt: ts('updated_at').notNull().defaultNow(),
     deletedAt: ts('deleted_at'),
+    /** Why the last start-up repair of its repository failed (null when it did not). */
+    repairError: text('repair_error'),
+    repairFailedAt: ts('repair_failed_at'),
   },
   (t) => [
     index('workspaces_team_idx').on(t.teamId, t.id),

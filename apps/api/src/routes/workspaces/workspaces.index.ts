@@ -11,6 +11,8 @@ const view = (w: ws.WorkspaceRow) => ({
   name: w.name,
   head: w.head,
   settings: w.settings,
+  repair_error: w.repairError,
+  repair_failed_at: w.repairFailedAt?.toISOString() ?? null,
   created_at: w.createdAt.toISOString(),
   updated_at: w.updatedAt.toISOString(),
 });

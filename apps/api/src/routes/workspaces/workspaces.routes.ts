@@ -11,6 +11,11 @@ export const Workspace = z
     name: z.string(),
     head: z.string().nullable().openapi({ description: 'sha of the workspace repository HEAD' }),
     settings: WorkspaceSettings,
+    repair_error: z.string().nullable().openapi({
+      description:
+        'Why the last start-up repair of the workspace repository failed (a commit of what a crash left in its working tree, for instance); the server skipped it and left its working tree as it was. Null when the last repair succeeded.',
+    }),
+    repair_failed_at: z.string().nullable().openapi({ description: 'When that repair failed (null when it did not)' }),
     created_at: z.string(),
     updated_at: z.string(),
   })
