@@ -6,7 +6,7 @@ import { ModelClient } from '../../apps/api/src/agent/llm.ts';
 import { AgentService } from '../../apps/api/src/agent/service.ts';
 import { approvals, runs } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
-import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
+import { converse, eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../support/agent.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
@@ -15,11 +15,8 @@ describe('approvals', () => {
   let t: TestApp;
   let team: { id: string; key: string };
   let member: string;
-  const paused = [...TERMINAL, 'run.requires_action'];
-  const pending = async (session: string) => {
-    const list = await t.call('GET', '/v1/approvals?status=pending', { key: team.key });
-    return list.body.data.find((a: { session_id: string }) => a.session_id === session);
-  };
+  const paused = PAUSED;
+  const pending = (session: string) => pendingApproval(t, team.key, session);
 
   beforeAll(async () => {
     fake = await startFakeOpenAI();

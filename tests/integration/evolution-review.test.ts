@@ -115,6 +115,17 @@ describe('post-session review (a durable job, with a scripted model)', () => {
     expect(await messagesOf(session)).toEqual(before);
   });
 
+  it('a reviewer that first answers nothing is asked again without its empty answer in the request', async () => {
+    const { ws, session } = await workedSession();
+    const id = await requestReview(ws, session);
+    const before = fake.chats().length;
+    fake.script({ content: '' }, { content: '<finish></finish>' });
+    await t.evolution.jobs.drain();
+    expect(await evolution(ws, id)).toMatchObject({ status: 'no_change' });
+    const retry = fake.chats()[before + 1];
+    expect(retry.messages.map((m: { role: string }) => m.role)).toEqual(['system', 'user', 'user']);
+  });
+
   it('fixes a skill at its source after seeing the tool error in the transcript (tool calling)', async () => {
     const { ws, session } = await sessionIn(t, team, { ...auto, protocol: 'tools' });
     const broken = '---\nname: loader\ndescription: Load a CSV\n---\n\nCall `pd.read_cvs(path)`.\n';

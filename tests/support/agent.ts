@@ -24,6 +24,14 @@ export async function eventsUntil(t: { agent: { events: RunEventLog } }, runId: 
 }
 
 export const TERMINAL = ['run.completed', 'run.failed', 'run.cancelled'];
+/** Where a run stops for now: its end, or a pause for an approval. */
+export const PAUSED = [...TERMINAL, 'run.requires_action'];
+
+/** The session's pending approval, as the API lists it. */
+export async function pendingApproval(t: TestApp, key: string, session: string) {
+  const list = await t.call('GET', '/v1/approvals?status=pending', { key });
+  return list.body.data.find((a: { session_id: string }) => a.session_id === session);
+}
 
 /** Posts a message and waits for the run to end (or pause, with `until`). */
 export async function converse(t: TestApp, key: string, session: string, content: string, until = TERMINAL) {

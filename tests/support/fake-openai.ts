@@ -9,7 +9,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 /** One scripted model answer. */
 export interface Reply {
   content?: string;
-  tool_calls?: { name: string; arguments: Record<string, unknown> | string }[];
+  /** `id`: the call's id as the server sends it (by default one of its own for each call). */
+  tool_calls?: { name: string; arguments: Record<string, unknown> | string; id?: string }[];
   /** Answer with this HTTP error instead (429, 500, 400 + code for context overflow). */
   status?: number;
   error?: { message: string; code?: string; type?: string };
@@ -25,6 +26,8 @@ export interface FakeOpenAI {
   requests: { path: string; body: any }[];
   /** Chat requests only, in order. */
   chats(): any[];
+  /** Chat requests refused as a real endpoint would (400), in order. */
+  refusals: Refusal[];
   /** Queues answers for the next chat completions, in order. */
   script(...replies: Reply[]): void;
   /** Answers still queued. */
@@ -33,6 +36,7 @@ export interface FakeOpenAI {
   chatRequests(n: number): Promise<void>;
   /** Resolves once `n` held (`hang`) requests have been given up by their client in total. */
   hangsClosed(n: number): Promise<void>;
+  /** Rejects when a refused request is still in `refusals` (take expected ones out first). */
   close(): Promise<void>;
 }
 
@@ -58,6 +62,122 @@ async function readBody(req: IncomingMessage): Promise<any> {
   return text ? JSON.parse(text) : {};
 }
 
+/** A 400 in OpenAI's error shape: what a real endpoint answers a request it refuses. */
+export interface Refusal {
+  message: string;
+  type: 'invalid_request_error';
+  param: string | null;
+  code: string | null;
+}
+
+const refuse = (message: string, param: string | null, code: string | null = null): Refusal => ({ message, type: 'invalid_request_error', param, code });
+const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
+const TOOL_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+const SCHEMA_TYPES = new Set(['object', 'string', 'number', 'integer', 'boolean', 'array', 'null']);
+const isObject = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v);
+const filled = (content: unknown) => (typeof content === 'string' ? content.length > 0 : Array.isArray(content) && content.length > 0);
+
+/** What is wrong with a JSON schema, as far as function parameters go (null: nothing). */
+function schemaProblem(s: unknown, at: string): string | null {
+  if (!isObject(s)) return `${at} is not a JSON schema object`;
+  const types = s.type === undefined ? [] : Array.isArray(s.type) ? s.type : [s.type];
+  for (const t of types) if (!SCHEMA_TYPES.has(t)) return `${at}.type ${JSON.stringify(t)} is not a JSON schema type`;
+  if (s.properties !== undefined) {
+    if (!isObject(s.properties)) return `${at}.properties must be an object`;
+    for (const [k, v] of Object.entries(s.properties)) {
+      const p = schemaProblem(v, `${at}.properties.${k}`);
+      if (p) return p;
+    }
+  }
+  if (s.required !== undefined && (!Array.isArray(s.required) || s.required.some((r: unknown) => typeof r !== 'string'))) return `${at}.required must be an array of strings`;
+  if (s.items !== undefined) return schemaProblem(s.items, `${at}.items`);
+  if (s.enum !== undefined && (!Array.isArray(s.enum) || !s.enum.length)) return `${at}.enum must be a non-empty array`;
+  return null;
+}
+
+/**
+ * Why a real OpenAI-compatible endpoint would refuse this chat request (null: it would not).
+ * At least as strict as the real ones, so no test passes on a request a real endpoint refuses:
+ * every assistant `tool_calls` must be answered, each id once, by tool messages directly after
+ * it and before any other message; a tool message must answer a call of the assistant message
+ * it follows; roles, contents and tool definitions must be well-formed.
+ */
+export function refusal(body: any): Refusal | null {
+  if (!isObject(body)) return refuse('We could not parse the JSON body of your request.', null);
+  if (typeof body.model !== 'string' || !body.model) return refuse("Missing required parameter: 'model'.", 'model', 'missing_required_parameter');
+  if (!Array.isArray(body.messages)) return refuse("Missing required parameter: 'messages'.", 'messages', 'missing_required_parameter');
+  if (!body.messages.length) return refuse("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", 'messages', 'empty_array');
+  if (body.tools !== undefined) {
+    if (!Array.isArray(body.tools) || !body.tools.length) return refuse("Invalid 'tools': empty array. Expected an array with minimum length 1.", 'tools', 'empty_array');
+    const names = new Set<string>();
+    for (const [i, tool] of body.tools.entries()) {
+      const fn = isObject(tool) ? tool.function : undefined;
+      if (!isObject(tool) || tool.type !== 'function' || !isObject(fn)) return refuse(`Invalid 'tools[${i}]': expected {type: 'function', function: {...}}.`, `tools[${i}]`, 'invalid_type');
+      if (typeof fn.name !== 'string' || !TOOL_NAME.test(fn.name)) {
+        return refuse(`Invalid 'tools[${i}].function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.`, `tools[${i}].function.name`, 'invalid_value');
+      }
+      if (names.has(fn.name)) return refuse(`Invalid 'tools': duplicate function name '${fn.name}'.`, 'tools', 'invalid_value');
+      names.add(fn.name);
+      if (fn.description !== undefined && typeof fn.description !== 'string') return refuse(`Invalid type for 'tools[${i}].function.description'.`, `tools[${i}].function.description`, 'invalid_type');
+      if (fn.parameters !== undefined) {
+        const problem = isObject(fn.parameters) && fn.parameters.type !== 'object' ? `schema must be a JSON Schema of 'type: "object"'` : schemaProblem(fn.parameters, 'parameters');
+        if (problem) return refuse(`Invalid schema for function '${fn.name}': ${problem}.`, `tools[${i}].function.parameters`, 'invalid_function_parameters');
+      }
+    }
+  }
+  const called = new Set<string>();
+  /** Ids of the last assistant message's calls still waiting for their tool message. */
+  let open = new Set<string>();
+  for (const [i, m] of body.messages.entries()) {
+    if (!isObject(m)) return refuse(`Invalid type for 'messages[${i}]': expected an object.`, `messages[${i}]`, 'invalid_type');
+    if (!ROLES.includes(m.role)) {
+      return refuse(`Invalid value: '${m.role}'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'.`, `messages[${i}].role`, 'invalid_value');
+    }
+    if (m.role === 'tool') {
+      if (typeof m.tool_call_id !== 'string' || !m.tool_call_id) return refuse(`Missing required parameter: 'messages[${i}].tool_call_id'.`, `messages[${i}].tool_call_id`, 'missing_required_parameter');
+      if (!open.delete(m.tool_call_id)) {
+        return refuse("Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.", `messages.[${i}].role`);
+      }
+      if (!filled(m.content)) return refuse(`Invalid 'messages[${i}].content': a tool message needs content.`, `messages[${i}].content`, 'invalid_value');
+      continue;
+    }
+    if (open.size) {
+      return refuse(
+        `An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: ${[...open].join(', ')}`,
+        `messages.[${i}].role`,
+      );
+    }
+    if (m.role !== 'assistant') {
+      if (!filled(m.content)) return refuse(`Invalid value for 'messages[${i}].content': expected a non-empty string or array of content parts.`, `messages[${i}].content`, 'invalid_value');
+      continue;
+    }
+    if (m.tool_calls === undefined || m.tool_calls === null) {
+      if (!filled(m.content)) return refuse(`Invalid value for 'messages[${i}].content': expected a string, got ${JSON.stringify(m.content ?? null)}.`, `messages[${i}].content`, 'invalid_value');
+      continue;
+    }
+    if (!Array.isArray(m.tool_calls) || !m.tool_calls.length) return refuse(`Invalid 'messages[${i}].tool_calls': empty array. Expected an array with minimum length 1.`, `messages[${i}].tool_calls`, 'empty_array');
+    if (m.content !== null && m.content !== undefined && typeof m.content !== 'string' && !Array.isArray(m.content)) {
+      return refuse(`Invalid type for 'messages[${i}].content'.`, `messages[${i}].content`, 'invalid_type');
+    }
+    for (const [j, c] of m.tool_calls.entries()) {
+      const at = `messages[${i}].tool_calls[${j}]`;
+      if (!isObject(c) || typeof c.id !== 'string' || !c.id || c.type !== 'function' || !isObject(c.function) || typeof c.function.name !== 'string' || typeof c.function.arguments !== 'string') {
+        return refuse(`Invalid '${at}': expected {id, type: 'function', function: {name, arguments: string}}.`, at, 'invalid_value');
+      }
+      if (called.has(c.id)) return refuse(`Invalid '${at}.id': duplicate tool call id '${c.id}'.`, `${at}.id`, 'invalid_value');
+      called.add(c.id);
+      open.add(c.id);
+    }
+  }
+  if (open.size) {
+    return refuse(
+      `An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: ${[...open].join(', ')}`,
+      `messages.[${body.messages.length}].role`,
+    );
+  }
+  return null;
+}
+
 function chatChunks(reply: Reply, model: string, includeUsage: boolean): string[] {
   const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
   const base = { id, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model };
@@ -70,7 +190,7 @@ function chatChunks(reply: Reply, model: string, includeUsage: boolean): string[
   (reply.tool_calls ?? []).forEach((call, index) => {
     const args = typeof call.arguments === 'string' ? call.arguments : JSON.stringify(call.arguments);
     const half = Math.ceil(args.length / 2);
-    out.push(frame({ tool_calls: [{ index, id: `call_${index}_${id.slice(-6)}`, type: 'function', function: { name: call.name, arguments: args.slice(0, half) } }] }));
+    out.push(frame({ tool_calls: [{ index, id: call.id ?? `call_${index}_${id.slice(-6)}`, type: 'function', function: { name: call.name, arguments: args.slice(0, half) } }] }));
     out.push(frame({ tool_calls: [{ index, function: { arguments: args.slice(half) } }] }));
   });
   out.push(frame({}, reply.tool_calls?.length ? 'tool_calls' : 'stop'));
@@ -85,6 +205,7 @@ function chatChunks(reply: Reply, model: string, includeUsage: boolean): string[
 export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   const requests: FakeOpenAI['requests'] = [];
   const queue: Reply[] = [];
+  const refusals: Refusal[] = [];
   const arrivals = new EventEmitter();
   let closedHangs = 0;
   const server: Server = createServer(async (req: IncomingMessage, res: ServerResponse) => {
@@ -96,6 +217,12 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
     };
     if (req.method === 'POST' && req.url === '/v1/chat/completions') {
       arrivals.emit('chat');
+      // Refused before a scripted answer is used, as a real endpoint refuses it before thinking.
+      const refused = refusal(body);
+      if (refused) {
+        refusals.push(refused);
+        return send(400, { error: refused });
+      }
       const reply = queue.shift();
       if (!reply) return send(500, { error: { message: 'the fake model has no scripted answer left', type: 'server_error' } });
       if (reply.hang) {
@@ -126,7 +253,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
             message: {
               role: 'assistant',
               content: reply.content ?? null,
-              tool_calls: reply.tool_calls?.map((c, i) => ({ id: `call_${i}`, type: 'function', function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } })),
+              tool_calls: reply.tool_calls?.map((c, i) => ({ id: c.id ?? `call_${i}_${Math.random().toString(36).slice(2, 8)}`, type: 'function', function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } })),
             },
           },
         ],
@@ -154,6 +281,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   return {
     url: `http://127.0.0.1:${port}/v1`,
     requests,
+    refusals,
     chats: () => requests.filter((r) => r.path === '/v1/chat/completions').map((r) => r.body),
     script: (...replies) => queue.push(...replies),
     pending: () => queue.length,
@@ -179,10 +307,11 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
         arrivals.on('hang-closed', check);
         check();
       }),
+    // A refusal nobody looked at fails the test file: a run that failed on it may have passed a test.
     close: () =>
-      new Promise((r) => {
+      new Promise((resolve, reject) => {
         server.closeAllConnections();
-        server.close(() => r());
+        server.close(() => (refusals.length ? reject(new Error(`the fake refused ${refusals.length} request(s) as a real endpoint would: ${JSON.stringify(refusals)}`)) : resolve()));
       }),
   };
 }

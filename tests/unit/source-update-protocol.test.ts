@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseTools, parseXml, toolsFor } from '../../apps/api/src/agent/protocol.ts';
+import { parseToolCall, parseXml, toolsFor } from '../../apps/api/src/agent/protocol.ts';
 import { approvalText, fromApprovalText } from '../../apps/api/src/agent/source-update.ts';
 import { DEFAULT_SETTINGS } from '../../apps/api/src/workspace/settings.ts';
 
@@ -17,8 +17,8 @@ describe('propose_source_update in both protocols', () => {
     const names = (s: typeof DEFAULT_SETTINGS) => toolsFor(s).map((t) => ('function' in t ? t.function.name : t.type));
     expect(names(DEFAULT_SETTINGS)).not.toContain('propose_source_update');
     expect(names({ ...DEFAULT_SETTINGS, source_updates: true })).toContain('propose_source_update');
-    const parsed = parseTools('', [{ id: 'call_1', name: 'propose_source_update', arguments: JSON.stringify({ reason: 'why', patch: PATCH }) }]);
-    expect(parsed).toEqual({ thinking: null, action: { type: 'source_update', reason: 'why', patch: PATCH }, toolCallId: 'call_1' });
+    const parsed = parseToolCall({ id: 'call_1', name: 'propose_source_update', arguments: JSON.stringify({ reason: 'why', patch: PATCH }) });
+    expect(parsed).toEqual({ action: { type: 'source_update', reason: 'why', patch: PATCH }, toolCallId: 'call_1' });
   });
 
   it('the approval shows reason and patch, and gives back exactly the patch that was proposed', () => {

@@ -48,6 +48,40 @@ export interface TranscriptEntry {
   person: boolean;
 }
 
+/**
+ * The transcript as a real endpoint accepts it: each tool call of an assistant message answered
+ * exactly once, by the tool messages directly after it and before any other message; no tool
+ * message that answers no open call; no assistant message with neither content nor calls. A run
+ * that ended mid-message (cancelled at an approval, failed, interrupted by a restart) leaves
+ * calls unanswered in the stored transcript: they are answered here with `notRun`, so the
+ * session's next run can still be sent.
+ */
+export function answerEveryCall(entries: TranscriptEntry[], notRun: string): TranscriptEntry[] {
+  const out: TranscriptEntry[] = [];
+  let open: { id: string; calls: string[] } | undefined;
+  const close = () => {
+    for (const call of open?.calls ?? []) out.push({ id: `${open!.id}:${call}`, person: false, message: { role: 'tool', tool_call_id: call, content: notRun } });
+    open = undefined;
+  };
+  for (const e of entries) {
+    const m = e.message;
+    if (m.role === 'tool') {
+      const at = open?.calls.indexOf(m.tool_call_id) ?? -1;
+      if (at >= 0) {
+        open!.calls.splice(at, 1);
+        out.push(e);
+      }
+      continue;
+    }
+    close();
+    if (m.role === 'assistant' && m.tool_calls?.length) open = { id: e.id, calls: m.tool_calls.map((c) => c.id) };
+    else if (m.role === 'assistant' && !m.content) continue;
+    out.push(e);
+  }
+  close();
+  return out;
+}
+
 /** Whole turns: a person's message and everything up to the next one. */
 export function splitTurns(entries: TranscriptEntry[]): TranscriptEntry[][] {
   const turns: TranscriptEntry[][] = [];

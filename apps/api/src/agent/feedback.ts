@@ -39,3 +39,9 @@ export const DENIED_BY_USER = (reason?: string | null) =>
 
 export const APPROVAL_EXPIRED = (seconds: number) =>
   `Kiln System: [Approval Expired] Nobody decided within ${seconds} s, so the code was not run. This was not a refusal: nobody answered. Finish and tell the user what is waiting for approval, or try a step that needs none.`;
+
+export const FINISHED = 'Kiln System: [Finished]';
+
+export const NOT_RUN_AFTER_FINISH = 'Kiln System: [Not run] An earlier call of the same message finished the task, so this call was not carried out.';
+
+export const NOT_RUN_RUN_ENDED = 'Kiln System: [Not run] The run ended (cancelled, failed or interrupted) before this call was carried out.';

@@ -13,8 +13,6 @@ export type Action =
 export interface Parsed {
   thinking: string | null;
   action: Action | null;
-  /** For tool calling: the id to answer the action's result to. */
-  toolCallId?: string;
 }
 
 const tag = (reply: string, name: string) => new RegExp(`<${name}>([\\s\\S]*?)</${name}>`, 'i').exec(reply)?.[1]?.trim() ?? null;
@@ -91,25 +89,29 @@ export const TOOLS: ChatCompletionTool[] = [
 /** The tools offered to the model: `propose_source_update` only where an org admin enabled it. */
 export const toolsFor = (settings: WorkspaceSettings): ChatCompletionTool[] => (settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS);
 
+/** One tool call of a model message: the action it asks for, or why it cannot be carried out. */
+export type Call = { toolCallId: string; action: Action } | { toolCallId: string; violation: string };
+
 /**
- * Native tool calling: the first tool call is the action; a plain answer without one is the
- * model finishing in prose. Arguments that are not valid JSON are a protocol violation.
+ * Native tool calling: each tool call of a message is an action of its own (a message may hold
+ * several: OpenAI-compatible models call tools in parallel by default). Arguments that are not
+ * valid JSON, an unknown tool or a missing argument are a protocol violation of that call only.
  */
-export function parseTools(content: string, calls: ToolCall[]): Parsed | { violation: string; toolCallId: string } {
-  const thinking = content.trim() || null;
-  const call = calls[0];
-  if (!call) return { thinking: null, action: { type: 'finish', summary: content.trim() } };
+export function parseToolCall(call: ToolCall): Call {
+  const toolCallId = call.id;
   let args: Record<string, unknown>;
   try {
     args = JSON.parse(call.arguments || '{}') as Record<string, unknown>;
   } catch {
-    return { violation: `the arguments of ${call.name} are not valid JSON`, toolCallId: call.id };
+    return { violation: `the arguments of ${call.name} are not valid JSON`, toolCallId };
   }
   const str = (k: string) => (typeof args[k] === 'string' ? (args[k] as string) : '');
-  if (call.name === 'python' && str('code')) return { thinking, action: { type: 'python', code: str('code') }, toolCallId: call.id };
-  if (call.name === 'memory_search' && str('query')) return { thinking, action: { type: 'memory_search', query: str('query') }, toolCallId: call.id };
-  if (call.name === 'propose_source_update') return { thinking, action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId: call.id };
-  if (call.name === 'undo_evolution' && str('evolution_id')) return { thinking, action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId: call.id };
-  if (call.name === 'finish') return { thinking, action: { type: 'finish', summary: str('summary') }, toolCallId: call.id };
-  return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId: call.id };
+  if (call.name === 'python' && str('code')) return { action: { type: 'python', code: str('code') }, toolCallId };
+  if (call.name === 'memory_search' && str('query')) return { action: { type: 'memory_search', query: str('query') }, toolCallId };
+  if (call.name === 'propose_source_update') return { action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId };
+  if (call.name === 'undo_evolution' && str('evolution_id')) return { action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId };
+  if (call.name === 'finish') return { action: { type: 'finish', summary: str('summary') }, toolCallId };
+  return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId };
 }
+
+export const TOOL_CORRECTION = (violation: string) => `Kiln System: [Protocol Violation] ${violation}. Call the tool again with valid JSON arguments.`;

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -22,12 +23,12 @@ import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
 import { recentEvolutions } from '../evolution/evolutions.ts';
 import { undoEvolution } from '../evolution/undo.ts';
-import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, searchFeedback } from './feedback.ts';
+import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, searchFeedback } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
-import { fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
-import { parseTools, parseXml, toolsFor, XML_CORRECTION, type Action } from './protocol.ts';
+import { answerEveryCall, fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
+import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, type Action, type Call } from './protocol.ts';
 import * as su from './source-update.ts';
 
 export type RunRow = typeof runs.$inferSelect;
@@ -482,8 +483,9 @@ export class AgentService {
       ctx.run = { ...run, status: 'in_progress', startedAt };
     }
     if (resume) {
-      const done = await this.afterApproval(ctx, resume);
-      if (done) return;
+      // The decided call first, then the calls of its message still unanswered (it paused there).
+      await this.afterApproval(ctx, resume);
+      if (resume.approval.toolCallId && (await this.actCalls(ctx, this.unanswered(ctx, resume.approval.toolCallId)))) return;
     }
     let violations = 0;
     for (;;) {
@@ -516,38 +518,104 @@ export class AgentService {
         return this.end(ctx, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
       }
       this.recordUsage(ctx, turn.usage);
-      const toolCalls = turn.toolCalls.length ? turn.toolCalls : undefined;
+      // Tool calls only where tools were offered: calls nobody answers would make the transcript one no endpoint accepts.
+      const toolCalls = ws.settings.protocol === 'tools' && turn.toolCalls.length ? this.ownIds(ctx, turn.toolCalls) : undefined;
       this.say(ctx, { role: 'assistant', content: turn.content, toolCalls });
 
-      const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : parseTools(turn.content, turn.toolCalls);
-      if ('violation' in parsed || !parsed.action) {
-        violations++;
-        const why = 'violation' in parsed ? parsed.violation : 'no action tag';
+      if (toolCalls) {
+        const calls = toolCalls.map(parseToolCall);
+        const broken = calls.flatMap((c) => ('violation' in c ? [c.violation] : []));
+        // Only a message with no call that can be carried out counts towards the limit.
+        violations = broken.length === calls.length ? violations + 1 : 0;
         if (violations > MAX_VIOLATIONS) {
-          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the ${ws.settings.protocol} protocol ${violations} times in a row (${why})` });
+          for (const c of calls) this.reply(ctx, c.toolCallId, TOOL_CORRECTION(broken[0]!));
+          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the tools protocol ${violations} times in a row (${broken.join('; ')})` });
         }
-        this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: why, attempt: violations });
-        const correction = 'violation' in parsed ? `Kiln System: [Protocol Violation] ${parsed.violation}. Call exactly one tool with valid JSON arguments.` : XML_CORRECTION;
-        this.reply(ctx, 'violation' in parsed ? parsed.toolCallId : undefined, correction);
+        if (broken.length) this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: broken.join('; '), attempt: violations });
+        else if (turn.content.trim()) this.emit(ctx, 'thinking', { text: turn.content.trim() });
+        if (await this.actCalls(ctx, calls)) return;
+        continue;
+      }
+      // Without a tool call, a reply under tool calling is the model finishing in prose.
+      const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : { thinking: null, action: { type: 'finish' as const, summary: turn.content.trim() } };
+      if (!parsed.action) {
+        violations++;
+        if (violations > MAX_VIOLATIONS) {
+          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the xml protocol ${violations} times in a row (no action tag)` });
+        }
+        this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: 'no action tag', attempt: violations });
+        this.reply(ctx, undefined, XML_CORRECTION);
         this.writeBehind(ctx);
         continue;
       }
       violations = 0;
       if (parsed.thinking) this.emit(ctx, 'thinking', { text: parsed.thinking });
-      const done = await this.act(ctx, parsed.action, parsed.toolCallId);
+      const done = await this.act(ctx, parsed.action, undefined);
       if (done) return;
     }
   }
 
+  /**
+   * Carries out the calls of one model message in order, each exactly as a single call is (its
+   * own approval decision: a denial answers that call and the next goes on). Returns true when
+   * the run is over: finished, or paused at a call that waits for a person, the calls after it
+   * left unanswered until the approval is decided (`unanswered` finds them again). A finish
+   * among the calls ends the run once the calls before it ran; those after it are answered as
+   * not run, so every call has its answer before the run completes.
+   */
+  private async actCalls(ctx: Ctx, calls: Call[]): Promise<boolean> {
+    for (const [i, call] of calls.entries()) {
+      // Cancelled between calls: the loop ends the run; the transcript answers the rest as not run.
+      if (ctx.signal.aborted) return false;
+      if ('violation' in call) {
+        this.reply(ctx, call.toolCallId, TOOL_CORRECTION(call.violation));
+        continue;
+      }
+      if (call.action.type === 'finish') {
+        this.reply(ctx, call.toolCallId, FINISHED);
+        for (const later of calls.slice(i + 1)) this.reply(ctx, later.toolCallId, NOT_RUN_AFTER_FINISH);
+        return this.complete(ctx, call.action.summary);
+      }
+      if (await this.act(ctx, call.action, call.toolCallId)) return true;
+    }
+    return false;
+  }
+
+  /** The calls of the message that made call `toolCallId` that have no answer yet, in order. */
+  private unanswered(ctx: Ctx, toolCallId: string): Call[] {
+    const calls = (r: MessageRow) => (r.role === 'assistant' ? ((r.toolCalls as ToolCall[] | null) ?? []) : []);
+    let at = ctx.rows.length - 1;
+    while (at >= 0 && !calls(ctx.rows[at]!).some((c) => c.id === toolCallId)) at--;
+    if (at < 0) return [];
+    const answered = new Set(ctx.rows.slice(at + 1).flatMap((r) => (r.role === 'tool' ? [r.toolCallId] : [])));
+    return calls(ctx.rows[at]!).filter((c) => !answered.has(c.id)).map(parseToolCall);
+  }
+
+  /**
+   * Every call gets an id of its own: some OpenAI-compatible servers leave ids empty or number
+   * them from 0 in every message, and an answer must name exactly one call of the transcript.
+   */
+  private ownIds(ctx: Ctx, calls: ToolCall[]): ToolCall[] {
+    const taken = new Set(ctx.rows.flatMap((r) => ((r.toolCalls as ToolCall[] | null) ?? []).map((c) => c.id)));
+    return calls.map((c) => {
+      const id = c.id && !taken.has(c.id) ? c.id : `call_${randomUUID().replaceAll('-', '')}`;
+      taken.add(id);
+      return { ...c, id };
+    });
+  }
+
+  /** The run's answer to the person, and its end. */
+  private async complete(ctx: Ctx, summary: string): Promise<true> {
+    const msg = this.say(ctx, { role: 'assistant', content: summary });
+    this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: summary });
+    await this.end(ctx, 'completed');
+    return true;
+  }
+
   /** Carries out one action. Returns true when the run is over (finished or paused). */
   private async act(ctx: Ctx, action: Action, toolCallId: string | undefined): Promise<boolean> {
-    if (action.type === 'finish') {
-      if (toolCallId) this.reply(ctx, toolCallId, 'Kiln System: [Finished]');
-      const msg = this.say(ctx, { role: 'assistant', content: action.summary });
-      this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: action.summary });
-      await this.end(ctx, 'completed');
-      return true;
-    }
+    // A finish that is a tool call is answered by `actCalls`, with the calls after it.
+    if (action.type === 'finish') return this.complete(ctx, action.summary);
     if (action.type === 'memory_search') {
       const hits = await this.repo.search(ctx.ws, action.query, 8);
       this.emit(ctx, 'memory.searched', { query: action.query, hits });
@@ -613,7 +681,7 @@ export class AgentService {
   }
 
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
-  private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<boolean> {
+  private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<void> {
     const toolCallId = approval.toolCallId ?? undefined;
     if (outcome === 'approved' && approval.requiresOrgAdmin) {
       const proposal = su.fromApprovalText(approval.code);
@@ -623,12 +691,11 @@ export class AgentService {
         : su.SOURCE_UPDATE_DISABLED;
       this.reply(ctx, toolCallId, answer);
       await this.flush(ctx);
-      return false;
+      return;
     }
-    if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId).then(() => false);
+    if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId);
     this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
     await this.flush(ctx);
-    return false;
   }
 
   private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
@@ -777,7 +844,7 @@ export class AgentService {
         }),
       };
     };
-    let turns = splitTurns(ctx.rows.map(toEntry));
+    let turns = splitTurns(answerEveryCall(ctx.rows.map(toEntry), NOT_RUN_RUN_ENDED));
     const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
     let head = await system();
     const levels: number[] = [];

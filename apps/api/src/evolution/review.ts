@@ -103,11 +103,14 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
   for (let step = 0; step < MAX_REVIEW_STEPS && summary === undefined; step++) {
     const turn = await deps.model.complete({ model, messages: chat, tools: tools ? FILE_TOOLS : undefined, signal });
     await recordUsage(db, ws, model, turn.usage);
-    chat.push({
-      role: 'assistant',
-      content: turn.content || null,
-      ...(turn.toolCalls.length ? { tool_calls: turn.toolCalls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
-    });
+    // An empty answer is not sent back: an assistant message needs content or tool calls.
+    if (turn.content || turn.toolCalls.length) {
+      chat.push({
+        role: 'assistant',
+        content: turn.content || null,
+        ...(turn.toolCalls.length ? { tool_calls: turn.toolCalls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
+      });
+    }
     const parsed: ParsedActions = tools ? parseToolActions(turn) : parseXmlActions(turn.content);
     const results: string[] = [];
     for (const { action, toolCallId } of parsed.actions) {
