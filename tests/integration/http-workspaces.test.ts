@@ -50,6 +50,20 @@ describe('workspaces CRUD', () => {
     expect(clash.status).toBe(409);
   });
 
+  it('rejects an approval rule RE2 cannot compile with a 400 naming the rule, and keeps the stored settings', async () => {
+    const bad = { approval: { rules: [{ match: 'print', behavior: 'allow' }, { match: '(?=.*rm)', behavior: 'deny' }] } };
+    const created = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'lookahead', settings: bad } });
+    expect(created.status).toBe(400);
+    expect(created.body.error.code).toBe('invalid_request');
+    expect(created.body.error.message).toContain('approval.rules.1.match');
+    expect(created.body.error.message).toContain('"(?=.*rm)"');
+    const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'lookahead-later' } })).body;
+    const patched = await t.call('PATCH', `/v1/workspaces/${ws.id}`, { key: team.key, body: { settings: bad } });
+    expect(patched.status).toBe(400);
+    expect(patched.body.error.message).toContain('"(?=.*rm)"');
+    expect((await t.call('GET', `/v1/workspaces/${ws.id}`, { key: team.key })).body.settings.approval).toEqual(DEFAULT_SETTINGS.approval);
+  });
+
   it('deletes: gone from get and list, and its name is free again', async () => {
     const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'doomed' } })).body;
     const del = await t.call('DELETE', `/v1/workspaces/${ws.id}`, { key: team.key });

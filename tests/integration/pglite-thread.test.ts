@@ -9,6 +9,7 @@ import { PgliteThread } from '../../apps/api/src/db/pglite-thread.ts';
 import * as schema from '../../apps/api/src/db/schema/index.ts';
 import { createTeam } from '../../apps/api/src/auth/teams.ts';
 import { rowsOf } from '../support/db.ts';
+import { ticksDuring } from '../support/ticks.ts';
 
 /** The embedded database runs in a worker thread; these pin down what that must not change. */
 describe('PGlite in its own thread', () => {
@@ -24,17 +25,8 @@ describe('PGlite in its own thread', () => {
   });
 
   it('keeps the event loop running while a statement executes', async () => {
-    let ticks = 0;
-    let settled = false;
-    const tick = () => {
-      ticks++;
-      if (!settled) setImmediate(tick);
-    };
-    setImmediate(tick);
     // A statement long enough to span many turns of the loop if the loop were free.
-    const rows = rowsOf<{ n: string }>(await d.db.execute(sql`select count(*)::text as n from generate_series(1, 3000000)`));
-    settled = true;
-    const during = ticks;
+    const { value: rows, ticks: during } = await ticksDuring(async () => rowsOf<{ n: string }>(await d.db.execute(sql`select count(*)::text as n from generate_series(1, 3000000)`)));
     expect(rows[0]!.n).toBe('3000000');
     // In-thread, PGlite would have held the loop for the whole statement: no tick in between.
     expect(during).toBeGreaterThan(10);

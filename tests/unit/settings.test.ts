@@ -29,3 +29,17 @@ describe('workspace settings', () => {
     if (path) expect(r.error!.issues.map((i) => i.path.join('.'))).toContain(path);
   });
 });
+
+describe('approval rules in settings', () => {
+  it.each(['(a)\\1', '(?=x)', '(?<=a)b', '(?!rm)'])('rejects %s, which RE2 cannot compile, naming the rule and why', (match) => {
+    const r = SettingsPatch.safeParse({ approval: { rules: [{ match: 'print', behavior: 'allow' }, { match, behavior: 'deny' }] } });
+    expect(r.success).toBe(false);
+    const issue = r.error!.issues.find((i) => i.path.join('.') === 'approval.rules.1.match');
+    expect(issue?.message).toContain(JSON.stringify(match));
+    expect(issue?.message).toMatch(/RE2/);
+  });
+
+  it('accepts what RE2 compiles, named groups and multiline anchors included', () => {
+    expect(SettingsPatch.safeParse({ approval: { rules: [{ match: '^(?<call>os\\.system)\\(', behavior: 'ask' }, { match: '(?i)rm\\s+-rf$', behavior: 'deny' }] } }).success).toBe(true);
+  });
+});

@@ -1,19 +1,36 @@
-import { getEncoding, type Tiktoken } from 'js-tiktoken';
+import { OffThread } from '../lib/off-thread.ts';
 import type { ChatMessage } from './llm.ts';
 
-let encoder: Tiktoken | undefined;
+/** The tokenizer runs in its own thread: a tenant's output decides how long it takes. */
+const tokenizer = new OffThread<{ texts: string[] }, number[]>(new URL('./tokenizer.worker.mjs', import.meta.url), 'tokenizer');
 const counted = new Map<string, number>();
 const MAX_CACHED = 50_000;
 
-/** Tokens of a text with a real BPE tokenizer (o200k_base), cached by content. */
-export function countTokens(text: string): number {
-  const hit = counted.get(text);
-  if (hit !== undefined) return hit;
-  encoder ??= getEncoding('o200k_base');
-  const n = encoder.encode(text, 'all').length;
-  if (counted.size >= MAX_CACHED) counted.delete(counted.keys().next().value!);
-  counted.set(text, n);
-  return n;
+/**
+ * Tokens of each text with a real BPE tokenizer (o200k_base), cached by content and counted off
+ * the event loop, in linear time (pre-tokens longer than 64 characters are cut before BPE; see
+ * tokenizer.worker.mjs).
+ */
+export async function countTokensOf(texts: string[]): Promise<number[]> {
+  const found = new Map<string, number>();
+  for (const t of texts) {
+    const hit = t ? counted.get(t) : 0;
+    if (hit !== undefined) found.set(t, hit);
+  }
+  const missing = [...new Set(texts.filter((t) => !found.has(t)))];
+  if (missing.length) {
+    const counts = await tokenizer.run({ texts: missing });
+    missing.forEach((t, i) => {
+      found.set(t, counts[i]!);
+      if (counted.size >= MAX_CACHED) counted.delete(counted.keys().next().value!);
+      counted.set(t, counts[i]!);
+    });
+  }
+  return texts.map((t) => found.get(t)!);
+}
+
+export async function countTokens(text: string): Promise<number> {
+  return (await countTokensOf([text]))[0]!;
 }
 
 /**
@@ -22,22 +39,17 @@ export function countTokens(text: string): number {
  */
 const maxTokens = (text: string) => Buffer.byteLength(text);
 
-/** Tokens of a text, tokenized only when the byte bound says it might exceed `limit`. */
-export function tokensOver(text: string, limit: number): boolean {
-  return maxTokens(text) > limit && countTokens(text) > limit;
+/** The texts of a chat request that count: content, and the name and arguments of tool calls. */
+function textsOf(m: ChatMessage): string[] {
+  const texts = typeof m.content === 'string' ? [m.content] : [];
+  if (m.role === 'assistant' && m.tool_calls) for (const c of m.tool_calls) if (c.type === 'function') texts.push(c.function.name, c.function.arguments);
+  return texts;
 }
 
 /** Tokens of a whole chat request: content, tool calls and a few tokens of framing per message. */
-export function messageTokens(messages: ChatMessage[]): number {
-  let n = 3;
-  for (const m of messages) {
-    n += 4;
-    if (typeof m.content === 'string') n += countTokens(m.content);
-    if (m.role === 'assistant' && m.tool_calls) {
-      for (const c of m.tool_calls) if (c.type === 'function') n += countTokens(c.function.name) + countTokens(c.function.arguments);
-    }
-  }
-  return n;
+export async function messageTokens(messages: ChatMessage[]): Promise<number> {
+  const counts = await countTokensOf(messages.flatMap(textsOf));
+  return 3 + 4 * messages.length + counts.reduce((a, b) => a + b, 0);
 }
 
 /** A stored transcript message with what the context manager needs to know about it. */
@@ -93,21 +105,26 @@ export function splitTurns(entries: TranscriptEntry[]): TranscriptEntry[][] {
 }
 
 /** Level 1: tool results of earlier turns over `capTokens` keep their head and tail with a note. */
-export function truncateOldResults(turns: TranscriptEntry[][], capTokens: number): { turns: TranscriptEntry[][]; changed: number } {
+export async function truncateOldResults(turns: TranscriptEntry[][], capTokens: number): Promise<{ turns: TranscriptEntry[][]; changed: number }> {
+  const textOf = (e: TranscriptEntry) => (typeof e.message.content === 'string' ? e.message.content : '');
+  const isResult = (e: TranscriptEntry) => e.message.role === 'tool' || (e.message.role === 'user' && !e.person);
+  const older = turns.slice(0, -1).flat(); // the current turn stays whole
+  // Only the results the byte bound cannot clear are tokenized, all in one request.
+  const candidates = older.filter((e) => isResult(e) && maxTokens(textOf(e)) > capTokens);
+  const counts = await countTokensOf(candidates.map(textOf));
+  const over = new Set(candidates.filter((_, i) => counts[i]! > capTokens));
   let changed = 0;
-  const out = turns.map((turn, i) => {
-    if (i === turns.length - 1) return turn; // the current turn stays whole
-    return turn.map((e) => {
-      const isResult = e.message.role === 'tool' || (e.message.role === 'user' && !e.person);
-      const text = typeof e.message.content === 'string' ? e.message.content : '';
-      if (!isResult || !tokensOver(text, capTokens)) return e;
+  const out = turns.map((turn) =>
+    turn.map((e) => {
+      if (!over.has(e)) return e;
       changed++;
+      const text = textOf(e);
       const keep = Math.max(200, capTokens * 2); // about half the cap in characters at each end
       const omitted = text.length - 2 * keep;
       const content = `${text.slice(0, keep)}\n[... ${omitted} characters of this old result omitted by Kiln to save context ...]\n${text.slice(-keep)}`;
       return { ...e, message: { ...e.message, content } as ChatMessage };
-    });
-  });
+    }),
+  );
   return { turns: out, changed };
 }
 
@@ -157,11 +174,8 @@ export function renderTurns(turns: TranscriptEntry[][]): string {
 }
 
 /** Does the request fit in `budget` tokens? Tokenizes only when the byte bound cannot tell. */
-export function fits(messages: ChatMessage[], budget: number): boolean {
+export async function fits(messages: ChatMessage[], budget: number): Promise<boolean> {
   let bound = 3;
-  for (const m of messages) {
-    bound += 4 + (typeof m.content === 'string' ? maxTokens(m.content) : 0);
-    if (m.role === 'assistant' && m.tool_calls) for (const c of m.tool_calls) if (c.type === 'function') bound += maxTokens(c.function.name) + maxTokens(c.function.arguments);
-  }
-  return bound <= budget || messageTokens(messages) <= budget;
+  for (const m of messages) bound += 4 + textsOf(m).reduce((n, t) => n + maxTokens(t), 0);
+  return bound <= budget || (await messageTokens(messages)) <= budget;
 }

@@ -73,10 +73,10 @@ function toEntry(m: MessageRow): TranscriptEntry {
  * Level 4's last resort: drops the oldest exchanges of the current turn (an answer with its
  * results, never one without the other) until `fits`, keeping the person's message.
  */
-function trimCurrentTurn(turns: TranscriptEntry[][], fits: (ts: TranscriptEntry[][]) => boolean): TranscriptEntry[][] {
+async function trimCurrentTurn(turns: TranscriptEntry[][], fits: (ts: TranscriptEntry[][]) => Promise<boolean>): Promise<TranscriptEntry[][]> {
   const current = [...turns.at(-1)!];
   const older = turns.slice(0, -1);
-  while (current.length > 2 && !fits([...older, current])) {
+  while (current.length > 2 && !(await fits([...older, current]))) {
     let end = 2;
     while (end < current.length && current[end]!.message.role !== 'assistant') end++;
     current.splice(1, end - 1);
@@ -860,24 +860,24 @@ export class AgentService {
     };
     if (force) await summariseOldest(turns.length - 1);
     else if (turns.length > settings.max_turns) await summariseOldest(Math.floor(turns.length / 2));
-    const truncated = truncateOldResults(turns, TOOL_RESULT_CAP);
+    const truncated = await truncateOldResults(turns, TOOL_RESULT_CAP);
     if (truncated.changed) levels.push(1);
     turns = truncated.turns;
-    if (!fits(flat(head, turns), budget) && turns.length > FEW_TURNS && !force) {
+    if (!(await fits(flat(head, turns), budget)) && turns.length > FEW_TURNS && !force) {
       await summariseOldest(Math.floor(turns.length / 2));
     }
-    if (!fits(flat(head, turns), budget)) {
+    if (!(await fits(flat(head, turns), budget))) {
       turns = reduceOldTurns(turns);
       levels.push(3);
     }
-    if (force && !fits(flat(head, turns), budget)) {
-      turns = trimCurrentTurn(turns, (ts) => fits(flat(head, ts), budget));
+    if (force && !(await fits(flat(head, turns), budget))) {
+      turns = await trimCurrentTurn(turns, (ts) => fits(flat(head, ts), budget));
       levels.push(4);
     }
     const out = flat(head, turns);
     if (levels.length) {
-      const after = messageTokens(out);
-      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: messageTokens(original), after_tokens: after, budget });
+      const [before, after] = await Promise.all([messageTokens(original), messageTokens(out)]);
+      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: after, budget });
       this.writeBehind(ctx);
     }
     return out;

@@ -1,6 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import { PassThrough, type Duplex } from 'node:stream';
 import type Docker from 'dockerode';
+import { FrameReader, frameLimitOf, SMALL_FRAME_BYTES } from './frames.ts';
 
 export interface ExecError {
   type: string;
@@ -50,6 +51,8 @@ interface Pending {
   codeSha256?: string;
   /** For an exec: whether it asked for the workspace's changes (none are accepted otherwise). */
   sync?: boolean;
+  /** The largest frame that may answer this request (see frames.ts). */
+  frameLimit?: number;
 }
 
 /** What each request op is answered with. */
@@ -61,11 +64,6 @@ export class RunnerGoneError extends Error {}
 const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
 /** Beyond the runner's own timeout and its 1 s interrupt grace, how long the host waits. */
 const HOST_GRACE_MS = 5_000;
-/**
- * The largest frame the host accepts. Code in the sandbox runs as the runner's user and can
- * write to the runner's stdout, so frames are untrusted: an oversized one ends the sandbox.
- */
-export const MAX_FRAME_BYTES = 64 * 1024 * 1024;
 
 /**
  * One long-lived `docker exec` of the runner, speaking length-prefixed JSON frames over the
@@ -73,14 +71,22 @@ export const MAX_FRAME_BYTES = 64 * 1024 * 1024;
  */
 export class RunnerClient {
   private pending = new Map<string, Pending>();
-  private buf: Buffer = Buffer.alloc(0);
+  /** Frames are untrusted (code in the sandbox can write to the runner's stdout): see frames.ts. */
+  private readonly frames = new FrameReader({
+    limit: () => Math.max(SMALL_FRAME_BYTES, ...[...this.pending.values()].map((p) => p.frameLimit ?? 0)),
+    onFrame: (msg) => this.dispatch(msg),
+    onError: (reason) => this.markGone(reason),
+  });
   private goneReason: string | undefined;
   private readonly exitListeners: ((reason: string) => void)[] = [];
   stderrTail = '';
 
   private constructor(private readonly stream: Duplex) {}
 
-  /** Starts the runner in a running container as the sandbox user and waits until it is ready. */
+  /**
+   * Starts the runner in a running container as the sandbox user and waits until it is ready.
+   * `cmd` is the runner's command line (another program speaking its protocol, in tests).
+   */
   static async start(docker: Docker, container: Docker.Container, user: string, readyTimeoutMs = 30_000, cmd = RUNNER_CMD): Promise<RunnerClient> {
     const exec = await container.exec({ Cmd: cmd, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
     const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
@@ -175,7 +181,7 @@ export class RunnerClient {
   ): Promise<Record<string, unknown>> {
     if (this.goneReason !== undefined) return Promise.reject(new RunnerGoneError(this.goneReason));
     return new Promise((resolve, reject) => {
-      this.pending.set(msg.id, { resolve, reject, onOutput, answer: ANSWERS[msg.op], ...check });
+      this.pending.set(msg.id, { resolve, reject, onOutput, answer: ANSWERS[msg.op], frameLimit: frameLimitOf(msg), ...check });
       this.send(msg);
     });
   }
@@ -189,24 +195,7 @@ export class RunnerClient {
   }
 
   private onData(chunk: Buffer): void {
-    this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
-    while (this.buf.length >= 4) {
-      const n = this.buf.readUInt32BE(0);
-      if (n > MAX_FRAME_BYTES) {
-        this.markGone(`the runner sent a frame of ${n} bytes (limit ${MAX_FRAME_BYTES})`);
-        return;
-      }
-      if (this.buf.length < 4 + n) break;
-      let msg: Record<string, unknown>;
-      try {
-        msg = JSON.parse(this.buf.subarray(4, 4 + n).toString()) as Record<string, unknown>;
-      } catch {
-        this.markGone('the runner sent a frame that is not JSON');
-        return;
-      }
-      this.buf = this.buf.subarray(4 + n);
-      this.dispatch(msg);
-    }
+    this.frames.push(chunk);
   }
 
   /**
@@ -246,6 +235,7 @@ export class RunnerClient {
   private markGone(reason: string): void {
     if (this.goneReason !== undefined) return;
     this.goneReason = reason;
+    this.frames.stop();
     for (const p of this.pending.values()) p.reject(new RunnerGoneError(reason));
     this.pending.clear();
     this.stream.destroy();

@@ -1,14 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { Cron } from 'croner';
-
-const validRegex = (s: string) => {
-  try {
-    new RegExp(s);
-    return true;
-  } catch {
-    return false;
-  }
-};
+import { ruleProblem } from './rule-pattern.ts';
 
 const validCron = (s: string) => {
   try {
@@ -30,7 +22,15 @@ const validTimeZone = (tz: string) => {
 
 const Rule = z
   .object({
-    match: z.string().min(1).max(500).refine(validRegex, 'must be a valid regular expression'),
+    match: z
+      .string()
+      .min(1)
+      .max(500)
+      .superRefine((match, ctx) => {
+        const problem = ruleProblem(match);
+        if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(match)} is not a regular expression RE2 accepts (no lookaround or backreferences): ${problem}` });
+      })
+      .openapi({ description: 'an RE2 regular expression searched for in the code (^ and $ match at line boundaries)' }),
     behavior: z.enum(['allow', 'ask', 'deny']),
   })
   .strict();
