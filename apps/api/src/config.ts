@@ -2,6 +2,7 @@ import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import type { QuotaMax } from './workspace/quota.ts';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 
@@ -39,6 +40,12 @@ const schema = z.object({
   KILN_WORKSPACES_DIR: z.string().min(1).optional(),
   KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
   KILN_WORKSPACE_MAX_FILE_BYTES: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
+  KILN_SANDBOX_MAX_FILES_PER_STEP: int(1, 1_000_000).default(10_000),
+  // A step's changes come back in one runner frame (base64, at most 64 MiB).
+  KILN_SANDBOX_MAX_BYTES_PER_STEP: int(1024, 32 * 1024 * 1024).default(32 * 1024 * 1024),
+  KILN_WORKSPACE_MAX_FILES: int(1, 10_000_000).default(50_000),
+  // A new sandbox gets the workspace as one tar in memory (WORKSPACE_TAR_MAX_BYTES).
+  KILN_WORKSPACE_MAX_BYTES: int(1024, 200 * 1024 * 1024).default(200 * 1024 * 1024),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
   KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
@@ -72,7 +79,7 @@ export type Config = {
   shutdownGraceMs: number;
   /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
   instanceId: string;
-  workspaces: { dir: string; template: string; maxFileBytes: number };
+  workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
   openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
   /** Durable jobs (reviews, dreams): how often to look for due ones, how long a claim lasts without a heartbeat. */
   jobs: { pollMs: number; leaseMs: number };
@@ -130,6 +137,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),
       template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
+      maxQuota: {
+        filesPerStep: e.KILN_SANDBOX_MAX_FILES_PER_STEP,
+        bytesPerStep: e.KILN_SANDBOX_MAX_BYTES_PER_STEP,
+        files: e.KILN_WORKSPACE_MAX_FILES,
+        bytes: e.KILN_WORKSPACE_MAX_BYTES,
+      },
     },
     jobs: { pollMs: e.KILN_JOBS_POLL_MS, leaseMs: e.KILN_JOBS_LEASE_S * 1000 },
     runLeaseMs: e.KILN_RUN_LEASE_S * 1000,

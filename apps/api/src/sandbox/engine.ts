@@ -47,6 +47,8 @@ export interface ExecOptions {
   deferRecord?: boolean;
   onOutput?: OutputListener;
   signal?: AbortSignal;
+  /** What one step may sync back: the runner stops collecting changes one file past the cap. */
+  sync?: { maxFiles: number; maxBytes: number };
 }
 
 export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
@@ -162,6 +164,7 @@ export class SandboxEngine {
         onOutput: opts.onOutput,
         signal: opts.signal,
         sync: live.synced,
+        syncCaps: opts.sync,
       });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;

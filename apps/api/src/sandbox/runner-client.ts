@@ -36,6 +36,8 @@ export interface WorkspaceChanges {
   changed: { path: string; data: string }[];
   deleted: string[];
   skipped: { path: string; reason: string }[];
+  /** The runner stopped collecting at the step's file-count cap or byte limit: more changed than listed. */
+  over?: 'files' | 'bytes';
 }
 
 export type OutputListener = (stream: 'stdout' | 'stderr', data: string) => void;
@@ -112,7 +114,7 @@ export class RunnerClient {
   }
 
   /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
-  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean }): Promise<RunnerResult> {
+  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean; syncCaps?: { maxFiles: number; maxBytes: number } }): Promise<RunnerResult> {
     const id = randomUUID();
     const onAbort = () => this.send({ op: 'cancel', id });
     opts.signal?.addEventListener('abort', onAbort, { once: true });
@@ -120,7 +122,7 @@ export class RunnerClient {
       () => this.markGone(`no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`),
       opts.timeoutMs + HOST_GRACE_MS,
     );
-    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync: opts.sync ?? false }, opts.onOutput).finally(() => {
+    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync: opts.sync ?? false, sync_max_files: opts.syncCaps?.maxFiles, sync_limit: opts.syncCaps?.maxBytes }, opts.onOutput).finally(() => {
       clearTimeout(hostTimer);
       opts.signal?.removeEventListener('abort', onAbort);
     }) as Promise<unknown> as Promise<RunnerResult>;
