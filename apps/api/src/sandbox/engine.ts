@@ -8,7 +8,7 @@ import { newId } from '../lib/ids.ts';
 import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import { cancelledBeforeStart, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
@@ -148,6 +148,8 @@ export class SandboxEngine {
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
   async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const live = await this.acquire(ctx, limits);
+    // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
+    // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
     live.queue = run.catch(() => undefined);
     return run;
@@ -158,7 +160,7 @@ export class SandboxEngine {
     live.busy = true;
     let result: RunnerResult;
     try {
-      result = await live.client.exec(code, {
+      result = opts.signal?.aborted ? cancelledBeforeStart() : await live.client.exec(code, {
         timeoutMs: timeoutS * 1000,
         maxOutputBytes: this.opts.maxOutputBytes,
         onOutput: opts.onOutput,

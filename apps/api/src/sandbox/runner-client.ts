@@ -48,6 +48,23 @@ interface Pending {
   onOutput?: OutputListener;
 }
 
+/** The result of an execution cancelled before its code reached the interpreter. */
+export function cancelledBeforeStart(): RunnerResult {
+  return {
+    ok: false,
+    exit_code: 130,
+    error: { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' },
+    stdout: '',
+    stderr: '',
+    stdout_bytes: 0,
+    stderr_bytes: 0,
+    truncated: false,
+    duration_ms: 0,
+    artifacts: [],
+    restarted: false,
+  };
+}
+
 /** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
 export class RunnerGoneError extends Error {}
 
@@ -115,6 +132,9 @@ export class RunnerClient {
 
   /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
   exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean; syncCaps?: { maxFiles: number; maxBytes: number } }): Promise<RunnerResult> {
+    // A cancel that came before the request (while the sandbox was claimed, synced or queued)
+    // never fires again: checked here, at the last hand-off, the code is not sent at all.
+    if (opts.signal?.aborted) return Promise.resolve(cancelledBeforeStart());
     const id = randomUUID();
     const onAbort = () => this.send({ op: 'cancel', id });
     opts.signal?.addEventListener('abort', onAbort, { once: true });
