@@ -8,7 +8,7 @@ import { newId } from '../lib/ids.ts';
 import { containerSpec, SANDBOX_USER, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { cancelledBeforeStart, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import { cancelledBeforeStart, notRun, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
@@ -510,18 +510,5 @@ const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
 
 function lostResult(reason: string): RunnerResult {
-  return {
-    ok: false,
-    exit_code: 137,
-    error: { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` },
-    stdout: '',
-    stderr: '',
-    stdout_bytes: 0,
-    stderr_bytes: 0,
-    truncated: false,
-    duration_ms: 0,
-    artifacts: [],
-    restarted: true,
-  };
+  return notRun(137, { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` }, true);
 }
-

@@ -49,11 +49,14 @@ interface Pending {
 }
 
 /** The result of an execution cancelled before its code reached the interpreter. */
-export function cancelledBeforeStart(): RunnerResult {
+export const cancelledBeforeStart = (): RunnerResult => notRun(130, { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' }, false);
+
+/** The result of an execution whose code never ran (or whose run is lost): no output, only why. */
+export function notRun(exitCode: number, error: ExecError, restarted: boolean): RunnerResult {
   return {
     ok: false,
-    exit_code: 130,
-    error: { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' },
+    exit_code: exitCode,
+    error,
     stdout: '',
     stderr: '',
     stdout_bytes: 0,
@@ -61,7 +64,7 @@ export function cancelledBeforeStart(): RunnerResult {
     truncated: false,
     duration_ms: 0,
     artifacts: [],
-    restarted: false,
+    restarted,
   };
 }
 
