@@ -1,4 +1,5 @@
-import { hostname } from 'node:os';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
@@ -77,7 +78,10 @@ export type Config = {
   sandboxImage: string;
   dockerHost?: string;
   shutdownGraceMs: number;
-  /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
+  /**
+   * Stable across restarts of this server, distinct between replicas and installations: it
+   * owns its containers. Unset, it is made once and kept in `<dataDir>/instance-id`.
+   */
   instanceId: string;
   workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
   openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
@@ -99,6 +103,24 @@ export type Config = {
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
+
+/**
+ * This installation's default instance id: made once (random, so two servers on one host with
+ * their own data directories never share it) and read back from `<dataDir>/instance-id` after.
+ */
+export function installationInstanceId(dataDir: string): string {
+  const file = join(dataDir, 'instance-id');
+  try {
+    const id = readFileSync(file, 'utf8').trim();
+    if (/^[A-Za-z0-9._-]{1,64}$/.test(id)) return id;
+  } catch (err) {
+    if ((err as { code?: string }).code !== 'ENOENT') throw err;
+  }
+  mkdirSync(dataDir, { recursive: true });
+  const id = `kiln-${randomBytes(8).toString('hex')}`;
+  writeFileSync(file, `${id}\n`, { mode: 0o644 });
+  return id;
+}
 
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
@@ -132,7 +154,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sandboxImage: e.KILN_SANDBOX_IMAGE,
     dockerHost: e.DOCKER_HOST,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
-    instanceId: e.KILN_INSTANCE_ID ?? hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 64),
+    get instanceId() {
+      // Asked for (by the server) rather than made while parsing: loading the configuration writes nothing.
+      return e.KILN_INSTANCE_ID ?? installationInstanceId(resolve(e.KILN_DATA_DIR));
+    },
     workspaces: {
       dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),
       template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),

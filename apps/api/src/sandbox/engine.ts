@@ -447,8 +447,9 @@ export class SandboxEngine {
   }
 
   /**
-   * Reconciles Docker with the database. Any instance removes containers past their hard
-   * lifetime; this instance also removes its own containers that are neither pooled nor live
+   * Reconciles Docker with the database. Any replica of this installation removes its
+   * containers past their hard lifetime (never another installation's, whatever their age);
+   * this instance also removes its own containers that are neither pooled nor live
    * (all of them at start-up: their runner streams died with the previous process), sandboxes
    * idle longer than the idle timeout, and those whose session has ended.
    */
@@ -473,6 +474,12 @@ export class SandboxEngine {
       }
     }
     const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
+    // A container is this installation's when it is this instance's or names a row of this
+    // database (another replica's); any other is another installation's and never touched.
+    const foreign = containers.filter((c) => c.Labels['kiln.owner'] !== this.opts.owner).map((c) => c.Labels['kiln.sandbox'] ?? '');
+    const known = new Set(
+      foreign.length ? (await this.db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))).map((r) => r.id) : [],
+    );
     for (const info of containers) {
       const sbx = info.Labels['kiln.sandbox'] ?? '';
       if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
@@ -480,6 +487,7 @@ export class SandboxEngine {
       // claimed) while the list was being fetched is pooled or live by the time we get here.
       const kept = this.pool.some((c) => c.container.id === info.Id) || [...this.live.values()].some((l) => l.container.id === info.Id);
       const mine = info.Labels['kiln.owner'] === this.opts.owner;
+      if (!mine && !known.has(sbx)) continue;
       const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
       if (kept && !expired && !opts.startup) continue;
       if (!expired && !mine) continue;
