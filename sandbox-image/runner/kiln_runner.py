@@ -359,6 +359,8 @@ class Runner:
             "kill_at": None,
             "oom_before": oom_kills(),
             "sync": bool(msg.get("sync")),
+            "sync_limit": msg.get("sync_limit"),
+            "sync_max_files": msg.get("sync_max_files"),
         }
         code = msg.get("code", "")
         # The host accepts the result only if this matches the code it sent: what was
@@ -396,7 +398,7 @@ class Runner:
             }
         )
         if cur.get("sync") and self.synced is not None:
-            result["changes"] = self.changes(int(cur.get("sync_limit") or 16 * 1024 * 1024))
+            result["changes"] = self.changes(int(cur.get("sync_limit") or 16 * 1024 * 1024), int(cur.get("sync_max_files") or 0))
         self.restarted = False
         self.current = None
         self.send(result)
@@ -516,17 +518,26 @@ class Runner:
         except OSError:
             self.synced.pop(rel, None)
 
-    def changes(self, limit):
-        """What the code changed in /workspace since the last sync: contents of changed files, deleted paths."""
+    def changes(self, limit, max_files=0):
+        """What the code changed in /workspace since the last sync: contents of changed files, deleted paths.
+
+        Collecting stops at the first file past the step's byte limit or its file-count cap
+        (`over`): the host refuses such a step whole and replaces the sandbox, so reading (and
+        sending) the rest would only cost time and memory.
+        """
         now = manifest(WORKSPACE)
+        self.synced, before = now, self.synced
+        deleted = sorted(set(before) - set(now))
         changed, skipped, total = [], [], 0
+        if max_files and len(deleted) > max_files:
+            return {"changed": [], "deleted": deleted[: max_files + 1], "skipped": [], "over": "files"}
         for rel, sig in sorted(now.items()):
-            if self.synced.get(rel) == sig:
+            if before.get(rel) == sig:
                 continue
-            size = sig[0]
-            if total + size > limit:
-                skipped.append({"path": rel, "reason": f"{size} bytes is over what one step may sync"})
-                continue
+            if max_files and len(changed) + len(deleted) >= max_files:
+                return {"changed": changed, "deleted": deleted, "skipped": skipped, "over": "files"}
+            if total + sig[0] > limit:
+                return {"changed": changed, "deleted": deleted, "skipped": skipped, "over": "bytes"}
             try:
                 data = read_regular(os.path.join(WORKSPACE, rel), limit - total)
             except (OSError, ValueError) as e:
@@ -534,8 +545,6 @@ class Runner:
                 continue
             total += len(data)
             changed.append({"path": rel, "data": base64.b64encode(data).decode("ascii")})
-        deleted = sorted(set(self.synced) - set(now))
-        self.synced = now
         return {"changed": changed, "deleted": deleted, "skipped": skipped}
 
     # ---- I/O loop ------------------------------------------------------------------------

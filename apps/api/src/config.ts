@@ -1,7 +1,9 @@
-import { hostname } from 'node:os';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import type { QuotaMax } from './workspace/quota.ts';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 
@@ -39,6 +41,12 @@ const schema = z.object({
   KILN_WORKSPACES_DIR: z.string().min(1).optional(),
   KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
   KILN_WORKSPACE_MAX_FILE_BYTES: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
+  KILN_SANDBOX_MAX_FILES_PER_STEP: int(1, 1_000_000).default(10_000),
+  // A step's changes come back in one runner frame (base64, at most 64 MiB).
+  KILN_SANDBOX_MAX_BYTES_PER_STEP: int(1024, 32 * 1024 * 1024).default(32 * 1024 * 1024),
+  KILN_WORKSPACE_MAX_FILES: int(1, 10_000_000).default(50_000),
+  // A new sandbox gets the workspace as one tar in memory (WORKSPACE_TAR_MAX_BYTES).
+  KILN_WORKSPACE_MAX_BYTES: int(1024, 200 * 1024 * 1024).default(200 * 1024 * 1024),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
   KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
@@ -70,9 +78,12 @@ export type Config = {
   sandboxImage: string;
   dockerHost?: string;
   shutdownGraceMs: number;
-  /** Stable across restarts of this server, distinct between replicas: it owns its containers. */
+  /**
+   * Stable across restarts of this server, distinct between replicas and installations: it
+   * owns its containers. Unset, it is made once and kept in `<dataDir>/instance-id`.
+   */
   instanceId: string;
-  workspaces: { dir: string; template: string; maxFileBytes: number };
+  workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
   openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
   /** Durable jobs (reviews, dreams): how often to look for due ones, how long a claim lasts without a heartbeat. */
   jobs: { pollMs: number; leaseMs: number };
@@ -92,6 +103,24 @@ export type Config = {
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
+
+/**
+ * This installation's default instance id: made once (random, so two servers on one host with
+ * their own data directories never share it) and read back from `<dataDir>/instance-id` after.
+ */
+export function installationInstanceId(dataDir: string): string {
+  const file = join(dataDir, 'instance-id');
+  try {
+    const id = readFileSync(file, 'utf8').trim();
+    if (/^[A-Za-z0-9._-]{1,64}$/.test(id)) return id;
+  } catch (err) {
+    if ((err as { code?: string }).code !== 'ENOENT') throw err;
+  }
+  mkdirSync(dataDir, { recursive: true });
+  const id = `kiln-${randomBytes(8).toString('hex')}`;
+  writeFileSync(file, `${id}\n`, { mode: 0o644 });
+  return id;
+}
 
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
@@ -125,11 +154,20 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sandboxImage: e.KILN_SANDBOX_IMAGE,
     dockerHost: e.DOCKER_HOST,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
-    instanceId: e.KILN_INSTANCE_ID ?? hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 64),
+    get instanceId() {
+      // Asked for (by the server) rather than made while parsing: loading the configuration writes nothing.
+      return e.KILN_INSTANCE_ID ?? installationInstanceId(resolve(e.KILN_DATA_DIR));
+    },
     workspaces: {
       dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),
       template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
+      maxQuota: {
+        filesPerStep: e.KILN_SANDBOX_MAX_FILES_PER_STEP,
+        bytesPerStep: e.KILN_SANDBOX_MAX_BYTES_PER_STEP,
+        files: e.KILN_WORKSPACE_MAX_FILES,
+        bytes: e.KILN_WORKSPACE_MAX_BYTES,
+      },
     },
     jobs: { pollMs: e.KILN_JOBS_POLL_MS, leaseMs: e.KILN_JOBS_LEASE_S * 1000 },
     runLeaseMs: e.KILN_RUN_LEASE_S * 1000,

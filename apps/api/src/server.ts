@@ -98,6 +98,7 @@ export function workspaceService(config: Config, db: Database['db'], logger: Log
   const { baseURL, apiKey, embeddingsModel } = config.openai;
   return new WorkspaceService(db, new WorkspaceRepos(config.workspaces.dir, config.workspaces.template), {
     maxFileBytes: config.workspaces.maxFileBytes,
+    maxQuota: config.workspaces.maxQuota,
     embedder: embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined,
   }, logger);
 }

@@ -699,6 +699,8 @@ export class AgentService {
   }
 
   private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
+    // Cancelled after the model answered: the code is not started (the loop ends the run).
+    if (ctx.signal.aborted) return;
     const runId = ctx.run.id;
     this.emit(ctx, 'exec.started', {});
     // Stored while the code runs; exec.output events queue up behind it, in order.

@@ -9,7 +9,7 @@ import { randomInt } from 'node:crypto';
 import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import { cancelledBeforeStart, notRun, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
@@ -48,6 +48,8 @@ export interface ExecOptions {
   deferRecord?: boolean;
   onOutput?: OutputListener;
   signal?: AbortSignal;
+  /** What one step may sync back: the runner stops collecting changes one file past the cap. */
+  sync?: { maxFiles: number; maxBytes: number };
 }
 
 export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
@@ -152,6 +154,8 @@ export class SandboxEngine {
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
   async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const live = await this.acquire(ctx, limits);
+    // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
+    // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
     live.queue = run.catch(() => undefined);
     return run;
@@ -162,12 +166,13 @@ export class SandboxEngine {
     live.busy = true;
     let result: RunnerResult;
     try {
-      result = await live.client.exec(code, {
+      result = opts.signal?.aborted ? cancelledBeforeStart() : await live.client.exec(code, {
         timeoutMs: timeoutS * 1000,
         maxOutputBytes: this.opts.maxOutputBytes,
         onOutput: opts.onOutput,
         signal: opts.signal,
         sync: live.synced,
+        syncCaps: opts.sync,
       });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
@@ -477,8 +482,9 @@ export class SandboxEngine {
   }
 
   /**
-   * Reconciles Docker with the database. Any instance removes containers past their hard
-   * lifetime; this instance also removes its own containers that are neither pooled nor live
+   * Reconciles Docker with the database. Any replica of this installation removes its
+   * containers past their hard lifetime (never another installation's, whatever their age);
+   * this instance also removes its own containers that are neither pooled nor live
    * (all of them at start-up: their runner streams died with the previous process), sandboxes
    * idle longer than the idle timeout, and those whose session has ended.
    */
@@ -503,6 +509,12 @@ export class SandboxEngine {
       }
     }
     const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
+    // A container is this installation's when it is this instance's or names a row of this
+    // database (another replica's); any other is another installation's and never touched.
+    const foreign = containers.filter((c) => c.Labels['kiln.owner'] !== this.opts.owner).map((c) => c.Labels['kiln.sandbox'] ?? '');
+    const known = new Set(
+      foreign.length ? (await this.db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))).map((r) => r.id) : [],
+    );
     for (const info of containers) {
       const sbx = info.Labels['kiln.sandbox'] ?? '';
       if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
@@ -510,6 +522,7 @@ export class SandboxEngine {
       // claimed) while the list was being fetched is pooled or live by the time we get here.
       const kept = this.pool.some((c) => c.container.id === info.Id) || [...this.live.values()].some((l) => l.container.id === info.Id);
       const mine = info.Labels['kiln.owner'] === this.opts.owner;
+      if (!mine && !known.has(sbx)) continue;
       const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
       if (kept && !expired && !opts.startup) continue;
       if (!expired && !mine) continue;
@@ -540,18 +553,5 @@ const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
 
 function lostResult(reason: string): RunnerResult {
-  return {
-    ok: false,
-    exit_code: 137,
-    error: { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` },
-    stdout: '',
-    stderr: '',
-    stdout_bytes: 0,
-    stderr_bytes: 0,
-    truncated: false,
-    duration_ms: 0,
-    artifacts: [],
-    restarted: true,
-  };
+  return notRun(137, { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` }, true);
 }
-

@@ -6,10 +6,11 @@ import { OffThread } from '../lib/off-thread.ts';
  * the sandbox before any of its body is buffered. The limit is the largest answer a pending
  * request can legitimately get:
  *
- * - an execution's result, with `sync`: the runner sends at most 16 MiB of changed files per
- *   step, base64-encoded (4/3: 22,369,624 bytes), plus stdout and stderr of at most `max_output`
- *   bytes each, which JSON can escape to 6 bytes per byte (`\ufffd`, `\u0000`), plus the
- *   figures it returns (PNG, base64) and the paths of what changed: about 27 MiB by default;
+ * - an execution's result, with `sync`: the runner sends at most the step's byte quota of
+ *   changed files (`sync_limit`, 16 MiB by default), base64-encoded (4/3: 22,369,624 bytes),
+ *   plus stdout and stderr of at most `max_output` bytes each, which JSON can escape to 6 bytes
+ *   per byte (`\ufffd`, `\u0000`), plus the figures it returns (PNG, base64) and, per file of
+ *   the step's file quota (`sync_max_files`), its path and fields: about 27 MiB by default;
  * - a file read: the runner reads files of at most 32 MiB, base64-encoded (44,739,244 bytes);
  * - anything else (ready, ok, error, live output between results): 1 MiB.
  */
@@ -18,10 +19,15 @@ const MAX_FILE_BYTES = 32 * 1024 * 1024;
 const base64Length = (bytes: number) => 4 * Math.ceil(bytes / 3);
 const ALLOWANCE_BYTES = 5 * 1024 * 1024; // figures (4 MiB) and paths and fields (1 MiB)
 export const SMALL_FRAME_BYTES = 1024 * 1024;
+/** A changed file's entry besides its content: a path of at most 1,024 bytes (JSON-escaped) and its fields. */
+const PER_FILE_BYTES = 6 * 1024 + 64;
 
 /** The largest frame that may answer `msg` (a request to the runner). */
 export function frameLimitOf(msg: Record<string, unknown>): number {
-  if (msg.op === 'exec') return base64Length(SYNC_BYTES) + 2 * 6 * Number(msg.max_output ?? 65_536) + ALLOWANCE_BYTES;
+  if (msg.op === 'exec') {
+    const files = Number(msg.sync_max_files ?? 0);
+    return base64Length(Number(msg.sync_limit ?? SYNC_BYTES)) + 2 * 6 * Number(msg.max_output ?? 65_536) + ALLOWANCE_BYTES + files * PER_FILE_BYTES;
+  }
   if (msg.op === 'get') return base64Length(MAX_FILE_BYTES) + SMALL_FRAME_BYTES;
   return SMALL_FRAME_BYTES;
 }

@@ -37,6 +37,8 @@ export interface WorkspaceChanges {
   changed: { path: string; data: string }[];
   deleted: string[];
   skipped: { path: string; reason: string }[];
+  /** The runner stopped collecting at the step's file-count cap or byte limit: more changed than listed. */
+  over?: 'files' | 'bytes';
 }
 
 export type OutputListener = (stream: 'stdout' | 'stderr', data: string) => void;
@@ -57,6 +59,26 @@ interface Pending {
 
 /** What each request op is answered with. */
 const ANSWERS = { exec: 'result', put: 'ok', sync_in: 'ok', delete: 'ok', ping: 'ok', get: 'file' } as const;
+
+/** The result of an execution cancelled before its code reached the interpreter. */
+export const cancelledBeforeStart = (): RunnerResult => notRun(130, { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' }, false);
+
+/** The result of an execution whose code never ran (or whose run is lost): no output, only why. */
+export function notRun(exitCode: number, error: ExecError, restarted: boolean): RunnerResult {
+  return {
+    ok: false,
+    exit_code: exitCode,
+    error,
+    stdout: '',
+    stderr: '',
+    stdout_bytes: 0,
+    stderr_bytes: 0,
+    truncated: false,
+    duration_ms: 0,
+    artifacts: [],
+    restarted,
+  };
+}
 
 /** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
 export class RunnerGoneError extends Error {}
@@ -128,7 +150,10 @@ export class RunnerClient {
   }
 
   /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
-  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean }): Promise<RunnerResult> {
+  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean; syncCaps?: { maxFiles: number; maxBytes: number } }): Promise<RunnerResult> {
+    // A cancel that came before the request (while the sandbox was claimed, synced or queued)
+    // never fires again: checked here, at the last hand-off, the code is not sent at all.
+    if (opts.signal?.aborted) return Promise.resolve(cancelledBeforeStart());
     const id = randomUUID();
     const onAbort = () => this.send({ op: 'cancel', id });
     opts.signal?.addEventListener('abort', onAbort, { once: true });
@@ -138,7 +163,8 @@ export class RunnerClient {
     );
     const sync = opts.sync ?? false;
     const check = { codeSha256: createHash('sha256').update(code, 'utf8').digest('hex'), sync };
-    return this.request({ op: 'exec', id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync }, opts.onOutput, check).finally(() => {
+    const msg = { op: 'exec' as const, id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync, sync_max_files: opts.syncCaps?.maxFiles, sync_limit: opts.syncCaps?.maxBytes };
+    return this.request(msg, opts.onOutput, check).finally(() => {
       clearTimeout(hostTimer);
       opts.signal?.removeEventListener('abort', onAbort);
     }) as Promise<unknown> as Promise<RunnerResult>;

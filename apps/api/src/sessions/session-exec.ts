@@ -26,14 +26,35 @@ export async function execInSession(
   opts: { timeoutS?: number; onOutput?: OutputListener; signal?: AbortSignal; audit?: ExecAudit; prov: Provenance; deferRecord?: boolean },
 ): Promise<SessionExecResult> {
   const limits = deps.engine.limitsFor(ws.settings.sandbox);
+  const quota = deps.workspaces.quotaOf(ws);
   const { changes, ...result } = await deps.engine.exec(
     { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.repos.dirOf(ws.id) },
     limits,
     code,
-    { timeoutS: opts.timeoutS, onOutput: opts.onOutput, signal: opts.signal, audit: opts.audit, deferRecord: opts.deferRecord },
+    {
+      timeoutS: opts.timeoutS,
+      onOutput: opts.onOutput,
+      signal: opts.signal,
+      audit: opts.audit,
+      deferRecord: opts.deferRecord,
+      // The runner stops collecting one past the cap: over it, the step is refused anyway.
+      sync: { maxFiles: quota.filesPerStep, maxBytes: quota.bytesPerStep },
+    },
   );
-  if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length)) return { ...result, workspace: null };
-  const { outcome, pushBack, ignored } = await deps.workspaces.applySandboxChanges(ws, changes, opts.prov);
+  if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length && !changes.over)) return { ...result, workspace: null };
+  const { outcome, pushBack, ignored, quotaExceeded } = await deps.workspaces.applySandboxChanges(ws, changes, opts.prov);
+  if (quotaExceeded) {
+    // Nothing was committed, and which files the code left may not even be known (the runner
+    // stops counting at the cap): the sandbox is replaced by a fresh copy of the repository.
+    await deps.engine.release(ctx.sessionId, 'quota_exceeded');
+    const message = `${quotaExceeded}; nothing of this step was committed and the sandbox was reset to the workspace's last commit (variables are lost)`;
+    return {
+      ...result,
+      error: result.error ?? { type: 'QuotaExceeded', message },
+      restarted: true,
+      workspace: { ...outcome, ignored: [{ path: '/workspace', reason: message }, ...ignored], skipped: changes.skipped },
+    };
+  }
   if (pushBack.length) await deps.engine.pushToSession(ctx.sessionId, pushBack);
   return { ...result, workspace: { ...outcome, ignored, skipped: changes.skipped } };
 }

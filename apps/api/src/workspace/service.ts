@@ -12,12 +12,15 @@ import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
 import { WorkspaceRepos, type CommitInfo, type CommitOutcome, type Provenance } from './repo.ts';
 import type { SettingsPatch } from './settings.ts';
+import { checkStep, checkTotal, DEFAULT_QUOTA_MAX, effectiveQuota, QuotaError, readForSandboxes, type Quota, type QuotaMax } from './quota.ts';
 import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
 
 export type CommitRow = typeof commits.$inferSelect;
 
 export interface WorkspaceServiceOptions {
   maxFileBytes: number;
+  /** Server-wide maxima of every workspace's quota settings (default: the KILN_* defaults). */
+  maxQuota?: QuotaMax;
   embedder?: Embedder;
 }
 
@@ -67,8 +70,15 @@ export class WorkspaceService {
   }
 
   /** The current content of paths (null for deleted ones), for updating sandbox copies. */
-  private async contents(workspaceId: string, paths: string[]) {
-    return Promise.all(paths.map(async (path) => ({ path, data: await this.repos.readFile(workspaceId, path).catch(() => null) })));
+  private contents(workspaceId: string, paths: string[]) {
+    return readForSandboxes((p) => this.repos.readFile(workspaceId, p), paths, (path, err) =>
+      this.log.warn({ workspace: workspaceId, path, err: err.message }, 'could not read a committed file for the sandbox copies'),
+    );
+  }
+
+  /** What one step may change and the workspace may hold, capped server-wide. */
+  quotaOf(ws: Pick<WorkspaceRow, 'settings'>): Quota {
+    return effectiveQuota(ws.settings, this.opts.maxQuota ?? DEFAULT_QUOTA_MAX);
   }
 
   private async announce(workspaceId: string, paths: string[], originSession?: string): Promise<void> {
@@ -84,33 +94,65 @@ export class WorkspaceService {
    */
   async applySandboxChanges(
     ws: WorkspaceRow,
-    changes: { changed: { path: string; data: string }[]; deleted: string[] },
+    changes: { changed: { path: string; data: string }[]; deleted: string[]; over?: 'files' | 'bytes' },
     prov: Provenance,
-  ): Promise<{ outcome: CommitOutcome; pushBack: { path: string; data: Buffer | null }[]; ignored: { path: string; reason: string }[] }> {
+  ): Promise<{ outcome: CommitOutcome; pushBack: { path: string; data: Buffer | null }[]; ignored: { path: string; reason: string }[]; quotaExceeded?: string }> {
     const ignored: { path: string; reason: string }[] = [];
-    const outcome = await this.change(ws, prov, async () => {
-      // What the sandbox reports is untrusted: the same checks as the files API, and its size cap.
-      for (const f of changes.changed) {
+    const quota = this.quotaOf(ws);
+    // Over a quota, nothing of the step is taken: checked before the first write, under the lock.
+    const decoded = changes.changed.map((f) => ({ path: f.path, data: Buffer.from(f.data, 'base64') }));
+    const step = { files: changes.changed.length + changes.deleted.length, bytes: decoded.reduce((n, f) => n + f.data.length, 0), over: changes.over };
+    let outcome: CommitOutcome;
+    try {
+      checkStep(quota, step);
+      outcome = await this.change(ws, prov, async () => {
+        await this.checkWorkspaceQuota(ws, quota, [...decoded.map((f) => [f.path, f.data.length] as const), ...changes.deleted.map((p) => [p, null] as const)]);
+        await this.applyDecoded(ws, decoded, changes.deleted, ignored);
+      }, { originSession: prov.sessionId });
+    } catch (err) {
+      if (!(err instanceof QuotaError)) throw err;
+      return { outcome: { commit: null, redactions: [], refused: [] }, pushBack: [], ignored, quotaExceeded: err.message };
+    }
+    // Refused and redacted files are put back as the repository has them; files that were not
+    // taken at all (too large) stay in the sandbox as they are, uncommitted.
+    const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path)];
+    return { outcome, pushBack: await this.contents(ws.id, [...new Set(fix)].filter((p) => !p.includes('..'))), ignored };
+  }
+
+  /** The working tree after writing (size) or deleting (null) paths must stay within the workspace quota. */
+  private async checkWorkspaceQuota(ws: WorkspaceRow, quota: Quota, writes: (readonly [string, number | null])[]): Promise<void> {
+    const sizes = new Map<string, number | null>();
+    for (const [path, size] of writes) {
+      // An unusable path is refused file by file when it is applied; it adds nothing here.
+      const clean = (() => {
         try {
-          const data = Buffer.from(f.data, 'base64');
+          return checkRelativePath(path);
+        } catch {
+          return null;
+        }
+      })();
+      if (clean !== null) sizes.set(clean, size);
+    }
+    await checkTotal(quota, this.repos.dirOf(ws.id), sizes);
+  }
+
+  private async applyDecoded(ws: WorkspaceRow, changed: { path: string; data: Buffer }[], deleted: string[], ignored: { path: string; reason: string }[]): Promise<void> {
+      // What the sandbox reports is untrusted: the same checks as the files API, and its size cap.
+      for (const { path, data } of changed) {
+        try {
           if (data.length > this.opts.maxFileBytes) throw new Error(`${data.length} bytes is over the ${this.opts.maxFileBytes}-byte file limit`);
-          await this.repos.writeFile(ws.id, checkRelativePath(f.path), data);
+          await this.repos.writeFile(ws.id, checkRelativePath(path), data);
         } catch (err) {
-          ignored.push({ path: f.path, reason: (err as Error).message });
+          ignored.push({ path, reason: (err as Error).message });
         }
       }
-      for (const p of changes.deleted) {
+      for (const p of deleted) {
         try {
           await this.repos.deleteFile(ws.id, checkRelativePath(p));
         } catch (err) {
           if ((err as { code?: string }).code !== 'ENOENT') ignored.push({ path: p, reason: (err as Error).message });
         }
       }
-    }, { originSession: prov.sessionId });
-    // Refused and redacted files are put back as the repository has them; files that were not
-    // taken at all (too large) stay in the sandbox as they are, uncommitted.
-    const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path)];
-    return { outcome, pushBack: await this.contents(ws.id, [...new Set(fix)].filter((p) => !p.includes('..'))), ignored };
   }
 
   /** Runs `change` under the workspace lock and commits whatever it changed. */
@@ -142,7 +184,18 @@ export class WorkspaceService {
       throw new ApiError('invalid_request', `file is ${data.length} bytes; the limit is ${this.opts.maxFileBytes}`);
     }
     if (prov.author !== 'system' && isBuiltinSkillPath(path)) throw new ApiError('forbidden', 'skills/builtin/ is read-only');
-    const outcome = await this.change(ws, prov, () => this.repos.writeFile(ws.id, path, data), { summary: `Update ${path}` });
+    const quota = this.quotaOf(ws);
+    const outcome = await this.change(
+      ws,
+      prov,
+      async () => {
+        await this.checkWorkspaceQuota(ws, quota, [[path, data.length]]).catch((err: Error) => {
+          throw err instanceof QuotaError ? new ApiError('payload_too_large', err.message) : err;
+        });
+        await this.repos.writeFile(ws.id, path, data);
+      },
+      { summary: `Update ${path}` },
+    );
     const refusal = outcome.refused.find((r) => r.path === path);
     if (refusal) throw new ApiError('invalid_request', refusal.reason);
     return outcome;

@@ -59,8 +59,30 @@ const sections = {
       timeout_s: z.number().int().min(1).max(3600),
       disk_mb: z.number().int().min(16).max(65536),
       network: z.literal('none'),
+      // Defaults here, not only in DEFAULT_SETTINGS: workspaces stored before these existed lack them.
+      max_files_per_step: z
+        .number()
+        .int()
+        .min(1)
+        .max(1_000_000)
+        .default(1000)
+        .openapi({ description: 'files one execution may change or delete; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_FILES_PER_STEP)' }),
+      max_bytes_per_step: z
+        .number()
+        .int()
+        .min(1)
+        .max(1024 * 1024 * 1024)
+        .default(16 * 1024 * 1024)
+        .openapi({ description: 'bytes one execution may write to the workspace; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_BYTES_PER_STEP)' }),
     })
     .strict(),
+  quota: z
+    .object({
+      max_files: z.number().int().min(1).max(10_000_000).openapi({ description: 'files the working tree may hold (capped by KILN_WORKSPACE_MAX_FILES)' }),
+      max_bytes: z.number().int().min(1024).max(1024 ** 4).openapi({ description: 'bytes the working tree may hold (capped by KILN_WORKSPACE_MAX_BYTES)' }),
+    })
+    .strict()
+    .default({ max_files: 10_000, max_bytes: 100 * 1024 * 1024 }),
   context: z
     .object({
       max_tokens: z.number().int().min(1000).max(2_000_000),
@@ -92,6 +114,7 @@ export const SettingsPatch = z
     max_steps: sections.max_steps.optional(),
     approval: sections.approval.partial().optional(),
     sandbox: sections.sandbox.partial().optional(),
+    quota: sections.quota.removeDefault().partial().optional(),
     context: sections.context.partial().optional(),
     evolution: sections.evolution.partial().optional(),
   })
@@ -105,7 +128,8 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
   max_steps: 30,
   source_updates: false,
   approval: { mode: 'ask', rules: [], timeout_s: 600 },
-  sandbox: { memory_mb: 512, cpus: 1, pids: 256, timeout_s: 60, disk_mb: 256, network: 'none' },
+  sandbox: { memory_mb: 512, cpus: 1, pids: 256, timeout_s: 60, disk_mb: 256, network: 'none', max_files_per_step: 1000, max_bytes_per_step: 16 * 1024 * 1024 },
+  quota: { max_files: 10_000, max_bytes: 100 * 1024 * 1024 },
   context: { max_tokens: 64_000, max_turns: 40 },
   evolution: {
     review_enabled: true,
@@ -119,8 +143,8 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
   },
 };
 
-type Section = 'approval' | 'sandbox' | 'context' | 'evolution';
-const SECTIONS: Section[] = ['approval', 'sandbox', 'context', 'evolution'];
+type Section = 'approval' | 'sandbox' | 'quota' | 'context' | 'evolution';
+const SECTIONS: Section[] = ['approval', 'sandbox', 'quota', 'context', 'evolution'];
 
 /** Applies a validated patch to full settings; sections merge field by field, `rules` is replaced whole. */
 export function applySettingsPatch(base: WorkspaceSettings, patch: SettingsPatch): WorkspaceSettings {
@@ -130,7 +154,10 @@ export function applySettingsPatch(base: WorkspaceSettings, patch: SettingsPatch
   if (patch.max_steps !== undefined) next.max_steps = patch.max_steps;
   for (const s of SECTIONS) {
     const part = patch[s];
-    if (part) Object.assign(next[s], Object.fromEntries(Object.entries(part).filter(([, v]) => v !== undefined)));
+    // A section added after the workspace was stored starts from its defaults.
+    if (!part) continue;
+    const into = (next as Record<Section, object | undefined>)[s] ?? structuredClone(DEFAULT_SETTINGS[s]);
+    (next as Record<Section, object>)[s] = Object.assign(into, Object.fromEntries(Object.entries(part).filter(([, v]) => v !== undefined)));
   }
   return WorkspaceSettings.parse(next);
 }
