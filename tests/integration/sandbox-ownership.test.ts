@@ -45,6 +45,23 @@ describe('sandbox ownership between installations', () => {
     expect(next).toMatchObject({ stdout: '42\n', restarted: false, sandbox_id: first.sandbox_id });
   });
 
+  it('a warm container removed behind the server’s back is replaced when claimed: never a 500', async () => {
+    const team = await a.team('owner-gone');
+    for (let round = 0; round < 3; round++) {
+      await a.engine.poolSettled();
+      const pooled = a.engine['pool'].map((c) => ({ id: c.id, container: c.container.id }));
+      expect(pooled).toHaveLength(1);
+      // Another installation (or a person with the Docker CLI) removes it; the server may or may
+      // not have seen its runner's stream end by the time the claim takes it.
+      await docker.getContainer(pooled[0]!.container).remove({ force: true });
+      const { session } = await sessionIn(a, team);
+      const r = await a.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code: 'print(6 * 7)' } });
+      expect(r.status, JSON.stringify(r.body)).toBe(200);
+      expect(r.body).toMatchObject({ stdout: '42\n', exit_code: 0 });
+      expect(r.body.sandbox_id).not.toBe(pooled[0]!.id);
+    }
+  });
+
   it('the default instance id is made once per installation and kept in its data directory', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-data-'));
     const other = mkdtempSync(join(tmpdir(), 'kiln-data-'));

@@ -243,11 +243,36 @@ export class SandboxEngine {
     return pending;
   }
 
+  /**
+   * A sandbox for the session. A warm container that turns out to be gone when it is claimed
+   * (removed or killed behind this server's back: its runner answers no more) is thrown away
+   * and the claim tried again with the next one, or a cold one: the caller never sees it.
+   */
   private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    for (;;) {
+      try {
+        return await this.claimOnce(ctx, limits);
+      } catch (err) {
+        if (!(err instanceof WarmGone)) throw err;
+        this.log.warn({ sandbox: err.sandbox, reason: err.message }, 'a warm sandbox was gone when claimed; claiming another');
+      }
+    }
+  }
+
+  private takeWarm(limits: SandboxLimits): Container | undefined {
+    if (!sameShape(limits, this.poolLimits)) return undefined;
+    for (let warm = this.pool.shift(); warm; warm = this.pool.shift()) {
+      if (warm.client.alive) return warm;
+      void this.destroy(warm);
+    }
+    return undefined;
+  }
+
+  private async claimOnce(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.live.get(ctx.sessionId);
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = sameShape(limits, this.poolLimits) ? this.pool.shift() : undefined;
+    const warm = this.takeWarm(limits);
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
@@ -272,7 +297,9 @@ export class SandboxEngine {
         .update(sandboxes)
         .set({ containerId: c.value.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
         .where(eq(sandboxes.id, id));
+      // The first request to a warm runner is also the proof that it is still there.
       if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
+      else if (warm) await c.value.client.ping();
       const live: Live = {
         ...c.value,
         teamId: ctx.teamId,
@@ -292,6 +319,8 @@ export class SandboxEngine {
     } catch (err) {
       if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
       if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
+      else if (warm && c.status === 'rejected') await this.destroy(warm);
+      if (warm && lost.status === 'fulfilled' && containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
       throw err;
     } finally {
       this.claiming.delete(id);
@@ -548,6 +577,19 @@ export class SandboxEngine {
     return { removed };
   }
 }
+
+/** A warm container was gone when it was claimed: the claim is tried again. */
+class WarmGone extends Error {
+  constructor(
+    readonly sandbox: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The runner stopped answering, or Docker no longer has the container (404) or it is not running (409). */
+const containerGone = (err: unknown) => err instanceof RunnerGoneError || [404, 409].includes((err as { statusCode?: number }).statusCode ?? 0);
 
 const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
