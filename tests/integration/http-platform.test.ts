@@ -24,7 +24,8 @@ describe('ops endpoints and documentation', () => {
     }
     expect(doc.body.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });
     const page = await t.call('GET', '/docs');
-    expect(page.body).toContain('/openapi.json');
+    expect(page.body).toContain('<script src="/docs/init.js"></script>');
+    expect(await (await t.app.request('/docs/init.js')).text()).toContain("url: '/openapi.json'");
     const bundle = await t.app.request('/docs/swagger-ui-bundle.js');
     expect(bundle.status).toBe(200);
     expect((await bundle.text()).length).toBeGreaterThan(100_000);
