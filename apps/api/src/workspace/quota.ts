@@ -1,8 +1,7 @@
 import { lstat, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import pLimit from 'p-limit';
-import { DEFAULT_SETTINGS } from './settings.ts';
-type WorkspaceSettings = any;
+import { DEFAULT_SETTINGS, type WorkspaceSettings } from './settings.ts';
 
 /** What one step may change and what a workspace's working tree may hold. */
 export interface Quota {
