@@ -147,4 +147,14 @@ describe('secrets never reach a commit', () => {
     const [next] = await scanSecrets([{ path: 'next.txt', data: Buffer.from('password = "Hunter2Secret"\n') }]);
     expect(next!.kind).toBe('redacted');
   });
+
+  it('another tenant\u2019s file running past its deadline does not refuse a file scanned beside it', async () => {
+    const big = Buffer.from('password = "Hunter2Secret"\n'.repeat(200_000));
+    const [late, beside] = await Promise.all([
+      scanSecrets([{ path: 'slow.txt', data: big }], 1).then((v) => v[0]!),
+      scanSecrets([{ path: 'beside.txt', data: Buffer.from('token ghp_abcdefghijklmnopqrstuvwxyz0123456789\n') }]).then((v) => v[0]!),
+    ]);
+    expect(late.kind).toBe('refused');
+    expect(beside).toMatchObject({ kind: 'redacted', redactions: [{ type: 'github_token' }] });
+  });
 });

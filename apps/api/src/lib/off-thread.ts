@@ -12,6 +12,9 @@ import { Worker } from 'node:worker_threads';
  * The thread starts on first use and keeps the process alive only while a request is pending.
  * If it dies, what was pending fails and the next request starts a new thread.
  */
+/** A request that did not finish before its deadline (its thread was then replaced). */
+export class DeadlineExceeded extends Error {}
+
 export class OffThread<Request extends object, Result> {
   private worker: Worker | undefined;
   private readonly pending = new Map<number, { resolve: (v: Result) => void; reject: (e: Error) => void }>();
@@ -22,11 +25,31 @@ export class OffThread<Request extends object, Result> {
     private readonly name: string,
   ) {}
 
-  run(request: Request, transfer: ArrayBuffer[] = []): Promise<Result> {
+  /**
+   * With `deadlineMs`, a request still running then is rejected with `DeadlineExceeded` and the
+   * thread is replaced: the other requests it had fail with an ordinary error (safe to retry).
+   */
+  run(request: Request, transfer: ArrayBuffer[] = [], deadlineMs?: number): Promise<Result> {
     const worker = this.start();
     const id = this.nextId++;
     return new Promise<Result>((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
+      let timer: NodeJS.Timeout | undefined;
+      const settle = <T>(fn: (v: T) => void) => (v: T) => {
+        clearTimeout(timer);
+        fn(v);
+      };
+      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
+      if (deadlineMs !== undefined) {
+        timer = setTimeout(() => {
+          this.pending.delete(id);
+          reject(new DeadlineExceeded(`it did not finish within ${deadlineMs / 1000} s`));
+          if (this.worker === worker) {
+            this.worker = undefined;
+            this.fail(new Error(`the ${this.name} thread was restarted after a request ran past its deadline`));
+          }
+          void worker.terminate();
+        }, deadlineMs);
+      }
       if (this.pending.size === 1) worker.ref();
       worker.postMessage({ id, ...request }, transfer);
     });

@@ -3,15 +3,16 @@
 // but this thread, and the caller's deadline can end it (see secret-scan.ts).
 //
 // Plain JavaScript on purpose: Node starts a worker outside tsx's and vitest's loaders.
+// A thread of off-thread.ts:
 //   in:  { id, files: [{ path, text }] }
-//   out: { id, findings: [[{ start, end, type }], …] (one list per file, in order) } | { id, error }
+//   out: { id, ok: [[{ start, end, type }], …] (one list per file, in order) } | { id, error }
 //
 // The rules: secretlint's recommended preset (maintained upstream: cloud keys, tokens of the
 // common SaaS APIs, connection strings, …) plus Kiln's own patterns below, which win where both
 // match the same text (their names are the ones Kiln has always reported).
-import { parentPort } from 'node:worker_threads';
 import { lintSource } from '@secretlint/core';
 import { creator as recommended } from '@secretlint/secretlint-rule-preset-recommend';
+import { serve } from '../lib/serve-thread.mjs';
 
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 
@@ -129,12 +130,8 @@ function merge(kiln, lint) {
   return taken.sort((a, b) => a.start - b.start);
 }
 
-parentPort.on('message', async ({ id, files }) => {
-  try {
-    const findings = [];
-    for (const { path, text } of files) findings.push(merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)));
-    parentPort.postMessage({ id, findings });
-  } catch (err) {
-    parentPort.postMessage({ id, error: err?.message ?? String(err) });
-  }
+serve(async ({ files }) => {
+  const findings = [];
+  for (const { path, text } of files) findings.push(merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)));
+  return findings;
 });

@@ -1,4 +1,4 @@
-import { Worker } from 'node:worker_threads';
+import { DeadlineExceeded, OffThread } from '../lib/off-thread.ts';
 
 /** A secret found in content about to be committed. */
 export interface Redaction {
@@ -58,61 +58,27 @@ const encode = (text: string, enc: Encoding) => (enc === 'latin1' ? Buffer.from(
 
 /**
  * The secret scanner: the rules (secretlint's recommended preset plus Kiln's own patterns, see
- * secret-scan.worker.mjs) run in a worker thread of their own, one file at a time, each under a
- * deadline. Content is the tenants', so a pathological file can cost that thread time, never the
- * API's event loop; past the deadline the thread is replaced and the file refused.
+ * secret-scan.worker.mjs) run in a worker thread of their own, each batch under a deadline.
+ * Content is the tenants', so a pathological file can cost that thread time, never the API's
+ * event loop; past the deadline the thread is replaced and the file refused.
  */
-class SecretScanner {
-  private worker: Worker | undefined;
-  private nextId = 1;
-  private readonly pending = new Map<number, { worker: Worker; resolve: (f: Finding[][]) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
+const scanner = new OffThread<{ files: { path: string; text: string }[] }, Finding[][]>(new URL('./secret-scan.worker.mjs', import.meta.url), 'secret scanner');
 
-  private ensure(): Worker {
-    if (this.worker) return this.worker;
-    const worker = new Worker(new URL('./secret-scan.worker.mjs', import.meta.url));
-    worker.unref();
-    worker.on('message', (msg: { id: number; findings?: Finding[][]; error?: string }) => {
-      const p = this.pending.get(msg.id);
-      if (!p) return;
-      this.pending.delete(msg.id);
-      clearTimeout(p.timer);
-      if (msg.error !== undefined) p.reject(new Error(msg.error));
-      else p.resolve(msg.findings!);
-    });
-    const fail = (err: Error) => {
-      if (this.worker === worker) this.worker = undefined;
-      // Only what this thread was asked: a replacement may already be scanning other files.
-      for (const [id, p] of this.pending) {
-        if (p.worker !== worker) continue;
-        this.pending.delete(id);
-        clearTimeout(p.timer);
-        p.reject(err);
-      }
-    };
-    worker.on('error', fail);
-    worker.on('exit', (code) => fail(new Error(`the secret scanner stopped (exit ${code})`)));
-    this.worker = worker;
-    return worker;
-  }
-
-  /** The findings in each text, in order; rejects past the deadline (the thread is then replaced). */
-  find(files: { path: string; text: string }[], deadlineMs: number): Promise<Finding[][]> {
-    const worker = this.ensure();
-    const id = this.nextId++;
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`));
-        if (this.worker === worker) this.worker = undefined;
-        void worker.terminate();
-      }, deadlineMs);
-      this.pending.set(id, { worker, resolve, reject, timer });
-      worker.postMessage({ id, files });
+/**
+ * Findings per file. Only a batch's own deadline refuses it: a batch that failed because the
+ * thread was replaced under it (another batch's deadline) is sent again, once.
+ */
+async function find(files: { path: string; text: string }[], deadlineMs: number): Promise<Finding[][]> {
+  try {
+    return await scanner.run({ files }, [], deadlineMs);
+  } catch (err) {
+    if (err instanceof DeadlineExceeded) throw new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`);
+    return scanner.run({ files }, [], deadlineMs).catch((e: Error) => {
+      throw e instanceof DeadlineExceeded ? new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`) : e;
     });
   }
 }
 
-const scanner = new SecretScanner();
 
 /**
  * Decides what of each file may be committed: secrets in text (UTF-8, UTF-16 or anything else
@@ -133,10 +99,10 @@ export async function scanSecrets(files: { path: string; data: Buffer }[], deadl
   if (todo.length === 0) return verdicts as ScanVerdict[];
   let found: (Finding[] | Error)[];
   try {
-    found = await scanner.find(todo.map(({ path, text }) => ({ path, text })), deadlineMs);
+    found = await find(todo.map(({ path, text }) => ({ path, text })), deadlineMs);
   } catch (err) {
     found = todo.length === 1 ? [err as Error] : [];
-    for (const t of todo.length === 1 ? [] : todo) found.push(await scanner.find([{ path: t.path, text: t.text }], deadlineMs).then((r) => r[0]!, (e: Error) => e));
+    for (const t of todo.length === 1 ? [] : todo) found.push(await find([{ path: t.path, text: t.text }], deadlineMs).then((r) => r[0]!, (e: Error) => e));
   }
   todo.forEach((t, k) => (verdicts[t.i] = verdictOf(t, found[k]!)));
   return verdicts as ScanVerdict[];
