@@ -5,6 +5,7 @@ import type { SandboxLimits } from '../sandbox/limits.ts';
 import { SOURCE_UPDATE_XML } from './source-update.ts';
 import { readHead } from '../workspace/git.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
+import { frontField } from '../lib/text.ts';
 
 /** Where things are inside the sandbox; the template's placeholders name them. */
 export const SANDBOX_PATHS: Record<string, string> = {
@@ -37,7 +38,7 @@ export async function listSkills(dir: string): Promise<SkillInfo[]> {
       else if (e.name === 'SKILL.md') {
         const text = await readFile(join(dir, p), 'utf8');
         const front = /^---\n([\s\S]*?)\n---/.exec(text)?.[1] ?? '';
-        const field = (k: string) => new RegExp(`^${k}:\\s*(.+)$`, 'm').exec(front)?.[1]?.trim();
+        const field = (k: string) => frontField(front, k);
         out.push({ name: field('name') ?? rel.split('/').pop()!, description: field('description') ?? '(no description)', path: `/workspace/${p}` });
       }
     }

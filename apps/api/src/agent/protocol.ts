@@ -2,6 +2,7 @@ import type { ChatCompletionTool } from 'openai/resources/chat/completions';
 import type { ToolCall } from './llm.ts';
 import { SOURCE_UPDATE_TOOL } from './source-update.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
+import { tag, withoutBlock } from '../lib/text.ts';
 
 export type Action =
   | { type: 'python'; code: string }
@@ -14,8 +15,6 @@ export interface Parsed {
   thinking: string | null;
   action: Action | null;
 }
-
-const tag = (reply: string, name: string) => new RegExp(`<${name}>([\\s\\S]*?)</${name}>`, 'i').exec(reply)?.[1]?.trim() ?? null;
 
 /** Code inside <python> may still be wrapped in a Markdown fence; take the code only. */
 const unfence = (code: string) => /^```(?:python|py)?\s*\n([\s\S]*?)\n?```\s*$/i.exec(code.trim())?.[1] ?? code;
@@ -33,7 +32,7 @@ function parseSourceUpdate(reply: string): Action | null {
 /** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
 export function parseXml(reply: string): Parsed {
   const update = parseSourceUpdate(reply);
-  if (update) return { thinking: tag(reply.replace(/<propose_source_update>[\s\S]*<\/propose_source_update>/i, ''), 'thinking'), action: update };
+  if (update) return { thinking: tag(withoutBlock(reply, 'propose_source_update'), 'thinking'), action: update };
   const thinking = tag(reply, 'thinking');
   const finish = tag(reply, 'finish');
   const python = tag(reply, 'python');

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { and, asc, eq, gte, inArray, isNull, sql } from 'drizzle-orm';
 import { ModelError, type ChatMessage } from '../agent/llm.ts';
 import { evolutions, messages, sessions } from '../db/schema/index.ts';
+import { tag } from '../lib/text.ts';
 import { memoryEntries } from '../memory/budget.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { endEvolution, type EvolutionRow } from './evolutions.ts';
@@ -52,7 +53,7 @@ export interface DreamResult {
 
 /** The model's consolidation, checked before anything is written: complete, non-empty and within the cap. */
 export function parseDream(reply: string, cap: { maxEntries: number; maxBytes: number }): DreamResult | { invalid: string } {
-  const section = (name: string) => new RegExp(`<${name}>\\n?([\\s\\S]*?)\\n?</${name}>`, 'i').exec(reply)?.[1]?.trim();
+  const section = (name: string) => tag(reply, name) ?? undefined;
   const memory = section('memory');
   const diary = section('diary');
   if (memory === undefined) return { invalid: 'the reply has no complete <memory>…</memory> section (cut off?)' };

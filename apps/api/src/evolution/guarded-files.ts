@@ -1,3 +1,4 @@
+import { frontField } from '../lib/text.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { PROMPT_FILES } from '../workspace/kinds.ts';
 import { checkRelativePath, isBuiltinSkillPath } from '../workspace/paths.ts';
@@ -30,7 +31,7 @@ export function checkEvolutionPath(raw: string): string {
 function checkSkillFile(path: string, text: string): void {
   if (!path.endsWith('/SKILL.md')) return;
   const front = /^---\n([\s\S]*?)\n---/.exec(text)?.[1];
-  const has = (k: string) => front !== undefined && new RegExp(`^${k}:\\s*\\S`, 'm').test(front);
+  const has = (k: string) => front !== undefined && frontField(front, k) !== undefined;
   if (!has('name') || !has('description')) {
     throw new GuardError(`${path}: a SKILL.md starts with front matter naming the skill: ---\\nname: …\\ndescription: …\\n---`);
   }

@@ -47,12 +47,21 @@ const RESERVED = [
   { name: 'gitattributes', hash: 'gi7d29' },
   { name: 'gitignore', hash: 'gi250a' },
   { name: 'gitmodules', hash: 'gi7eba' },
-].map(({ name, hash }) => ({
-  name,
-  // Its 8.3 short names: the first six letters and "~1" to "~4", or (git's is_ntfs_dot_generic)
-  // up to six letters of a hash prefix, "~", then digits not starting with 0, eight characters in all.
-  short: new RegExp(`^(?:${name.slice(0, 6)}~[1-4]|${Array.from({ length: 7 }, (_, k) => `${hash.slice(0, k)}~[1-9][0-9]{${6 - k}}`).join('|')})$`),
-}));
+].map(({ name, hash }) => ({ name, short: (s: string) => isShortName(s, name, hash) }));
+
+/**
+ * Is `s` (lower case) one of the 8.3 short names NTFS may give `.<name>`: its first six letters
+ * and "~1" to "~4", or (git's is_ntfs_dot_generic) up to six letters of `hash`, "~", then
+ * digits not starting with 0, eight characters in all.
+ */
+function isShortName(s: string, name: string, hash: string): boolean {
+  if (s.length !== 8) return false;
+  if (s.startsWith(`${name.slice(0, 6)}~`) && '1234'.includes(s[7]!)) return true;
+  for (let k = 0; k <= 6; k++) {
+    if (s.startsWith(`${hash.slice(0, k)}~`) && /^[1-9][0-9]*$/.test(s.slice(k + 1))) return true;
+  }
+  return false;
+}
 /** The temporary files of atomic writes, never committed (see WorkspaceRepos.writeFile): `.kiln-*.tmp`. */
 export const isTempName = (name: string) => /^\.kiln-.*\.tmp$/s.test(name);
 
@@ -72,7 +81,7 @@ export function segmentRefusal(segment: string): string | null {
   const hfs = segment.replace(HFS_IGNORED, '').toLowerCase();
   if (ntfs === '.git' || ntfs === 'git~1' || hfs === '.git') return 'must not touch .git';
   for (const { name, short } of RESERVED) {
-    if (ntfs === `.${name}` || hfs === `.${name}` || short.test(ntfs)) return `.${name} is reserved: git reads it as configuration`;
+    if (ntfs === `.${name}` || hfs === `.${name}` || short(ntfs)) return `.${name} is reserved: git reads it as configuration`;
   }
   return null;
 }
