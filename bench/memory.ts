@@ -78,9 +78,9 @@ async function main() {
           .slice(0, 8);
       }),
     );
-    const search = summarize(await timeEach(QUERIES, (i) => service.search(ws, queries[i]!, 8), 5));
+    const search = summarize(await timeEach(QUERIES, (i) => service.search(ws, queries[i]!, { k: 8 }), 5));
     process.stdout.write(`${row('baseline: scan all chunk texts in memory', scan)}\n`);
-    process.stdout.write(`${row('Kiln: searchMemory (FTS + substring, k=8)', search, scan)}\n`);
+    process.stdout.write(`${row('Kiln: searchMemory (BM25, k=8)', search, scan)}\n`);
 
     heading(`3. commit latency, ${COMMITS} one-file changes`);
     const raw = mkdtempSync(join(tmpdir(), 'kiln-bench-git-'));

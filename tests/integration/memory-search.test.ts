@@ -1,94 +1,257 @@
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { and, eq } from 'drizzle-orm';
+import { and, eq, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { memoryChunks } from '../../apps/api/src/db/schema/index.ts';
+import { rowsOf } from '../../apps/api/src/db/rows.ts';
+import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
+import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
 import { openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
+import type { SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
-import { DRIVERS } from '../support/db.ts';
+import { DRIVERS, type Driver } from '../support/db.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 
 const day = (offset: number) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
 
+type Hit = SearchHit & { debug?: Record<string, unknown> };
+
+/** A workspace of its own, with helpers to write files and search through the HTTP API. */
+async function workspaceOn(t: TestApp, name: string) {
+  const team = await t.team(name);
+  const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
+  const put = async (path: string, content: string) => {
+    const r = await t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw: content });
+    expect(r.status, `PUT ${path}`).toBeLessThan(300);
+  };
+  const query = (q: string, params: Record<string, string | number> = {}) =>
+    t.call('GET', `/v1/workspaces/${ws}/memory/search?${new URLSearchParams({ q, ...Object.fromEntries(Object.entries(params).map(([k, v]) => [k, String(v)])) })}`, { key: team.key });
+  const search = async (q: string, params: Record<string, string | number> = {}) => {
+    const r = await query(q, params);
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    return r.body.data as Hit[];
+  };
+  return { team, ws, put, query, search };
+}
+
+/** A conversation log of one day: one line per turn, as the dream and the condensation write them. */
+const chat = (d: string, turns: string[]) => `# ${d}\n\n## Conversation\n\n${turns.map((l, i) => `- ${String(9 + Math.floor(i / 6)).padStart(2, '0')}:${String((i * 7) % 60).padStart(2, '0')} ${l}`).join('\n')}\n`;
+const FILLER = [
+  'Maya: Good morning! How did the week go?',
+  'Leo: Busy, but fine. The weather was nice when we went out.',
+  'Maya: Did you do anything fun on the weekend?',
+  'Leo: Not much, we stayed home and cooked.',
+  'Maya: That sounds relaxing, I should do that more often.',
+  'Leo: When did you get back from work yesterday?',
+  'Maya: Late again, the trains were slow.',
+  'Leo: The same happened to me last month.',
+];
+
 describe.each(DRIVERS)('memory search on %s', (driver) => {
   let t: TestApp;
-  let team: { id: string; key: string };
-  let ws: string;
-  const put = (path: string, content: string) => t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw: content });
-  const search = async (q: string, k = 8) => {
-    const r = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=${encodeURIComponent(q)}&k=${k}`, { key: team.key });
-    expect(r.status).toBe(200);
-    return r.body.data as { path: string; start_line: number; end_line: number; snippet: string; score: number }[];
-  };
+  let w: Awaited<ReturnType<typeof workspaceOn>>;
 
   beforeAll(async () => {
     t = await createTestApp({ driver });
-    team = await t.team(`search-${driver}`);
-    ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'mem' } })).body.id;
+    w = await workspaceOn(t, `search-${driver}`);
   });
   afterAll(() => t.close());
 
-  it('indexes the template at creation: built-in skills are searchable', async () => {
-    const hits = await search('consolidate budget merge bullets');
+  it('indexes the template at creation: built-in skills are searchable, the template boilerplate is not', async () => {
+    const hits = await w.search('consolidate budget merge bullets');
     expect(hits.map((h) => h.path)).toContain('skills/builtin/memory-keeping/SKILL.md');
+    // MEMORY.md's and knowledge/index.md's template text says nothing about the user.
+    expect((await w.search('short factual bullets one per line')).map((h) => h.path)).not.toContain('MEMORY.md');
+    expect((await w.search('pages by topic one line each', { path: 'knowledge/' })).length).toBe(0);
   });
 
-  it('finds a fact right after the commit that wrote it, with path, lines and snippet', async () => {
-    await put('MEMORY.md', '# Core memory\n\n- The staging database is called orchid.\n- Reports go out on Mondays.\n');
-    const [hit] = await search('staging database');
-    expect(hit).toMatchObject({ path: 'MEMORY.md', start_line: 1 });
-    expect(hit!.end_line).toBeGreaterThanOrEqual(4);
+  it('finds a fact right after the commit that wrote it; start_line and end_line point at the matching line', async () => {
+    await w.put('MEMORY.md', '# Core memory\n\n- The staging database is called orchid.\n- Reports go out on Mondays.\n');
+    const [hit] = await w.search('staging database');
+    expect(hit).toMatchObject({ path: 'MEMORY.md', date: null, heading: 'Core memory' });
+    expect(hit!.start_line).toBeLessThanOrEqual(3);
+    expect(hit!.end_line).toBeGreaterThanOrEqual(3);
     expect(hit!.snippet).toContain('staging database is called orchid');
     expect(hit!.score).toBeGreaterThan(0);
   });
 
-  it('finds Chinese text and code identifiers the full-text parser cannot split', async () => {
-    await put('knowledge/deploy.md', '# 部署\n\n我们的部署流程需要先运行冒烟测试，然后再发布。\n\n## Config\n\nCall `load_config()` before `parseConfigFile(path)`.\n');
-    expect((await search('部署流程'))[0]!.path).toBe('knowledge/deploy.md');
-    expect((await search('冒烟测试'))[0]!.snippet).toContain('冒烟测试');
-    expect((await search('parseConfigFile'))[0]!.path).toBe('knowledge/deploy.md');
-    const ident = (await search('load_config'))[0]!;
-    expect(ident.path).toBe('knowledge/deploy.md');
-    expect(ident.start_line).toBe(5);
+  it('stems English and drops stop words: "when did we decide" finds "Decided", not the text that shares only "when", "did", "the"', async () => {
+    await w.put(`memory/${day(200)}.md`, chat(day(200), [...FILLER, 'Maya: We decided the audits happen every quarter, with the blue checklist.', ...FILLER]));
+    const hits = await w.search('When did we decide about the audit checklists?');
+    expect(hits[0]).toMatchObject({ path: `memory/${day(200)}.md`, date: day(200) });
+    expect(hits[0]!.snippet).toContain('decided the audits happen every quarter');
+    const line = 5 + FILLER.length + 1;
+    expect(hits[0]!.start_line).toBeLessThanOrEqual(line);
+    expect(hits[0]!.end_line).toBeGreaterThanOrEqual(line);
+    // Only stop words: nothing to look for, so nothing found (not an error).
+    expect(await w.search('when did the')).toEqual([]);
   });
 
-  it('lets dated daily logs decay with age while core memory does not', async () => {
-    const text = '- Decided: the quarterly audit uses the blue checklist.\n';
-    await put(`memory/${day(0)}.md`, `# ${day(0)}\n\n${text}`);
-    await put(`memory/${day(120)}.md`, `# ${day(120)}\n\n${text}`);
-    await put('knowledge/audit.md', `# Audit\n\n${text}`);
-    const hits = await search('quarterly audit blue checklist');
-    const score = (p: string) => hits.find((h) => h.path === p)!.score;
-    expect(score(`memory/${day(0)}.md`)).toBeGreaterThan(score(`memory/${day(120)}.md`) * 4);
-    expect(score('knowledge/audit.md')).toBeGreaterThanOrEqual(score(`memory/${day(0)}.md`));
+  it('finds Chinese text (by character pairs) and code identifiers the full-text parser cannot split', async () => {
+    await w.put('knowledge/deploy.md', '# 部署\n\n我们的部署流程需要先运行冒烟测试，然后再发布。\n\n## Config\n\nCall `load_config()` before `parseConfigFile(path)`.\n');
+    expect((await w.search('部署流程'))[0]!.path).toBe('knowledge/deploy.md');
+    // Not a substring of the text, but its pairs are.
+    expect((await w.search('部署的流程'))[0]!.path).toBe('knowledge/deploy.md');
+    expect((await w.search('冒烟测试'))[0]!.snippet).toContain('冒烟测试');
+    expect((await w.search('parseConfigFile'))[0]!.path).toBe('knowledge/deploy.md');
+    const ident = (await w.search('load_config'))[0]!;
+    expect(ident).toMatchObject({ path: 'knowledge/deploy.md', start_line: 7, end_line: 7, heading: 'Config' });
+  });
+
+  it('recency only breaks ties: an old relevant line ranks above a recent, less relevant one', async () => {
+    const fact = 'Leo: My sister Ines moved to Porto for her new job at the aquarium.';
+    await w.put(`memory/${day(330)}.md`, chat(day(330), [...FILLER, fact, ...FILLER]));
+    await w.put(`memory/${day(1)}.md`, chat(day(1), [...FILLER, 'Maya: The aquarium was crowded today.', ...FILLER]));
+    const hits = await w.search('Where did Ines move for her job?', { debug: 'true' });
+    expect(hits[0]!.path).toBe(`memory/${day(330)}.md`);
+    expect(hits[0]!.snippet).toContain('moved to Porto');
+    // Same text on two days: the newer first, by at most the bounded recency bonus.
+    const same = 'Maya: The garden shed key hangs behind the kitchen door.';
+    await w.put(`memory/${day(400)}.md`, chat(day(400), [...FILLER, same]));
+    await w.put(`memory/${day(3)}.md`, chat(day(3), [...FILLER, same]));
+    const pair = (await w.search('garden shed key', { path: 'memory/' })).filter((h) => h.snippet.includes('garden shed'));
+    expect(pair.map((h) => h.date)).toEqual([day(3), day(400)]);
+    expect(pair[0]!.score / pair[1]!.score).toBeLessThanOrEqual(1.1);
+  });
+
+  it('cuts long logs into small overlapping windows; a hit is the matching line and its neighbours, never repeated', async () => {
+    const turns = Array.from({ length: 200 }, (_, i) => (i === 150 ? 'Maya: The spare key code for the bike lock is marmalade.' : FILLER[i % FILLER.length]!));
+    await w.put(`memory/${day(40)}.md`, chat(day(40), turns));
+    const hits = await w.search('bike lock key code');
+    expect(hits[0]!.path).toBe(`memory/${day(40)}.md`);
+    expect(hits[0]!.snippet).toContain('marmalade');
+    const line = 5 + 150;
+    expect(hits[0]!.start_line).toBeGreaterThanOrEqual(line - 1);
+    expect(hits[0]!.end_line).toBeLessThanOrEqual(line + 1);
+    expect(hits[0]!.snippet.split('\n').length).toBeLessThanOrEqual(3);
+    const rows = await t.database.db.select().from(memoryChunks).where(and(eq(memoryChunks.workspaceId, w.ws), eq(memoryChunks.path, `memory/${day(40)}.md`)));
+    expect(rows.length).toBeGreaterThanOrEqual(99);
+    expect(Math.max(...rows.map((r) => r.endLine - r.startLine))).toBeLessThanOrEqual(3);
+    // Windows overlap, results do not: no two hits of a file share a line.
+    const all = await w.search('marmalade key', { k: 50 });
+    for (const a of all) for (const b of all) if (a !== b && a.path === b.path) expect(a.end_line < b.start_line || b.end_line < a.start_line, `${a.path}:${a.start_line}-${a.end_line} vs ${b.start_line}-${b.end_line}`).toBe(true);
+  });
+
+  it('filters by path prefix and by the dates of dated logs', async () => {
+    const everywhere = 'The lighthouse inspection is booked.';
+    await w.put('knowledge/lighthouse.md', `# Lighthouse\n\n${everywhere}\n`);
+    await w.put(`memory/${day(100)}.md`, chat(day(100), [`Leo: ${everywhere}`]));
+    await w.put(`memory/${day(10)}.md`, chat(day(10), [`Maya: ${everywhere}`]));
+    const paths = async (params: Record<string, string>) => (await w.search('lighthouse inspection', params)).map((h) => h.path);
+    expect(await paths({ path: 'knowledge/' })).toEqual(['knowledge/lighthouse.md']);
+    expect(new Set(await paths({ path: 'memory/' }))).toEqual(new Set([`memory/${day(100)}.md`, `memory/${day(10)}.md`]));
+    expect(await paths({ since: day(50) })).toEqual([`memory/${day(10)}.md`]);
+    expect(await paths({ until: day(50) })).toEqual([`memory/${day(100)}.md`]);
+    expect(await paths({ since: day(101), until: day(99) })).toEqual([`memory/${day(100)}.md`]);
+    // An explicit path still finds the built-in skills.
+    expect((await w.search('consolidate budget', { path: 'skills/builtin/' }))[0]!.path).toBe('skills/builtin/memory-keeping/SKILL.md');
+  });
+
+  it('pages with a cursor: the pages together are the first page of a larger k, with no repeats', async () => {
+    const whole = await w.search('Maya Leo weekend weather', { k: 6 });
+    expect(whole.length).toBe(6);
+    const seen: Hit[] = [];
+    let cursor: string | null = null;
+    for (let page = 0; page < 3; page++) {
+      const r = await w.query('Maya Leo weekend weather', { k: 2, ...(cursor ? { cursor } : {}) });
+      expect(r.status).toBe(200);
+      seen.push(...r.body.data);
+      expect(r.body.has_more).toBe(true);
+      cursor = r.body.next_cursor;
+    }
+    expect(seen.map((h) => [h.path, h.start_line])).toEqual(whole.map((h) => [h.path, h.start_line]));
+  });
+
+  it('explains its ranking with debug=true, and only then', async () => {
+    const [plain] = await w.search('staging database');
+    expect(plain!.debug).toBeUndefined();
+    const [hit] = await w.search('staging database', { debug: 'true' });
+    expect(hit!.debug).toMatchObject({ lexical_rank: 1, vector_rank: null, builtin: 1, recency: 1 });
+    expect((hit!.debug as { bm25: number }).bm25).toBeGreaterThan(0);
+    expect((hit!.debug as { terms: { term: string }[] }).terms.map((x) => x.term).sort()).toEqual(['databas', 'stage']);
+  });
+
+  it('answers bad parameters with 400 and the error envelope', async () => {
+    const other = (await w.query('lighthouse', { k: 1 })).body.next_cursor as string;
+    for (const [q, params, field] of [
+      [' ', {}, 'q'],
+      ['x', { k: 0 }, 'k'],
+      ['x', { k: 51 }, 'k'],
+      ['x', { since: '2026-02-30' }, 'since'],
+      ['x', { until: 'yesterday' }, 'until'],
+      ['x', { since: '2026-05-02', until: '2026-05-01' }, 'since'],
+      ['x', { path: '../etc' }, 'path'],
+      ['x', { path: '/memory' }, 'path'],
+      ['x', { debug: 'yes' }, 'debug'],
+      ['x', { cursor: 'not-a-cursor' }, 'cursor'],
+      ['other query', { cursor: other }, 'cursor'],
+    ] as const) {
+      const r = await w.query(q, params as Record<string, string>);
+      expect(r.status, `${q} ${JSON.stringify(params)}`).toBe(400);
+      expect(r.body.error.code).toBe('invalid_request');
+      expect(JSON.stringify(r.body.error), `${q} ${JSON.stringify(params)}`).toContain(field);
+    }
   });
 
   it('follows deletes and reverts: chunks of a removed file disappear and come back', async () => {
-    await put('knowledge/temp.md', '# Temporary\n\nThe zebra protocol is deprecated.\n');
-    expect((await search('zebra protocol')).map((h) => h.path)).toContain('knowledge/temp.md');
-    const del = await t.call('DELETE', `/v1/workspaces/${ws}/files?path=knowledge/temp.md`, { key: team.key });
+    await w.put('knowledge/temp.md', '# Temporary\n\nThe zebra protocol is deprecated.\n');
+    expect((await w.search('zebra protocol')).map((h) => h.path)).toContain('knowledge/temp.md');
+    const del = await t.call('DELETE', `/v1/workspaces/${w.ws}/files?path=knowledge/temp.md`, { key: w.team.key });
     expect(del.body.commit.paths).toEqual(['knowledge/temp.md']);
-    expect((await search('zebra protocol')).map((h) => h.path)).not.toContain('knowledge/temp.md');
-    await t.call('POST', `/v1/workspaces/${ws}/commits/${del.body.commit.sha}/revert`, { key: team.key });
-    expect((await search('zebra protocol')).map((h) => h.path)).toContain('knowledge/temp.md');
+    expect((await w.search('zebra protocol')).map((h) => h.path)).not.toContain('knowledge/temp.md');
+    await t.call('POST', `/v1/workspaces/${w.ws}/commits/${del.body.commit.sha}/revert`, { key: w.team.key });
+    expect((await w.search('zebra protocol')).map((h) => h.path)).toContain('knowledge/temp.md');
   });
 
-  it('chunks long files by heading and line count, keeping line numbers exact', async () => {
-    const body = Array.from({ length: 100 }, (_, i) => (i === 77 ? 'needle: the marmalade key' : `line ${i + 3}`)).join('\n');
-    await put('knowledge/long.md', `# Long\n\n${body}\n`);
-    const [hit] = await search('marmalade');
-    expect(hit!.path).toBe('knowledge/long.md');
-    expect(hit!.start_line).toBeLessThanOrEqual(80);
-    expect(hit!.end_line).toBeGreaterThanOrEqual(80);
-    expect(hit!.end_line - hit!.start_line).toBeLessThan(40);
-    const rows = await t.database.db.select().from(memoryChunks).where(and(eq(memoryChunks.workspaceId, ws), eq(memoryChunks.path, 'knowledge/long.md')));
-    expect(rows.length).toBeGreaterThanOrEqual(3);
+  it('keeps the statistics BM25 needs exact through inserts and deletes', async () => {
+    const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
+    const [actual] = rowsOf<{ n: number; l: number }>(await t.database.db.execute(sql`select count(*)::int as n, coalesce(sum(len), 0)::int as l from memory_chunks where workspace_id = ${w.ws}`));
+    expect(stats).toMatchObject({ chunks: actual!.n, totalLen: actual!.l, version: INDEX_VERSION });
   });
+});
 
-  it('answers an empty query with 400', async () => {
-    const r = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=%20`, { key: team.key });
-    expect(r.status).toBe(400);
+describe('a year of daily logs: the answer in one old line comes first, not the built-ins or the template', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    t = await createTestApp({ driver: 'pglite' });
+  });
+  afterAll(() => t.close());
+
+  it('finds the line from months ago that answers the question', async () => {
+    const w = await workspaceOn(t, 'year');
+    const answerDay = day(290);
+    for (let d = 360; d >= 0; d -= 6) {
+      const turns = FILLER.map((l, i) => FILLER[(i + d) % FILLER.length]!);
+      if (d === 288) turns.splice(4, 0, 'Leo: Did you end up getting the puppy?', 'Maya: Yes! We adopted him on Saturday and named him Biscuit.');
+      await w.put(`memory/${day(d)}.md`, chat(day(d), turns));
+    }
+    expect(answerDay).toBe(day(290));
+    const hits = await w.search('When did Maya adopt the puppy and what did she name it?');
+    expect(hits[0]!.path).toBe(`memory/${day(288)}.md`);
+    expect(hits[0]!.snippet).toContain('named him Biscuit');
+    expect(hits[0]!.date).toBe(day(288));
+    const first = hits.findIndex((h) => h.path.startsWith('skills/') || h.path === 'knowledge/index.md');
+    expect(first === -1 || first > 0).toBe(true);
+  });
+});
+
+describe('the same answers on PGlite and on Postgres', () => {
+  it('ranks a workspace with the same files identically on both databases', async () => {
+    const results: Record<Driver, unknown> = { postgres: null, pglite: null };
+    for (const driver of DRIVERS) {
+      const t = await createTestApp({ driver });
+      try {
+        const w = await workspaceOn(t, `same-${driver}`);
+        for (let d = 0; d < 6; d++) await w.put(`memory/2026-0${d + 1}-15.md`, chat(`2026-0${d + 1}-15`, FILLER.map((l, i) => FILLER[(i * (d + 1)) % FILLER.length]!)));
+        await w.put('knowledge/trains.md', '# Trains\n\nThe trains to work are slow in winter; take the 7:40 `rb_12` instead.\n');
+        const out = [];
+        for (const q of ['slow trains to work', 'weekend cooking at home', 'rb_12', 'weather', '部署']) out.push(await w.search(q, { k: 10, debug: 'true' }));
+        results[driver] = out;
+      } finally {
+        await t.close();
+      }
+    }
+    expect(results.pglite).toEqual(results.postgres);
   });
 });
 
@@ -104,13 +267,46 @@ describe('memory search with an embeddings endpoint', () => {
     await fake.close();
   });
 
-  it('ranks by meaning too: a synonym with no shared word is found through the vectors', async () => {
-    const team = await t.team('vectors');
-    const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'v' } })).body.id;
-    await t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/garage.md`, { key: team.key, raw: '# Garage\n\nThe red car needs new tyres.\n' });
+  it('fuses meaning with words: a synonym with no shared word is found through the vectors', async () => {
+    const w = await workspaceOn(t, 'vectors');
+    await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
     expect(fake.requests.some((r) => r.path === '/v1/embeddings' && r.body.model === 'fake-embed')).toBe(true);
-    const r = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=automobile`, { key: team.key });
-    expect(r.body.data[0]).toMatchObject({ path: 'knowledge/garage.md' });
+    const hits = await w.search('automobile', { debug: 'true' });
+    expect(hits[0]).toMatchObject({ path: 'knowledge/garage.md' });
+    expect(hits[0]!.debug).toMatchObject({ lexical_rank: null, vector_rank: 1 });
+    // A word match and a vector match of the same chunk add up (reciprocal-rank fusion).
+    const both = await w.search('red car', { debug: 'true' });
+    expect(both[0]!.debug).toMatchObject({ lexical_rank: 1 });
+  });
+});
+
+describe('re-indexing after the chunking or ranking changed', () => {
+  it('rebuilds, in the background, the workspaces an older version indexed; search answers meanwhile', async () => {
+    const t = await createTestApp();
+    try {
+      const w = await workspaceOn(t, 'reindex');
+      await w.put(`memory/${day(5)}.md`, chat(day(5), [...FILLER, 'Maya: The boiler service is on the ninth.']));
+      const before = await w.search('boiler service');
+      // As an older version left it: one chunk per file (its whole text) and version 0.
+      await t.database.db.delete(memoryChunks).where(eq(memoryChunks.workspaceId, w.ws));
+      await t.database.db.execute(sql`insert into memory_chunks (team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, len)
+        values (${w.team.id}, ${w.ws}, ${`memory/${day(5)}.md`}, 1, 15, null, 'old chunk: boiler service', 'x', 'old chunk: boiler service', 4)`);
+      await t.database.db.update(memoryIndex).set({ version: 0 }).where(eq(memoryIndex.workspaceId, w.ws));
+      expect((await w.search('boiler service'))[0]!.snippet).toBe('old chunk: boiler service');
+
+      const job = t.workspaces.reindexStale();
+      await job;
+      expect(await w.search('boiler service')).toEqual(before);
+      const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
+      expect(stats!.version).toBe(INDEX_VERSION);
+      expect(stats!.chunks).toBeGreaterThan(1);
+      // Nothing left to do: a second run re-indexes nothing.
+      const log = t.logs.length;
+      await t.workspaces.reindexStale();
+      expect(t.logs.slice(log).some((l) => String(l.msg).includes('re-indexing workspaces'))).toBe(false);
+    } finally {
+      await t.close();
+    }
   });
 });
 

@@ -32,6 +32,8 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   await engine.start();
   const workspaces = workspaceService(config, database.db, logger);
   await workspaces.repairAll();
+  // Indexes built by an older chunking or ranking are rebuilt in the background: start-up does not wait.
+  void workspaces.reindexStale();
   // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
   workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
   const agent = agentService(config, database.db, engine, workspaces, logger);
@@ -70,6 +72,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
       updates.stop();
       await agent.drain(config.shutdownGraceMs);
       await evolution.stop();
+      await workspaces.stopReindexing();
       await agent.stop();
       await agent.events.disconnect();
       await agent.disconnectCancels();

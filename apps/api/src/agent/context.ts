@@ -1,4 +1,5 @@
 import { OffThread } from '../lib/off-thread.ts';
+import { LOG_LINE_RULES, toLogLines } from '../memory/chunker.ts';
 import type { ChatMessage } from './llm.ts';
 
 /** The tokenizer runs in its own thread: a tenant's output decides how long it takes. */
@@ -144,7 +145,8 @@ export function reduceOldTurns(turns: TranscriptEntry[][]): TranscriptEntry[][] 
 export const SUMMARY_INSTRUCTIONS = `You condense an agent's conversation so the work can continue without it.
 Reply with exactly two sections:
 <daily_log>
-Markdown bullets for today's log: what was asked, what was done, decisions, results, problems. Facts only.
+Today's log: what was asked, what was done, decisions, results, problems. Facts only.
+${LOG_LINE_RULES}
 </daily_log>
 <project_state>
 ## Progress
@@ -156,7 +158,7 @@ Markdown bullets for today's log: what was asked, what was done, decisions, resu
 
 /** Parses the summariser's answer; both sections are required. */
 export function parseSummary(reply: string): { log: string; state: string } | null {
-  const log = /<daily_log>([\s\S]*?)<\/daily_log>/i.exec(reply)?.[1]?.trim();
+  const log = toLogLines(/<daily_log>([\s\S]*?)<\/daily_log>/i.exec(reply)?.[1]?.trim() ?? '');
   const state = /<project_state>([\s\S]*?)<\/project_state>/i.exec(reply)?.[1]?.trim();
   return log && state ? { log, state } : null;
 }

@@ -23,13 +23,23 @@ export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?
   return lines.join('\n');
 }
 
+/**
+ * What the model reads after a memory search: each hit's file and lines (so it can open the
+ * file for more), its date and heading, and the matching lines themselves.
+ */
 export function searchFeedback(query: string, hits: SearchHit[]): string {
-  if (!hits.length) return `Kiln System: [Memory Search] nothing found for "${query}".`;
+  if (!hits.length) return `Kiln System: [Memory Search] nothing found for "${query}". Try other words (names, things, identifiers), fewer words, or no filters.`;
   return [
-    `Kiln System: [Memory Search] ${hits.length} result(s) for "${query}":`,
-    ...hits.map((h) => `--- /workspace/${h.path}:${h.start_line}-${h.end_line} (score ${h.score})\n${h.snippet}`),
+    `Kiln System: [Memory Search] ${hits.length} result(s) for "${query}", best first:`,
+    ...hits.map((h) => {
+      const where = h.start_line === h.end_line ? `${h.start_line}` : `${h.start_line}-${h.end_line}`;
+      const about = [h.date, h.heading ? `"${h.heading}"` : null].filter(Boolean).join(', ');
+      return `--- /workspace/${h.path}:${where}${about ? ` (${about})` : ''}\n${h.snippet}`;
+    }),
   ].join('\n');
 }
+
+export const SEARCH_REFUSED = (problem: string) => `Kiln System: [Memory Search] not run: ${problem}. Call it again with valid arguments.`;
 
 export const DENIED_BY_POLICY = (rule?: string) =>
   `Kiln System: [Denied by policy] This code was not run: the workspace's approval policy does not allow it${rule ? ` (rule ${JSON.stringify(rule)})` : ''}. Find another way, or finish and explain what you need.`;

@@ -75,8 +75,16 @@ code to run now
 You will get the result of <python> or <memory_search> in the next message.`;
 
 const TOOLS_PROTOCOL = `Act through the tools: \`python\` runs code, \`memory_search\` searches memory, knowledge and
-skills, \`undo_evolution\` undoes a self-evolution change when the user asks, \`finish\` ends the task
+skills (optionally only under a path, or daily logs between dates), \`undo_evolution\` undoes a self-evolution change when the user asks, \`finish\` ends the task
 with a summary for the user. Call one tool per reply.`;
+
+/** When to search: the model sees core memory only, and forgets the rest unless it looks. */
+export const WHEN_TO_SEARCH = `<Core_Memory> holds only the essentials. Everything else you learned (earlier conversations,
+decisions, results, day by day) is in the daily logs, knowledge pages and skills, and you reach it
+only by searching memory. Search before you answer a question about the past (what was said,
+decided or done, and when), before you redo work that may have been done already, and whenever
+the user refers to something you do not see here. Search with the key words (names, things,
+identifiers) rather than the whole question; each result gives the file, lines and date.`;
 
 const sourceUpdates = (s: WorkspaceSettings) =>
   !s.source_updates ? '' : s.protocol === 'xml' ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}` : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
@@ -122,6 +130,7 @@ writable: /workspace, /tmp, /home/sandbox; read-only: /workspace/skills/builtin
 limits per step: ${l.timeoutS} s, ${l.memoryMb} MiB memory, ${l.cpus} CPU, ${l.pids} processes, ${l.diskMb} MiB disk
 steps left in this task: at most ${settings.max_steps}
 </Environment>`,
+    `<Memory_Search>\n${WHEN_TO_SEARCH}\n</Memory_Search>`,
     `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}${sourceUpdates(settings)}\n</Protocol>`,
   ];
   return fillPlaceholders(sections.filter(Boolean).join('\n\n'));

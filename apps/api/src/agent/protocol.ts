@@ -6,7 +6,7 @@ import { tag, withoutBlock } from '../lib/text.ts';
 
 export type Action =
   | { type: 'python'; code: string }
-  | { type: 'memory_search'; query: string }
+  | { type: 'memory_search'; query: string; path?: string; since?: string; until?: string }
   | { type: 'finish'; summary: string }
   | { type: 'source_update'; patch: string; reason: string }
   | { type: 'undo_evolution'; evolutionId: string };
@@ -63,8 +63,18 @@ export const TOOLS: ChatCompletionTool[] = [
     type: 'function',
     function: {
       name: 'memory_search',
-      description: 'Search core memory, daily logs, knowledge pages and skills.',
-      parameters: { type: 'object', properties: { query: { type: 'string' } }, required: ['query'] },
+      description:
+        'Search core memory, the daily logs of every past day, knowledge pages and skills. Returns the best-matching lines with their file, line numbers and date.',
+      parameters: {
+        type: 'object',
+        properties: {
+          query: { type: 'string', description: 'The words to look for: names, things, identifiers (not a whole question)' },
+          path: { type: 'string', description: 'Optional: only files under this path, e.g. memory/ (daily logs), knowledge/, skills/' },
+          since: { type: 'string', description: 'Optional: only daily logs of this day or later (YYYY-MM-DD)' },
+          until: { type: 'string', description: 'Optional: only daily logs of this day or earlier (YYYY-MM-DD)' },
+        },
+        required: ['query'],
+      },
     },
   },
   {
@@ -106,7 +116,10 @@ export function parseToolCall(call: ToolCall): Call {
   }
   const str = (k: string) => (typeof args[k] === 'string' ? (args[k] as string) : '');
   if (call.name === 'python' && str('code')) return { action: { type: 'python', code: str('code') }, toolCallId };
-  if (call.name === 'memory_search' && str('query')) return { action: { type: 'memory_search', query: str('query') }, toolCallId };
+  if (call.name === 'memory_search' && str('query')) {
+    const opt = (k: string) => (str(k) ? { [k]: str(k) } : {});
+    return { action: { type: 'memory_search', query: str('query'), ...opt('path'), ...opt('since'), ...opt('until') }, toolCallId };
+  }
   if (call.name === 'propose_source_update') return { action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId };
   if (call.name === 'undo_evolution' && str('evolution_id')) return { action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId };
   if (call.name === 'finish') return { action: { type: 'finish', summary: str('summary') }, toolCallId };

@@ -23,7 +23,8 @@ import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
 import { recentEvolutions } from '../evolution/evolutions.ts';
 import { undoEvolution } from '../evolution/undo.ts';
-import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, searchFeedback } from './feedback.ts';
+import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
+import { filterProblem } from '../memory/search.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
 import { buildSystemPrompt } from './prompt.ts';
@@ -617,9 +618,11 @@ export class AgentService {
     // A finish that is a tool call is answered by `actCalls`, with the calls after it.
     if (action.type === 'finish') return this.complete(ctx, action.summary);
     if (action.type === 'memory_search') {
-      const hits = await this.repo.search(ctx.ws, action.query, 8);
-      this.emit(ctx, 'memory.searched', { query: action.query, hits });
-      this.reply(ctx, toolCallId, searchFeedback(action.query, hits));
+      const filters = { path: action.path, since: action.since, until: action.until };
+      const problem = filterProblem(filters);
+      const hits = problem ? [] : (await this.repo.search(ctx.ws, action.query, { k: 8, ...filters })).hits;
+      this.emit(ctx, 'memory.searched', { query: action.query, ...filters, hits });
+      this.reply(ctx, toolCallId, problem ? SEARCH_REFUSED(problem) : searchFeedback(action.query, hits));
       this.writeBehind(ctx);
       return false;
     }

@@ -4,6 +4,7 @@ import { ModelError, type ChatMessage } from '../agent/llm.ts';
 import { evolutions, messages, sessions } from '../db/schema/index.ts';
 import { tag } from '../lib/text.ts';
 import { memoryEntries } from '../memory/budget.ts';
+import { LOG_LINE_RULES, toLogLines } from '../memory/chunker.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { endEvolution, type EvolutionRow } from './evolutions.ts';
 import { GuardedFiles, GuardError } from './guarded-files.ts';
@@ -16,8 +17,9 @@ const MARK = /<!-- kiln-logged: ([0-9a-f ]+) -->/g;
 export const DAILY_LOG_INSTRUCTIONS = `You write an AI agent's daily log from the day's conversations.
 Reply with exactly:
 <daily_log>
-Markdown bullets, grouped per session: what was asked, what was done, decisions, results, problems, open tasks.
-Facts only, nothing the conversations do not show; copy names, paths, numbers and identifiers verbatim.
+The day's log, under one "### " heading per session: what was asked, what was done, decisions, results,
+problems, open tasks. Facts only, nothing the conversations do not show.
+${LOG_LINE_RULES}
 </daily_log>`;
 
 export const DREAM_INSTRUCTIONS = `You are the agent's memory, consolidating at night ("deep dream").
@@ -116,7 +118,7 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
       { role: 'system', content: DAILY_LOG_INSTRUCTIONS },
       { role: 'user', content: `Conversations of ${day}:\n\n${text}` },
     ]);
-    const log = /<daily_log>([\s\S]*?)<\/daily_log>/i.exec(reply)?.[1]?.trim();
+    const log = toLogLines(/<daily_log>([\s\S]*?)<\/daily_log>/i.exec(reply)?.[1]?.trim() ?? '');
     if (!log) throw new Error(`the daily log for ${day} came back empty or malformed; nothing was written`);
     const existing = (await files.read(logPath(day))) ?? `# ${day}\n`;
     const marks = list.map((m) => markOf(m.sessionId, m.contentHash)).join(' ');

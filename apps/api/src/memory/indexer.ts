@@ -3,9 +3,10 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, eq, inArray, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
+import { rowsOf } from '../db/rows.ts';
 import { memoryChunks } from '../db/schema/index.ts';
 import { isIndexed } from '../workspace/kinds.ts';
-import { chunkMarkdown } from './chunker.ts';
+import { chunkFile, INDEX_VERSION } from './chunker.ts';
 import type { Embedder } from './embeddings.ts';
 
 const SMALL = 500;
@@ -14,17 +15,19 @@ export interface IndexTarget {
   id: string;
   teamId: string;
   dir: string;
+  /** Template lines that are shown but not searched (see chunker.ts). */
+  boilerplate?: ReadonlySet<string>;
 }
 
-/** Rebuilds the chunks of the given workspace paths (deleted files simply lose theirs). */
-export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {
-  const targets = [...new Set(paths.filter(isIndexed))];
-  if (targets.length === 0) return 0;
-  const rows: (typeof memoryChunks.$inferInsert)[] = [];
-  for (const path of targets) {
+type Row = typeof memoryChunks.$inferInsert;
+
+/** The chunk rows of the given workspace paths as they are on disk now (embedded when a model is configured). */
+async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<Row[]> {
+  const rows: Row[] = [];
+  for (const path of paths) {
     const text = await readFile(join(ws.dir, path), 'utf8').catch(() => null);
     if (text === null) continue;
-    for (const c of chunkMarkdown(text)) {
+    for (const c of chunkFile(path, text, ws.boilerplate)) {
       rows.push({
         teamId: ws.teamId,
         workspaceId: ws.id,
@@ -34,13 +37,35 @@ export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], emb
         heading: c.heading,
         content: c.content,
         contentHash: createHash('sha256').update(c.content).digest('hex'),
+        searchText: c.searchText,
+        len: c.len,
+        day: c.day,
+        builtin: c.builtin,
       });
     }
   }
   if (embedder && rows.length) {
-    const vectors = await embedder.embed(rows.map((r) => (r.heading ? `${r.heading}\n${r.content}` : r.content)));
+    const vectors = await embedder.embed(rows.map((r) => r.searchText!));
     rows.forEach((r, i) => (r.embedding = vectors[i]));
   }
+  return rows;
+}
+
+const valuesOf = (rows: Row[]) =>
+  sql.join(
+    rows.map(
+      (r) =>
+        sql`(${r.teamId}, ${r.workspaceId}, ${r.path}, ${r.startLine}::int, ${r.endLine}::int, ${r.heading}, ${r.content}, ${r.contentHash}, ${r.searchText}, ${r.len}::int, ${r.day}::date, ${r.builtin}::boolean, ${r.embedding ? `{${r.embedding.join(',')}}` : null}::real[])`,
+    ),
+    sql`, `,
+  );
+const COLUMNS = sql.raw('(team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, len, day, builtin, embedding)');
+
+/** Rebuilds the chunks of the given workspace paths (deleted files simply lose theirs). */
+export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {
+  const targets = [...new Set(paths.filter(isIndexed))];
+  if (targets.length === 0) return 0;
+  const rows = await rowsFor(ws, targets, embedder);
   const stale = and(eq(memoryChunks.workspaceId, ws.id), inArray(memoryChunks.path, targets));
   if (rows.length === 0) {
     await db.delete(memoryChunks).where(stale);
@@ -49,18 +74,18 @@ export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], emb
   if (rows.length <= SMALL) {
     // The common case (one commit's files): replace the chunks in a single statement.
     await db.execute(sql`with stale as (delete from ${memoryChunks} where ${stale})
-      insert into ${memoryChunks} (team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, embedding)
-      select * from (values ${sql.join(
-        rows.map((r) => sql`(${r.teamId}, ${r.workspaceId}, ${r.path}, ${r.startLine}::int, ${r.endLine}::int, ${r.heading}, ${r.content}, ${r.contentHash}, ${r.embedding ? `{${r.embedding.join(',')}}` : null}::real[])`),
-        sql`, `,
-      )}) as v`);
+      insert into ${memoryChunks} ${COLUMNS} select * from (values ${valuesOf(rows)}) as v`);
     return rows.length;
   }
   await db.transaction(async (tx) => {
     await tx.delete(memoryChunks).where(stale);
-    for (let i = 0; i < rows.length; i += SMALL) await tx.insert(memoryChunks).values(rows.slice(i, i + SMALL));
+    await insertRows(tx as unknown as Db, rows);
   });
   return rows.length;
+}
+
+async function insertRows(db: Db, rows: Row[]): Promise<void> {
+  for (let i = 0; i < rows.length; i += SMALL) await db.execute(sql`insert into ${memoryChunks} ${COLUMNS} values ${valuesOf(rows.slice(i, i + SMALL))}`);
 }
 
 /** Every indexed file of a workspace, for a full rebuild. */
@@ -79,11 +104,37 @@ export async function indexedFiles(dir: string): Promise<string[]> {
   return out.sort();
 }
 
-/** Drops and rebuilds a workspace's whole index (start-up repair, or after an embeddings model change). */
-export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder): Promise<number> {
-  await db.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
-  const n = await reindexPaths(db, ws, await indexedFiles(ws.dir), embedder);
+/**
+ * Rebuilds a workspace's whole index (creation, start-up repair, a new chunking or ranking
+ * version, an embeddings model change) in one transaction: searches see the old index or the
+ * new one, never a half-built one. With `onlyIfStale`, nothing is done when the index is at
+ * the current version already or another server holds it (it is re-indexing it): returns null.
+ */
+export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, opts: { onlyIfStale?: boolean } = {}): Promise<number | null> {
+  const rows = await rowsFor(ws, await indexedFiles(ws.dir), embedder);
+  const done = await db.transaction(async (t) => {
+    const tx = t as unknown as Db;
+    await tx.execute(sql`insert into memory_index (workspace_id) values (${ws.id}) on conflict do nothing`);
+    const claimed = rowsOf<{ version: number }>(
+      await tx.execute(sql`select version from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`),
+    )[0];
+    if (opts.onlyIfStale && (!claimed || claimed.version >= INDEX_VERSION)) return false;
+    await tx.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
+    await insertRows(tx, rows);
+    await tx.execute(sql`update memory_index set version = ${INDEX_VERSION}, indexed_at = now() where workspace_id = ${ws.id}`);
+    return true;
+  });
+  if (!done) return null;
   // Fresh statistics after a bulk load, so the planner uses the text indexes (PGlite has no autovacuum).
-  await db.execute(sql`analyze memory_chunks`);
-  return n;
+  if (rows.length > SMALL) await db.execute(sql`analyze memory_chunks`);
+  return rows.length;
+}
+
+/** Workspaces whose index was built by an older chunking or ranking (or never). */
+export async function staleIndexes(db: Db): Promise<string[]> {
+  const rows = rowsOf<{ id: string }>(
+    await db.execute(sql`select w.id from workspaces w left join memory_index m on m.workspace_id = w.id
+      where w.deleted_at is null and coalesce(m.version, 0) < ${INDEX_VERSION} order by w.id`),
+  );
+  return rows.map((r) => r.id);
 }

@@ -60,7 +60,7 @@ const IDENTITY: Record<CommitAuthor, string> = {
 export class WorkspaceRepos {
   constructor(
     readonly root: string,
-    private readonly template: string,
+    readonly template: string,
   ) {}
 
   dirOf(workspaceId: string): string {

@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { and, desc, eq, isNull, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
@@ -5,8 +7,9 @@ import { commits, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../http/errors.ts';
 import type { MemoryBudget } from '../memory/budget.ts';
 import type { Embedder } from '../memory/embeddings.ts';
-import { reindexAll, reindexPaths } from '../memory/indexer.ts';
-import { searchMemory } from '../memory/search.ts';
+import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
+import { indexedFiles, reindexAll, reindexPaths, staleIndexes } from '../memory/indexer.ts';
+import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { KeyedMutex } from './lock.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
@@ -40,6 +43,9 @@ export type CommitListener = (workspaceId: string, files: { path: string; data: 
 export class WorkspaceService {
   private readonly lock = new KeyedMutex();
   private readonly listeners: CommitListener[] = [];
+  private boilerplate: Promise<ReadonlySet<string>> | undefined;
+  private reindexing: Promise<void> | undefined;
+  private stopReindex = false;
 
   constructor(
     private readonly db: Db,
@@ -57,7 +63,7 @@ export class WorkspaceService {
         await this.record(row, c);
         return c;
       });
-      await reindexAll(this.db, this.indexTarget(row), this.opts.embedder);
+      await reindexAll(this.db, await this.indexTarget(row), this.opts.embedder);
       return { ...row, head: first.sha };
     } catch (err) {
       await this.db.delete(workspaces).where(eq(workspaces.id, row.id));
@@ -238,7 +244,7 @@ export class WorkspaceService {
   }
 
   private async reindex(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
-    await reindexPaths(this.db, this.indexTarget(ws), commit.paths, this.opts.embedder);
+    await reindexPaths(this.db, await this.indexTarget(ws), commit.paths, this.opts.embedder);
   }
 
   /** Mirrors a commit into the table and moves the workspace head, in one statement. */
@@ -251,8 +257,57 @@ export class WorkspaceService {
       update workspaces set head = ${c.sha}, updated_at = now() where id = ${ws.id}`);
   }
 
-  private indexTarget(ws: { id: string; teamId: string }) {
-    return { id: ws.id, teamId: ws.teamId, dir: this.repos.dirOf(ws.id) };
+  private async indexTarget(ws: { id: string; teamId: string }) {
+    return { id: ws.id, teamId: ws.teamId, dir: this.repos.dirOf(ws.id), boilerplate: await this.templateBoilerplate() };
+  }
+
+  /** The template's lines (built-in skills aside): shown in search results, never searched. */
+  private templateBoilerplate(): Promise<ReadonlySet<string>> {
+    this.boilerplate ??= indexedFiles(this.repos.template).then(async (paths) =>
+      boilerplateLines(await Promise.all(paths.filter((p) => !isBuiltin(p)).map((p) => readFile(join(this.repos.template, p), 'utf8')))),
+    );
+    return this.boilerplate;
+  }
+
+  /**
+   * Re-indexes, in the background, every workspace whose index an older chunking or ranking
+   * built (after an upgrade). Searches keep answering from the old index meanwhile: each
+   * workspace's index is replaced in one transaction. Replicas share the work: a workspace
+   * another server is re-indexing is skipped. Returns at once; `stopReindexing` ends it.
+   */
+  reindexStale(): Promise<void> {
+    this.stopReindex = false;
+    this.reindexing ??= (async () => {
+      try {
+        const ids = await staleIndexes(this.db);
+        if (!ids.length) return;
+        this.log.info({ workspaces: ids.length }, 'memory index: re-indexing workspaces built by an older version');
+        let done = 0;
+        for (const id of ids) {
+          if (this.stopReindex) break;
+          const [ws] = await this.db.select().from(workspaces).where(eq(workspaces.id, id));
+          if (!ws || ws.deletedAt || !this.repos.exists(id)) continue;
+          try {
+            const n = await this.lock.run(id, async () => reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder, { onlyIfStale: true }));
+            if (n !== null) done++;
+          } catch (err) {
+            this.log.error({ err, workspace: id }, 'memory index: could not re-index a workspace; it is tried again at the next start');
+          }
+        }
+        this.log.info({ reindexed: done, of: ids.length }, 'memory index: re-indexing done');
+      } catch (err) {
+        this.log.error({ err }, 'memory index: the re-index job failed');
+      } finally {
+        this.reindexing = undefined;
+      }
+    })();
+    return this.reindexing;
+  }
+
+  /** Stops the background re-index after the workspace it is on. */
+  async stopReindexing(): Promise<void> {
+    this.stopReindex = true;
+    await this.reindexing;
   }
 
   async listCommits(ws: WorkspaceRow, f: { kind?: CommitKind; session?: string; after?: string; limit: number }) {
@@ -273,8 +328,8 @@ export class WorkspaceService {
     return { commit: info, diff, diffTruncated: truncated };
   }
 
-  search(ws: WorkspaceRow, q: string, k: number) {
-    return searchMemory(this.db, ws.id, q, k, { embedder: this.opts.embedder });
+  search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
+    return searchMemory(this.db, ws.id, q, { ...opts, embedder: this.opts.embedder });
   }
 
   /**
@@ -314,7 +369,7 @@ export class WorkspaceService {
     });
     const head = await this.repos.head(ws.id);
     if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
-    if (missing.length || recovered?.commit) await reindexAll(this.db, this.indexTarget(ws), this.opts.embedder);
+    if (missing.length || recovered?.commit) await reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder);
     const changed = Boolean(removedLocks.length || recovered || missing.length);
     if (changed) {
       const refused = recovered?.refused.map((r) => r.path);

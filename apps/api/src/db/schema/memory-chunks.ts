@@ -1,5 +1,5 @@
 import { sql } from 'drizzle-orm';
-import { customType, index, integer, pgTable, real, serial, text } from 'drizzle-orm/pg-core';
+import { bigint, boolean, customType, date, index, integer, pgTable, real, serial, text, timestamp } from 'drizzle-orm/pg-core';
 import { teamId, ts } from './columns.ts';
 import { workspaces } from './workspaces.ts';
 
@@ -7,8 +7,12 @@ const tsvector = customType<{ data: string }>({ dataType: () => 'tsvector' });
 
 /**
  * Search index over a workspace's memory, knowledge and skills, rebuilt per touched file on
- * commit. `tsv` feeds full-text search; a trigram index on `content` (migration 0001) serves
- * substring matches for text the full-text parser cannot split, such as Chinese.
+ * commit (see memory/chunker.ts for how files are cut). `content` is the chunk's lines as they
+ * are in the file (for snippets); `search_text` is what is searched: the heading and the lines
+ * that are not the template's boilerplate. `tsv` (English stemming and stop words) feeds the
+ * BM25 ranking; a trigram index on `search_text` serves substring matches for text the parser
+ * cannot split (Chinese, identifiers). `len` is the chunk's length in words, for BM25's length
+ * normalisation; `day` the date of a dated log.
  */
 export const memoryChunks = pgTable(
   'memory_chunks',
@@ -22,9 +26,30 @@ export const memoryChunks = pgTable(
     heading: text('heading'),
     content: text('content').notNull(),
     contentHash: text('content_hash').notNull(),
+    searchText: text('search_text').notNull().default(''),
+    len: integer('len').notNull().default(0),
+    day: date('day', { mode: 'string' }),
+    builtin: boolean('builtin').notNull().default(false),
     embedding: real('embedding').array(),
-    tsv: tsvector('tsv').generatedAlwaysAs(sql`to_tsvector('simple', coalesce(heading, '') || ' ' || content)`),
+    tsv: tsvector('tsv').generatedAlwaysAs(sql`to_tsvector('english'::regconfig, search_text)`),
     updatedAt: ts('updated_at').notNull().defaultNow(),
   },
-  (t) => [index('memory_chunks_ws_path_idx').on(t.workspaceId, t.path), index('memory_chunks_tsv_idx').using('gin', t.tsv)],
+  (t) => [
+    index('memory_chunks_ws_path_idx').on(t.workspaceId, t.path),
+    index('memory_chunks_ws_day_idx').on(t.workspaceId, t.day),
+    index('memory_chunks_tsv_idx').using('gin', t.tsv),
+  ],
 );
+
+/**
+ * Per-workspace statistics of the index, kept by statement triggers on memory_chunks (migration
+ * 0007): the chunk count and total length BM25 needs, and the version of the chunking and
+ * ranking the chunks were built with (a start-up job re-indexes workspaces below the current one).
+ */
+export const memoryIndex = pgTable('memory_index', {
+  workspaceId: text('workspace_id').primaryKey().references(() => workspaces.id, { onDelete: 'cascade' }),
+  chunks: integer('chunks').notNull().default(0),
+  totalLen: bigint('total_len', { mode: 'number' }).notNull().default(0),
+  version: integer('version').notNull().default(0),
+  indexedAt: timestamp('indexed_at', { withTimezone: true }),
+});

@@ -2,6 +2,7 @@ import { teamOf, writableTeamOf } from '../../auth/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../http/errors.ts';
 import { createRouter } from '../../http/router.ts';
+import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
 import type { CommitInfo, CommitOutcome } from '../../workspace/repo.ts';
 import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
@@ -79,7 +80,12 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
     })
     .openapi(r.searchMemory, async (c) => {
       const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
-      const { q, k } = c.req.valid('query');
-      return c.json({ data: await service.search(ws, q, k) }, 200);
+      const { q, k, path, since, until, cursor, debug } = c.req.valid('query');
+      const filters = { path, since, until };
+      const offset = cursor === undefined ? 0 : decodeCursor(cursor, q, filters);
+      if (offset === null) throw new ApiError('invalid_request', 'cursor: not a cursor of this query and these filters (pass next_cursor back with the same q, path, since and until)');
+      const page = await service.search(ws, q, { k, offset, ...filters, debug: debug === 'true' });
+      const next = page.hasMore && offset + k < MAX_DEPTH ? encodeCursor(offset + k, q, filters) : null;
+      return c.json({ data: page.hits, has_more: next !== null, next_cursor: next }, 200);
     });
 }

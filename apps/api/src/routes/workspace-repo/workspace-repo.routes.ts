@@ -1,4 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import { isDay, isPathPrefix } from '../../memory/search.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
 const KINDS = ['memory', 'skill', 'knowledge', 'prompt', 'source', 'user', 'system'] as const;
@@ -109,18 +110,60 @@ export const revert = createRoute({
   responses: { 201: jsonContent(CommitOutcome, 'The revert commit'), 409: conflictResponse, ...errorResponses },
 });
 
+const Day = z.string().refine(isDay, 'must be a real calendar date, YYYY-MM-DD');
+
+export const SearchQuery = z
+  .object({
+    q: z.string().trim().min(1).max(500).openapi({ description: 'What to find: words, identifiers, Chinese or Japanese text' }),
+    k: z.coerce.number().int().min(1).max(50).default(8).openapi({ description: 'Hits per page, 1–50 (default 8)' }),
+    path: z
+      .string()
+      .min(1)
+      .max(200)
+      .refine(isPathPrefix, 'must be a relative path prefix inside the workspace, such as memory/')
+      .optional()
+      .openapi({ description: 'Only files whose path starts with this: `memory/`, `knowledge/`, `skills/`, `MEMORY.md`' }),
+    since: Day.optional().openapi({ description: 'Only dated logs of this day or later' }),
+    until: Day.optional().openapi({ description: 'Only dated logs of this day or earlier' }),
+    cursor: z.string().min(1).max(200).optional().openapi({ description: 'next_cursor of the previous page (same query and filters)' }),
+    debug: z.enum(['true', 'false']).optional().openapi({ description: 'true: each hit carries its score parts' }),
+  })
+  .refine((v) => !v.since || !v.until || v.since <= v.until, { message: 'since must not be after until', path: ['since'] });
+
+const SearchHit = z
+  .object({
+    path: z.string(),
+    start_line: z.number().openapi({ description: 'First line of the snippet (1-based)' }),
+    end_line: z.number().openapi({ description: 'Last line of the snippet' }),
+    snippet: z.string().openapi({ description: 'The best-matching lines and their neighbours' }),
+    score: z.number(),
+    date: z.string().nullable().openapi({ description: 'The date of a dated log, else null' }),
+    heading: z.string().nullable().openapi({ description: 'The heading the lines are under' }),
+    debug: z
+      .object({
+        bm25: z.number(),
+        lexical_rank: z.number().nullable(),
+        vector_similarity: z.number().nullable(),
+        vector_rank: z.number().nullable(),
+        recency: z.number(),
+        builtin: z.number(),
+        terms: z.array(z.object({ term: z.string(), kind: z.enum(['word', 'substring']), df: z.number(), idf: z.number() })),
+        chunk: z.object({ start_line: z.number(), end_line: z.number() }),
+      })
+      .optional()
+      .openapi({ description: 'With debug=true: why the hit ranks where it does' }),
+  })
+  .openapi('MemoryHit');
+
 export const searchMemory = createRoute({
   method: 'get',
   path: '/v1/workspaces/{ws}/memory/search',
   tags: ['Memory'],
   security,
-  summary: 'Search core memory, daily logs, knowledge and skills',
-  request: { params: WsParams, query: z.object({ q: z.string().trim().min(1).max(500), k: z.coerce.number().int().min(1).max(50).default(8) }) },
+  summary: 'Search core memory, daily logs, knowledge and skills (BM25, best-matching lines as snippets)',
+  request: { params: WsParams, query: SearchQuery },
   responses: {
-    200: jsonContent(
-      z.object({ data: z.array(z.object({ path: z.string(), start_line: z.number(), end_line: z.number(), snippet: z.string(), score: z.number() })) }),
-      'Best matches first',
-    ),
+    200: jsonContent(z.object({ data: z.array(SearchHit), has_more: z.boolean(), next_cursor: z.string().nullable() }), 'Best matches first'),
     ...errorResponses,
   },
 });

@@ -1,0 +1,45 @@
+-- Memory retrieval, version 1 (issue 13): chunks carry the text that is searched (without the
+-- template's boilerplate), their length in words, the date of a dated log and whether they come
+-- from a built-in skill; full-text search stems English and drops stop words; per-workspace
+-- statistics for BM25 are kept by statement triggers. Existing chunks stay searchable (their
+-- whole text, old chunking) until the start-up re-index job rebuilds them (memory_index.version 0).
+CREATE TABLE "memory_index" (
+	"workspace_id" text PRIMARY KEY NOT NULL,
+	"chunks" integer DEFAULT 0 NOT NULL,
+	"total_len" bigint DEFAULT 0 NOT NULL,
+	"version" integer DEFAULT 0 NOT NULL,
+	"indexed_at" timestamp with time zone
+);
+--> statement-breakpoint
+ALTER TABLE "memory_index" ADD CONSTRAINT "memory_index_workspace_id_workspaces_id_fk" FOREIGN KEY ("workspace_id") REFERENCES "public"."workspaces"("id") ON DELETE cascade ON UPDATE no action;--> statement-breakpoint
+DROP INDEX IF EXISTS "memory_chunks_content_trgm_idx";--> statement-breakpoint
+ALTER TABLE "memory_chunks" DROP COLUMN "tsv";--> statement-breakpoint
+ALTER TABLE "memory_chunks" ADD COLUMN "search_text" text DEFAULT '' NOT NULL;--> statement-breakpoint
+ALTER TABLE "memory_chunks" ADD COLUMN "len" integer DEFAULT 0 NOT NULL;--> statement-breakpoint
+ALTER TABLE "memory_chunks" ADD COLUMN "day" date;--> statement-breakpoint
+ALTER TABLE "memory_chunks" ADD COLUMN "builtin" boolean DEFAULT false NOT NULL;--> statement-breakpoint
+UPDATE "memory_chunks" SET "search_text" = coalesce("heading", '') || ' ' || "content",
+	"len" = coalesce(array_length(regexp_split_to_array(btrim(coalesce("heading", '') || ' ' || "content"), '\s+'), 1), 0),
+	"builtin" = "path" LIKE 'skills/builtin/%';--> statement-breakpoint
+ALTER TABLE "memory_chunks" ADD COLUMN "tsv" "tsvector" GENERATED ALWAYS AS (to_tsvector('english'::regconfig, search_text)) STORED;--> statement-breakpoint
+CREATE INDEX "memory_chunks_tsv_idx" ON "memory_chunks" USING gin ("tsv");--> statement-breakpoint
+CREATE INDEX "memory_chunks_search_trgm_idx" ON "memory_chunks" USING gin ("search_text" gin_trgm_ops);--> statement-breakpoint
+CREATE INDEX "memory_chunks_ws_day_idx" ON "memory_chunks" USING btree ("workspace_id","day");--> statement-breakpoint
+INSERT INTO "memory_index" ("workspace_id", "chunks", "total_len", "version")
+	SELECT w."id", count(c."id"), coalesce(sum(c."len"), 0), 0 FROM "workspaces" w LEFT JOIN "memory_chunks" c ON c."workspace_id" = w."id" GROUP BY w."id";--> statement-breakpoint
+CREATE FUNCTION "memory_index_added"() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO memory_index AS m (workspace_id, chunks, total_len)
+		SELECT workspace_id, count(*), sum(len) FROM added GROUP BY workspace_id
+	ON CONFLICT (workspace_id) DO UPDATE SET chunks = m.chunks + excluded.chunks, total_len = m.total_len + excluded.total_len;
+	RETURN NULL;
+END $$;--> statement-breakpoint
+CREATE FUNCTION "memory_index_removed"() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE memory_index m SET chunks = greatest(0, m.chunks - d.n), total_len = greatest(0, m.total_len - d.l)
+		FROM (SELECT workspace_id, count(*) AS n, sum(len) AS l FROM removed GROUP BY workspace_id) d
+		WHERE m.workspace_id = d.workspace_id;
+	RETURN NULL;
+END $$;--> statement-breakpoint
+CREATE TRIGGER "memory_chunks_added" AFTER INSERT ON "memory_chunks" REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION "memory_index_added"();--> statement-breakpoint
+CREATE TRIGGER "memory_chunks_removed" AFTER DELETE ON "memory_chunks" REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION "memory_index_removed"();

@@ -1,0 +1,109 @@
+/**
+ * The ranking model, as pure functions (the SQL in search.ts computes the same BM25 in the
+ * database; these are its reference and the parts applied after it).
+ */
+
+/** BM25 parameters: term-frequency saturation and length normalisation. */
+export const K1 = 1.2;
+export const B = 0.75;
+/** Recency is a tie-breaker: at most this much is added to a dated entry's score (today's). */
+export const RECENCY_MAX = 0.1;
+export const RECENCY_HALF_LIFE_DAYS = 90;
+/** Built-in skills rank below a user's own memory unless they match clearly better. */
+export const BUILTIN_FACTOR = 0.5;
+/** Reciprocal-rank fusion constant (the usual 60). */
+export const RRF_K = 60;
+
+/** Robertson–Spärck Jones IDF, never negative: a term in every chunk still counts a little. */
+export function idf(chunks: number, df: number): number {
+  return Math.log(1 + (chunks - df + 0.5) / (df + 0.5));
+}
+
+/** One term's BM25 contribution to a chunk of length `len` (average `avgLen`). */
+export function bm25Term(tf: number, len: number, avgLen: number, termIdf: number): number {
+  if (tf <= 0) return 0;
+  return (termIdf * tf * (K1 + 1)) / (tf + K1 * (1 - B + (B * len) / Math.max(avgLen, 1)));
+}
+
+/** The factor recency multiplies a score by: 1 for undated entries, up to 1 + RECENCY_MAX for today's. */
+export function recencyFactor(day: string | null, now: Date): number {
+  if (!day) return 1;
+  const age = Math.max(0, (now.getTime() - Date.parse(`${day}T00:00:00Z`)) / 86_400_000);
+  return 1 + RECENCY_MAX * 0.5 ** (age / RECENCY_HALF_LIFE_DAYS);
+}
+
+/** Reciprocal-rank fusion of several best-first lists of ids. */
+export function fuseRanks(lists: string[][]): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const list of lists) list.forEach((id, i) => out.set(id, (out.get(id) ?? 0) + 1 / (RRF_K + i + 1)));
+  return out;
+}
+
+export interface Hit<T = unknown> {
+  path: string;
+  /** The snippet's first and last file line. */
+  from: number;
+  to: number;
+  score: number;
+  extra: T;
+}
+
+/** Longest span (in lines) two overlapping hits are merged into. */
+export const MERGE_MAX_LINES = 8;
+
+/**
+ * Best-first hits without repeats: a hit whose lines overlap or touch a better hit of the same
+ * file is merged into it (the union of their lines, when short enough) or, when its lines are
+ * all inside the better one, dropped.
+ */
+export function mergeHits<T>(hits: Hit<T>[]): Hit<T>[] {
+  const kept: Hit<T>[] = [];
+  for (const h of hits) {
+    const near = kept.find((k) => k.path === h.path && h.from <= k.to + 1 && h.to >= k.from - 1);
+    if (!near) {
+      kept.push({ ...h });
+      continue;
+    }
+    if (h.from >= near.from && h.to <= near.to) continue;
+    const from = Math.min(near.from, h.from);
+    const to = Math.max(near.to, h.to);
+    if (to - from + 1 <= MERGE_MAX_LINES) {
+      near.from = from;
+      near.to = to;
+    } else if (h.to > near.to || h.from < near.from) {
+      // Too long to merge: keep only the lines the better hit does not show.
+      kept.push(h.from < near.from ? { ...h, to: near.from - 1 } : { ...h, from: near.to + 1 });
+    }
+  }
+  return kept;
+}
+
+/** Most characters a snippet has. */
+export const SNIPPET_CHARS = 320;
+
+/**
+ * The lines a snippet shows, around the best-matching line of a chunk (`scores[i]` for the
+ * chunk's i-th line): that line, then its neighbours (a conversation answers the line before
+ * it), while the snippet stays within SNIPPET_CHARS. Indexes into the chunk's lines.
+ */
+export function snippetLines(lines: string[], scores: number[]): { from: number; to: number } {
+  let best = 0;
+  for (let i = 1; i < lines.length; i++) if ((scores[i] ?? 0) > (scores[best] ?? 0)) best = i;
+  let chars = lines[best]!.length;
+  const neighbour = (dir: 1 | -1) => {
+    let i = best + dir;
+    while (i >= 0 && i < lines.length && !lines[i]!.trim()) i += dir;
+    if (i < 0 || i >= lines.length || chars + lines[i]!.length + 1 > SNIPPET_CHARS) return best;
+    chars += lines[i]!.length + 1;
+    return i;
+  };
+  const to = neighbour(1);
+  const from = neighbour(-1);
+  return { from, to };
+}
+
+/** The snippet text of lines from..to, cut to SNIPPET_CHARS. */
+export function snippetText(lines: string[], from: number, to: number): string {
+  const text = lines.slice(from, to + 1).filter((l) => l.trim()).join('\n');
+  return text.length > SNIPPET_CHARS ? `${text.slice(0, SNIPPET_CHARS - 1)}…` : text;
+}

@@ -1,0 +1,165 @@
+import { describe, expect, it } from 'vitest';
+import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
+import { cjkPairs, occurrences, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
+import { bm25Term, BUILTIN_FACTOR, fuseRanks, idf, mergeHits, RECENCY_MAX, recencyFactor, snippetLines, snippetText, SNIPPET_CHARS, type Hit } from '../../apps/api/src/memory/rank.ts';
+import { decodeCursor, encodeCursor, filterProblem, isDay, isPathPrefix } from '../../apps/api/src/memory/search.ts';
+
+describe('query terms', () => {
+  it('sends words to full-text search and identifiers and CJK text to substring search', () => {
+    expect(parseQuery('When did Maya adopt the puppy?')).toEqual({ words: ['when', 'did', 'maya', 'adopt', 'the', 'puppy'], substrings: [] });
+    expect(parseQuery('call load_config() and parseConfigFile, v2.3.1')).toEqual({
+      words: ['call', 'load', 'config', 'and', 'parseconfigfile', 'v2', '3', '1'],
+      substrings: ['load_config', 'parseconfigfile', 'v2.3.1'],
+    });
+    expect(parseQuery('部署流程 test')).toEqual({ words: ['test'], substrings: ['部署', '署流', '流程'] });
+    expect(parseQuery('   ,;!? ')).toEqual({ words: [], substrings: [] });
+  });
+
+  it('bounds what a long query costs', () => {
+    const q = parseQuery(Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ') + ' ' + '漢字'.repeat(50));
+    expect(q.words.length).toBeLessThanOrEqual(16);
+    expect(q.substrings.length).toBeLessThanOrEqual(12);
+  });
+
+  it('cuts CJK runs into overlapping pairs, and counts words and CJK characters', () => {
+    expect(cjkPairs('冒烟测试')).toEqual(['冒烟', '烟测', '测试']);
+    expect(cjkPairs('字')).toEqual(['字']);
+    expect(wordCount('Maya: we adopted him, 部署 done')).toBe(7);
+    expect(occurrences('aaaa', 'aa')).toBe(2);
+    expect(occurrences('the key, the lock', 'the')).toBe(2);
+    expect(occurrences('x', '')).toBe(0);
+  });
+});
+
+describe('chunking', () => {
+  const log = (n: number) => `# 2025-03-04\n\n## Conversation\n\n${Array.from({ length: n }, (_, i) => `- 10:${String(i).padStart(2, '0')} turn ${i + 1}`).join('\n')}\n`;
+
+  it('cuts logs into small windows overlapping by half, with exact line numbers, the date and the heading', () => {
+    const chunks = chunkFile('memory/2025-03-04.md', log(9));
+    const { size, step } = WINDOWS.lines;
+    expect(chunks.map((c) => [c.startLine, c.endLine])).toEqual([
+      [5, 5 + size - 1],
+      [5 + step, 5 + step + size - 1],
+      [5 + 2 * step, 5 + 2 * step + size - 1],
+      [10, 13],
+    ]);
+    for (const c of chunks) {
+      expect(c).toMatchObject({ day: '2025-03-04', heading: 'Conversation', builtin: false });
+      const lines = log(9).split('\n');
+      expect(c.content).toBe(lines.slice(c.startLine - 1, c.endLine).join('\n'));
+    }
+    // Every line is in some window, and the windows overlap.
+    const covered = new Set(chunks.flatMap((c) => Array.from({ length: c.endLine - c.startLine + 1 }, (_, i) => c.startLine + i)));
+    expect([...covered].sort((a, b) => a - b)).toEqual([5, 6, 7, 8, 9, 10, 11, 12, 13]);
+  });
+
+  it('starts a section at each heading (not inside code fences) and windows prose more widely', () => {
+    const text = `# Page\n\nintro\n\n## Setup\n\n\`\`\`sh\n# not a heading\nrun it\n\`\`\`\n\n${Array.from({ length: 20 }, (_, i) => `para ${i}`).join('\n')}\n`;
+    const chunks = chunkFile('knowledge/page.md', text);
+    expect(chunks[0]).toMatchObject({ heading: 'Page', startLine: 3, endLine: 3, day: null });
+    expect(chunks.slice(1).every((c) => c.heading === 'Setup')).toBe(true);
+    expect(chunks[1]!.content).toContain('# not a heading');
+    expect(Math.max(...chunks.map((c) => c.content.split('\n').filter((l) => l.trim()).length))).toBe(WINDOWS.prose.size);
+  });
+
+  it('shows template boilerplate but does not search it; built-in skills are searched whole', () => {
+    const boiler = boilerplateLines(['# Core memory\n\nShort, factual bullets that stay true.\n']);
+    const [c] = chunkFile('MEMORY.md', '# Core memory\n\nShort, factual bullets that stay true.\n- The staging database is orchid.\n', boiler);
+    expect(c!.content).toContain('Short, factual bullets');
+    expect(c!.searchText).toBe('- The staging database is orchid.');
+    expect(chunkFile('MEMORY.md', '# Core memory\n\nShort, factual bullets that stay true.\n', boiler)).toEqual([]);
+    const [s] = chunkFile('skills/builtin/x/SKILL.md', '# Core memory\n\nShort, factual bullets that stay true.\n', boiler);
+    expect(s).toMatchObject({ builtin: true, searchText: 'Core memory\nShort, factual bullets that stay true.' });
+  });
+
+  it('dates only real days under memory/', () => {
+    expect(dayOfPath('memory/2025-02-28.md')).toBe('2025-02-28');
+    expect(dayOfPath('memory/dreams/2025-02-28.md')).toBe('2025-02-28');
+    expect(dayOfPath('memory/2025-02-30.md')).toBeNull();
+    expect(dayOfPath('knowledge/2025-02-28.md')).toBeNull();
+    expect(dayOfPath('memory/notes.md')).toBeNull();
+  });
+
+  it('turns a model\u2019s daily log into one bullet per line', () => {
+    expect(toLogLines('### Session a\n\nMaya asked for the report.\nIt was sent.\n  - nested detail\n1. numbered\n\n<!-- kiln-logged: ab -->')).toBe(
+      '### Session a\n- Maya asked for the report.\n- It was sent.\n- nested detail\n- numbered\n<!-- kiln-logged: ab -->',
+    );
+  });
+});
+
+describe('ranking', () => {
+  it('saturates term frequency, normalises length and weighs rare terms more (BM25)', () => {
+    expect(bm25Term(0, 10, 10, 2)).toBe(0);
+    const once = bm25Term(1, 10, 10, 2);
+    const twice = bm25Term(2, 10, 10, 2);
+    const many = bm25Term(50, 10, 10, 2);
+    expect(twice).toBeGreaterThan(once);
+    expect(twice).toBeLessThan(2 * once);
+    expect(many).toBeLessThan(2.2 * 2 * 1.01); // bounded by idf · (k1 + 1)
+    expect(bm25Term(1, 40, 10, 2)).toBeLessThan(bm25Term(1, 5, 10, 2));
+    expect(idf(1000, 1)).toBeGreaterThan(idf(1000, 500));
+    expect(idf(10, 10)).toBeGreaterThan(0);
+  });
+
+  it('lets recency add at most a bounded bonus, so it only breaks ties', () => {
+    const now = new Date('2026-06-01T12:00:00Z');
+    expect(recencyFactor(null, now)).toBe(1);
+    expect(recencyFactor('2026-06-01', now)).toBeLessThanOrEqual(1 + RECENCY_MAX);
+    expect(recencyFactor('2026-06-01', now)).toBeGreaterThan(recencyFactor('2025-06-01', now));
+    expect(recencyFactor('2016-06-01', now)).toBeGreaterThanOrEqual(1);
+    // A match 11 % better, ten years old, still beats today's weaker one.
+    expect(1.11 * recencyFactor('2016-06-01', now)).toBeGreaterThan(1 * recencyFactor('2026-06-01', now));
+    expect(BUILTIN_FACTOR).toBeLessThan(1);
+  });
+
+  it('fuses ranked lists by reciprocal rank: found by both beats first in one', () => {
+    const fused = fuseRanks([
+      ['a', 'b', 'c'],
+      ['b', 'd'],
+    ]);
+    expect(fused.get('b')!).toBeGreaterThan(fused.get('a')!);
+    expect(fused.get('a')!).toBeGreaterThan(fused.get('d')!);
+    expect(fused.get('e')).toBeUndefined();
+  });
+
+  it('merges hits that overlap or touch in a file, keeps apart what does not, and never repeats a line', () => {
+    const h = (path: string, from: number, to: number, score: number): Hit<null> => ({ path, from, to, score, extra: null });
+    expect(mergeHits([h('a', 10, 11, 3), h('a', 11, 12, 2), h('b', 11, 12, 1), h('a', 30, 30, 1), h('a', 10, 10, 0.5)])).toEqual([
+      h('a', 10, 12, 3),
+      h('b', 11, 12, 1),
+      h('a', 30, 30, 1),
+    ]);
+    // Too long to merge: the weaker hit keeps only the lines the better one does not show.
+    expect(mergeHits([h('a', 10, 15, 3), h('a', 14, 19, 2)])).toEqual([h('a', 10, 15, 3), h('a', 16, 19, 2)]);
+  });
+
+  it('builds a snippet around the best-matching line and its neighbours, within the character budget', () => {
+    const lines = ['- a: hello', '- b: did you name the puppy?', '', '- a: yes, Biscuit', '- b: nice'];
+    expect(snippetLines(lines, [0, 3, 0, 1, 0])).toEqual({ from: 0, to: 3 });
+    expect(snippetText(lines, 0, 3)).toBe('- a: hello\n- b: did you name the puppy?\n- a: yes, Biscuit');
+    const long = ['x'.repeat(200), 'needle', 'y'.repeat(200)];
+    expect(snippetLines(long, [0, 1, 0])).toEqual({ from: 1, to: 2 });
+    expect(snippetText(['z'.repeat(1000)], 0, 0).length).toBe(SNIPPET_CHARS);
+  });
+});
+
+describe('search parameters', () => {
+  it('checks days and path prefixes', () => {
+    expect(isDay('2024-02-29')).toBe(true);
+    expect(isDay('2023-02-29')).toBe(false);
+    expect(isDay('2024-2-9')).toBe(false);
+    expect(isPathPrefix('memory/')).toBe(true);
+    for (const bad of ['/etc', '../x', 'a/../b', 'a\\b', 'a\nb', '']) expect(isPathPrefix(bad), bad).toBe(false);
+    expect(filterProblem({ since: '2024-05-02', until: '2024-05-01' })).toMatch(/since/);
+    expect(filterProblem({ path: 'memory/', since: '2024-05-01' })).toBeNull();
+  });
+
+  it('makes cursors that only the same query and filters accept', () => {
+    const c = encodeCursor(8, 'puppy', { path: 'memory/' });
+    expect(decodeCursor(c, 'puppy', { path: 'memory/' })).toBe(8);
+    expect(decodeCursor(c, 'puppy', {})).toBeNull();
+    expect(decodeCursor(c, 'kitten', { path: 'memory/' })).toBeNull();
+    expect(decodeCursor('%%%', 'puppy', {})).toBeNull();
+    expect(decodeCursor(Buffer.from('{"o":-1}').toString('base64url'), 'puppy', {})).toBeNull();
+  });
+});
