@@ -203,10 +203,19 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect((await w.search('zebra protocol')).map((h) => h.path)).toContain('knowledge/temp.md');
   });
 
-  it('keeps the statistics BM25 needs exact through inserts and deletes', async () => {
+  it('keeps the statistics BM25 needs (chunks, length, document frequencies) exact through inserts and deletes', async () => {
     const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
     const [actual] = rowsOf<{ n: number; l: number }>(await t.database.db.execute(sql`select count(*)::int as n, coalesce(sum(len), 0)::int as l from memory_chunks where workspace_id = ${w.ws}`));
     expect(stats).toMatchObject({ chunks: actual!.n, totalLen: actual!.l, version: INDEX_VERSION });
+    // Each term's document frequency, as the triggers kept it, against a recount (zero rows aside).
+    const wrong = rowsOf<{ term: string }>(
+      await t.database.db.execute(sql`with real as (select k as term, count(*)::int as df from memory_chunks c, jsonb_object_keys(c.tf) k where c.workspace_id = ${w.ws} group by k),
+        kept as (select term, df from memory_terms where workspace_id = ${w.ws} and df <> 0)
+        select coalesce(r.term, k.term) as term from real r full join kept k on k.term = r.term where r.df is distinct from k.df`),
+    );
+    expect(wrong).toEqual([]);
+    const [{ terms }] = rowsOf<{ terms: number }>(await t.database.db.execute(sql`select count(*)::int as terms from memory_terms where workspace_id = ${w.ws} and df > 0`)) as [{ terms: number }];
+    expect(terms).toBeGreaterThan(50);
   });
 });
 

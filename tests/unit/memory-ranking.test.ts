@@ -6,19 +6,20 @@ import { decodeCursor, encodeCursor, filterProblem, isDay, isPathPrefix } from '
 
 describe('query terms', () => {
   it('sends words to full-text search and identifiers and CJK text to substring search', () => {
-    expect(parseQuery('When did Maya adopt the puppy?')).toEqual({ words: ['when', 'did', 'maya', 'adopt', 'the', 'puppy'], substrings: [] });
+    expect(parseQuery('When did Maya adopt the puppy?')).toEqual({ words: ['when', 'did', 'maya', 'adopt', 'the', 'puppy'], cjk: [], substrings: [] });
     expect(parseQuery('call load_config() and parseConfigFile, v2.3.1')).toEqual({
       words: ['call', 'load', 'config', 'and', 'parseconfigfile', 'v2', '3', '1'],
+      cjk: [],
       substrings: ['load_config', 'parseconfigfile', 'v2.3.1'],
     });
-    expect(parseQuery('部署流程 test')).toEqual({ words: ['test'], substrings: ['部署', '署流', '流程'] });
-    expect(parseQuery('   ,;!? ')).toEqual({ words: [], substrings: [] });
+    expect(parseQuery('部署流程 test')).toEqual({ words: ['test'], cjk: ['部署', '署流', '流程'], substrings: [] });
+    expect(parseQuery('   ,;!? ')).toEqual({ words: [], cjk: [], substrings: [] });
   });
 
   it('bounds what a long query costs', () => {
     const q = parseQuery(Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ') + ' ' + '漢字'.repeat(50));
     expect(q.words.length).toBeLessThanOrEqual(16);
-    expect(q.substrings.length).toBeLessThanOrEqual(12);
+    expect(q.cjk.length).toBeLessThanOrEqual(12);
   });
 
   it('cuts CJK runs into overlapping pairs, and counts words and CJK characters', () => {

@@ -1,4 +1,4 @@
-import { wordCount } from './query.ts';
+import { cjkTerms, wordCount } from './query.ts';
 
 /**
  * How files are cut for search, and its version: change either and bump INDEX_VERSION, so the
@@ -15,6 +15,8 @@ export interface Chunk {
   content: string;
   /** What is searched: the heading and the chunk's lines that are not template boilerplate. */
   searchText: string;
+  /** The CJK character pairs of `searchText` (indexed with it). */
+  cjk: string;
   /** Length of `searchText` in words. */
   len: number;
   /** The date of a dated log (`memory/…/YYYY-MM-DD….md`), else null. */
@@ -107,6 +109,7 @@ export function chunkFile(path: string, text: string, boilerplate: ReadonlySet<s
         heading: s.heading,
         content: lines.slice(first, last + 1).join('\n'),
         searchText,
+        cjk: cjkTerms(searchText),
         len: Math.max(1, wordCount(searchText)),
         day,
         builtin,

@@ -38,6 +38,7 @@ async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder): P
         content: c.content,
         contentHash: createHash('sha256').update(c.content).digest('hex'),
         searchText: c.searchText,
+        cjk: c.cjk,
         len: c.len,
         day: c.day,
         builtin: c.builtin,
@@ -55,11 +56,11 @@ const valuesOf = (rows: Row[]) =>
   sql.join(
     rows.map(
       (r) =>
-        sql`(${r.teamId}, ${r.workspaceId}, ${r.path}, ${r.startLine}::int, ${r.endLine}::int, ${r.heading}, ${r.content}, ${r.contentHash}, ${r.searchText}, ${r.len}::int, ${r.day}::date, ${r.builtin}::boolean, ${r.embedding ? `{${r.embedding.join(',')}}` : null}::real[])`,
+        sql`(${r.teamId}, ${r.workspaceId}, ${r.path}, ${r.startLine}::int, ${r.endLine}::int, ${r.heading}, ${r.content}, ${r.contentHash}, ${r.searchText}, ${r.cjk}, ${r.len}::int, ${r.day}::date, ${r.builtin}::boolean, ${r.embedding ? `{${r.embedding.join(',')}}` : null}::real[])`,
     ),
     sql`, `,
   );
-const COLUMNS = sql.raw('(team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, len, day, builtin, embedding)');
+const COLUMNS = sql.raw('(team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, cjk, len, day, builtin, embedding)');
 
 /** Rebuilds the chunks of the given workspace paths (deleted files simply lose theirs). */
 export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {

@@ -2,8 +2,8 @@
  * How a search query (and an indexed chunk) is cut into terms. Plain words go to Postgres full
  * text search, which stems them and drops English stop words. What that parser cannot match is
  * searched as a substring instead: identifiers (`load_config`, `parseConfigFile`, `v2.3.1`) as a
- * whole, and CJK text as overlapping character pairs (the way CJK search engines index text
- * without spaces). The parts of an identifier are searched as words too.
+ * whole. CJK text is indexed and searched as overlapping character pairs (the way CJK search
+ * engines index text without spaces). The parts of an identifier are searched as words too.
  */
 
 /** Han, Hiragana, Katakana and Hangul: scripts written without spaces between words. */
@@ -19,7 +19,9 @@ export const MAX_SUBSTRINGS = 12;
 export interface QueryTerms {
   /** Words for full-text search (lower-cased; Postgres stems them and drops stop words). */
   words: string[];
-  /** Lower-cased substrings searched as they are: identifiers and CJK character pairs. */
+  /** CJK character pairs, indexed as words of their own (see `cjkTerms`). */
+  cjk: string[];
+  /** Lower-cased identifiers, searched as substrings (a trigram index serves them). */
   substrings: string[];
 }
 
@@ -37,16 +39,27 @@ export function cjkPairs(run: string): string[] {
 
 export function parseQuery(q: string): QueryTerms {
   const words: string[] = [];
+  const cjk: string[] = [];
   const substrings: string[] = [];
   const addWord = (w: string) => words.includes(w) || words.push(w);
   const addSub = (s: string) => substrings.includes(s) || substrings.push(s);
-  for (const run of q.match(CJK_RUN) ?? []) cjkPairs(run).forEach(addSub);
+  for (const run of q.match(CJK_RUN) ?? []) for (const p of cjkPairs(run)) if (!cjk.includes(p)) cjk.push(p);
   const rest = q.replace(CJK_RUN, ' ');
   for (const token of rest.match(TOKEN) ?? []) {
     if (isIdentifier(token) && [...token].length >= 3) addSub(token.toLowerCase());
     for (const w of token.match(WORD) ?? []) if (!CJK.test(w)) addWord(w.toLowerCase());
   }
-  return { words: words.slice(0, MAX_WORDS), substrings: substrings.slice(0, MAX_SUBSTRINGS) };
+  return { words: words.slice(0, MAX_WORDS), cjk: cjk.slice(0, MAX_SUBSTRINGS), substrings: substrings.slice(0, MAX_SUBSTRINGS) };
+}
+
+/**
+ * The CJK character pairs of a text, space-separated: indexed next to the text, so that CJK
+ * search is an index lookup of exact terms rather than a scan (the parser keeps a CJK run whole).
+ */
+export function cjkTerms(text: string): string {
+  const out = new Set<string>();
+  for (const run of text.match(CJK_RUN) ?? []) for (const p of cjkPairs(run)) out.add(p);
+  return [...out].join(' ');
 }
 
 /** A chunk's length in words for BM25's length normalisation (each CJK character counts as one). */

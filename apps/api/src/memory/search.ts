@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { cosine, type Embedder } from './embeddings.ts';
 import { parseQuery } from './query.ts';
-import { B, BUILTIN_FACTOR, fuseRanks, idf, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
+import { B, BUILTIN_FACTOR, fuseRanks, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
 
 export interface SearchHit {
   path: string;
@@ -27,7 +27,7 @@ export interface ScoreParts {
   vector_rank: number | null;
   recency: number;
   builtin: number;
-  terms: { term: string; kind: 'word' | 'substring'; df: number; idf: number }[];
+  terms: Term[];
   chunk: { start_line: number; end_line: number };
 }
 
@@ -52,10 +52,22 @@ export interface SearchPage {
 
 /** The deepest a search pages: candidates ranked per query. */
 export const MAX_DEPTH = 200;
+/** Expected matches of the terms that make candidates (see the statement in `searchMemory`). */
+const CANDIDATE_BUDGET = 400;
+/** Most chunks ranked per query. */
+const CANDIDATE_CAP = 600;
+/** An identifier's document frequency is counted up to this. */
+const SUBSTRING_DF_CAP = 5000;
+
+interface Term {
+  term: string;
+  kind: 'word' | 'cjk' | 'substring';
+  df: number;
+  idf: number;
+}
 
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
 const textArray = (xs: string[]) => sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
-const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
 
 interface Candidate {
   id: number;
@@ -81,65 +93,75 @@ interface Candidate {
  * their neighbours; hits that overlap in a file are merged.
  */
 export async function searchMemory(db: Db, workspaceId: string, q: string, opts: SearchOptions): Promise<SearchPage> {
-  const { words, substrings } = parseQuery(q);
+  const { words, cjk, substrings } = parseQuery(q);
   const offset = opts.offset ?? 0;
-  if (!words.length && !substrings.length) return { hits: [], hasMore: false };
+  if (!words.length && !cjk.length && !substrings.length) return { hits: [], hasMore: false };
   const depth = Math.min(MAX_DEPTH, Math.max(40, (offset + opts.k) * 3));
-
-  // 1. The query's stemmed words, each term's document frequency and the index statistics.
-  const stats = rowsOf<{ term: string; kind: 'word' | 'substring'; df: number; chunks: number; total_len: number }>(
-    await db.execute(sql`with s as (select chunks, total_len from memory_index where workspace_id = ${workspaceId}),
-      lex as (select distinct lexeme as term from unnest(to_tsvector('english', ${words.join(' ')})) ),
-      terms as (select term, 'word' as kind from lex union all select t, 'substring' from unnest(${textArray(substrings)}) t)
-      select t.term, t.kind,
-        (case when t.kind = 'word'
-          then (select count(*) from memory_chunks c where c.workspace_id = ${workspaceId} and c.tsv @@ to_tsquery('simple', t.term))
-          else (select count(*) from memory_chunks c where c.workspace_id = ${workspaceId} and c.search_text ilike '%' || replace(replace(replace(t.term, '\\', '\\\\'), '%', '\\%'), '_', '\\_') || '%')
-        end)::int as df,
-        coalesce((select chunks from s), 0)::int as chunks, coalesce((select total_len from s), 0)::float8 as total_len
-      from terms t`),
-  );
-  const n = Math.max(1, stats[0]?.chunks ?? 0);
-  const avgLen = stats[0] && stats[0].chunks > 0 ? Number(stats[0].total_len) / stats[0].chunks : 1;
-  const terms = stats.filter((s) => s.df > 0).map((s) => ({ term: s.term, kind: s.kind, df: s.df, idf: idf(n, s.df) }));
-  const lex = terms.filter((t) => t.kind === 'word');
-  const subs = terms.filter((t) => t.kind === 'substring');
 
   const filters: SQL[] = [];
   if (opts.path) filters.push(sql`c.path like ${`${likeEscape(opts.path)}%`}`);
   if (opts.since) filters.push(sql`c.day >= ${opts.since}::date`);
   if (opts.until) filters.push(sql`c.day <= ${opts.until}::date`);
   const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
+  const raw = (v: number) => sql.raw(String(v));
 
-  // 2. Candidates by BM25 in the database, with a score for each of the best ones' lines.
-  let candidates: Candidate[] = [];
-  if (terms.length) {
-    const lexQuery = lex.length ? sql`c.tsv @@ to_tsquery('simple', ${lex.map((t) => t.term).join(' | ')})` : sql`false`;
-    const subMatch = subs.length ? sql`c.search_text ilike any(${textArray(subs.map((t) => `%${likeEscape(t.term)}%`))})` : sql`false`;
-    candidates = rowsOf<Candidate>(
-      await db.execute(sql`with q(lex, idf) as (select * from unnest(${textArray(lex.map((t) => t.term))}, ${floatArray(lex.map((t) => t.idf))})),
-        s(sub, idf) as (select * from unnest(${textArray(subs.map((t) => t.term))}, ${floatArray(subs.map((t) => t.idf))})),
-        scored as (
-          select c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin,
-            (select coalesce(sum(m.idf * m.tf * ${sql.raw(String(K1 + 1))} / (m.tf + ${sql.raw(String(K1))} * (1 - ${sql.raw(String(B))} + ${sql.raw(String(B))} * c.len / ${avgLen}::float8))), 0) from (
-              select q.idf, array_length(u.positions, 1)::float8 as tf from unnest(c.tsv) u join q on q.lex = u.lexeme
-              union all
-              select s.idf, ((length(lower(c.search_text)) - length(replace(lower(c.search_text), s.sub, ''))) / length(s.sub))::float8 from s
-            ) m where m.tf > 0)::float8 as bm25
-          from memory_chunks c
-          where c.workspace_id = ${workspaceId} and (${lexQuery} or ${subMatch})${where}
-          order by bm25 desc, c.path, c.start_line
-          limit ${depth})
-        select scored.*, (
-          select array_agg((
-            (select coalesce(sum(q.idf), 0) from q where to_tsvector('english', l.line) @@ to_tsquery('simple', q.lex))
-            + (select coalesce(sum(s.idf), 0) from s where strpos(lower(l.line), s.sub) > 0)
-          )::float8 order by l.n)
-          from unnest(string_to_array(scored.content, E'\\n')) with ordinality l(line, n)
-        ) as line_scores
-        from scored order by bm25 desc, path, start_line`),
-    );
-  }
+  // One statement. The query's terms: words stemmed with stop words dropped, CJK pairs,
+  // identifiers; their document frequencies (kept by triggers; identifiers counted, bounded).
+  // Candidates are the chunks holding the more selective terms, rarest first, up to
+  // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
+  // chunks barely moves BM25, so it adds to the score of candidates but does not make them.
+  // Then BM25 with each chunk's term frequencies, and a score for each line of the best.
+  const patterns = substrings.map((t) => `%${likeEscape(t)}%`);
+  const rows = rowsOf<Candidate & { terms: Term[] | string | null }>(
+    await db.execute(sql`with
+      words as (select distinct lexeme as term, 'word' as kind from unnest(to_tsvector('english', ${words.join(' ')}))
+        union select t, 'cjk' from unnest(${textArray(cjk)}) t),
+      st as (select greatest(coalesce((select chunks from memory_index where workspace_id = ${workspaceId}), 0), 1)::float8 as n,
+        coalesce((select case when chunks > 0 then total_len::float8 / chunks end from memory_index where workspace_id = ${workspaceId}), 1)::float8 as avg),
+      t as materialized (
+        select w.term, w.kind, null::text as pattern,
+          coalesce((select df from memory_terms where workspace_id = ${workspaceId} and term = w.term), 0) as df
+        from words w
+        union all
+        select x.t, 'substring', x.p, (select count(*) from (select 1 from memory_chunks c
+            where c.workspace_id = ${workspaceId} and c.search_text ilike x.p limit ${raw(SUBSTRING_DF_CAP)}) y)::int
+        from unnest(${textArray(substrings)}, ${textArray(patterns)}) x(t, p)),
+      w as materialized (
+        select t.*, case when t.kind <> 'substring' then to_tsquery('simple', t.term) end as q,
+          ln(1 + ((select n from st) - t.df + 0.5) / (t.df + 0.5)) as idf,
+          sum(t.df) over (order by t.df, t.term) as cum
+        from t where t.df > 0),
+      sel as (select to_tsquery('simple', string_agg(term, ' | ')) as q from w
+        where kind <> 'substring' and (cum <= ${raw(CANDIDATE_BUDGET)} or cum = df)),
+      m as materialized (
+        select c.id, c.len, c.tf, c.search_text, c.path, c.start_line from memory_chunks c
+        where c.workspace_id = ${workspaceId}
+          and (c.tsv @@ (select q from sel)${substrings.length ? sql` or c.search_text ilike any(${textArray(patterns)})` : sql``})${where}
+        limit ${raw(CANDIDATE_CAP)}),
+      scored as (
+        select m.id, m.path, m.start_line,
+          sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / (select avg from st))))::float8 as bm25
+        from m join w on (w.kind <> 'substring' and m.tf ? w.term) or (w.kind = 'substring' and strpos(lower(m.search_text), w.term) > 0)
+        cross join lateral (select case when w.kind = 'substring'
+            then ((length(lower(m.search_text)) - length(replace(lower(m.search_text), w.term, ''))) / length(w.term))::float8
+            else (m.tf ->> w.term)::float8 end as tf) x
+        group by m.id, m.path, m.start_line
+        order by bm25 desc, m.path, m.start_line
+        limit ${depth})
+      select c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, s.bm25, (
+          select array_agg((select coalesce(sum(w.idf), 0) from w where case
+              when w.kind = 'word' then lv.v @@ w.q
+              else strpos(lower(l.line), w.term) > 0 end)::float8 order by l.n)
+          from unnest(string_to_array(c.content, E'\\n')) with ordinality l(line, n)
+          cross join lateral (select to_tsvector('english', l.line) as v) lv
+        ) as line_scores,
+        ${opts.debug ? sql`(select json_agg(json_build_object('term', w.term, 'kind', w.kind, 'df', w.df, 'idf', w.idf) order by w.df, w.term) from w)` : sql`null`} as terms
+      from scored s join memory_chunks c on c.id = s.id
+      order by s.bm25 desc, s.path, s.start_line`),
+  );
+  const candidates: Candidate[] = rows;
+  const rawTerms = rows[0]?.terms ?? null;
+  const terms: Term[] = typeof rawTerms === 'string' ? (JSON.parse(rawTerms) as Term[]) : (rawTerms ?? []);
 
   // 3. Vector neighbours, fused with the lexical list by reciprocal rank.
   const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));

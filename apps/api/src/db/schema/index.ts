@@ -11,7 +11,7 @@ export { executions } from './executions.ts';
 export { commits } from './commits.ts';
 export { evolutions } from './evolutions.ts';
 export { jobs } from './jobs.ts';
-export { memoryChunks, memoryIndex } from './memory-chunks.ts';
+export { memoryChunks, memoryIndex, memoryTerms } from './memory-chunks.ts';
 export { auditEvents } from './audit-events.ts';
 export { usage } from './usage.ts';
 export { idempotencyKeys } from './idempotency-keys.ts';

@@ -1,5 +1,5 @@
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, customType, date, index, integer, pgTable, real, serial, text, timestamp } from 'drizzle-orm/pg-core';
+import { bigint, boolean, customType, date, index, integer, jsonb, pgTable, primaryKey, real, serial, text, timestamp } from 'drizzle-orm/pg-core';
 import { teamId, ts } from './columns.ts';
 import { workspaces } from './workspaces.ts';
 
@@ -9,7 +9,7 @@ const tsvector = customType<{ data: string }>({ dataType: () => 'tsvector' });
  * Search index over a workspace's memory, knowledge and skills, rebuilt per touched file on
  * commit (see memory/chunker.ts for how files are cut). `content` is the chunk's lines as they
  * are in the file (for snippets); `search_text` is what is searched: the heading and the lines
- * that are not the template's boilerplate. `tsv` (English stemming and stop words) feeds the
+ * that are not the template's boilerplate, indexed with `cjk`, its CJK character pairs. `tsv` (English stemming and stop words) feeds the
  * BM25 ranking; a trigram index on `search_text` serves substring matches for text the parser
  * cannot split (Chinese, identifiers). `len` is the chunk's length in words, for BM25's length
  * normalisation; `day` the date of a dated log.
@@ -27,11 +27,14 @@ export const memoryChunks = pgTable(
     content: text('content').notNull(),
     contentHash: text('content_hash').notNull(),
     searchText: text('search_text').notNull().default(''),
+    cjk: text('cjk').notNull().default(''),
     len: integer('len').notNull().default(0),
     day: date('day', { mode: 'string' }),
     builtin: boolean('builtin').notNull().default(false),
+    /** Each term's frequency in the chunk (lexeme → count), filled by a row trigger from the same text as `tsv`. */
+    tf: jsonb('tf').$type<Record<string, number>>().notNull().default({}),
     embedding: real('embedding').array(),
-    tsv: tsvector('tsv').generatedAlwaysAs(sql`to_tsvector('english'::regconfig, search_text)`),
+    tsv: tsvector('tsv').generatedAlwaysAs(sql`to_tsvector('english'::regconfig, search_text || ' ' || cjk)`),
     updatedAt: ts('updated_at').notNull().defaultNow(),
   },
   (t) => [
@@ -53,3 +56,14 @@ export const memoryIndex = pgTable('memory_index', {
   version: integer('version').notNull().default(0),
   indexedAt: timestamp('indexed_at', { withTimezone: true }),
 });
+
+/** Each term's document frequency in a workspace's index (BM25's IDF), kept by the same triggers. */
+export const memoryTerms = pgTable(
+  'memory_terms',
+  {
+    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    term: text('term').notNull(),
+    df: integer('df').notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.workspaceId, t.term] })],
+);

@@ -147,7 +147,7 @@ const SearchHit = z
         vector_rank: z.number().nullable(),
         recency: z.number(),
         builtin: z.number(),
-        terms: z.array(z.object({ term: z.string(), kind: z.enum(['word', 'substring']), df: z.number(), idf: z.number() })),
+        terms: z.array(z.object({ term: z.string(), kind: z.enum(['word', 'cjk', 'substring']), df: z.number(), idf: z.number() })),
         chunk: z.object({ start_line: z.number(), end_line: z.number() }),
       })
       .optional()
