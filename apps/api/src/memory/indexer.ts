@@ -120,6 +120,8 @@ export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, o
       await tx.execute(sql`select version from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`),
     )[0];
     if (opts.onlyIfStale && (!claimed || claimed.version >= INDEX_VERSION)) return false;
+    // Term statistics are rebuilt from nothing by the insert trigger (no zero rows left behind).
+    await tx.execute(sql`delete from memory_terms where workspace_id = ${ws.id}`);
     await tx.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
     await insertRows(tx, rows);
     await tx.execute(sql`update memory_index set version = ${INDEX_VERSION}, indexed_at = now() where workspace_id = ${ws.id}`);
