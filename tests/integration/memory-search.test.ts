@@ -7,7 +7,7 @@ import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
 import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
 import { openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
-import type { SearchHit } from '../../apps/api/src/memory/search.ts';
+import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { DRIVERS, type Driver } from '../support/db.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
@@ -264,12 +264,12 @@ describe('the same answers on PGlite and on Postgres', () => {
   });
 });
 
-describe('memory search with an embeddings endpoint', () => {
+describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (driver) => {
   let fake: FakeOpenAI;
   let t: TestApp;
   beforeAll(async () => {
     fake = await startFakeOpenAI();
-    t = await createTestApp({ embedder: openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' }) });
+    t = await createTestApp({ driver, embedder: openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' }) });
   });
   afterAll(async () => {
     await t.close();
@@ -279,13 +279,19 @@ describe('memory search with an embeddings endpoint', () => {
   it('fuses meaning with words: a synonym with no shared word is found through the vectors', async () => {
     const w = await workspaceOn(t, 'vectors');
     await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+    await w.put('knowledge/kitchen.md', '# Kitchen\n\nThe red kettle is broken.\n');
     expect(fake.requests.some((r) => r.path === '/v1/embeddings' && r.body.model === 'fake-embed')).toBe(true);
     const hits = await w.search('automobile', { debug: 'true' });
     expect(hits[0]).toMatchObject({ path: 'knowledge/garage.md' });
     expect(hits[0]!.debug).toMatchObject({ lexical_rank: null, vector_rank: 1 });
-    // A word match and a vector match of the same chunk add up (reciprocal-rank fusion).
+    // Found by words and by meaning beats found by words alone (reciprocal-rank fusion).
     const both = await w.search('red car', { debug: 'true' });
-    expect(both[0]!.debug).toMatchObject({ lexical_rank: 1 });
+    expect(both[0]).toMatchObject({ path: 'knowledge/garage.md', debug: { lexical_rank: 1, vector_rank: 1 } });
+    // pgvector ranks in the database where it is installed: PGlite always loads it; a Postgres
+    // server has it when its package is there (else the vectors are compared in the API).
+    const [avail] = rowsOf<{ ok: boolean }>(await t.database.db.execute(sql`select exists(select 1 from pg_available_extensions where name = 'vector') as ok`));
+    expect(await hasPgvector(t.database.db)).toBe(driver === 'pglite' || avail!.ok);
+    if (driver === 'pglite') expect(avail!.ok).toBe(true);
   });
 });
 

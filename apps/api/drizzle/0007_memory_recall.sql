@@ -69,4 +69,11 @@ BEGIN
 	RETURN NULL;
 END $$;--> statement-breakpoint
 CREATE TRIGGER "memory_chunks_added" AFTER INSERT ON "memory_chunks" REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION "memory_index_added"();--> statement-breakpoint
-CREATE TRIGGER "memory_chunks_removed" AFTER DELETE ON "memory_chunks" REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION "memory_index_removed"();
+CREATE TRIGGER "memory_chunks_removed" AFTER DELETE ON "memory_chunks" REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION "memory_index_removed"();--> statement-breakpoint
+-- pgvector where the database has it (PGlite loads it; a Postgres server needs the package):
+-- memory search then ranks chunks by vector distance in the database.
+DO $$ BEGIN
+	IF EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector') THEN
+		CREATE EXTENSION IF NOT EXISTS vector;
+	END IF;
+END $$;

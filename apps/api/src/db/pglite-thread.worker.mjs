@@ -10,6 +10,7 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { PGlite } from '@electric-sql/pglite';
 import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
+import { vector } from '@electric-sql/pglite-pgvector';
 
 const identity = (value) => value;
 /** Open transactions by id: PGlite's transaction object and how to end its callback. */
@@ -87,7 +88,7 @@ async function handle(msg) {
 }
 
 try {
-  pg = await PGlite.create(workerData.dataDir, { relaxedDurability: true, extensions: { pg_trgm } });
+  pg = await PGlite.create(workerData.dataDir, { relaxedDurability: true, extensions: { pg_trgm, vector } });
   parentPort.on('message', (msg) => {
     handle(msg).then(
       (ok) => parentPort.postMessage({ id: msg.id, ok }),
