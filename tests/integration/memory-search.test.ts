@@ -293,6 +293,19 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     expect(await hasPgvector(t.database.db)).toBe(driver === 'pglite' || avail!.ok);
     if (driver === 'pglite') expect(avail!.ok).toBe(true);
   });
+
+  it('re-embeds, at the next start, a workspace another embeddings model indexed', async () => {
+    const w = await workspaceOn(t, 'other-model');
+    await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+    // As a server with another model (or none) left it.
+    await t.database.db.update(memoryChunks).set({ embedding: null }).where(eq(memoryChunks.workspaceId, w.ws));
+    await t.database.db.update(memoryIndex).set({ embedModel: 'old-model' }).where(eq(memoryIndex.workspaceId, w.ws));
+    expect((await w.search('automobile')).map((h) => h.path)).not.toContain('knowledge/garage.md');
+    await t.workspaces.reindexStale();
+    const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
+    expect(stats!.embedModel).toBe('fake-embed');
+    expect((await w.search('automobile'))[0]!.path).toBe('knowledge/garage.md');
+  });
 });
 
 describe('re-indexing after the chunking or ranking changed', () => {

@@ -9,6 +9,7 @@ CREATE TABLE "memory_index" (
 	"chunks" integer DEFAULT 0 NOT NULL,
 	"total_len" bigint DEFAULT 0 NOT NULL,
 	"version" integer DEFAULT 0 NOT NULL,
+	"embed_model" text DEFAULT '' NOT NULL,
 	"indexed_at" timestamp with time zone
 );
 --> statement-breakpoint

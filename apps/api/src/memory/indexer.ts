@@ -116,15 +116,15 @@ export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, o
   const done = await db.transaction(async (t) => {
     const tx = t as unknown as Db;
     await tx.execute(sql`insert into memory_index (workspace_id) values (${ws.id}) on conflict do nothing`);
-    const claimed = rowsOf<{ version: number }>(
-      await tx.execute(sql`select version from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`),
+    const claimed = rowsOf<{ version: number; embed_model: string }>(
+      await tx.execute(sql`select version, embed_model from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`),
     )[0];
-    if (opts.onlyIfStale && (!claimed || claimed.version >= INDEX_VERSION)) return false;
+    if (opts.onlyIfStale && (!claimed || (claimed.version >= INDEX_VERSION && claimed.embed_model === (embedder?.model ?? '')))) return false;
     // Term statistics are rebuilt from nothing by the insert trigger (no zero rows left behind).
     await tx.execute(sql`delete from memory_terms where workspace_id = ${ws.id}`);
     await tx.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
     await insertRows(tx, rows);
-    await tx.execute(sql`update memory_index set version = ${INDEX_VERSION}, indexed_at = now() where workspace_id = ${ws.id}`);
+    await tx.execute(sql`update memory_index set version = ${INDEX_VERSION}, embed_model = ${embedder?.model ?? ''}, indexed_at = now() where workspace_id = ${ws.id}`);
     return true;
   });
   if (!done) return null;
@@ -133,11 +133,11 @@ export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, o
   return rows.length;
 }
 
-/** Workspaces whose index was built by an older chunking or ranking (or never). */
-export async function staleIndexes(db: Db): Promise<string[]> {
+/** Workspaces whose index was built by an older chunking or ranking (or never), or embedded by another model than `embedModel`. */
+export async function staleIndexes(db: Db, embedModel = ''): Promise<string[]> {
   const rows = rowsOf<{ id: string }>(
     await db.execute(sql`select w.id from workspaces w left join memory_index m on m.workspace_id = w.id
-      where w.deleted_at is null and coalesce(m.version, 0) < ${INDEX_VERSION} order by w.id`),
+      where w.deleted_at is null and (coalesce(m.version, 0) < ${INDEX_VERSION} or coalesce(m.embed_model, '') <> ${embedModel}) order by w.id`),
   );
   return rows.map((r) => r.id);
 }

@@ -237,7 +237,8 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
 
 /**
  * The chunks nearest to a query vector by cosine similarity: pgvector's `<=>` where the
- * database has the extension, else computed here over the stored vectors.
+ * database has the extension, else computed here over the stored vectors. Vectors of another
+ * size (made by an earlier model, before the re-index) are left out.
  */
 async function nearest(db: Db, workspaceId: string, qv: number[], limit: number, where: SQL): Promise<{ c: Candidate; similarity: number }[]> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, 0::float8 as bm25, null::float8[] as line_scores`;
@@ -245,13 +246,13 @@ async function nearest(db: Db, workspaceId: string, qv: number[], limit: number,
     const vec = `[${qv.join(',')}]`;
     const rows = rowsOf<Candidate & { similarity: number }>(
       await db.execute(sql`select ${cols}, (1 - (c.embedding::vector <=> ${vec}::vector))::float8 as similarity
-        from memory_chunks c where c.workspace_id = ${workspaceId} and c.embedding is not null${where}
+        from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
         order by c.embedding::vector <=> ${vec}::vector limit ${limit}`),
     );
     return rows.map((r) => ({ c: r, similarity: Number(r.similarity) }));
   }
   const rows = rowsOf<Candidate & { embedding: number[] }>(
-    await db.execute(sql`select ${cols}, c.embedding from memory_chunks c where c.workspace_id = ${workspaceId} and c.embedding is not null${where}`),
+    await db.execute(sql`select ${cols}, c.embedding from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`),
   );
   return rows
     .map((r) => ({ c: r, similarity: cosine(qv, r.embedding.map(Number)) }))

@@ -271,7 +271,7 @@ export class WorkspaceService {
 
   /**
    * Re-indexes, in the background, every workspace whose index an older chunking or ranking
-   * built (after an upgrade). Searches keep answering from the old index meanwhile: each
+   * built (after an upgrade) or another embeddings model embedded (KILN_EMBEDDINGS_MODEL changed). Searches keep answering from the old index meanwhile: each
    * workspace's index is replaced in one transaction. Replicas share the work: a workspace
    * another server is re-indexing is skipped. Returns at once; `stopReindexing` ends it.
    */
@@ -279,9 +279,9 @@ export class WorkspaceService {
     this.stopReindex = false;
     this.reindexing ??= (async () => {
       try {
-        const ids = await staleIndexes(this.db);
+        const ids = await staleIndexes(this.db, this.opts.embedder?.model);
         if (!ids.length) return;
-        this.log.info({ workspaces: ids.length }, 'memory index: re-indexing workspaces built by an older version');
+        this.log.info({ workspaces: ids.length }, 'memory index: re-indexing workspaces built by an older version or another embeddings model');
         let done = 0;
         for (const id of ids) {
           if (this.stopReindex) break;

@@ -47,13 +47,16 @@ export const memoryChunks = pgTable(
 /**
  * Per-workspace statistics of the index, kept by statement triggers on memory_chunks (migration
  * 0007): the chunk count and total length BM25 needs, and the version of the chunking and
- * ranking the chunks were built with (a start-up job re-indexes workspaces below the current one).
+ * ranking the chunks were built with and the embeddings model (a start-up job re-indexes
+ * workspaces below the current version or embedded by another model).
  */
 export const memoryIndex = pgTable('memory_index', {
   workspaceId: text('workspace_id').primaryKey().references(() => workspaces.id, { onDelete: 'cascade' }),
   chunks: integer('chunks').notNull().default(0),
   totalLen: bigint('total_len', { mode: 'number' }).notNull().default(0),
   version: integer('version').notNull().default(0),
+  /** The embeddings model the chunks were embedded with ('' for none): another one means a re-index. */
+  embedModel: text('embed_model').notNull().default(''),
   indexedAt: timestamp('indexed_at', { withTimezone: true }),
 });
 
