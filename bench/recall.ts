@@ -1,0 +1,422 @@
+/**
+ * Memory recall benchmark (`npm run bench:recall`): prints figures, never fails on them.
+ *
+ *  1. the data set of bench/recall-data.ts (four dialogues, ~1,600 turns, 87 questions) is
+ *     written as daily logs into one workspace of the real API, through its files API
+ *  2. every question is asked through GET /v1/workspaces/{ws}/memory/search (k=50); recall is
+ *     the share of its answering turns that fall inside a hit's line range, counting hits best
+ *     first while their snippets add up to at most 2,000 characters
+ *  3. the same for a plain BM25 over the same turns (one document per turn), measured in the
+ *     same run: recall per kind, and Kiln / baseline
+ *  4. search latency at ~10k and ~100k chunks in that workspace, filled with daily logs of other
+ *     people (written into the working tree, committed with the workspace service)
+ *
+ * The API runs in process on a fresh database (PGlite in a temp dir; a new database on the
+ * DATABASE_URL server when set) and is talked to over HTTP on 127.0.0.1; it needs no Docker
+ * (its sandbox engine is built but never started, and points at a socket that does not exist).
+ *
+ *   BENCH_RECALL_CHUNKS_SMALL (10000), BENCH_RECALL_CHUNKS_LARGE (100000; 0 skips that size),
+ *   BENCH_RECALL_BUDGET (2000 characters), BENCH_RECALL_WARMUP (10 queries),
+ *   BENCH_RECALL_PATH (unset: search the whole workspace; e.g. `memory/` to pass path=memory/)
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { serve, type ServerType } from '@hono/node-server';
+import { sql } from 'drizzle-orm';
+import pino from 'pino';
+import postgres from 'postgres';
+import { RunEventLog } from '../apps/api/src/agent/events.ts';
+import { ModelClient } from '../apps/api/src/agent/llm.ts';
+import { AgentService } from '../apps/api/src/agent/service.ts';
+import { createApp } from '../apps/api/src/app.ts';
+import { bootstrapAdminKey } from '../apps/api/src/auth/bootstrap.ts';
+import { generateKey } from '../apps/api/src/auth/keys.ts';
+import { loadConfig } from '../apps/api/src/config.ts';
+import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
+import { rowsOf } from '../apps/api/src/db/rows.ts';
+import { EvolutionService } from '../apps/api/src/evolution/service.ts';
+import { JobRunner } from '../apps/api/src/jobs/runner.ts';
+import { reindexAll } from '../apps/api/src/memory/indexer.ts';
+import { connectDocker } from '../apps/api/src/sandbox/docker.ts';
+import { SandboxEngine } from '../apps/api/src/sandbox/engine.ts';
+import { engineOptions } from '../apps/api/src/server.ts';
+import { WorkspaceRepos } from '../apps/api/src/workspace/repo.ts';
+import { WorkspaceService } from '../apps/api/src/workspace/service.ts';
+import { getWorkspace } from '../apps/api/src/workspace/workspaces.ts';
+import { heading, row, summarize, timeEach } from './lib.ts';
+import { dailyLogs, fillerDays, KINDS, lineText, recallData, type Kind, type Question, type Turn } from './recall-data.ts';
+
+const SMALL = Number(process.env.BENCH_RECALL_CHUNKS_SMALL ?? 10_000);
+const LARGE = Number(process.env.BENCH_RECALL_CHUNKS_LARGE ?? 100_000);
+const BUDGET = Number(process.env.BENCH_RECALL_BUDGET ?? 2000);
+const WARMUP = Number(process.env.BENCH_RECALL_WARMUP ?? 10);
+/** Passed as `path=` to every search when set (e.g. `memory/`); unset, the whole workspace is searched. */
+const PATH = process.env.BENCH_RECALL_PATH;
+const K = 50;
+const template = fileURLToPath(new URL('../workspace-template', import.meta.url));
+const out = (line = '') => process.stdout.write(`${line}\n`);
+
+// ---------------------------------------------------------------------------------------------
+// The baseline: plain BM25, one document per turn
+
+const tokens = (text: string) => text.toLowerCase().split(/[^\p{L}\p{N}]+/u).filter(Boolean);
+
+/** Okapi BM25 (k1 = 1.2, b = 0.75, IDF ln(1 + (N - n + 0.5) / (n + 0.5))), no stemming, no stop words. */
+class Bm25 {
+  private readonly postings = new Map<string, number[]>(); // doc, tf, doc, tf, …
+  private readonly lengths: number[] = [];
+  private totalLength = 0;
+
+  add(text: string): number {
+    const doc = this.lengths.length;
+    const tf = new Map<string, number>();
+    const words = tokens(text);
+    for (const w of words) tf.set(w, (tf.get(w) ?? 0) + 1);
+    for (const [w, n] of tf) {
+      let list = this.postings.get(w);
+      if (!list) this.postings.set(w, (list = []));
+      list.push(doc, n);
+    }
+    this.lengths.push(words.length);
+    this.totalLength += words.length;
+    return doc;
+  }
+
+  get size(): number {
+    return this.lengths.length;
+  }
+
+  search(q: string, k: number): { doc: number; score: number }[] {
+    const n = this.lengths.length;
+    const avg = this.totalLength / n;
+    const scores = new Map<number, number>();
+    for (const w of new Set(tokens(q))) {
+      const list = this.postings.get(w);
+      if (!list) continue;
+      const df = list.length / 2;
+      const idf = Math.log(1 + (n - df + 0.5) / (df + 0.5));
+      for (let i = 0; i < list.length; i += 2) {
+        const doc = list[i]!;
+        const tf = list[i + 1]!;
+        const s = (idf * tf * 2.2) / (tf + 1.2 * (0.25 + (0.75 * this.lengths[doc]!) / avg));
+        scores.set(doc, (scores.get(doc) ?? 0) + s);
+      }
+    }
+    return [...scores.entries()]
+      .map(([doc, score]) => ({ doc, score }))
+      .sort((a, b) => b.score - a.score || a.doc - b.doc)
+      .slice(0, k);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scoring
+
+interface Hit {
+  path: string;
+  start_line: number;
+  end_line: number;
+  snippet: string;
+  score?: number;
+  date?: string | null;
+  heading?: string | null;
+}
+
+interface Where {
+  path: string;
+  line: number;
+  turn: Turn;
+}
+
+/** The hits a reader with `BUDGET` characters gets: best first while their snippets fit (the first always, cut). */
+function withinBudget(hits: readonly Hit[]): Hit[] {
+  const counted: Hit[] = [];
+  let used = 0;
+  for (const h of hits) {
+    const snippet = counted.length === 0 ? h.snippet.slice(0, BUDGET) : h.snippet;
+    if (counted.length > 0 && used + snippet.length > BUDGET) break;
+    counted.push({ ...h, snippet });
+    used += snippet.length;
+  }
+  return counted;
+}
+
+const covers = (h: Hit, w: Where) => h.path === w.path && h.start_line <= w.line && w.line <= h.end_line;
+/** Letters and digits only, so highlighting or changed spacing in a snippet does not matter. */
+const bare = (s: string) => s.toLowerCase().replace(/[^\p{L}\p{N}]+/gu, '');
+const shows = (h: Hit, w: Where) => covers(h, w) && bare(h.snippet).includes(bare(w.turn.text).slice(0, 40));
+
+interface Score {
+  /** Found answering turns / answering turns, per question. */
+  recall: number;
+  /** The same, counting a turn only when the counted snippet also shows its text. */
+  shown: number;
+  counted: number;
+}
+
+function score(hits: readonly Hit[], evidence: readonly Where[]): Score {
+  const counted = withinBudget(hits);
+  const found = evidence.filter((w) => counted.some((h) => covers(h, w))).length;
+  const shown = evidence.filter((w) => counted.some((h) => shows(h, w))).length;
+  return { recall: found / evidence.length, shown: shown / evidence.length, counted: counted.length };
+}
+
+const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : Number.NaN);
+
+function byKind(questions: readonly Question[], scores: readonly Score[], pick: (s: Score) => number): Record<Kind | 'overall', number> {
+  const res = { overall: mean(scores.map(pick)) } as Record<Kind | 'overall', number>;
+  for (const k of KINDS) res[k] = mean(scores.filter((_, i) => questions[i]!.kind === k).map(pick));
+  return res;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API, in process
+
+interface Bench {
+  url: string;
+  key: string;
+  wsId: string;
+  teamId: string;
+  database: Database;
+  service: WorkspaceService;
+  close(): Promise<void>;
+}
+
+async function freshDatabase(dir: string): Promise<{ database: Database; drop(): Promise<void> }> {
+  const url = process.env.DATABASE_URL;
+  if (!url) {
+    const database = await openDatabase({ dataDir: join(dir, 'data') });
+    return { database, drop: () => database.close() };
+  }
+  const name = `kiln_bench_recall_${randomBytes(5).toString('hex')}`;
+  const admin = () => postgres(url, { max: 1, onnotice: () => {} });
+  const a = admin();
+  await a.unsafe(`create database ${name}`).finally(() => a.end());
+  const own = new URL(url);
+  own.pathname = `/${name}`;
+  const database = await openDatabase({ url: own.toString() });
+  return {
+    database,
+    drop: async () => {
+      await database.close();
+      const b = admin();
+      await b.unsafe(`drop database if exists ${name} with (force)`).finally(() => b.end());
+    },
+  };
+}
+
+/** The smallest real app that serves the workspace and memory routes. */
+async function startApi(dir: string): Promise<Bench> {
+  const { database, drop } = await freshDatabase(dir);
+  const logger = pino({ level: 'silent' });
+  const config = loadConfig({ KILN_DATA_DIR: join(dir, 'data'), KILN_INSTANCE_ID: `bench-recall-${randomBytes(4).toString('hex')}` });
+  // Built, never started: nothing here asks Docker for anything (and there is no socket to ask).
+  const docker = connectDocker('unix:///nonexistent/kiln-bench-recall.sock');
+  const engine = new SandboxEngine(database.db, docker, { ...engineOptions(config), poolSize: 0 }, logger);
+  const service = new WorkspaceService(database.db, new WorkspaceRepos(join(dir, 'workspaces'), template), { maxFileBytes: 1 << 20 }, logger);
+  const model = new ModelClient({ maxRetries: 0, timeoutMs: 30_000 });
+  const agent = new AgentService(database.db, new RunEventLog(database.db), model, engine, service, logger, { owner: config.instanceId, leaseMs: 60_000 });
+  const jobs = new JobRunner(database.db, { owner: config.instanceId, leaseMs: 60_000, pollMs: 60_000 }, logger);
+  const evolution = new EvolutionService({ db: database.db, model, workspaces: service, events: agent.events, log: logger, maxFileBytes: 1 << 20 }, jobs, { tickMs: 60_000 });
+  const app = createApp({
+    config: { bodyLimitBytes: 5 << 20, rateLimit: { perMinute: 1_000_000, burst: 1_000_000 } },
+    db: database.db,
+    docker,
+    engine,
+    workspaces: service,
+    agent,
+    evolution,
+    logger,
+  });
+  const server = await new Promise<ServerType>((resolve) => {
+    const srv = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(srv));
+  });
+  const address = server.address();
+  const url = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`;
+
+  const adminKey = generateKey('admin');
+  await bootstrapAdminKey(database.db, { adminKey, dataDir: join(dir, 'data') });
+  const team = await call(url, adminKey, 'POST', '/v1/teams', { name: 'recall-bench' });
+  const key = (await call(url, adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' })).key as string;
+  const ws = await call(url, key, 'POST', '/v1/workspaces', { name: 'recall' });
+  return {
+    url,
+    key,
+    wsId: ws.id,
+    teamId: team.id,
+    database,
+    service,
+    close: async () => {
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        if ('closeAllConnections' in server) server.closeAllConnections();
+      });
+      await drop();
+    },
+  };
+}
+
+async function call(url: string, key: string, method: string, path: string, body?: unknown, raw?: string): Promise<any> {
+  const res = await fetch(`${url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+    body: body === undefined ? raw : JSON.stringify(body),
+  });
+  const text = await res.text();
+  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text.slice(0, 300)}`);
+  return text ? JSON.parse(text) : null;
+}
+
+async function search(b: Bench, q: string): Promise<Hit[]> {
+  const scope = PATH ? `&path=${encodeURIComponent(PATH)}` : '';
+  const res = await call(b.url, b.key, 'GET', `/v1/workspaces/${b.wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`);
+  return res.data as Hit[];
+}
+
+async function chunkCount(b: Bench): Promise<number> {
+  const r = await b.database.db.execute(sql`select count(*)::int as n from memory_chunks where workspace_id = ${b.wsId}`);
+  return Number(rowsOf<{ n: number }>(r)[0]!.n);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const f2 = (v: number) => (Number.isNaN(v) ? '  –  ' : v.toFixed(2));
+const oneLine = (s: string, n: number) => {
+  const t = s.replace(/\s*\n\s*/g, ' ⏎ ');
+  return t.length > n ? `${t.slice(0, n - 1)}…` : t;
+};
+
+async function main() {
+  const started = performance.now();
+  const dir = mkdtempSync(join(tmpdir(), 'kiln-bench-recall-'));
+  const b = await startApi(dir);
+  try {
+    const data = recallData();
+    const logs = dailyLogs(data.sessions);
+    const where = new Map<string, Where>();
+    const turnById = new Map(data.turns.map((t) => [t.id, t]));
+    for (const log of logs) for (const [id, line] of log.lineOf) where.set(id, { path: log.path, line, turn: turnById.get(id)! });
+    const evidenceOf = (q: Question) => q.evidence.map((id) => where.get(id)!);
+
+    const dialogues = new Set(data.turns.map((t) => t.dialogue)).size;
+    heading(`1. data set: ${dialogues} dialogues, ${data.sessions.length} sessions, ${data.turns.length} turns, ${data.questions.length} questions (${KINDS.map((k) => `${data.questions.filter((q) => q.kind === k).length} ${k}`).join(', ')})`);
+    const t0 = performance.now();
+    for (const log of logs) await call(b.url, b.key, 'PUT', `/v1/workspaces/${b.wsId}/files?path=${encodeURIComponent(log.path)}`, undefined, log.text);
+    const base = await chunkCount(b);
+    out(`  ${logs.length} daily logs written through PUT /files in ${((performance.now() - t0) / 1000).toFixed(1)} s; the workspace has ${base} chunks (with the template's files); database ${b.database.driver}`);
+
+    // Kiln
+    const kilnHits: Hit[][] = [];
+    for (const q of data.questions) kilnHits.push(await search(b, q.question));
+    const kiln = data.questions.map((q, i) => score(kilnHits[i]!, evidenceOf(q)));
+
+    // Baseline: BM25 over the same turns; a hit is the turn's own line.
+    const bm25 = new Bm25();
+    const docs: Where[] = [];
+    for (const t of data.turns) {
+      bm25.add(`${t.speaker}: ${t.text}`);
+      docs.push(where.get(t.id)!);
+    }
+    const bm25Hits = (q: string): Hit[] => bm25.search(q, K).map(({ doc, score: s }) => ({ path: docs[doc]!.path, start_line: docs[doc]!.line, end_line: docs[doc]!.line, snippet: lineText(docs[doc]!.turn), score: s }));
+    const baseline = data.questions.map((q) => score(bm25Hits(q.question), evidenceOf(q)));
+
+    heading(`2. recall within ${BUDGET} characters of snippets (k=${K}${PATH ? `, path=${PATH}` : ''}; a turn counts when a counted hit's lines cover it)`);
+    const kr = byKind(data.questions, kiln, (x) => x.recall);
+    const ks = byKind(data.questions, kiln, (x) => x.shown);
+    const br = byKind(data.questions, baseline, (x) => x.recall);
+    out(`  ${'kind'.padEnd(20)} ${'Kiln'.padStart(6)} ${'Kiln, text in snippet'.padStart(22)} ${'BM25 baseline'.padStart(14)} ${'Kiln / baseline'.padStart(16)}`);
+    for (const k of [...KINDS, 'overall'] as const) {
+      const n = k === 'overall' ? data.questions.length : data.questions.filter((q) => q.kind === k).length;
+      out(`  ${`${k} (${n})`.padEnd(20)} ${f2(kr[k]).padStart(6)} ${f2(ks[k]).padStart(22)} ${f2(br[k]).padStart(14)} ${`${(kr[k] / br[k]).toFixed(2)}×`.padStart(16)}`);
+    }
+    out(`  hits counted per question, mean: Kiln ${mean(kiln.map((x) => x.counted)).toFixed(1)}, baseline ${mean(baseline.map((x) => x.counted)).toFixed(1)}`);
+    out(`  overall Kiln / baseline: ${(kr.overall / br.overall).toFixed(2)}× (target ≥ 1.2×)`);
+
+    heading('3. three of Kiln’s misses (for tuning the ranking)');
+    const misses: number[] = [];
+    for (const k of KINDS) {
+      const i = data.questions.findIndex((q, j) => q.kind === k && kiln[j]!.recall < 1 && !misses.includes(j));
+      if (i >= 0 && misses.length < 3) misses.push(i);
+    }
+    for (const i of misses) {
+      const q = data.questions[i]!;
+      const hits = kilnHits[i]!;
+      const missed = evidenceOf(q).find((w) => !withinBudget(hits).some((h) => covers(h, w)))!;
+      const rank = hits.findIndex((h) => covers(h, missed));
+      const top = hits[0];
+      out(`  [${q.kind}] ${q.question}   (answer: ${q.answer})`);
+      out(`    expected  ${missed.path}:${missed.line}  ${oneLine(lineText(missed.turn), 110)}`);
+      out(`    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`);
+      out(`    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`);
+    }
+
+    heading('4. search latency over HTTP (filler: daily logs of other people, written into the working tree, committed with the workspace service, index rebuilt with reindexAll)');
+    const ws = await getWorkspace(b.database.db, b.teamId, b.wsId);
+    const dirOf = b.service.repos.dirOf(b.wsId);
+    mkdirSync(join(dirOf, 'memory'), { recursive: true });
+    const days = fillerDays(7, logs[0]!.date, { sessions: { min: 8, max: 24 }, turns: { min: 4, max: 14 } });
+    let perDay = 0;
+    let fillerFiles = 0;
+    let fillerTurns = 0;
+    const grow = async (target: number) => {
+      let count = await chunkCount(b);
+      const tGrow = performance.now();
+      while (count < target) {
+        const n = perDay ? Math.max(1, Math.ceil((target - count) / perDay)) : 20;
+        for (let d = 0; d < n; d++) {
+          const [log] = dailyLogs(days.next().value!);
+          for (const [id, t] of log!.turns) {
+            bm25.add(`${t.speaker}: ${t.text}`);
+            docs.push({ path: log!.path, line: log!.lineOf.get(id)!, turn: t });
+          }
+          fillerTurns += log!.turns.size;
+          writeFileSync(join(dirOf, log!.path), log!.text);
+        }
+        fillerFiles += n;
+        await b.service.commitPending(ws, { author: 'system' }, { summary: `Filler daily logs (${n})` });
+        const next = await chunkCount(b);
+        perDay = (next - count) / n || 1;
+        count = next;
+      }
+      const commitS = (performance.now() - tGrow) / 1000;
+      const tIndex = performance.now();
+      await reindexAll(b.database.db, { id: b.wsId, teamId: b.teamId, dir: dirOf });
+      const indexS = (performance.now() - tIndex) / 1000;
+      count = await chunkCount(b);
+      out(`  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed in ${commitS.toFixed(1)} s, reindexAll ${indexS.toFixed(1)} s`);
+      return count;
+    };
+    for (const target of [SMALL, LARGE].filter((t) => t > 0)) {
+      const count = await grow(target);
+      const hits: Hit[][] = [];
+      const qs = data.questions;
+      const kilnT = summarize(
+        await timeEach(
+          qs.length,
+          async (i) => {
+            hits[i] = await search(b, qs[i]!.question);
+          },
+          Math.min(WARMUP, qs.length),
+        ),
+      );
+      const baseT = summarize(await timeEach(qs.length, async (i) => bm25.search(qs[i]!.question, K), Math.min(WARMUP, qs.length)));
+      out(row(`baseline: BM25 in memory over ${bm25.size} turns`, baseT));
+      out(row(`Kiln: GET /memory/search, k=${K}, ${count} chunks`, kilnT, baseT));
+      const rk = mean(qs.map((q, i) => score(hits[i]!, evidenceOf(q)).recall));
+      const rb = mean(qs.map((q) => score(bm25Hits(q.question), evidenceOf(q)).recall));
+      out(`  recall with the filler around it: Kiln ${f2(rk)}, baseline ${f2(rb)}`);
+    }
+    out(`\n  whole run: ${((performance.now() - started) / 1000).toFixed(0)} s\n`);
+  } finally {
+    await b.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
