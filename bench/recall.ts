@@ -9,7 +9,7 @@
  *  3. the same for a plain BM25 over the same turns (one document per turn), measured in the
  *     same run: recall per kind, and Kiln / baseline
  *  4. search latency at ~10k and ~100k chunks in that workspace, filled with daily logs of other
- *     people (written into the working tree, committed with the workspace service)
+ *     people (written into the working tree, committed and indexed by the workspace service)
  *
  * The API runs in process on a fresh database (PGlite in a temp dir; a new database on the
  * DATABASE_URL server when set) and is talked to over HTTP on 127.0.0.1; it needs no Docker
@@ -39,7 +39,6 @@ import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
 import { EvolutionService } from '../apps/api/src/evolution/service.ts';
 import { JobRunner } from '../apps/api/src/jobs/runner.ts';
-import { reindexAll } from '../apps/api/src/memory/indexer.ts';
 import { connectDocker } from '../apps/api/src/sandbox/docker.ts';
 import { SandboxEngine } from '../apps/api/src/sandbox/engine.ts';
 import { engineOptions } from '../apps/api/src/server.ts';
@@ -353,7 +352,7 @@ async function main() {
       out(`    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`);
     }
 
-    heading('4. search latency over HTTP (filler: daily logs of other people, written into the working tree, committed with the workspace service, index rebuilt with reindexAll)');
+    heading('4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)');
     const ws = await getWorkspace(b.database.db, b.teamId, b.wsId);
     const dirOf = b.service.repos.dirOf(b.wsId);
     mkdirSync(join(dirOf, 'memory'), { recursive: true });
@@ -382,11 +381,8 @@ async function main() {
         count = next;
       }
       const commitS = (performance.now() - tGrow) / 1000;
-      const tIndex = performance.now();
-      await reindexAll(b.database.db, { id: b.wsId, teamId: b.teamId, dir: dirOf });
-      const indexS = (performance.now() - tIndex) / 1000;
       count = await chunkCount(b);
-      out(`  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed in ${commitS.toFixed(1)} s, reindexAll ${indexS.toFixed(1)} s`);
+      out(`  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed and indexed in ${commitS.toFixed(1)} s`);
       return count;
     };
     for (const target of [SMALL, LARGE].filter((t) => t > 0)) {

@@ -10,6 +10,16 @@ import { chunkFile, INDEX_VERSION } from './chunker.ts';
 import type { Embedder } from './embeddings.ts';
 
 const SMALL = 500;
+/** Chunks written between two `analyze` runs (PGlite has no autovacuum to keep planner statistics fresh). */
+const ANALYZE_EVERY = 5000;
+const written = new WeakMap<Db, number>();
+
+/** Counts chunks written and refreshes the planner's statistics every ANALYZE_EVERY of them. */
+async function wrote(db: Db, rows: number): Promise<void> {
+  const total = (written.get(db) ?? 0) + rows;
+  written.set(db, total >= ANALYZE_EVERY ? 0 : total);
+  if (total >= ANALYZE_EVERY) await db.execute(sql`analyze memory_chunks`);
+}
 
 export interface IndexTarget {
   id: string;
@@ -76,12 +86,14 @@ export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], emb
     // The common case (one commit's files): replace the chunks in a single statement.
     await db.execute(sql`with stale as (delete from ${memoryChunks} where ${stale})
       insert into ${memoryChunks} ${COLUMNS} select * from (values ${valuesOf(rows)}) as v`);
+    await wrote(db, rows.length);
     return rows.length;
   }
   await db.transaction(async (tx) => {
     await tx.delete(memoryChunks).where(stale);
     await insertRows(tx as unknown as Db, rows);
   });
+  await wrote(db, rows.length);
   return rows.length;
 }
 
@@ -129,7 +141,10 @@ export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, o
   });
   if (!done) return null;
   // Fresh statistics after a bulk load, so the planner uses the text indexes (PGlite has no autovacuum).
-  if (rows.length > SMALL) await db.execute(sql`analyze memory_chunks`);
+  if (rows.length > SMALL) {
+    written.set(db, 0);
+    await db.execute(sql`analyze memory_chunks`);
+  } else await wrote(db, rows.length);
   return rows.length;
 }
 

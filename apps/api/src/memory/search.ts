@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { cosine, type Embedder } from './embeddings.ts';
 import { parseQuery } from './query.ts';
-import { B, BUILTIN_FACTOR, fuseRanks, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
+import { B, BUILTIN_FACTOR, fuseRanks, idf, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
 
 export interface SearchHit {
   path: string;
@@ -67,6 +67,7 @@ interface Term {
 }
 
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
+const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
 const textArray = (xs: string[]) => sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
 
 interface Candidate {
@@ -79,7 +80,6 @@ interface Candidate {
   day: string | null;
   builtin: boolean;
   bm25: number;
-  line_scores: number[] | null;
 }
 
 /**
@@ -96,7 +96,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const { words, cjk, substrings } = parseQuery(q);
   const offset = opts.offset ?? 0;
   if (!words.length && !cjk.length && !substrings.length) return { hits: [], hasMore: false };
-  const depth = Math.min(MAX_DEPTH, Math.max(40, (offset + opts.k) * 3));
+  const depth = Math.min(MAX_DEPTH, Math.max(30, (offset + opts.k) * 2));
 
   const filters: SQL[] = [];
   if (opts.path) filters.push(sql`c.path like ${`${likeEscape(opts.path)}%`}`);
@@ -105,63 +105,68 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
   const raw = (v: number) => sql.raw(String(v));
 
-  // One statement. The query's terms: words stemmed with stop words dropped, CJK pairs,
-  // identifiers; their document frequencies (kept by triggers; identifiers counted, bounded).
-  // Candidates are the chunks holding the more selective terms, rarest first, up to
-  // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
-  // chunks barely moves BM25, so it adds to the score of candidates but does not make them.
-  // Then BM25 with each chunk's term frequencies, and a score for each line of the best.
+  // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
+  // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.
   const patterns = substrings.map((t) => `%${likeEscape(t)}%`);
-  const rows = rowsOf<Candidate & { terms: Term[] | string | null }>(
+  const found = rowsOf<{ term: string; kind: Term['kind']; df: number; n: number; total: number }>(
     await db.execute(sql`with
       words as (select distinct lexeme as term, 'word' as kind from unnest(to_tsvector('english', ${words.join(' ')}))
         union select t, 'cjk' from unnest(${textArray(cjk)}) t),
-      st as (select greatest(coalesce((select chunks from memory_index where workspace_id = ${workspaceId}), 0), 1)::float8 as n,
-        coalesce((select case when chunks > 0 then total_len::float8 / chunks end from memory_index where workspace_id = ${workspaceId}), 1)::float8 as avg),
-      t as materialized (
-        select w.term, w.kind, null::text as pattern,
-          coalesce((select df from memory_terms where workspace_id = ${workspaceId} and term = w.term), 0) as df
-        from words w
+      terms as (
+        select w.term, w.kind, coalesce((select df from memory_terms where workspace_id = ${workspaceId} and term = w.term), 0) as df from words w
         union all
-        select x.t, 'substring', x.p, (select count(*) from (select 1 from memory_chunks c
+        select x.t, 'substring', (select count(*) from (select 1 from memory_chunks c
             where c.workspace_id = ${workspaceId} and c.search_text ilike x.p limit ${raw(SUBSTRING_DF_CAP)}) y)::int
-        from unnest(${textArray(substrings)}, ${textArray(patterns)}) x(t, p)),
-      w as materialized (
-        select t.*, case when t.kind <> 'substring' then to_tsquery('simple', t.term) end as q,
-          ln(1 + ((select n from st) - t.df + 0.5) / (t.df + 0.5)) as idf,
-          sum(t.df) over (order by t.df, t.term) as cum
-        from t where t.df > 0),
-      sel as (select to_tsquery('simple', string_agg(term, ' | ')) as q from w
-        where kind <> 'substring' and (cum <= ${raw(CANDIDATE_BUDGET)} or cum = df)),
-      m as materialized (
-        select c.id, c.len, c.tf, c.search_text, c.path, c.start_line from memory_chunks c
-        where c.workspace_id = ${workspaceId}
-          and (c.tsv @@ (select q from sel)${substrings.length ? sql` or c.search_text ilike any(${textArray(patterns)})` : sql``})${where}
-        limit ${raw(CANDIDATE_CAP)}),
-      scored as (
-        select m.id, m.path, m.start_line,
-          sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / (select avg from st))))::float8 as bm25
-        from m join w on (w.kind <> 'substring' and m.tf ? w.term) or (w.kind = 'substring' and strpos(lower(m.search_text), w.term) > 0)
-        cross join lateral (select case when w.kind = 'substring'
-            then ((length(lower(m.search_text)) - length(replace(lower(m.search_text), w.term, ''))) / length(w.term))::float8
-            else (m.tf ->> w.term)::float8 end as tf) x
-        group by m.id, m.path, m.start_line
-        order by bm25 desc, m.path, m.start_line
-        limit ${depth})
-      select c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, s.bm25, (
-          select array_agg((select coalesce(sum(w.idf), 0) from w where case
-              when w.kind = 'word' then lv.v @@ w.q
-              else strpos(lower(l.line), w.term) > 0 end)::float8 order by l.n)
-          from unnest(string_to_array(c.content, E'\\n')) with ordinality l(line, n)
-          cross join lateral (select to_tsvector('english', l.line) as v) lv
-        ) as line_scores,
-        ${opts.debug ? sql`(select json_agg(json_build_object('term', w.term, 'kind', w.kind, 'df', w.df, 'idf', w.idf) order by w.df, w.term) from w)` : sql`null`} as terms
-      from scored s join memory_chunks c on c.id = s.id
-      order by s.bm25 desc, s.path, s.start_line`),
+        from unnest(${textArray(substrings)}, ${textArray(patterns)}) x(t, p))
+      select t.term, t.kind, t.df, coalesce(m.chunks, 0) as n, coalesce(m.total_len, 0)::float8 as total
+      from terms t left join memory_index m on m.workspace_id = ${workspaceId}
+      where t.df > 0 order by t.df, t.term`),
   );
-  const candidates: Candidate[] = rows;
-  const rawTerms = rows[0]?.terms ?? null;
-  const terms: Term[] = typeof rawTerms === 'string' ? (JSON.parse(rawTerms) as Term[]) : (rawTerms ?? []);
+  const n = Math.max(1, Number(found[0]?.n ?? 0));
+  const avgLen = found[0] && Number(found[0].n) > 0 ? Number(found[0].total) / Number(found[0].n) : 1;
+  const terms: Term[] = found.map((t) => ({ term: t.term, kind: t.kind, df: Number(t.df), idf: idf(n, Number(t.df)) }));
+
+  // 2. Candidates: the chunks holding the more selective terms, rarest first, up to
+  // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
+  // chunks barely moves BM25, so it adds to the score of candidates but does not make them.
+  // Identifiers always make candidates. Then BM25 with each chunk's term frequencies.
+  let candidates: Candidate[] = [];
+  const indexed = terms.filter((t) => t.kind !== 'substring');
+  const selective: string[] = [];
+  let expected = 0;
+  for (const t of indexed) {
+    if (selective.length && expected + t.df > CANDIDATE_BUDGET) break;
+    selective.push(t.term);
+    expected += t.df;
+  }
+  const subs = terms.filter((t) => t.kind === 'substring');
+  if (terms.length) {
+    const match = [
+      selective.length ? sql`c.tsv @@ to_tsquery('simple', ${selective.join(' | ')})` : null,
+      subs.length ? sql`c.search_text ilike any(${textArray(subs.map((t) => `%${likeEscape(t.term)}%`))})` : null,
+    ].filter((x) => x !== null);
+    candidates = rowsOf<Candidate>(
+      await db.execute(sql`with
+        w(term, kind, idf) as (select * from unnest(${textArray(terms.map((t) => t.term))}, ${textArray(terms.map((t) => t.kind))}, ${floatArray(terms.map((t) => t.idf))})),
+        m as materialized (
+          select c.id, c.len, c.tf, c.search_text, c.path, c.start_line from memory_chunks c
+          where c.workspace_id = ${workspaceId} and (${sql.join(match, sql` or `)})${where}
+          limit ${raw(CANDIDATE_CAP)}),
+        scored as (
+          select m.id, m.path, m.start_line,
+            sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / ${raw(avgLen)}::float8)))::float8 as bm25
+          from m join w on (w.kind <> 'substring' and m.tf ? w.term) or (w.kind = 'substring' and strpos(lower(m.search_text), w.term) > 0)
+          cross join lateral (select case when w.kind = 'substring'
+              then ((length(lower(m.search_text)) - length(replace(lower(m.search_text), w.term, ''))) / length(w.term))::float8
+              else (m.tf ->> w.term)::float8 end as tf) x
+          group by m.id, m.path, m.start_line
+          order by bm25 desc, m.path, m.start_line
+          limit ${depth})
+        select c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, s.bm25
+        from scored s join memory_chunks c on c.id = s.id
+        order by s.bm25 desc, s.path, s.start_line`),
+    );
+  }
 
   // 3. Vector neighbours, fused with the lexical list by reciprocal rank.
   const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
@@ -195,7 +200,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     const file = linesOf.get(r.c.path) ?? new Map<number, string>();
     lines.forEach((l, i) => file.set(r.c.start_line + i, l));
     linesOf.set(r.c.path, file);
-    const scores = (r.c.line_scores ?? []).map(Number);
+    const scores = lines.map((l) => lineScore(l, terms));
     const { from, to } = snippetLines(lines, scores);
     return { path: r.c.path, from: r.c.start_line + from, to: r.c.start_line + to, score: r.score, extra: r };
   });
@@ -236,12 +241,33 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
 }
 
 /**
+ * How well one line of a chunk matches (the IDF of the query terms it holds), to choose the
+ * snippet's lines. A word term is a Snowball stem: it matches the line's words it begins
+ * ("adopt" in "adopted"; "citi" in "cities" and, with y for a final i, "city").
+ */
+export function lineScore(line: string, terms: { term: string; kind: string; idf: number }[]): number {
+  const lower = line.toLowerCase();
+  let words: string[] | null = null;
+  let score = 0;
+  for (const t of terms) {
+    if (t.kind !== 'word') {
+      if (lower.includes(t.term)) score += t.idf;
+      continue;
+    }
+    words ??= lower.match(/[\p{L}\p{N}]+/gu) ?? [];
+    const alt = t.term.endsWith('i') ? `${t.term.slice(0, -1)}y` : null;
+    if (words.some((w) => w.startsWith(t.term) || (alt !== null && w.startsWith(alt)))) score += t.idf;
+  }
+  return score;
+}
+
+/**
  * The chunks nearest to a query vector by cosine similarity: pgvector's `<=>` where the
  * database has the extension, else computed here over the stored vectors. Vectors of another
  * size (made by an earlier model, before the re-index) are left out.
  */
 async function nearest(db: Db, workspaceId: string, qv: number[], limit: number, where: SQL): Promise<{ c: Candidate; similarity: number }[]> {
-  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, 0::float8 as bm25, null::float8[] as line_scores`;
+  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, 0::float8 as bm25`;
   if (await hasPgvector(db)) {
     const vec = `[${qv.join(',')}]`;
     const rows = rowsOf<Candidate & { similarity: number }>(
