@@ -117,6 +117,25 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     expect(show(ws, 'MEMORY.md')).toBe(MEMORY);
   });
 
+  it('writes the daily log one fact per line, in the shape memory search finds by date', async () => {
+    const { ws, session } = await workspaceWithMemory();
+    fake.script({ content: '<finish>Noted.</finish>' });
+    await converse(t, team.key, session, 'The boiler in the Leith flat was serviced by Hamish today.');
+    const asked = fake.chats().length;
+    fake.script(
+      // A model that answers in prose and nested bullets all the same.
+      { content: '<daily_log>\n### Session\nThe user said the boiler in the Leith flat was serviced by Hamish.\n  * Next service due in a year.\n</daily_log>' },
+      { content: `<memory>\n${DISTILLED}\n</memory>\n<diary>Nothing to merge.</diary>\n<summary>Logged the boiler service</summary>` },
+    );
+    await dream(ws);
+    expect(fake.chats()[asked].messages[0].content).toContain('One line per fact or turn');
+    const log = show(ws, `memory/${today}.md`);
+    expect(log).toContain('### Session\n- The user said the boiler in the Leith flat was serviced by Hamish.\n- Next service due in a year.');
+    const r = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=${encodeURIComponent('who serviced the boiler')}&path=memory/`, { key: team.key });
+    expect(r.body.data[0]).toMatchObject({ path: `memory/${today}.md`, date: today, heading: 'Session' });
+    expect(r.body.data[0].snippet).toContain('serviced by Hamish');
+  });
+
   it('skips when nothing is new, and never logs a message twice (even when the session goes on)', async () => {
     const { ws, session } = await workspaceWithMemory();
     fake.script({ content: '<finish>Sure.</finish>' });

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { cjkPairs, occurrences, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
 import { bm25Term, BUILTIN_FACTOR, fuseRanks, idf, mergeHits, RECENCY_MAX, recencyFactor, snippetLines, snippetText, SNIPPET_CHARS, type Hit } from '../../apps/api/src/memory/rank.ts';
-import { decodeCursor, encodeCursor, filterProblem, isDay, isPathPrefix } from '../../apps/api/src/memory/search.ts';
+import { decodeCursor, encodeCursor, filterProblem, isDay, isPathPrefix, lineScore } from '../../apps/api/src/memory/search.ts';
 
 describe('query terms', () => {
   it('sends words to full-text search and identifiers and CJK text to substring search', () => {
@@ -141,6 +141,24 @@ describe('ranking', () => {
     const long = ['x'.repeat(200), 'needle', 'y'.repeat(200)];
     expect(snippetLines(long, [0, 1, 0])).toEqual({ from: 1, to: 2 });
     expect(snippetText(['z'.repeat(1000)], 0, 0).length).toBe(SNIPPET_CHARS);
+  });
+});
+
+describe('line scores for snippets', () => {
+  it('matches a stem at the start of a word (and y for a final i), CJK and identifiers as substrings', () => {
+    const terms = [
+      { term: 'adopt', kind: 'word', idf: 2 },
+      { term: 'citi', kind: 'word', idf: 1 },
+      { term: '部署', kind: 'cjk', idf: 3 },
+      { term: 'load_config', kind: 'substring', idf: 4 },
+    ];
+    expect(lineScore('Maya: we adopted him!', terms)).toBe(2);
+    expect(lineScore('The city was loud', terms)).toBe(1);
+    expect(lineScore('two cities', terms)).toBe(1);
+    expect(lineScore('readopt', terms)).toBe(0);
+    expect(lineScore('我们的部署流程', terms)).toBe(3);
+    expect(lineScore('call LOAD_CONFIG() first', terms)).toBe(4);
+    expect(lineScore('nothing here', terms)).toBe(0);
   });
 });
 

@@ -40,7 +40,7 @@ export const memoryChunks = pgTable(
   (t) => [
     index('memory_chunks_ws_path_idx').on(t.workspaceId, t.path),
     index('memory_chunks_ws_day_idx').on(t.workspaceId, t.day),
-    index('memory_chunks_tsv_idx').using('gin', t.tsv).with({ fastupdate: false }),
+    index('memory_chunks_tsv_idx').using('gin', t.tsv).with({ gin_pending_list_limit: 64 }),
   ],
 );
 
