@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
 import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
+import { SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
 import { openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
@@ -130,6 +131,14 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     // Windows overlap, results do not: no two hits of a file share a line.
     const all = await w.search('marmalade key', { k: 50 });
     for (const a of all) for (const b of all) if (a !== b && a.path === b.path) expect(a.end_line < b.start_line || b.end_line < a.start_line, `${a.path}:${a.start_line}-${a.end_line} vs ${b.start_line}-${b.end_line}`).toBe(true);
+  });
+
+  it('bounds what a hostile file costs: one huge line gives a short snippet', async () => {
+    await w.put('knowledge/huge.md', `# Huge\n\nzebrafish ${'lorem ipsum '.repeat(60_000)}\n`);
+    const [hit] = await w.search('zebrafish');
+    expect(hit).toMatchObject({ path: 'knowledge/huge.md', start_line: 3, end_line: 3 });
+    expect(hit!.snippet.length).toBeLessThanOrEqual(SNIPPET_CHARS);
+    expect(hit!.snippet.startsWith('zebrafish lorem')).toBe(true);
   });
 
   it('filters by path prefix and by the dates of dated logs', async () => {

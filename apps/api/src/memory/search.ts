@@ -58,6 +58,10 @@ const CANDIDATE_BUDGET = 400;
 const CANDIDATE_CAP = 600;
 /** An identifier's document frequency is counted up to this. */
 const SUBSTRING_DF_CAP = 5000;
+/** Of a chunk, at most this much is read back for its snippet (a tenant's file may be one huge line). */
+const CONTENT_CHARS = 16_384;
+/** Of a line, at most this much is scored for the snippet. */
+const LINE_CHARS = 2_000;
 
 interface Term {
   term: string;
@@ -66,6 +70,8 @@ interface Term {
   idf: number;
 }
 
+/** A number of our own, written into the statement. */
+const raw = (v: number) => sql.raw(String(v));
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
 const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
 const textArray = (xs: string[]) => sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
@@ -85,9 +91,9 @@ interface Candidate {
 /**
  * Ranks a workspace's memory, knowledge and skill chunks for a query.
  *
- * Lexical: BM25 in the database over English-stemmed full-text terms (stop words dropped) and
- * substring terms (identifiers, CJK character pairs), with IDF from the workspace's own
- * statistics. With an embeddings model, the lexical list and the nearest chunks by cosine are
+ * Lexical: BM25 in the database over English-stemmed full-text terms (stop words dropped), CJK
+ * character pairs (indexed as terms) and identifiers (matched as substrings), with IDF from the
+ * workspace's own statistics. With an embeddings model, the lexical list and the nearest chunks by cosine are
  * fused by reciprocal rank. Then bounded adjustments: recency adds at most 10 % to a dated
  * entry, built-in skills count half. Snippets are the best-matching lines of each chunk and
  * their neighbours; hits that overlap in a file are merged.
@@ -103,7 +109,6 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (opts.since) filters.push(sql`c.day >= ${opts.since}::date`);
   if (opts.until) filters.push(sql`c.day <= ${opts.until}::date`);
   const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
-  const raw = (v: number) => sql.raw(String(v));
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
   // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.
@@ -162,7 +167,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
           group by m.id, m.path, m.start_line
           order by bm25 desc, m.path, m.start_line
           limit ${depth})
-        select c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, s.bm25
+        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25
         from scored s join memory_chunks c on c.id = s.id
         order by s.bm25 desc, s.path, s.start_line`),
     );
@@ -246,7 +251,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
  * ("adopt" in "adopted"; "citi" in "cities" and, with y for a final i, "city").
  */
 export function lineScore(line: string, terms: { term: string; kind: string; idf: number }[]): number {
-  const lower = line.toLowerCase();
+  const lower = line.slice(0, LINE_CHARS).toLowerCase();
   let words: string[] | null = null;
   let score = 0;
   for (const t of terms) {
@@ -267,7 +272,7 @@ export function lineScore(line: string, terms: { term: string; kind: string; idf
  * size (made by an earlier model, before the re-index) are left out.
  */
 async function nearest(db: Db, workspaceId: string, qv: number[], limit: number, where: SQL): Promise<{ c: Candidate; similarity: number }[]> {
-  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, c.content, c.day::text as day, c.builtin, 0::float8 as bm25`;
+  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
   if (await hasPgvector(db)) {
     const vec = `[${qv.join(',')}]`;
     const rows = rowsOf<Candidate & { similarity: number }>(
