@@ -48,7 +48,7 @@ export interface AppDeps {
   now?: () => number;
 }
 
-/** Maps anything thrown to the API.md error envelope; only 5xx are logged as errors. */
+/** Maps anything thrown to the API's error envelope; only 5xx are logged as errors. */
 function toApiError(err: Error, contentType: string | undefined): ApiError {
   if (err instanceof ApiError) return err;
   if (err instanceof HTTPException) {

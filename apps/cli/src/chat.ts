@@ -4,7 +4,7 @@ import type { KilnClient } from './client.ts';
 const C = { reset: '\x1b[0m', green: '\x1b[32m', cyan: '\x1b[36m', magenta: '\x1b[35m', red: '\x1b[31m', yellow: '\x1b[33m', dim: '\x1b[2m' };
 
 /**
- * The seed's terminal loop over the HTTP API: thinking, code, output and the finish in colour,
+ * The agent's terminal loop over the HTTP API: thinking, code, output and the finish in colour,
  * live from the run's SSE stream; approvals asked inline as y/n/a (a = approve for the
  * session); Ctrl-C cancels the running run; `exit` quits.
  */

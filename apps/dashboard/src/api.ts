@@ -17,7 +17,7 @@ export class ApiFailure extends Error {
   }
 }
 
-/** The API.md envelope's message, or what can be said without one. */
+/** The API error envelope's message, or what can be said without one. */
 export async function failureOf(res: Response): Promise<ApiFailure> {
   const body = (await res.json().catch(() => null)) as { error?: { code?: string; message?: string } } | null;
   return new ApiFailure(res.status, body?.error?.code ?? 'http_error', body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`);

@@ -2,7 +2,7 @@ import type { ExecOutcome } from '../sandbox/engine.ts';
 import type { CommitOutcome } from '../workspace/repo.ts';
 import type { SearchHit } from '../memory/search.ts';
 
-/** What the model reads after running code: the seed's format, plus what Kiln did with the result. */
+/** What the model reads after running code: the `Kiln System: [Execution …]` format, plus what Kiln did with the result. */
 export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?: { path: string; reason: string }[] }) | null): string {
   const out = r.stdout.trimEnd() || '(no output)';
   const lines: string[] = [];

@@ -29,7 +29,7 @@ function parseSourceUpdate(reply: string): Action | null {
   return { type: 'source_update', patch: patch ? `${patch}\n` : '', reason: tag(block, 'reason') ?? '' };
 }
 
-/** The seed's XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
+/** The XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
 export function parseXml(reply: string): Parsed {
   const update = parseSourceUpdate(reply);
   if (update) return { thinking: tag(withoutBlock(reply, 'propose_source_update'), 'thinking'), action: update };

@@ -826,7 +826,7 @@ export class AgentService {
 
   /**
    * The request for the next model call: the system prompt rebuilt from the workspace, then the
-   * transcript, condensed when it grows (seed 004, layer 2): (1) old tool results over a cap keep
+   * transcript, condensed when it grows (context condensation): (1) old tool results over a cap keep
    * head and tail; (2) over the turn limit, the oldest half of whole turns is summarised into the
    * daily log and the <Current_Project_State> snapshot and leaves the transcript; (3) over the
    * token limit, earlier turns shrink to their first message and last answer. `force` (after a

@@ -1,7 +1,7 @@
 import type { ChatCompletionTool } from 'openai/resources/chat/completions';
 
 /**
- * The agent's way into platform self-update (layer 5): a workspace an org admin has enabled
+ * The agent's way into platform self-update: a workspace an org admin has enabled
  * (`settings.source_updates`) may propose a patch to Kiln's own source. The proposal always
  * waits for an org admin's approval, whatever the workspace's approval mode; once approved it is
  * submitted like an admin's own patch (self-check first; applying stays a separate admin step).

@@ -72,7 +72,7 @@ export function parseDream(reply: string, cap: { maxEntries: number; maxBytes: n
 export type DreamOutcome = { status: 'committed'; sha: string; paths: string[]; summary: string } | { status: 'skipped'; summary: string };
 
 /**
- * Deep dream (seed 004, layer 4) for `days` calendar days ending today in the workspace's time
+ * Deep dream (nightly memory consolidation) for `days` calendar days ending today in the workspace's time
  * zone: (1) the sessions' context not yet in a daily log is summarised into memory/YYYY-MM-DD.md,
  * each message once (hash marks); (2) MEMORY.md is distilled with those logs by the model, its
  * answer validated before anything is written; (3) a diary goes to memory/dreams/. One commit.

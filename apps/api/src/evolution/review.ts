@@ -74,7 +74,7 @@ async function reviewBrief(deps: EvolutionDeps, ws: WorkspaceRow, session: Sessi
 export type ReviewOutcome = { status: 'committed'; sha: string; paths: string[]; summary: string; runId: string } | { status: 'no_change' | 'skipped'; summary: string };
 
 /**
- * The post-session review (seed 004, layer 3): the same model with a narrow tool set reads the
+ * The post-session review: the same model with a narrow tool set reads the
  * whole session and may improve skills, memory, knowledge and prompt files through the write
  * guard. Its edits land as one commit with `Kiln-Evolution`, and only then is the session told.
  */

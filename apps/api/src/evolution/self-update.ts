@@ -40,7 +40,7 @@ const RUNNING_ROOT = fileURLToPath(new URL('../../../..', import.meta.url)).repl
 const RELAY_FILE = join(RUNNING_ROOT, 'infra/relay/relay.ts');
 
 /**
- * Platform self-update (layer 5): a patch to Kiln's own source is committed in a separate
+ * Platform self-update: a patch to Kiln's own source is committed in a separate
  * worktree and self-checked there; applying it moves the source branch and hands the restart
  * to a detached relay (infra/relay), whose status file the surviving server reads to finish the
  * update's row. One update at a time: a second submit or apply meanwhile is `409 conflict`.

@@ -27,7 +27,7 @@ export interface EvolutionOptions {
 }
 
 /**
- * Self-evolution as durable jobs (seed 004, layers 3 and 4): reviews of idle sessions and
+ * Self-evolution as durable jobs (review and dream): reviews of idle sessions and
  * nightly dreams are rows in `jobs`, each with its `evolutions` row created in the same
  * statement; any replica's runner may take them, none runs one twice, and a restart loses none.
  */

@@ -40,7 +40,7 @@ export interface ErrorDetail {
   message: string;
 }
 
-/** The one error type handlers throw; `onError` turns it into the API.md envelope. */
+/** The one error type handlers throw; `onError` turns it into the API's error envelope. */
 export class ApiError extends Error {
   readonly status: ErrorStatus;
   constructor(

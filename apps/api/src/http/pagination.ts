@@ -17,7 +17,7 @@ export function cursorOn(id: AnyColumn, p: ListParams): { where: SQL | undefined
   return { where, orderBy: p.order === 'desc' ? desc(id) : asc(id), limit: p.limit + 1 };
 }
 
-/** Turns `limit + 1` fetched rows into the API.md list envelope. */
+/** Turns `limit + 1` fetched rows into the API's list envelope (`data`, `has_more`, `last_id`). */
 export function toPage<R extends { id: string }, O>(rows: R[], p: { limit: number }, map: (r: R) => O) {
   const has_more = rows.length > p.limit;
   const kept = has_more ? rows.slice(0, p.limit) : rows;

@@ -51,7 +51,7 @@ export function tmpfsSizes(limits: SandboxLimits): { workspace: number; tmp: num
 }
 
 /**
- * Create options for a sandbox container with the full hardening list of DESIGN.md: no
+ * Create options for a sandbox container with the full hardening list of the security model: no
  * network, every capability dropped, no-new-privileges, default seccomp, non-root users,
  * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
  * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
