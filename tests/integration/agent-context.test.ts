@@ -9,7 +9,7 @@ import { sessionIn } from '../support/sandbox.ts';
 
 const SUMMARY = '<daily_log>\n- Computed the totals for ACME-42.\n</daily_log>\n<project_state>\n## Progress\nTotals done.\n## Todo\nChart.\n## Key identifiers\nACME-42, /workspace/data/totals.csv\n## Environment\nsandbox\n</project_state>';
 
-/** The four levels of context condensation (seed 004, layer 2), each observed in the request the model receives. */
+/** The four levels of context condensation, each observed in the request the model receives. */
 describe('context management', () => {
   let fake: FakeOpenAI;
   let t: TestApp;
