@@ -132,4 +132,3 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
   return app;
 }
 
-export type App = ReturnType<typeof createApp>;

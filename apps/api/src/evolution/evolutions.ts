@@ -3,7 +3,6 @@ import type { Db } from '../db/client.ts';
 import { evolutions } from '../db/schema/index.ts';
 import { ApiError } from '../http/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
-import { newId } from '../lib/ids.ts';
 import { readHead } from '../workspace/git.ts';
 
 export type EvolutionRow = typeof evolutions.$inferSelect;
@@ -15,14 +14,6 @@ export type EvolutionKind = 'review' | 'dream';
  * `reverted` was undone afterwards.
  */
 export type EvolutionStatus = 'queued' | 'running' | 'committed' | 'no_change' | 'skipped' | 'failed' | 'reverted';
-
-export async function createEvolution(db: Db, v: { teamId: string; workspaceId: string; sessionId?: string | null; kind: EvolutionKind }): Promise<EvolutionRow> {
-  const [row] = await db
-    .insert(evolutions)
-    .values({ id: newId('evo'), teamId: v.teamId, workspaceId: v.workspaceId, sessionId: v.sessionId ?? null, kind: v.kind, status: 'queued' })
-    .returning();
-  return row!;
-}
 
 export async function getEvolution(db: Db, teamId: string, id: string): Promise<EvolutionRow> {
   const [row] = await db.select().from(evolutions).where(and(eq(evolutions.id, id), eq(evolutions.teamId, teamId)));
