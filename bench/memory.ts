@@ -45,7 +45,7 @@ async function main() {
   try {
     const team = await createTeam(database.db, `bench-${process.pid}`);
     const ws = await service.create(team.id, { name: 'bench' });
-    const dir = service.repos.dirOf(ws.id);
+    const dir = service.dirOf(ws.id);
 
     heading(`1. index ${CHUNKS} chunks (database ${database.driver})`);
     const perFile = 40;

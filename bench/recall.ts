@@ -354,7 +354,7 @@ async function main() {
 
     heading('4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)');
     const ws = await getWorkspace(b.database.db, b.teamId, b.wsId);
-    const dirOf = b.service.repos.dirOf(b.wsId);
+    const dirOf = b.service.dirOf(b.wsId);
     mkdirSync(join(dirOf, 'memory'), { recursive: true });
     const days = fillerDays(7, logs[0]!.date, { sessions: { min: 8, max: 24 }, turns: { min: 4, max: 14 } });
     let perDay = 0;

@@ -64,7 +64,7 @@ describe('context management', () => {
     expect(request.map((m) => m.content).join('\n')).toContain('turn two');
     expect(condensed(events)[0]!.levels).toContain(2);
     const day = new Date().toISOString().slice(0, 10);
-    const dir = t.workspaces.repos.dirOf(ws);
+    const dir = t.workspaces.dirOf(ws);
     expect(execFileSync('git', ['-C', dir, 'show', `HEAD:memory/${day}.md`], { encoding: 'utf8' })).toContain('- Computed the totals for ACME-42.');
     expect(execFileSync('git', ['-C', dir, 'log', '-1', '--format=%B'], { encoding: 'utf8' })).toContain('Kiln-Kind: memory');
     const [row] = await t.database.db.select().from(sessions).where(eq(sessions.id, session));

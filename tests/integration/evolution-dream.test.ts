@@ -35,7 +35,7 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     await fake.close();
   });
 
-  const git = (ws: string, ...args: string[]) => execFileSync('git', args, { cwd: t.workspaces.repos.dirOf(ws), encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) => execFileSync('git', args, { cwd: t.workspaces.dirOf(ws), encoding: 'utf8' });
   const show = (ws: string, path: string) => git(ws, 'show', `HEAD:${path}`);
   const evolution = async (ws: string, id: string) => (await t.call('GET', `/v1/workspaces/${ws}/evolutions/${id}`, { key: team.key })).body;
   const dream = async (ws: string, days?: number) => {

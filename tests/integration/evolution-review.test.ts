@@ -30,7 +30,7 @@ describe('post-session review (a durable job, with a scripted model)', () => {
     await fake.close();
   });
 
-  const git = (ws: string, ...args: string[]) => execFileSync('git', args, { cwd: t.workspaces.repos.dirOf(ws), encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) => execFileSync('git', args, { cwd: t.workspaces.dirOf(ws), encoding: 'utf8' });
   const messagesOf = async (session: string) => (await t.call('GET', `/v1/sessions/${session}/messages?limit=100&order=asc`, { key: team.key })).body.data as any[];
   const evolution = async (ws: string, id: string) => (await t.call('GET', `/v1/workspaces/${ws}/evolutions/${id}`, { key: team.key })).body;
   const requestReview = async (ws: string, session: string) => {
@@ -163,7 +163,7 @@ describe('post-session review (a durable job, with a scripted model)', () => {
 
   it('the write guard refuses built-in skills, paths outside the workspace, source files and skills without front matter', async () => {
     const { ws, session } = await workedSession();
-    const dir = t.workspaces.repos.dirOf(ws);
+    const dir = t.workspaces.dirOf(ws);
     const head = git(ws, 'rev-parse', 'HEAD').trim();
     const id = await requestReview(ws, session);
     const chatsBefore = fake.chats().length;
@@ -213,7 +213,7 @@ describe('post-session review (a durable job, with a scripted model)', () => {
     expect(reverted).toMatchObject({ evolution_id: id, paths: ['skills/csv-summary/SKILL.md'] });
     // The model was told what happened.
     expect(fake.chats().at(-1).messages.at(-1).content).toContain(`evolution ${id} was reverted`);
-    expect(existsSync(join(t.workspaces.repos.dirOf(ws), 'skills/csv-summary/SKILL.md'))).toBe(false);
+    expect(existsSync(join(t.workspaces.dirOf(ws), 'skills/csv-summary/SKILL.md'))).toBe(false);
     const body = git(ws, 'log', '-1', '--format=%B');
     expect(body).toContain(`Kiln-Reverts: ${evo.commit_sha}`);
     expect(body).toContain('Kiln-Author: agent');

@@ -353,7 +353,7 @@ describe('start-up repair after a crash', () => {
     try {
       const team = await t.team('crash');
       const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'c' } })).body.id;
-      const dir = t.workspaces.repos.dirOf(ws);
+      const dir = t.workspaces.dirOf(ws);
       const git = (...args: string[]) => execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' });
       // A commit that reached git but not the database (crash between the two)...
       writeFileSync(join(dir, 'MEMORY.md'), '# Core memory\n\n- committed before the crash\n');

@@ -12,7 +12,7 @@ import { exec, sessionIn } from '../support/sandbox.ts';
 describe('workspace quotas', () => {
   let t: TestApp;
   let team: { id: string; key: string };
-  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.repos.dirOf(ws), ...args], { encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.dirOf(ws), ...args], { encoding: 'utf8' });
 
   beforeAll(async () => {
     t = await createTestApp();
@@ -54,7 +54,7 @@ describe('workspace quotas', () => {
 
   it('a workspace over its total byte quota takes no more: from the sandbox or the files API', async () => {
     const { session, ws } = await sessionIn(t, team, { quota: { max_bytes: 60_000 } });
-    const used = Number(execFileSync('sh', ['-c', `find . -path ./.git -prune -o -type f -printf '%s\\n' | awk '{s+=$1} END {print s}'`], { cwd: t.workspaces.repos.dirOf(ws), encoding: 'utf8' }));
+    const used = Number(execFileSync('sh', ['-c', `find . -path ./.git -prune -o -type f -printf '%s\\n' | awk '{s+=$1} END {print s}'`], { cwd: t.workspaces.dirOf(ws), encoding: 'utf8' }));
     const room = 60_000 - used;
     expect(room).toBeGreaterThan(1000);
     const first = await exec(t, team.key, session, `open("/workspace/one.bin", "w").write("x" * ${room - 500})`);

@@ -22,7 +22,7 @@ describe('workspaces are git repositories', () => {
     t = await createTestApp({ maxFileBytes: 64 * 1024 });
     team = await t.team('repo');
     ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'repo', settings: { evolution: { memory_max_entries: 5, memory_max_bytes: 2000 } } } })).body.id;
-    dir = t.workspaces.repos.dirOf(ws);
+    dir = t.workspaces.dirOf(ws);
   });
   afterAll(() => t.close());
 
@@ -214,7 +214,7 @@ describe('names git refuses never reach git; git never fails on a name we accept
 
   it('every hostile name, at the top and nested, is refused with a 400 or committed; commits keep working', async () => {
     const ws = await newWs('hostile');
-    const dir = t.workspaces.repos.dirOf(ws);
+    const dir = t.workspaces.dirOf(ws);
     let accepted = 0;
     for (const name of HOSTILE_NAMES) {
       for (const path of [name, `d1/${name}`, `d2/${name}/f.md`]) {
@@ -244,7 +244,7 @@ describe('names git refuses never reach git; git never fails on a name we accept
 
   it('ignore and attribute files already in a working tree hide nothing and break nothing', async () => {
     const ws = await newWs('legacy-dotfiles');
-    const dir = t.workspaces.repos.dirOf(ws);
+    const dir = t.workspaces.dirOf(ws);
     // What an older version let a sandbox write, before these names were refused.
     writeFileSync(join(dir, '.gitignore'), '*.md\nhidden/\n');
     mkdirSync(join(dir, 'knowledge/deep'), { recursive: true });
@@ -279,7 +279,7 @@ describe('names git refuses never reach git; git never fails on a name we accept
 
   it('a commit that fails anyway puts the working tree back to HEAD, and the next commit works', async () => {
     const ws = await newWs('fails');
-    const dir = t.workspaces.repos.dirOf(ws);
+    const dir = t.workspaces.dirOf(ws);
     const head = git(dir, 'rev-parse', 'HEAD');
     // An embedded repository with no commit: git cannot add it (no request can create one).
     mkdirSync(join(dir, 'embedded'));
@@ -298,15 +298,15 @@ describe('names git refuses never reach git; git never fails on a name we accept
     const broken = await newWs('repair-broken');
     const stranded = await newWs('repair-stranded');
     const legacy = await newWs('repair-legacy');
-    const brokenDir = t.workspaces.repos.dirOf(broken);
+    const brokenDir = t.workspaces.dirOf(broken);
     mkdirSync(join(brokenDir, 'embedded'));
     git(join(brokenDir, 'embedded'), 'init', '-q');
     writeFileSync(join(brokenDir, 'kept.md'), 'written before the crash\n');
-    writeFileSync(join(t.workspaces.repos.dirOf(stranded), 'stranded.md'), 'stranded\n');
+    writeFileSync(join(t.workspaces.dirOf(stranded), 'stranded.md'), 'stranded\n');
     // A name an older version let through, which made every commit (and this repair) fail.
-    mkdirSync(join(t.workspaces.repos.dirOf(legacy), '.git.'));
-    writeFileSync(join(t.workspaces.repos.dirOf(legacy), '.git./hooks'), 'x');
-    writeFileSync(join(t.workspaces.repos.dirOf(legacy), 'legacy.md'), 'legacy\n');
+    mkdirSync(join(t.workspaces.dirOf(legacy), '.git.'));
+    writeFileSync(join(t.workspaces.dirOf(legacy), '.git./hooks'), 'x');
+    writeFileSync(join(t.workspaces.dirOf(legacy), 'legacy.md'), 'legacy\n');
 
     const { failed } = await t.workspaces.repairAll();
     expect(failed).toBe(1);
@@ -322,9 +322,9 @@ describe('names git refuses never reach git; git never fails on a name we accept
     for (const ok of [stranded, legacy]) {
       const w = (await t.call('GET', `/v1/workspaces/${ok}`, { key: team.key })).body;
       expect(w).toMatchObject({ repair_error: null, repair_failed_at: null });
-      expect(git(t.workspaces.repos.dirOf(ok), 'status', '--porcelain', '--ignored')).toBe('');
+      expect(git(t.workspaces.dirOf(ok), 'status', '--porcelain', '--ignored')).toBe('');
     }
-    expect(git(t.workspaces.repos.dirOf(legacy), 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('legacy.md');
+    expect(git(t.workspaces.dirOf(legacy), 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('legacy.md');
 
     execFileSync('rm', ['-rf', join(brokenDir, 'embedded')]);
     await t.workspaces.repairAll();

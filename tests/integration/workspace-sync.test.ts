@@ -13,7 +13,7 @@ describe('the workspace inside the sandbox', () => {
   let fake: FakeOpenAI;
   let t: TestApp;
   let team: { id: string; key: string };
-  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.repos.dirOf(ws), ...args], { encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.dirOf(ws), ...args], { encoding: 'utf8' });
 
   beforeAll(async () => {
     fake = await startFakeOpenAI();
@@ -47,7 +47,7 @@ describe('the workspace inside the sandbox', () => {
     expect(msg).toContain(`Kiln-Session: ${session}`);
     expect(msg).toContain('Kiln-Kind: skill');
     expect(msg).toContain('Kiln-Kind: memory');
-    expect(readFileSync(join(t.workspaces.repos.dirOf(ws), 'MEMORY.md'), 'utf8')).toContain('- Reports are due on Mondays.');
+    expect(readFileSync(join(t.workspaces.dirOf(ws), 'MEMORY.md'), 'utf8')).toContain('- Reports are due on Mondays.');
     expect(fake.chats().at(-1).messages.at(-1).content).toMatch(/\[Committed\] [0-9a-f]{12}: MEMORY.md, skills\/weekly-report\/SKILL.md/);
     const hits = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=Monday%20report`, { key: team.key });
     expect(hits.body.data.map((h: { path: string }) => h.path)).toEqual(expect.arrayContaining(['MEMORY.md', 'skills/weekly-report/SKILL.md']));

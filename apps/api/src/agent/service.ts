@@ -1,7 +1,5 @@
 import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
@@ -473,7 +471,7 @@ export class AgentService {
     const { run, session, ws } = loaded ?? (await this.load(runId));
     const [rows, evolutions] = await Promise.all([
       this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
-      recentEvolutions(this.db, { id: ws.id, dir: this.repo.repos.dirOf(ws.id) }),
+      recentEvolutions(this.db, { id: ws.id, dir: this.repo.dirOf(ws.id) }),
     ]);
     const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: emptyQueue(), stored: Promise.resolve(), evolutions };
     if (run.status !== 'in_progress') {
@@ -840,7 +838,7 @@ export class AgentService {
       return {
         role: 'system',
         content: await buildSystemPrompt({
-          dir: this.repo.repos.dirOf(ctx.ws.id),
+          dir: this.repo.dirOf(ctx.ws.id),
           settings: ctx.ws.settings,
           limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
           snapshot: session.stateSnapshot,
@@ -916,13 +914,12 @@ export class AgentService {
     if (!summary) return false;
     const day = new Date().toISOString().slice(0, 10);
     const path = `memory/${day}.md`;
-    const dir = this.repo.repos.dirOf(ctx.ws.id);
     await this.repo.change(
       ctx.ws,
       { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id },
-      async () => {
-        const existing = await readFile(join(dir, path), 'utf8').catch(() => `# ${day}\n`);
-        await this.repo.repos.writeFile(ctx.ws.id, path, Buffer.from(`${existing.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} — condensed session ${ctx.session.id}\n\n${summary.log}\n`));
+      async (tree) => {
+        const existing = (await tree.readFile(path).catch(() => null))?.toString('utf8') ?? `# ${day}\n`;
+        await tree.writeFile(path, Buffer.from(`${existing.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} — condensed session ${ctx.session.id}\n\n${summary.log}\n`));
       },
       { summary: `Condense ${turns.length} earlier turn(s) into the daily log` },
     );

@@ -86,7 +86,7 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
   if (!model) throw new ModelError('model_not_configured', 'no model is configured for this workspace');
   const now = new Date();
   const window = Array.from({ length: days }, (_, i) => dayIn(new Date(now.getTime() - i * 86_400_000), ev.timezone)).reverse();
-  const files = new GuardedFiles(deps.workspaces.repos, ws.id, { maxFileBytes: deps.maxFileBytes, budget: cap });
+  const files = new GuardedFiles(deps.workspaces.reader(ws.id), { maxFileBytes: deps.maxFileBytes, budget: cap });
   const ask = async (messages: ChatMessage[]) => {
     const turn = await deps.model.complete({ model, messages, signal });
     await recordUsage(db, ws, model, turn.usage);
@@ -162,7 +162,7 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
     if (err instanceof GuardError) throw new InvalidDream(err.message);
     throw err;
   }
-  const outcome = await deps.workspaces.change(ws, { author: 'agent', evolutionId: evo.id }, () => files.apply(), { summary: `Dream: ${result.summary}` });
+  const outcome = await deps.workspaces.change(ws, { author: 'agent', evolutionId: evo.id }, (tree) => files.apply(tree), { summary: `Dream: ${result.summary}` });
   if (!outcome.commit) return skip(deps, evo, 'the dream changed nothing', inputHash);
   await endEvolution(db, evo.id, {
     status: 'committed',

@@ -2,7 +2,7 @@ import { frontField } from '../lib/text.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { PROMPT_FILES } from '../workspace/kinds.ts';
 import { checkRelativePath, isBuiltinSkillPath } from '../workspace/paths.ts';
-import type { WorkspaceRepos } from '../workspace/repo.ts';
+import type { WorkingTree, WorkspaceReader } from '../workspace/service.ts';
 
 /** Raised for a write the guard refuses; the reviewer is told why and may try something else. */
 export class GuardError extends Error {}
@@ -46,15 +46,14 @@ export class GuardedFiles {
   private readonly staged = new Map<string, Buffer | null>();
 
   constructor(
-    private readonly repos: WorkspaceRepos,
-    private readonly workspaceId: string,
+    private readonly files: WorkspaceReader,
     private readonly limits: { maxFileBytes: number; budget: MemoryBudget },
   ) {}
 
   async read(raw: string): Promise<string | null> {
     const path = checkEvolutionRead(raw);
     if (this.staged.has(path)) return this.staged.get(path)?.toString('utf8') ?? null;
-    return (await this.repos.readFile(this.workspaceId, path).catch(() => null))?.toString('utf8') ?? null;
+    return (await this.files.readFile(path).catch(() => null))?.toString('utf8') ?? null;
   }
 
   /** Files under a directory (recursively, at most 200), with this evolution's edits applied. */
@@ -62,7 +61,7 @@ export class GuardedFiles {
     const base = raw.replace(/^\.?\/*$/, '') === '' ? '' : checkEvolutionRead(raw);
     const out = new Set<string>();
     const walk = async (dir: string, depth: number): Promise<void> => {
-      const entries = await this.repos.listDir(this.workspaceId, dir).catch(() => []);
+      const entries = await this.files.listDir(dir).catch(() => []);
       for (const e of entries) {
         if (out.size >= 200) return;
         if (e.type === 'dir' && depth < 4) await walk(e.path, depth + 1);
@@ -105,13 +104,13 @@ export class GuardedFiles {
     return [...this.staged.keys()].sort();
   }
 
-  /** Writes the staged edits into the working tree (called under the workspace lock, right before the commit). */
-  async apply(): Promise<void> {
+  /** Writes the staged edits into the working tree (the callback of `WorkspaceService.change`, right before the commit). */
+  async apply(tree: WorkingTree): Promise<void> {
     for (const [path, data] of this.staged) {
-      if (data === null) await this.repos.deleteFile(this.workspaceId, path).catch((err: NodeJS.ErrnoException) => {
+      if (data === null) await tree.deleteFile(path).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
       });
-      else await this.repos.writeFile(this.workspaceId, path, data);
+      else await tree.writeFile(path, data);
     }
   }
 }

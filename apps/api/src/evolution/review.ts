@@ -56,9 +56,9 @@ the user is told about it and can undo it.`;
 
 /** The transcript (with results and errors), the current skills and memory: what the reviewer needs to start. */
 async function reviewBrief(deps: EvolutionDeps, ws: WorkspaceRow, session: SessionRow, rows: (typeof messages.$inferSelect)[]): Promise<string> {
-  const dir = deps.workspaces.repos.dirOf(ws.id);
+  const dir = deps.workspaces.dirOf(ws.id);
   const skills = await listSkills(dir);
-  const memory = (await deps.workspaces.repos.readFile(ws.id, 'MEMORY.md').catch(() => Buffer.from(''))).toString('utf8');
+  const memory = (await deps.workspaces.readFile(ws.id, 'MEMORY.md').catch(() => Buffer.from(''))).toString('utf8');
   const ev = ws.settings.evolution;
   return [
     `Today is ${new Date().toISOString().slice(0, 10)}.`,
@@ -94,7 +94,7 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
     { role: 'system', content: `${REVIEW_INSTRUCTIONS}\n\n${tools ? 'Use the tools; call finish when you are done.' : FILE_TOOLS_XML}` },
     { role: 'user', content: await reviewBrief(deps, ws, session, rows) },
   ];
-  const files = new GuardedFiles(deps.workspaces.repos, ws.id, {
+  const files = new GuardedFiles(deps.workspaces.reader(ws.id), {
     maxFileBytes: deps.maxFileBytes,
     budget: { maxEntries: ws.settings.evolution.memory_max_entries, maxBytes: ws.settings.evolution.memory_max_bytes },
   });
@@ -130,7 +130,7 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
 
   if (!files.changed().length) return done(deps, evo, { status: 'no_change', summary: summary || 'nothing worth keeping' }, session);
   const title = summary || `Review of session ${session.id}`;
-  const outcome = await deps.workspaces.change(ws, { author: 'agent', sessionId: session.id, evolutionId: evo.id }, () => files.apply(), { summary: `Review: ${title}` });
+  const outcome = await deps.workspaces.change(ws, { author: 'agent', sessionId: session.id, evolutionId: evo.id }, (tree) => files.apply(tree), { summary: `Review: ${title}` });
   if (!outcome.commit) return done(deps, evo, { status: 'no_change', summary: summary || 'the edits left every file as it was' }, session);
   const runId = await tellSession(deps, ws, session, model, evo, outcome.commit.sha, outcome.commit.paths, title);
   return done(deps, evo, { status: 'committed', sha: outcome.commit.sha, paths: outcome.commit.paths, summary: title, runId }, session);

@@ -28,7 +28,7 @@ export async function execInSession(
   const limits = deps.engine.limitsFor(ws.settings.sandbox);
   const quota = deps.workspaces.quotaOf(ws);
   const { changes, ...result } = await deps.engine.exec(
-    { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.repos.dirOf(ws.id) },
+    { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.dirOf(ws.id) },
     limits,
     code,
     {

@@ -13,7 +13,7 @@ import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { KeyedMutex } from './lock.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
-import { WorkspaceRepos, type CommitInfo, type CommitOutcome, type Provenance } from './repo.ts';
+import { WorkspaceRepos, type CommitInfo, type CommitOutcome, type DirEntry, type Provenance } from './repo.ts';
 import type { SettingsPatch } from './settings.ts';
 import { checkStep, checkTotal, DEFAULT_QUOTA_MAX, effectiveQuota, QuotaError, readForSandboxes, type Quota, type QuotaMax } from './quota.ts';
 import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
@@ -37,6 +37,22 @@ const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
  * is written, committed with provenance, mirrored into the `commits` table, the workspace head
  * moved and the memory index refreshed for the paths it touched.
  */
+/**
+ * One workspace's working tree, as the callback of `WorkspaceService.change` gets it: the writes
+ * land in the commit the change makes (the callback runs under the workspace lock).
+ */
+export interface WorkingTree {
+  readFile(path: string): Promise<Buffer>;
+  writeFile(path: string, data: Buffer): Promise<void>;
+  deleteFile(path: string): Promise<void>;
+}
+
+/** Reading a workspace's files without changing them (evolutions, routes, the agent's prompt). */
+export interface WorkspaceReader {
+  readFile(path: string): Promise<Buffer>;
+  listDir(path: string): Promise<DirEntry[]>;
+}
+
 /** Told about every commit, with the session it came from (so its own sandbox is not updated twice). */
 export type CommitListener = (workspaceId: string, files: { path: string; data: Buffer | null }[], originSession?: string) => void;
 
@@ -49,7 +65,7 @@ export class WorkspaceService {
 
   constructor(
     private readonly db: Db,
-    readonly repos: WorkspaceRepos,
+    private readonly repos: WorkspaceRepos,
     private readonly opts: WorkspaceServiceOptions,
     private readonly log: Logger,
   ) {}
@@ -161,11 +177,39 @@ export class WorkspaceService {
       }
   }
 
+  /** Where a workspace's working tree is on disk (sandboxes mount it; the prompt is read from it). */
+  dirOf(workspaceId: string): string {
+    return this.repos.dirOf(workspaceId);
+  }
+
+  /** A file of a workspace as it is in the working tree. */
+  readFile(workspaceId: string, path: string): Promise<Buffer> {
+    return this.repos.readFile(workspaceId, path);
+  }
+
+  stat(workspaceId: string, path: string) {
+    return this.repos.stat(workspaceId, path);
+  }
+
+  listDir(workspaceId: string, path: string): Promise<DirEntry[]> {
+    return this.repos.listDir(workspaceId, path);
+  }
+
+  /** Reading one workspace's files. */
+  reader(workspaceId: string): WorkspaceReader {
+    return { readFile: (path) => this.readFile(workspaceId, path), listDir: (path) => this.listDir(workspaceId, path) };
+  }
+
   /** Runs `change` under the workspace lock and commits whatever it changed. */
-  async change(ws: WorkspaceRow, prov: Provenance, change: () => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
+  async change(ws: WorkspaceRow, prov: Provenance, change: (tree: WorkingTree) => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
+    const tree: WorkingTree = {
+      readFile: (path) => this.repos.readFile(ws.id, path),
+      writeFile: (path, data) => this.repos.writeFile(ws.id, path, data),
+      deleteFile: (path) => this.repos.deleteFile(ws.id, path),
+    };
     const outcome = await this.lock.run(ws.id, async () => {
       const o = await this.orDiscard(ws.id, async () => {
-        await change();
+        await change(tree);
         return this.repos.commitPending(ws.id, prov, { summary: opts.summary, budget: budgetOf(ws) });
       });
       if (o.commit) await this.record(ws, o.commit);

@@ -32,7 +32,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
     return {
       ws: workspace,
-      ctx: { teamId, workspaceId: workspace.id, sessionId, workspaceDir: workspaces.repos.dirOf(workspace.id) },
+      ctx: { teamId, workspaceId: workspace.id, sessionId, workspaceDir: workspaces.dirOf(workspace.id) },
       limits: engine.limitsFor(workspace.settings.sandbox),
     };
   }
@@ -111,9 +111,9 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       if (!data) {
         if (!path.startsWith('/workspace/')) throw ApiError.notFound(`file ${path} (the session has no sandbox running; /tmp and the home directory start empty with its next execution)`);
         const rel = checkRelativePath(path.slice('/workspace/'.length));
-        const info = await workspaces.repos.stat(ws.id, rel);
+        const info = await workspaces.stat(ws.id, rel);
         if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
-        data = await workspaces.repos.readFile(ws.id, rel);
+        data = await workspaces.readFile(ws.id, rel);
       }
       return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
     });

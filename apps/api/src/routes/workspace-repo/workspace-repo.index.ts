@@ -29,10 +29,10 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
       const q = c.req.valid('query');
       const path = checkRelativePath(q.path, { allowRoot: true });
-      const info = path ? await service.repos.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
+      const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
       if (!info) throw ApiError.notFound(`path ${path}`);
-      if (info.isDirectory()) return c.json({ path, type: 'dir' as const, entries: await service.repos.listDir(ws.id, path) }, 200);
-      const data = await service.repos.readFile(ws.id, path);
+      if (info.isDirectory()) return c.json({ path, type: 'dir' as const, entries: await service.listDir(ws.id, path) }, 200);
+      const data = await service.readFile(ws.id, path);
       if (q.raw === 'true') return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
       const text = data.toString('utf8');
       const binary = data.includes(0) || !Buffer.from(text, 'utf8').equals(data);
