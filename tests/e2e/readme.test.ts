@@ -6,13 +6,14 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startKiln, type KilnProcess } from '../support/server.ts';
 
-const README = fileURLToPath(new URL('../../README.md', import.meta.url));
+/** The README links here for the first steps; the commands a new user pastes live in this page. */
+const GETTING_STARTED = fileURLToPath(new URL('../../docs/getting-started.md', import.meta.url));
 
-/** The first ```sh block under a README heading, as written. */
+/** The first ```sh block under a heading of docs/getting-started.md, as written. */
 function shellBlock(heading: string): string {
-  const text = readFileSync(README, 'utf8');
+  const text = readFileSync(GETTING_STARTED, 'utf8');
   const at = text.indexOf(`\n## ${heading}\n`);
-  if (at < 0) throw new Error(`README has no "## ${heading}" section`);
+  if (at < 0) throw new Error(`docs/getting-started.md has no "## ${heading}" section`);
   const m = /```sh\n([\s\S]*?)```/.exec(text.slice(at));
   if (!m) throw new Error(`"## ${heading}" has no sh block`);
   return m[1]!;
@@ -26,7 +27,7 @@ const bash = (script: string, cwd: string) =>
   });
 
 /**
- * The README's commands are pasted by new users as they are: run them, unchanged but for the
+ * The getting-started commands (linked from the README) are pasted by new users as they are: run them, unchanged but for the
  * server's address (the test server listens on a port of its own, not 7700), against a real
  * server started the way `npm start` starts it, from a directory holding its `data/`.
  */
