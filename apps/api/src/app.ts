@@ -10,7 +10,7 @@ import { KeyCache } from './auth/key-cache.ts';
 import { authn } from './http/authn.ts';
 import { dashboardRouter } from './http/dashboard.ts';
 import { docsRouter } from './http/docs.ts';
-import { ApiError, errorBody } from './http/errors.ts';
+import { ApiError, errorBody } from './lib/errors.ts';
 import { idempotency } from './http/idempotency.ts';
 import { rateLimit } from './http/rate-limit.ts';
 import { requestLog } from './http/request-log.ts';

@@ -1,11 +1,10 @@
 import { createHash } from 'node:crypto';
 import { sql, type SQL } from 'drizzle-orm';
-import type { messages } from '../db/schema/index.ts';
+import type { MessageRow } from '../db/schema/index.ts';
 import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { ToolCall } from './llm.ts';
 
-export type MessageRow = typeof messages.$inferSelect;
 export type NewMessage = { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string };
 
 const hash = (s: string) => createHash('sha256').update(s).digest('hex');

@@ -4,12 +4,12 @@ import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-or
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
-import { approvals, messages, runs, sessions } from '../db/schema/index.ts';
+import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../http/env.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../http/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
@@ -18,7 +18,7 @@ import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sess
 import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
-import { insertMessage, insertUsage, messageRow, type MessageRow, type NewMessage } from './message-rows.ts';
+import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
 import { recentEvolutions } from '../evolution/evolutions.ts';
 import { undoEvolution } from '../evolution/undo.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
@@ -30,9 +30,6 @@ import { answerEveryCall, fits, messageTokens, parseSummary, reduceOldTurns, ren
 import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, type Action, type Call } from './protocol.ts';
 import * as su from './source-update.ts';
 
-export type RunRow = typeof runs.$inferSelect;
-export type { MessageRow };
-export type ApprovalRow = typeof approvals.$inferSelect;
 
 const ACTIVE = ACTIVE_RUN_STATUSES;
 /** Runs whose loop runs on some server (paused ones wait for a person, on none). */

@@ -1,6 +1,6 @@
 import type { Context } from 'hono';
 import type { AppEnv, Principal } from '../http/env.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 type Ctx = Context<AppEnv>;
 

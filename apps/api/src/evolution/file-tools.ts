@@ -1,6 +1,6 @@
 import type { ChatCompletionTool } from 'openai/resources/chat/completions';
 import type { ModelTurn } from '../agent/llm.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { GuardError, type GuardedFiles } from './guarded-files.ts';
 
 /** What a review may do: read and list workspace files, write or delete the ones the guard allows, finish. */

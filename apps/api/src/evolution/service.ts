@@ -4,7 +4,7 @@ import { ModelError } from '../agent/llm.ts';
 import { rowsOf } from '../db/rows.ts';
 import { commits, evolutions, messages, runs, sessions, workspaces } from '../db/schema/index.ts';
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { ReleaseJob, type JobRow, type JobRunner } from '../jobs/runner.ts';
 import { newId } from '../lib/ids.ts';
 import type { Provenance } from '../workspace/repo.ts';

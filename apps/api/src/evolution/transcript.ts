@@ -1,4 +1,4 @@
-import type { MessageRow } from '../agent/message-rows.ts';
+import type { MessageRow } from '../db/schema/index.ts';
 
 /** One message of a transcript as a reviewer reads it: long texts keep their head and tail. */
 function clip(text: string, max: number): string {

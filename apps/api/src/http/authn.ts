@@ -1,7 +1,7 @@
 import { createMiddleware } from 'hono/factory';
 import type { KeyCache } from '../auth/key-cache.ts';
 import type { AppEnv } from './env.ts';
-import { ApiError } from './errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 /** Resolves `Authorization: Bearer <key>` to a principal; anything else is 401. */
 export const authn = (keys: KeyCache) =>

@@ -4,7 +4,7 @@ import { createMiddleware } from 'hono/factory';
 import type { Db } from '../db/client.ts';
 import { idempotencyKeys } from '../db/schema/index.ts';
 import type { AppEnv } from './env.ts';
-import { ApiError } from './errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 const TTL_MS = 24 * 60 * 60 * 1000;
 const KEY = /^[\x21-\x7e]{1,255}$/;

@@ -1,6 +1,6 @@
 import { createMiddleware } from 'hono/factory';
 import type { AppEnv } from './env.ts';
-import { ApiError } from './errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 interface Bucket {
   tokens: number;

@@ -1,6 +1,6 @@
 import { OpenAPIHono, z } from '@hono/zod-openapi';
 import type { AppEnv } from './env.ts';
-import { ApiError } from './errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 /** Every router shares one validation hook, so zod errors always become the 400 envelope. */
 export function createRouter() {

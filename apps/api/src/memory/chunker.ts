@@ -44,6 +44,11 @@ export function dayOfPath(path: string): string | null {
 }
 
 export const isBuiltin = (path: string) => path.startsWith('skills/builtin/');
+
+/** Paths whose content feeds the memory search index. */
+export function isIndexed(path: string): boolean {
+  return path.endsWith('.md') && (path === 'MEMORY.md' || /^(memory|knowledge|skills)\//.test(path));
+}
 const modeOf = (path: string) => (path === 'MEMORY.md' || path.startsWith('memory/') ? 'lines' : 'prose');
 
 /** The lines of the workspace template that say nothing about the user (headers, instructions). */

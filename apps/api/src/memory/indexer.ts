@@ -5,8 +5,7 @@ import { and, eq, inArray, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { memoryChunks } from '../db/schema/index.ts';
-import { isIndexed } from '../workspace/kinds.ts';
-import { chunkFile, INDEX_VERSION } from './chunker.ts';
+import { chunkFile, INDEX_VERSION, isIndexed } from './chunker.ts';
 import type { Embedder } from './embeddings.ts';
 
 const SMALL = 500;

@@ -3,7 +3,7 @@ import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import { randomInt } from 'node:crypto';
 import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';

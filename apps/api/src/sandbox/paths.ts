@@ -1,5 +1,5 @@
 import { posix } from 'node:path';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 /** Where a sandbox may be written to or read from through the files API. */
 const ROOTS = ['/workspace', '/tmp', '/home/sandbox'];

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 
 /** Above KILN_WORKSPACE_MAX_BYTES' own maximum, with room for tar headers of many small files. */
 export const WORKSPACE_TAR_MAX_BYTES = 256 * 1024 * 1024;

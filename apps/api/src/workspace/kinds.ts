@@ -22,7 +22,3 @@ export function kindsOf(paths: string[]): { primary: CommitKind; all: CommitKind
   return { primary: all[0] ?? 'user', all };
 }
 
-/** Paths whose content feeds the memory search index. */
-export function isIndexed(path: string): boolean {
-  return path.endsWith('.md') && (path === 'MEMORY.md' || /^(memory|knowledge|skills)\//.test(path));
-}

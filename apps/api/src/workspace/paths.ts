@@ -1,6 +1,6 @@
 import { lstat, realpath } from 'node:fs/promises';
 import { dirname, join, posix, relative, sep } from 'node:path';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { BUILTIN_SKILLS } from './kinds.ts';
 
 /**

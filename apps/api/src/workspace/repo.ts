@@ -2,7 +2,7 @@ import { cp, lstat, mkdir, readdir, readFile, rename, rm, stat, unlink, writeFil
 import { existsSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import { gitIn, readHead, type Git } from './git.ts';
 import { checkMemoryBudget, type MemoryBudget } from '../memory/budget.ts';
 import { isBuiltinSkillPath, isTempName, pathRefusal, resolveInside } from './paths.ts';

@@ -4,7 +4,7 @@ import { and, desc, eq, isNull, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
-import { ApiError } from '../http/errors.ts';
+import { ApiError } from '../lib/errors.ts';
 import type { MemoryBudget } from '../memory/budget.ts';
 import type { Embedder } from '../memory/embeddings.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';

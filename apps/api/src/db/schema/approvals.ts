@@ -24,3 +24,5 @@ export const approvals = pgTable(
   },
   (t) => [index('approvals_team_status_idx').on(t.teamId, t.status), index('approvals_run_idx').on(t.runId)],
 );
+
+export type ApprovalRow = typeof approvals.$inferSelect;

@@ -20,3 +20,5 @@ export const messages = pgTable(
   },
   (t) => [index('messages_session_idx').on(t.sessionId, t.id)],
 );
+
+export type MessageRow = typeof messages.$inferSelect;

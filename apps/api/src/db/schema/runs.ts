@@ -41,3 +41,5 @@ export const runs = pgTable(
     uniqueIndex('runs_one_active_per_session').on(t.sessionId).where(sql`status in ('queued', 'in_progress', 'requires_action')`),
   ],
 );
+
+export type RunRow = typeof runs.$inferSelect;

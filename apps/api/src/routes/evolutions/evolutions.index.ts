@@ -3,7 +3,7 @@ import type { Db } from '../../db/client.ts';
 import { evolutionView, getEvolution, listEvolutions } from '../../evolution/evolutions.ts';
 import type { EvolutionService } from '../../evolution/service.ts';
 import { toPage } from '../../http/pagination.ts';
-import { ApiError } from '../../http/errors.ts';
+import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
 import { getWorkspace } from '../../workspace/workspaces.ts';
 import * as r from './evolutions.routes.ts';

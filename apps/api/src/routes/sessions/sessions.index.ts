@@ -1,7 +1,7 @@
 import { streamSSE } from 'hono/streaming';
 import { teamOf, writableTeamOf } from '../../auth/guards.ts';
 import type { Db } from '../../db/client.ts';
-import { ApiError } from '../../http/errors.ts';
+import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';

@@ -3,7 +3,7 @@ import * as teams from '../../auth/teams.ts';
 import type { KeyCache } from '../../auth/key-cache.ts';
 import type { Db } from '../../db/client.ts';
 import { apiKeys } from '../../db/schema/index.ts';
-import { ApiError } from '../../http/errors.ts';
+import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import * as r from './teams.routes.ts';

@@ -1,6 +1,6 @@
 import { teamOf, writableTeamOf } from '../../auth/guards.ts';
 import type { Db } from '../../db/client.ts';
-import { ApiError } from '../../http/errors.ts';
+import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
 import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
