@@ -8,9 +8,9 @@ import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow,
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
-import type { Principal } from '../http/env.ts';
+import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';

@@ -1,8 +1,9 @@
 import { and, eq, sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { auditEvents } from '../db/schema/index.ts';
-import type { AuditDraft, Principal } from '../http/env.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import type { Principal } from '../auth/principal.ts';
+import type { AuditDraft } from './draft.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 
 /** The audit row for a draft: the actor's team unless the draft names one. */

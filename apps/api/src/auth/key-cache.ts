@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.ts';
-import type { Principal } from '../http/env.ts';
+import type { Principal } from './principal.ts';
 import { authenticate, hashKey } from './keys.ts';
 
 const MAX_ENTRIES = 10_000;

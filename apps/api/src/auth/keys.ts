@@ -2,7 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { and, eq, isNull, lt, or } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { apiKeys } from '../db/schema/index.ts';
-import type { Principal } from '../http/env.ts';
+import type { Principal } from './principal.ts';
 import { newId } from '../lib/ids.ts';
 
 export type TeamRole = 'owner' | 'admin' | 'member' | 'viewer';

@@ -2,7 +2,7 @@ import { and, desc, eq, inArray } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { evolutions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { readHead } from '../workspace/git.ts';
 
 export type EvolutionRow = typeof evolutions.$inferSelect;

@@ -8,9 +8,10 @@ import { alive, type RelayPlan, type RelayStatus } from '../../../../infra/relay
 import { recordAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
 import { evolutions, workspaces } from '../db/schema/index.ts';
-import type { AuditDraft, Principal } from '../http/env.ts';
+import type { AuditDraft } from '../audit/draft.ts';
+import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import { capLog, IDENTITY, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
 

@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto';
 import { sql, type SQL } from 'drizzle-orm';
 import { auditRow, insertAudit } from '../audit/audit.ts';
-import type { AuditDraft, Principal } from '../http/env.ts';
+import type { AuditDraft } from '../audit/draft.ts';
+import type { Principal } from '../auth/principal.ts';
 import { newId } from '../lib/ids.ts';
 import type { RunnerResult } from './runner-client.ts';
 

@@ -3,7 +3,7 @@ import type { Db } from '../db/client.ts';
 import { sessions, workspaces } from '../db/schema/index.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { ApiError } from '../lib/errors.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 
 export type SessionRow = typeof sessions.$inferSelect;

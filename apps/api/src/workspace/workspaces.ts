@@ -3,7 +3,7 @@ import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import { cursorOn, type ListParams } from '../http/pagination.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import { applySettingsPatch, DEFAULT_SETTINGS, type SettingsPatch, type WorkspaceSettings } from './settings.ts';
 

@@ -1,4 +1,4 @@
-import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { evolutionView, getEvolution, listEvolutions } from '../../evolution/evolutions.ts';
 import type { EvolutionService } from '../../evolution/service.ts';

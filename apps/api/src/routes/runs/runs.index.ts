@@ -5,7 +5,7 @@ import type { RunEventLog } from '../../agent/events.ts';
 import { TERMINAL_EVENTS } from '../../agent/events.ts';
 import type { AgentService } from '../../agent/service.ts';
 import type { ApprovalRow, MessageRow, RunRow } from '../../db/schema/index.ts';
-import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { usage } from '../../db/schema/index.ts';
 import type { AppEnv } from '../../http/env.ts';

@@ -1,5 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import { createRouter, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
 

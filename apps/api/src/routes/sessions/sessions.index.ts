@@ -1,5 +1,5 @@
 import { streamSSE } from 'hono/streaming';
-import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';

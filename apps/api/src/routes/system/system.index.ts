@@ -1,4 +1,4 @@
-import { requireOrgAdmin } from '../../auth/guards.ts';
+import { requireOrgAdmin } from '../../http/guards.ts';
 import { setSourceUpdates, updateView, type SelfUpdates } from '../../evolution/self-update.ts';
 import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';

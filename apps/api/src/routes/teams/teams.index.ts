@@ -1,4 +1,4 @@
-import { requireOrgAdmin, requireTeamManager } from '../../auth/guards.ts';
+import { requireOrgAdmin, requireTeamManager } from '../../http/guards.ts';
 import * as teams from '../../auth/teams.ts';
 import type { KeyCache } from '../../auth/key-cache.ts';
 import type { Db } from '../../db/client.ts';

@@ -1,4 +1,4 @@
-import { teamOf, writableTeamOf } from '../../auth/guards.ts';
+import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';

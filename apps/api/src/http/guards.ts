@@ -1,5 +1,5 @@
 import type { Context } from 'hono';
-import type { AppEnv, Principal } from '../http/env.ts';
+import type { AppEnv, Principal } from './env.ts';
 import { ApiError } from '../lib/errors.ts';
 
 type Ctx = Context<AppEnv>;
