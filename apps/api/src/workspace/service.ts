@@ -314,10 +314,11 @@ export class WorkspaceService {
   }
 
   /**
-   * Re-indexes, in the background, every workspace whose index an older chunking or ranking
-   * built (after an upgrade) or another embeddings model embedded (KILN_EMBEDDINGS_MODEL changed). Searches keep answering from the old index meanwhile: each
-   * workspace's index is replaced in one transaction. Replicas share the work: a workspace
-   * another server is re-indexing is skipped. Returns at once; `stopReindexing` ends it.
+   * Re-indexes every workspace whose index an older chunking or ranking built (after an
+   * upgrade) or another embeddings model embedded (KILN_EMBEDDINGS_MODEL changed). Searches keep
+   * answering from the old index meanwhile: each workspace's index is replaced in one
+   * transaction. Replicas share the work: a workspace another server is re-indexing is skipped.
+   * The promise ends with the job; start-up does not wait for it, `stopReindexing` ends it early.
    */
   reindexStale(): Promise<void> {
     this.stopReindex = false;
