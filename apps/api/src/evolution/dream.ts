@@ -6,7 +6,7 @@ import { tag } from '../lib/text.ts';
 import { memoryEntries } from '../memory/budget.ts';
 import { LOG_LINE_RULES, toLogLines } from '../memory/chunker.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
-import { endEvolution, type EvolutionRow } from './evolutions.ts';
+import { endEvolution, type EvolutionRow } from '../evolution-log/evolutions.ts';
 import { GuardedFiles, GuardError } from './guarded-files.ts';
 import { recordUsage, type EvolutionDeps } from './review.ts';
 import { renderSession } from './transcript.ts';

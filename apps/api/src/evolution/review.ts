@@ -9,7 +9,7 @@ import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
-import { endEvolution, type EvolutionRow } from './evolutions.ts';
+import { endEvolution, type EvolutionRow } from '../evolution-log/evolutions.ts';
 import { FILE_TOOLS, FILE_TOOLS_XML, parseToolActions, parseXmlActions, runFileAction, type ParsedActions } from './file-tools.ts';
 import { GuardedFiles } from './guarded-files.ts';
 import { renderSession } from './transcript.ts';

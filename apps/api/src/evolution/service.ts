@@ -10,9 +10,9 @@ import { newId } from '../lib/ids.ts';
 import type { Provenance } from '../workspace/repo.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { InvalidDream, runDream } from './dream.ts';
-import { endEvolution, startEvolution, type EvolutionKind, type EvolutionRow } from './evolutions.ts';
+import { endEvolution, startEvolution, type EvolutionKind, type EvolutionRow } from '../evolution-log/evolutions.ts';
 import { finishCommittedReview, runReview, type EvolutionDeps } from './review.ts';
-import { undoEvolution } from './undo.ts';
+import { undoEvolution } from '../evolution-log/undo.ts';
 
 export const REVIEW_JOB = 'evolution.review';
 export const DREAM_JOB = 'evolution.dream';

@@ -1,6 +1,6 @@
 import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
-import { evolutionView, getEvolution, listEvolutions } from '../../evolution/evolutions.ts';
+import { evolutionView, getEvolution, listEvolutions } from '../../evolution-log/evolutions.ts';
 import type { EvolutionService } from '../../evolution/service.ts';
 import { toPage } from '../../http/pagination.ts';
 import { ApiError } from '../../lib/errors.ts';
