@@ -180,6 +180,31 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect((hit!.debug as { terms: { term: string }[] }).terms.map((x) => x.term).sort()).toEqual(['databas', 'stage']);
   });
 
+  it('scores with BM25 in the database: term frequency saturates, longer chunks weigh less, rare terms more', async () => {
+    const debugOf = async (q: string, path: string) => {
+      const [hit] = await w.search(q, { path, debug: 'true' });
+      return hit!.debug as { bm25: number; terms: { term: string; idf: number }[] };
+    };
+    const bm25 = async (q: string, path: string) => (await debugOf(q, path)).bm25;
+    const filler = 'The committee met on a Tuesday and went through the agenda item by item without hurry.';
+    await w.put('knowledge/bm25/once.md', 'Our mascot is a quokka.\n');
+    await w.put('knowledge/bm25/twice.md', 'Our mascot is a quokka, a quokka.\n');
+    await w.put('knowledge/bm25/many.md', `Our mascot is ${'a quokka, '.repeat(30)}truly.\n`);
+    await w.put('knowledge/bm25/long.md', `Our mascot is a quokka. ${filler.repeat(6)}\n`);
+    await w.put('knowledge/bm25/rare.md', 'Our mascot is a quokka and our motto is zyzzogeton.\n');
+    const once = await bm25('quokka', 'knowledge/bm25/once.md');
+    const twice = await bm25('quokka', 'knowledge/bm25/twice.md');
+    const many = await debugOf('quokka', 'knowledge/bm25/many.md');
+    expect(once).toBeGreaterThan(0);
+    expect(twice).toBeGreaterThan(once);
+    expect(twice).toBeLessThan(2 * once);
+    // However often a term repeats, its weight stays below idf · (k1 + 1).
+    expect(many.bm25).toBeLessThan(many.terms[0]!.idf * 2.2);
+    expect(await bm25('quokka', 'knowledge/bm25/long.md')).toBeLessThan(once);
+    // "zyzzogeton" is in one chunk, "mascot" in five: the rare word weighs more in the same chunk.
+    expect(await bm25('zyzzogeton', 'knowledge/bm25/rare.md')).toBeGreaterThan(await bm25('mascot', 'knowledge/bm25/rare.md'));
+  });
+
   it('answers bad parameters with 400 and the error envelope', async () => {
     const other = (await w.query('lighthouse', { k: 1 })).body.next_cursor as string;
     for (const [q, params, field] of [

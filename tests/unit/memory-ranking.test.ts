@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
-import { cjkPairs, occurrences, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
-import { bm25Term, BUILTIN_FACTOR, fuseRanks, idf, mergeHits, RECENCY_MAX, recencyFactor, snippetLines, snippetText, SNIPPET_CHARS, type Hit } from '../../apps/api/src/memory/rank.ts';
-import { decodeCursor, encodeCursor, filterProblem, isDay, isPathPrefix, lineScore } from '../../apps/api/src/memory/search.ts';
+import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
+import { BUILTIN_FACTOR, fuseRanks, idf, mergeHits, RECENCY_MAX, recencyFactor, snippetLines, snippetText, SNIPPET_CHARS, type Hit } from '../../apps/api/src/memory/rank.ts';
+import { decodeCursor, encodeCursor, filterProblem, isPathPrefix, lineScore } from '../../apps/api/src/memory/search.ts';
 
 describe('query terms', () => {
   it('sends words to full-text search and identifiers and CJK text to substring search', () => {
@@ -26,9 +26,6 @@ describe('query terms', () => {
     expect(cjkPairs('冒烟测试')).toEqual(['冒烟', '烟测', '测试']);
     expect(cjkPairs('字')).toEqual(['字']);
     expect(wordCount('Maya: we adopted him, 部署 done')).toBe(7);
-    expect(occurrences('aaaa', 'aa')).toBe(2);
-    expect(occurrences('the key, the lock', 'the')).toBe(2);
-    expect(occurrences('x', '')).toBe(0);
   });
 });
 
@@ -89,15 +86,7 @@ describe('chunking', () => {
 });
 
 describe('ranking', () => {
-  it('saturates term frequency, normalises length and weighs rare terms more (BM25)', () => {
-    expect(bm25Term(0, 10, 10, 2)).toBe(0);
-    const once = bm25Term(1, 10, 10, 2);
-    const twice = bm25Term(2, 10, 10, 2);
-    const many = bm25Term(50, 10, 10, 2);
-    expect(twice).toBeGreaterThan(once);
-    expect(twice).toBeLessThan(2 * once);
-    expect(many).toBeLessThan(2.2 * 2 * 1.01); // bounded by idf · (k1 + 1)
-    expect(bm25Term(1, 40, 10, 2)).toBeLessThan(bm25Term(1, 5, 10, 2));
+  it('weighs rare terms more, and never negatively (IDF)', () => {
     expect(idf(1000, 1)).toBeGreaterThan(idf(1000, 500));
     expect(idf(10, 10)).toBeGreaterThan(0);
   });

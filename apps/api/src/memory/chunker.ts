@@ -1,4 +1,4 @@
-import { cjkTerms, wordCount } from './query.ts';
+import { cjkTerms, isDay, wordCount } from './query.ts';
 
 /**
  * How files are cut for search, and its version: change either and bump INDEX_VERSION, so the
@@ -38,9 +38,7 @@ const DATED = /(?:^|\/)(\d{4}-\d{2}-\d{2})[^/]*\.md$/;
 export function dayOfPath(path: string): string | null {
   if (!path.startsWith('memory/')) return null;
   const d = DATED.exec(path)?.[1];
-  if (!d) return null;
-  const t = Date.parse(`${d}T00:00:00Z`);
-  return Number.isFinite(t) && new Date(t).toISOString().slice(0, 10) === d ? d : null;
+  return d && isDay(d) ? d : null;
 }
 
 export const isBuiltin = (path: string) => path.startsWith('skills/builtin/');

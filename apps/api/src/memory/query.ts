@@ -70,10 +70,9 @@ export function wordCount(text: string): number {
   return n;
 }
 
-/** Occurrences of `needle` in `haystack` (both lower-cased by the caller), not overlapping. */
-export function occurrences(haystack: string, needle: string): number {
-  if (!needle) return 0;
-  let n = 0;
-  for (let at = haystack.indexOf(needle); at !== -1; at = haystack.indexOf(needle, at + needle.length)) n++;
-  return n;
+/** A real calendar day written YYYY-MM-DD (not 2023-02-29). */
+export function isDay(d: string): boolean {
+  if (!/^\d{4}-\d{2}-\d{2}$/.test(d)) return false;
+  const t = Date.parse(`${d}T00:00:00Z`);
+  return Number.isFinite(t) && new Date(t).toISOString().startsWith(d);
 }

@@ -19,12 +19,6 @@ export function idf(chunks: number, df: number): number {
   return Math.log(1 + (chunks - df + 0.5) / (df + 0.5));
 }
 
-/** One term's BM25 contribution to a chunk of length `len` (average `avgLen`). */
-export function bm25Term(tf: number, len: number, avgLen: number, termIdf: number): number {
-  if (tf <= 0) return 0;
-  return (termIdf * tf * (K1 + 1)) / (tf + K1 * (1 - B + (B * len) / Math.max(avgLen, 1)));
-}
-
 /** The factor recency multiplies a score by: 1 for undated entries, up to 1 + RECENCY_MAX for today's. */
 export function recencyFactor(day: string | null, now: Date): number {
   if (!day) return 1;

@@ -3,7 +3,7 @@ import { sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { cosine, type Embedder } from './embeddings.ts';
-import { parseQuery } from './query.ts';
+import { isDay, parseQuery } from './query.ts';
 import { B, BUILTIN_FACTOR, fuseRanks, idf, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
 
 export interface SearchHit {
@@ -326,8 +326,6 @@ export function decodeCursor(cursor: string, q: string, f: { path?: string; sinc
   }
 }
 
-/** A real calendar day written YYYY-MM-DD. */
-export const isDay = (d: string) => /^\d{4}-\d{2}-\d{2}$/.test(d) && !Number.isNaN(Date.parse(`${d}T00:00:00Z`)) && new Date(`${d}T00:00:00Z`).toISOString().startsWith(d);
 
 /** A path prefix inside a workspace: relative, no `..`, no control characters or backslashes. */
 export const isPathPrefix = (p: string) => p.length > 0 && p.length <= 200 && !p.startsWith('/') && !p.split('/').includes('..') && !/[\x00-\x1f\x7f\\]/.test(p);

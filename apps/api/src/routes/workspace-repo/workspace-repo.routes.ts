@@ -1,5 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import { isDay, isPathPrefix } from '../../memory/search.ts';
+import { isDay } from '../../memory/query.ts';
+import { isPathPrefix } from '../../memory/search.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
 const KINDS = ['memory', 'skill', 'knowledge', 'prompt', 'source', 'user', 'system'] as const;
