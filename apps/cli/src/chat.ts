@@ -1,5 +1,6 @@
 import type { Interface } from 'node:readline';
 import type { KilnClient } from './client.ts';
+import type { Run, Session } from './views.ts';
 
 const C = { reset: '\x1b[0m', green: '\x1b[32m', cyan: '\x1b[36m', magenta: '\x1b[35m', red: '\x1b[31m', yellow: '\x1b[33m', dim: '\x1b[2m' };
 
@@ -12,7 +13,7 @@ export async function chat(client: KilnClient, workspace: string, rl: Interface,
   // Take lines from the start: input piped in before the session exists must not be lost.
   const lines = rl[Symbol.asyncIterator]();
   const ws = await client.workspace(workspace);
-  const session = await client.call('POST', `/v1/workspaces/${ws.id}/sessions`, { title: 'kiln chat' });
+  const session = await client.call<Session>('POST', `/v1/workspaces/${ws.id}/sessions`, { title: 'kiln chat' });
   const ask = async (prompt: string): Promise<string | null> => {
     out.write(prompt);
     const next = await lines.next();
@@ -25,7 +26,7 @@ export async function chat(client: KilnClient, workspace: string, rl: Interface,
     if (!input) continue;
     let runId: string;
     try {
-      runId = (await client.call('POST', `/v1/sessions/${session.id}/messages`, { content: input })).run.id;
+      runId = (await client.call<{ run: Run }>('POST', `/v1/sessions/${session.id}/messages`, { content: input })).run.id;
     } catch (err) {
       out.write(`${C.red}${(err as Error).message}${C.reset}\n`);
       continue;
@@ -43,11 +44,11 @@ export async function chat(client: KilnClient, workspace: string, rl: Interface,
         if (ev.event === 'thinking' && !d.protocol_violation) out.write(`${C.cyan}[thinking] ${d.text}${C.reset}\n`);
         else if (ev.event === 'thinking') out.write(`${C.red}[protocol violation ${d.attempt}/3] correcting…${C.reset}\n`);
         else if (ev.event === 'code.proposed') out.write(`${C.magenta}${'─'.repeat(40)}\n${d.code}\n${'─'.repeat(40)}${C.reset}\n`);
-        else if (ev.event === 'exec.output') out.write(d.stream === 'stderr' ? `${C.red}${d.data}${C.reset}` : d.data);
+        else if (ev.event === 'exec.output') out.write(d.stream === 'stderr' ? `${C.red}${d.data}${C.reset}` : (d.data ?? ''));
         else if (ev.event === 'exec.completed') {
           if (d.error) out.write(`${C.red}[${d.error.type}] ${d.error.message}${C.reset}\n`);
           if (d.commit) out.write(`${C.dim}[committed ${d.commit.sha.slice(0, 10)}: ${d.commit.paths.join(', ')}]${C.reset}\n`);
-        } else if (ev.event === 'memory.searched') out.write(`${C.dim}[memory search "${d.query}": ${d.hits.length} hit(s)]${C.reset}\n`);
+        } else if (ev.event === 'memory.searched') out.write(`${C.dim}[memory search "${d.query}": ${d.hits?.length ?? 0} hit(s)]${C.reset}\n`);
         else if (ev.event === 'context.condensed') out.write(`${C.dim}[context condensed ${d.before_tokens} → ${d.after_tokens} tokens]${C.reset}\n`);
         else if (ev.event === 'approval.requested') {
           let answer: string | null = '';

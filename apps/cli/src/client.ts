@@ -1,3 +1,4 @@
+import type { EventData } from './views.ts';
 /** A small client for the Kiln HTTP API (the CLI talks to nothing else). */
 export class KilnClient {
   constructor(
@@ -5,7 +6,7 @@ export class KilnClient {
     private readonly key: string,
   ) {}
 
-  async call<T = any>(method: string, path: string, body?: unknown): Promise<T> {
+  async call<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
     const res = await fetch(`${this.baseUrl}${path}`, {
       method,
       headers: { authorization: `Bearer ${this.key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
@@ -18,14 +19,14 @@ export class KilnClient {
   }
 
   /** Follows a run's SSE stream, yielding events until the run ends or `signal` aborts. */
-  async *events(runId: string, signal: AbortSignal, after = 0): AsyncGenerator<{ id: number; event: string; data: any }> {
+  async *events(runId: string, signal: AbortSignal, after = 0): AsyncGenerator<{ id: number; event: string; data: EventData }> {
     const res = await fetch(`${this.baseUrl}/v1/runs/${runId}/events?after=${after}`, { headers: { authorization: `Bearer ${this.key}` }, signal });
     if (!res.ok || !res.body) throw new Error(`events: HTTP ${res.status}`);
     const decoder = new TextDecoder();
     let buf = '';
     for await (const chunk of res.body) {
       buf += decoder.decode(chunk as Uint8Array, { stream: true });
-      let end;
+      let end: number;
       while ((end = buf.indexOf('\n\n')) >= 0) {
         const frame = buf.slice(0, end);
         buf = buf.slice(end + 2);

@@ -1,6 +1,7 @@
 import { createInterface } from 'node:readline';
 import { chat } from './chat.ts';
 import { KilnClient } from './client.ts';
+import type { Approval, Commit, Evolution, ExecResult, Page, Run, Session, Workspace } from './views.ts';
 
 const USAGE = `kiln — the Kiln command line (talks to the HTTP API)
 
@@ -46,56 +47,56 @@ async function main(argv: string[]): Promise<number> {
       return 0;
     }
     case 'workspaces': {
-      const r = await client.call('GET', '/v1/workspaces?limit=100');
-      print(r, () => r.data.map((w: any) => `${w.id}  ${w.name}  head ${w.head?.slice(0, 10) ?? '-'}  ${w.settings.protocol}/${w.settings.approval.mode}`).join('\n'));
+      const r = await client.call<Page<Workspace>>('GET', '/v1/workspaces?limit=100');
+      print(r, () => r.data.map((w) => `${w.id}  ${w.name}  head ${w.head?.slice(0, 10) ?? '-'}  ${w.settings.protocol}/${w.settings.approval.mode}`).join('\n'));
       return 0;
     }
     case 'sessions': {
       need(1, 'WORKSPACE');
       const ws = await client.workspace(rest[0]!);
-      const r = await client.call('GET', `/v1/workspaces/${ws.id}/sessions?limit=100`);
-      print(r, () => r.data.map((s: any) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'));
+      const r = await client.call<Page<Session>>('GET', `/v1/workspaces/${ws.id}/sessions?limit=100`);
+      print(r, () => r.data.map((s) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'));
       return 0;
     }
     case 'runs': {
       need(1, 'RUN');
-      const r = await client.call('GET', `/v1/runs/${rest[0]}`);
+      const r = await client.call<Run>('GET', `/v1/runs/${rest[0]}`);
       print(r, () => `${r.id}  ${r.status}  steps ${r.steps}  tokens ${r.usage.prompt_tokens}+${r.usage.completion_tokens}${r.error ? `  ${r.error.code}: ${r.error.message}` : ''}`);
       return 0;
     }
     case 'approvals': {
-      const r = await client.call('GET', `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`);
-      print(r, () => r.data.map((a: any) => `${a.id}  ${a.status}  run ${a.run_id}  expires ${a.expires_at}\n    ${a.code.split('\n').join('\n    ')}`).join('\n'));
+      const r = await client.call<Page<Approval>>('GET', `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`);
+      print(r, () => r.data.map((a) => `${a.id}  ${a.status}  run ${a.run_id}  expires ${a.expires_at}\n    ${a.code.split('\n').join('\n    ')}`).join('\n'));
       return 0;
     }
     case 'log': {
       need(1, 'WORKSPACE');
       const ws = await client.workspace(rest[0]!);
       const kind = rest.indexOf('--kind') >= 0 ? `&kind=${rest[rest.indexOf('--kind') + 1]}` : '';
-      const r = await client.call('GET', `/v1/workspaces/${ws.id}/commits?limit=50${kind}`);
-      print(r, () => r.data.map((c: any) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'));
+      const r = await client.call<Page<Commit>>('GET', `/v1/workspaces/${ws.id}/commits?limit=50${kind}`);
+      print(r, () => r.data.map((c) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'));
       return 0;
     }
     case 'revert': {
       need(2, 'WORKSPACE SHA');
       const ws = await client.workspace(rest[0]!);
-      const r = await client.call('POST', `/v1/workspaces/${ws.id}/commits/${rest[1]}/revert`);
+      const r = await client.call<{ commit: Commit }>('POST', `/v1/workspaces/${ws.id}/commits/${rest[1]}/revert`);
       print(r, () => `reverted: new commit ${r.commit.sha.slice(0, 10)} ${r.commit.summary}`);
       return 0;
     }
     case 'exec': {
       need(2, 'SESSION CODE');
-      const r = await client.call('POST', `/v1/sessions/${rest[0]}/exec`, { code: rest.slice(1).join(' ') });
+      const r = await client.call<ExecResult>('POST', `/v1/sessions/${rest[0]}/exec`, { code: rest.slice(1).join(' ') });
       print(r, () => `${r.stdout}${r.stderr}${r.error ? `[${r.error.type}] ${r.error.message}` : ''}`.trimEnd());
       return r.error ? 1 : 0;
     }
     case 'evolutions': {
       need(1, 'WORKSPACE');
       const ws = await client.workspace(rest[0]!);
-      const r = await client.call('GET', `/v1/workspaces/${ws.id}/evolutions?limit=50`);
+      const r = await client.call<Page<Evolution>>('GET', `/v1/workspaces/${ws.id}/evolutions?limit=50`);
       print(r, () =>
         r.data
-          .map((e: any) => `${e.id}  ${e.kind.padEnd(6)} ${e.status.padEnd(9)} ${e.commit_sha?.slice(0, 10) ?? '-'.padEnd(10)}  ${e.summary ?? e.error ?? ''}${e.changed_paths.length ? `\n    ${e.changed_paths.join(', ')}` : ''}`)
+          .map((e) => `${e.id}  ${e.kind.padEnd(6)} ${e.status.padEnd(9)} ${e.commit_sha?.slice(0, 10) ?? '-'.padEnd(10)}  ${e.summary ?? e.error ?? ''}${e.changed_paths.length ? `\n    ${e.changed_paths.join(', ')}` : ''}`)
           .join('\n'),
       );
       return 0;
@@ -106,14 +107,14 @@ async function main(argv: string[]): Promise<number> {
       const ws = await client.workspace(rest[0]!);
       const days = rest.indexOf('--days') >= 0 ? Number(rest[rest.indexOf('--days') + 1]) : undefined;
       const body = cmd === 'review' ? (rest[1] ? { session_id: rest[1] } : {}) : days ? { days } : {};
-      const r = await client.call('POST', `/v1/workspaces/${ws.id}/${cmd}`, body);
+      const r = await client.call<Evolution>('POST', `/v1/workspaces/${ws.id}/${cmd}`, body);
       print(r, () => `${r.id}  ${r.kind} ${r.status}: follow it with kiln evolutions ${rest[0]}`);
       return 0;
     }
     case 'undo': {
       need(2, 'WORKSPACE EVOLUTION');
       const ws = await client.workspace(rest[0]!);
-      const r = await client.call('POST', `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`);
+      const r = await client.call<{ evolution: Evolution; commit_sha: string }>('POST', `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`);
       print(r, () => `undone: ${r.evolution.id} reverted by commit ${r.commit_sha.slice(0, 10)} (${r.evolution.changed_paths.join(', ')})`);
       return 0;
     }

@@ -28,7 +28,7 @@ export function authHeaders(key = getKey()): Record<string, string> {
 }
 
 /** One call to the HTTP API with the signed-in key (or `key`). */
-export async function api<T = any>(method: string, path: string, body?: unknown, key?: string): Promise<T> {
+export async function api<T = unknown>(method: string, path: string, body?: unknown, key?: string): Promise<T> {
   const headers: Record<string, string> = { ...authHeaders(key ?? getKey()), accept: 'application/json' };
   if (body !== undefined) headers['content-type'] = 'application/json';
   let res: Response;

@@ -53,7 +53,10 @@ function render(): void {
   for (const d of dispose) d();
   dispose = [];
   const key = getKey();
-  if (!key) return replace(root, signIn());
+  if (!key) {
+    replace(root, signIn());
+    return;
+  }
   const nav = h(
     'nav',
     {},
@@ -62,7 +65,12 @@ function render(): void {
     h('a', { href: '#/audit' }, 'Audit'),
     h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),
-    h('button', { type: 'button', id: 'signout', onclick: () => (clearKey(), (location.hash = '#/'), render()) }, 'Sign out'),
+    h('button', { type: 'button', id: 'signout', onclick: () => {
+        clearKey();
+        location.hash = '#/';
+        render();
+      },
+    }, 'Sign out'),
   );
   const hint = isOrgAdminKey(key) ? h('p', { class: 'hint' }, 'An org-admin key manages teams and platform updates; runs, approvals, sandboxes and workspaces need a team key.') : null;
   replace(flash);

@@ -112,7 +112,14 @@ export async function followRun(o: FollowOptions): Promise<void> {
     }
     await new Promise<void>((resolve) => {
       const timer = setTimeout(resolve, o.retryMs ?? 1000);
-      o.signal.addEventListener('abort', () => (clearTimeout(timer), resolve()), { once: true });
+      o.signal.addEventListener(
+        'abort',
+        () => {
+          clearTimeout(timer);
+          resolve();
+        },
+        { once: true },
+      );
     });
   }
 }

@@ -9,7 +9,7 @@ export type JobRow = typeof jobs.$inferSelect;
 
 /** Thrown by a handler that was stopped from outside (shutdown): the job goes back to the queue as it was, no attempt used. */
 export class ReleaseJob extends Error {}
-export type JobHandler = (payload: any, job: JobRow) => Promise<void>;
+type JobHandler = (payload: unknown, job: JobRow) => Promise<void>;
 
 export interface JobRunnerOptions {
   /** This process; a lease names it. */
@@ -45,8 +45,9 @@ export class JobRunner {
     return this.opts.now ? this.opts.now() : Date.now();
   }
 
-  handle(kind: string, handler: JobHandler): void {
-    this.handlers.set(kind, handler);
+  /** Runs jobs of `kind` with `handler`; `P` is the payload this kind's callers enqueue (stored as JSON). */
+  handle<P>(kind: string, handler: (payload: P, job: JobRow) => Promise<void>): void {
+    this.handlers.set(kind, handler as JobHandler);
   }
 
   /** Queues a job; with a `dedupeKey` that exists already, nothing is added. Returns the job id, or null for a duplicate. */

@@ -56,7 +56,7 @@ async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder): P
   }
   if (embedder && rows.length) {
     const vectors = await embedder.embed(rows.map((r) => r.searchText!));
-    rows.forEach((r, i) => (r.embedding = vectors[i]));
+    for (const [i, r] of rows.entries()) r.embedding = vectors[i];
   }
   return rows;
 }

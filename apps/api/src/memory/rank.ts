@@ -29,7 +29,7 @@ export function recencyFactor(day: string | null, now: Date): number {
 /** Reciprocal-rank fusion of several best-first lists of ids. */
 export function fuseRanks(lists: string[][]): Map<string, number> {
   const out = new Map<string, number>();
-  for (const list of lists) list.forEach((id, i) => out.set(id, (out.get(id) ?? 0) + 1 / (RRF_K + i + 1)));
+  for (const list of lists) for (const [i, id] of list.entries()) out.set(id, (out.get(id) ?? 0) + 1 / (RRF_K + i + 1));
   return out;
 }
 

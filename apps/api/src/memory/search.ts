@@ -203,7 +203,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const hits: Hit<(typeof ranked)[number]>[] = ranked.map((r) => {
     const lines = r.c.content.split('\n');
     const file = linesOf.get(r.c.path) ?? new Map<number, string>();
-    lines.forEach((l, i) => file.set(r.c.start_line + i, l));
+    for (const [i, l] of lines.entries()) file.set(r.c.start_line + i, l);
     linesOf.set(r.c.path, file);
     const scores = lines.map((l) => lineScore(l, terms));
     const { from, to } = snippetLines(lines, scores);
@@ -326,9 +326,12 @@ export function decodeCursor(cursor: string, q: string, f: { path?: string; sinc
   }
 }
 
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point.
+const NOT_IN_PREFIX = /[\x00-\x1f\x7f\\]/;
 
 /** A path prefix inside a workspace: relative, no `..`, no control characters or backslashes. */
-export const isPathPrefix = (p: string) => p.length > 0 && p.length <= 200 && !p.startsWith('/') && !p.split('/').includes('..') && !/[\x00-\x1f\x7f\\]/.test(p);
+export const isPathPrefix = (p: string) =>
+  p.length > 0 && p.length <= 200 && !p.startsWith('/') && !p.split('/').includes('..') && !NOT_IN_PREFIX.test(p);
 
 /** Why search filters given by a model are unusable, or null. */
 export function filterProblem(f: { path?: string; since?: string; until?: string }): string | null {

@@ -38,6 +38,7 @@ export function pathRefusal(path: string): { upTo: string; why: string } | null 
 
 // Control characters (git quotes them everywhere, a terminal may act on them) and lone UTF-16
 // surrogates (they reach the filesystem as U+FFFD: a different name from the one checked).
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point.
 const UNSTORABLE = /[\u0000-\u001f\u007f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 // Code points HFS+ ignores in names (git's next_hfs_char): ".g\u200cit" is ".git" there.
 const HFS_IGNORED = /[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]/g;

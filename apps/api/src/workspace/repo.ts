@@ -228,7 +228,7 @@ export class WorkspaceRepos {
     const original = (await git(['show', '-s', '--format=%s', full])).trim();
     try {
       await git(['revert', '--no-commit', full]);
-    } catch (err) {
+    } catch {
       await git(['revert', '--abort']).catch(() => git(['reset', '--hard', '-q', 'HEAD']));
       throw new ApiError('conflict', `commit ${full.slice(0, 12)} cannot be reverted cleanly: later changes touch the same lines. Nothing was changed.`);
     }

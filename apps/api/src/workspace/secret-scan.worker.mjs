@@ -17,7 +17,7 @@ import { serve } from '../lib/serve-thread.mjs';
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 
 // Names of settings whose values are secrets, in assignments of every common shape.
-const SECRET_NAME = String.raw`(?:password|passwd|pwd|secret|client_secret|api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)`;
+const SECRET_NAME = '(?:password|passwd|pwd|secret|client_secret|api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)';
 
 /** Kiln's own patterns; `group` names the capture holding the secret (the whole match otherwise). */
 const PATTERNS = [

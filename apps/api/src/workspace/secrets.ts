@@ -104,7 +104,7 @@ export async function scanSecrets(files: { path: string; data: Buffer }[], deadl
     found = todo.length === 1 ? [err as Error] : [];
     for (const t of todo.length === 1 ? [] : todo) found.push(await find([{ path: t.path, text: t.text }], deadlineMs).then((r) => r[0]!, (e: Error) => e));
   }
-  todo.forEach((t, k) => (verdicts[t.i] = verdictOf(t, found[k]!)));
+  for (const [k, t] of todo.entries()) verdicts[t.i] = verdictOf(t, found[k]!);
   return verdicts as ScanVerdict[];
 }
 

@@ -13,7 +13,7 @@ import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { KeyedMutex } from './lock.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
-import { WorkspaceRepos, type CommitInfo, type CommitOutcome, type DirEntry, type Provenance } from './repo.ts';
+import type { WorkspaceRepos, CommitInfo, CommitOutcome, DirEntry, Provenance } from './repo.ts';
 import type { SettingsPatch } from './settings.ts';
 import { checkStep, checkTotal, DEFAULT_QUOTA_MAX, effectiveQuota, QuotaError, readForSandboxes, type Quota, type QuotaMax } from './quota.ts';
 import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
