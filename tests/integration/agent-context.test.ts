@@ -1,39 +1,27 @@
 import { execFileSync } from 'node:child_process';
 import { eq } from 'drizzle-orm';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { sessions } from '../../apps/api/src/db/schema/index.ts';
-import { createTestApp, type TestApp } from '../support/app.ts';
+import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
-import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
 const SUMMARY = '<daily_log>\n- Computed the totals for ACME-42.\n</daily_log>\n<project_state>\n## Progress\nTotals done.\n## Todo\nChart.\n## Key identifiers\nACME-42, /workspace/data/totals.csv\n## Environment\nsandbox\n</project_state>';
 
 /** The four levels of context condensation, each observed in the request the model receives. */
 describe('context management', () => {
-  let fake: FakeOpenAI;
-  let t: TestApp;
-  let team: { id: string; key: string };
-  const lastRequest = () => fake.chats().at(-1).messages as { role: string; content: string | null; tool_calls?: unknown[] }[];
+  const ctx = useAgentApp('context');
+  const lastRequest = () => ctx.fake.chats().at(-1).messages as { role: string; content: string | null; tool_calls?: unknown[] }[];
   const condensed = (events: { event: string; data: unknown }[]) =>
     events.filter((e) => e.event === 'context.condensed').map((e) => e.data as { levels: number[]; before_tokens: number; after_tokens: number; budget: number });
 
-  beforeAll(async () => {
-    fake = await startFakeOpenAI();
-    t = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
-    team = await t.team('context');
-  });
-  afterAll(async () => {
-    await t.close();
-    await fake.close();
-  });
 
   it('level 1: a long result of an earlier turn keeps its head and tail; the current turn is untouched', async () => {
-    const { session } = await sessionIn(t, team, { approval: { mode: 'auto' } });
-    fake.script({ content: '<python>print("HEAD" + "lorem ipsum " * 1500 + "TAIL")</python>' }, { content: '<finish>printed</finish>' });
-    await converse(t, team.key, session, 'print a lot');
-    fake.script({ content: '<python>print("NOW" + "dolor " * 1500)</python>' }, { content: '<finish>again</finish>' });
-    const { events } = await converse(t, team.key, session, 'and now');
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    ctx.fake.script({ content: '<python>print("HEAD" + "lorem ipsum " * 1500 + "TAIL")</python>' }, { content: '<finish>printed</finish>' });
+    await converse(ctx.t, ctx.team.key, session, 'print a lot');
+    ctx.fake.script({ content: '<python>print("NOW" + "dolor " * 1500)</python>' }, { content: '<finish>again</finish>' });
+    const { events } = await converse(ctx.t, ctx.team.key, session, 'and now');
     const request = lastRequest();
     const result = (marker: string) => request.find((m) => m.role === 'user' && m.content?.startsWith('Kiln System') && m.content.includes(marker))!;
     const old = result('HEAD');
@@ -46,15 +34,15 @@ describe('context management', () => {
   });
 
   it('level 2: over the turn limit, the oldest turns go to the daily log (a commit) and the project state', async () => {
-    const { session, ws } = await sessionIn(t, team, { approval: { mode: 'auto' }, context: { max_turns: 2 } });
-    fake.script({ content: '<finish>first done</finish>' });
-    await converse(t, team.key, session, 'turn one about ACME-42');
-    fake.script({ content: '<finish>second done</finish>' });
-    await converse(t, team.key, session, 'turn two');
-    fake.script({ content: SUMMARY }, { content: '<finish>third done</finish>' });
-    const { run, events } = await converse(t, team.key, session, 'turn three');
+    const { session, ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' }, context: { max_turns: 2 } });
+    ctx.fake.script({ content: '<finish>first done</finish>' });
+    await converse(ctx.t, ctx.team.key, session, 'turn one about ACME-42');
+    ctx.fake.script({ content: '<finish>second done</finish>' });
+    await converse(ctx.t, ctx.team.key, session, 'turn two');
+    ctx.fake.script({ content: SUMMARY }, { content: '<finish>third done</finish>' });
+    const { run, events } = await converse(ctx.t, ctx.team.key, session, 'turn three');
     expect(run.status).toBe('completed');
-    const summaryRequest = fake.chats().at(-2);
+    const summaryRequest = ctx.fake.chats().at(-2);
     expect(summaryRequest.messages[0].content).toContain('<daily_log>');
     expect(summaryRequest.messages[1].content).toContain('turn one about ACME-42');
     const request = lastRequest();
@@ -64,19 +52,19 @@ describe('context management', () => {
     expect(request.map((m) => m.content).join('\n')).toContain('turn two');
     expect(condensed(events)[0]!.levels).toContain(2);
     const day = new Date().toISOString().slice(0, 10);
-    const dir = t.workspaces.dirOf(ws);
+    const dir = ctx.t.workspaces.dirOf(ws);
     expect(execFileSync('git', ['-C', dir, 'show', `HEAD:memory/${day}.md`], { encoding: 'utf8' })).toContain('- Computed the totals for ACME-42.');
     expect(execFileSync('git', ['-C', dir, 'log', '-1', '--format=%B'], { encoding: 'utf8' })).toContain('Kiln-Kind: memory');
-    const [row] = await t.database.db.select().from(sessions).where(eq(sessions.id, session));
+    const [row] = await ctx.t.database.db.select().from(sessions).where(eq(sessions.id, session));
     expect(row!.stateSnapshot).toContain('## Todo');
   });
 
   it('level 3: over the token limit with few turns, earlier turns shrink to their first message and last answer', async () => {
-    const { session } = await sessionIn(t, team, { approval: { mode: 'auto' }, context: { max_tokens: 1000 } });
-    fake.script({ content: '<python>print("step one output")</python>' }, { content: '<python>print("step two output")</python>' }, { content: '<finish>the old answer</finish>' });
-    await converse(t, team.key, session, 'the old question');
-    fake.script({ content: '<finish>new answer</finish>' });
-    const { events } = await converse(t, team.key, session, 'a new question');
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' }, context: { max_tokens: 1000 } });
+    ctx.fake.script({ content: '<python>print("step one output")</python>' }, { content: '<python>print("step two output")</python>' }, { content: '<finish>the old answer</finish>' });
+    await converse(ctx.t, ctx.team.key, session, 'the old question');
+    ctx.fake.script({ content: '<finish>new answer</finish>' });
+    const { events } = await converse(ctx.t, ctx.team.key, session, 'a new question');
     const request = lastRequest();
     const texts = request.map((m) => m.content ?? '');
     expect(texts).toContain('the old question');
@@ -87,15 +75,15 @@ describe('context management', () => {
   });
 
   it('level 4: a context-length error summarises, cuts to the limit it names, and retries once', async () => {
-    const { session } = await sessionIn(t, team, { approval: { mode: 'auto' } });
-    fake.script({ content: '<finish>earlier</finish>' });
-    await converse(t, team.key, session, 'an earlier turn about ACME-42');
-    fake.script(
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    ctx.fake.script({ content: '<finish>earlier</finish>' });
+    await converse(ctx.t, ctx.team.key, session, 'an earlier turn about ACME-42');
+    ctx.fake.script(
       { status: 400, error: { message: "This model's maximum context length is 3000 tokens. However, your messages resulted in 9000 tokens.", code: 'context_length_exceeded' } },
       { content: SUMMARY },
       { content: '<finish>fits now</finish>' },
     );
-    const { run, events } = await converse(t, team.key, session, 'continue');
+    const { run, events } = await converse(ctx.t, ctx.team.key, session, 'continue');
     expect(run.status).toBe('completed');
     const retried = lastRequest();
     expect(retried.map((m) => m.content).join('\n')).not.toContain('an earlier turn about ACME-42');
@@ -106,10 +94,10 @@ describe('context management', () => {
   });
 
   it('a second context-length error ends the run clearly', async () => {
-    const { session } = await sessionIn(t, team, { approval: { mode: 'auto' } });
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
     const overflow = { status: 400, error: { message: 'maximum context length is 2000 tokens', code: 'context_length_exceeded' } };
-    fake.script(overflow, overflow);
-    const { run } = await converse(t, team.key, session, 'too big');
+    ctx.fake.script(overflow, overflow);
+    const { run } = await converse(ctx.t, ctx.team.key, session, 'too big');
     expect(run).toMatchObject({ status: 'failed', error: { code: 'context_overflow' } });
   });
 });

@@ -1,7 +1,6 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createTestApp, type TestApp } from '../support/app.ts';
+import { describe, expect, it } from 'vitest';
+import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
-import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
 const day = (offset: number) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
@@ -13,30 +12,16 @@ const toolAnswers = (chat: any): string[] => {
 };
 
 describe('the agent recalls through memory_search', () => {
-  let fake: FakeOpenAI;
-  let t: TestApp;
-  let team: { id: string; key: string };
+  const ctx = useAgentApp('recall');
 
-  beforeAll(async () => {
-    fake = await startFakeOpenAI();
-    t = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
-    team = await t.team('recall');
-  });
-  afterEach(() => {
-    expect(fake.refusals.splice(0)).toEqual([]);
-  });
-  afterAll(async () => {
-    await t.close();
-    await fake.close();
-  });
 
   it('gets the matching lines with file:line and date, can filter by path and dates, and is told when a filter is bad', async () => {
-    const { session, ws } = await sessionIn(t, team, { protocol: 'tools', approval: { mode: 'auto', rules: [] } });
+    const { session, ws } = await sessionIn(ctx.t, ctx.team, { protocol: 'tools', approval: { mode: 'auto', rules: [] } });
     const old = day(150);
-    const put = (path: string, raw: string) => t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw });
+    const put = (path: string, raw: string) => ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: ctx.team.key, raw });
     await put(`memory/${old}.md`, `# ${old}\n\n## Conversation\n\n- 10:00 Maya: Good morning.\n- 10:02 Leo: What did the vet say about Biscuit?\n- 10:03 Maya: Biscuit needs the booster vaccine in March.\n- 10:05 Leo: Good to know.\n`);
     await put('knowledge/vet.md', '# Vet\n\nThe vet clinic is on Rua Augusta.\n');
-    fake.script(
+    ctx.fake.script(
       {
         tool_calls: [
           { name: 'memory_search', arguments: { query: 'Biscuit vet vaccine' } },
@@ -47,10 +32,10 @@ describe('the agent recalls through memory_search', () => {
       },
       { tool_calls: [{ name: 'finish', arguments: { summary: 'Booster in March.' } }] },
     );
-    const before = fake.chats().length;
-    const { run, events } = await converse(t, team.key, session, 'When is the booster for Biscuit due?');
+    const before = ctx.fake.chats().length;
+    const { run, events } = await converse(ctx.t, ctx.team.key, session, 'When is the booster for Biscuit due?');
     expect(run.status).toBe('completed');
-    const [first, second] = fake.chats().slice(before);
+    const [first, second] = ctx.fake.chats().slice(before);
     // The prompt says when to search, and the tool offers the filters.
     expect(first.messages[0].content).toContain('<Memory_Search>');
     const tool = first.tools.find((x: any) => x.function.name === 'memory_search');

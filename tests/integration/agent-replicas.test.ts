@@ -2,118 +2,111 @@ import { eq, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runs } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
+import { useAgentApp } from '../support/agent-app.ts';
 import { eventsUntil } from '../support/agent.ts';
-import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
 /** Two API replicas on one Postgres database and one workspaces directory. */
 describe('agent runs across replicas', () => {
-  let fake: FakeOpenAI;
-  let a: TestApp;
+  const ctx = useAgentApp('replicas');
   let b: TestApp;
-  let team: { id: string; key: string };
 
   beforeAll(async () => {
-    fake = await startFakeOpenAI();
-    a = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' } });
-    b = await createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a });
-    team = await a.team('replicas');
+    b = await createTestApp({ model: { baseURL: ctx.fake.url, model: 'fake-model' }, replicaOf: ctx.t });
   });
   afterAll(async () => {
     await b.close();
-    await a.close();
-    await fake.close();
   });
 
   it('a cancel sent to the other replica stops the run where it runs: the model call is abandoned, one run.cancelled', async () => {
-    const { session } = await sessionIn(a, team, { approval: { mode: 'auto' } });
-    fake.script({ hang: true });
-    const asked = fake.chats().length;
-    const posted = await a.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'think forever' } });
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    ctx.fake.script({ hang: true });
+    const asked = ctx.fake.chats().length;
+    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'think forever' } });
     expect(posted.status).toBe(202);
     const runId = posted.body.run.id as string;
-    await fake.chatRequests(asked + 1);
+    await ctx.fake.chatRequests(asked + 1);
 
-    const cancelled = await b.call('POST', `/v1/runs/${runId}/cancel`, { key: team.key });
+    const cancelled = await b.call('POST', `/v1/runs/${runId}/cancel`, { key: ctx.team.key });
     expect(cancelled.status).toBe(200);
     expect(cancelled.body.status).toBe('cancelled');
     // Replica A, which runs it, let go of the model call and recorded the end itself.
-    await fake.hangsClosed(1);
-    const events = await eventsUntil(a, runId, ['run.cancelled']);
+    await ctx.fake.hangsClosed(1);
+    const events = await eventsUntil(ctx.t, runId, ['run.cancelled']);
     expect(events.filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e.event))).toHaveLength(1);
 
     // The session is free again, on either replica.
-    fake.script({ content: '<finish>ok</finish>' });
-    const next = await b.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'again' } });
+    ctx.fake.script({ content: '<finish>ok</finish>' });
+    const next = await b.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'again' } });
     expect(next.status).toBe(202);
     await eventsUntil(b, next.body.run.id, ['run.completed']);
   });
 
   /** Another replica of `a` (with a short run lease when given). */
-  const replica = (runLeaseMs?: number) => createTestApp({ model: { baseURL: fake.url, model: 'fake-model' }, replicaOf: a, runLeaseMs });
+  const replica = (runLeaseMs?: number) => createTestApp({ model: { baseURL: ctx.fake.url, model: 'fake-model' }, replicaOf: ctx.t, runLeaseMs });
 
   /** Posts a message on `app` whose model answer is held until `answer()`; resolves once the model was asked. */
   async function heldRun(app: TestApp, content = '<finish>held</finish>') {
-    const { session } = await sessionIn(app, team, { approval: { mode: 'auto' } });
+    const { session } = await sessionIn(app, ctx.team, { approval: { mode: 'auto' } });
     let answer!: () => void;
-    fake.script({ content, until: new Promise<void>((r) => (answer = r)) });
-    const asked = fake.chats().length;
-    const posted = await app.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'slow' } });
+    ctx.fake.script({ content, until: new Promise<void>((r) => (answer = r)) });
+    const asked = ctx.fake.chats().length;
+    const posted = await app.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'slow' } });
     expect(posted.status).toBe(202);
-    await fake.chatRequests(asked + 1);
+    await ctx.fake.chatRequests(asked + 1);
     return { session, runId: posted.body.run.id as string, answer };
   }
   const terminals = async (app: TestApp, runId: string) =>
     (await app.agent.events.list(runId)).map((e) => e.event).filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e));
 
   it('a replica that starts leaves alone the runs another live replica is running', async () => {
-    const { runId, answer } = await heldRun(a);
+    const { runId, answer } = await heldRun(ctx.t);
     const c = await replica();
     try {
       // C's start-up is over: the run is still A's, in progress.
-      expect((await c.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('in_progress');
+      expect((await c.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.status).toBe('in_progress');
       answer();
       const events = await eventsUntil(c, runId, ['run.completed', 'run.failed']);
       expect(events.at(-1)!.event).toBe('run.completed');
-      expect(await terminals(a, runId)).toEqual(['run.completed']);
+      expect(await terminals(ctx.t, runId)).toEqual(['run.completed']);
     } finally {
       await c.close();
     }
   });
 
   it('a run ended elsewhere while its model call was out: its own end adds no second terminal event, and the call still counts', async () => {
-    const { session, runId, answer } = await heldRun(a, '<finish>too late</finish>');
+    const { session, runId, answer } = await heldRun(ctx.t, '<finish>too late</finish>');
     // Someone else ends the run meanwhile (written directly, without telling replica A).
     await b.database.db.update(runs).set({ status: 'cancelled', finishedAt: new Date() }).where(eq(runs.id, runId));
     await b.agent.events.append(runId, 'run.cancelled', { status: 'cancelled', error: null });
     answer();
     // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
-    await expect.poll(async () => (await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.usage.prompt_tokens).toBe(100);
-    expect((await a.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('cancelled');
-    expect(await terminals(a, runId)).toEqual(['run.cancelled']);
+    await expect.poll(async () => (await ctx.t.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.usage.prompt_tokens).toBe(100);
+    expect((await ctx.t.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.status).toBe('cancelled');
+    expect(await terminals(ctx.t, runId)).toEqual(['run.cancelled']);
     // Its final message was still stored: nothing the run said is lost.
-    const transcript = await a.call('GET', `/v1/sessions/${session}/messages`, { key: team.key });
+    const transcript = await ctx.t.call('GET', `/v1/sessions/${session}/messages`, { key: ctx.team.key });
     expect(transcript.body.data.at(-1)).toMatchObject({ role: 'assistant', content: 'too late' });
   });
 
   it('a server that died: once its lease runs out, another marks its runs interrupted; live leases are left alone', async () => {
-    const { session, ws } = await sessionIn(a, team, { approval: { mode: 'auto' } });
-    const other = await sessionIn(a, team, { approval: { mode: 'auto' } });
+    const { session, ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    const other = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
     const insert = (id: string, sessionId: string, runner: string, lease: string) =>
-      a.database.db.execute(sql`insert into runs (id, team_id, workspace_id, session_id, status, model, runner, lease_until)
-        values (${id}, ${team.id}, ${ws}, ${sessionId}, 'in_progress', 'fake-model', ${runner}, now() + ${lease}::interval)`);
+      ctx.t.database.db.execute(sql`insert into runs (id, team_id, workspace_id, session_id, status, model, runner, lease_until)
+        values (${id}, ${ctx.team.id}, ${ws}, ${sessionId}, 'in_progress', 'fake-model', ${runner}, now() + ${lease}::interval)`);
     await insert('run_deadserver', session, 'dead-server', '300 milliseconds');
     await insert('run_liveserver', other.session, 'live-server', '1 hour');
     // A replica with a short lease looks for orphans every 200 ms.
     const d = await replica(600);
     try {
-      await expect.poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.status, { timeout: 15_000 }).toBe('failed');
-      expect((await d.call('GET', '/v1/runs/run_deadserver', { key: team.key })).body.error).toMatchObject({ code: 'interrupted' });
+      await expect.poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.status, { timeout: 15_000 }).toBe('failed');
+      expect((await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.error).toMatchObject({ code: 'interrupted' });
       expect(await terminals(d, 'run_deadserver')).toEqual(['run.failed']);
-      expect((await d.call('GET', '/v1/runs/run_liveserver', { key: team.key })).body.status).toBe('in_progress');
+      expect((await d.call('GET', '/v1/runs/run_liveserver', { key: ctx.team.key })).body.status).toBe('in_progress');
     } finally {
       await d.close();
-      await a.database.db.update(runs).set({ status: 'cancelled' }).where(eq(runs.id, 'run_liveserver'));
+      await ctx.t.database.db.update(runs).set({ status: 'cancelled' }).where(eq(runs.id, 'run_liveserver'));
     }
   });
 
@@ -126,7 +119,7 @@ describe('agent runs across replicas', () => {
       const first = await leaseOf();
       // Renewed three times over (each lease 600 ms, renewed every 200 ms) while E sweeps for orphans.
       await expect.poll(leaseOf, { timeout: 15_000 }).toBeGreaterThan(first + 1200);
-      expect((await e.call('GET', `/v1/runs/${runId}`, { key: team.key })).body.status).toBe('in_progress');
+      expect((await e.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.status).toBe('in_progress');
       answer();
       const events = await eventsUntil(e, runId, ['run.completed', 'run.failed']);
       expect(events.at(-1)!.event).toBe('run.completed');
