@@ -167,6 +167,15 @@ describe('windows per kind of file', () => {
     for (const c of chunks) expect(c.content).toBe(linesOf(text, c));
   });
 
+  it('finds the headings of a CRLF file: sections and heading text as in the same file with LF', () => {
+    const lf = ['# One', ...numbered(3, 'a'), '## Two', ...numbered(3, 'b'), ''].join('\n');
+    const crlf = lf.replaceAll('\n', '\r\n');
+    const chunks = chunkFile('knowledge/x.md', crlf);
+    expect(chunks.map((c) => c.heading)).toEqual(['One', 'Two']);
+    expect(spans(chunks)).toEqual(spans(chunkFile('knowledge/x.md', lf)));
+    expect(chunks[1]!.searchText.split('\n')[0]).toBe('Two');
+  });
+
   it('counts words for length and pairs CJK characters, and a chunk is never of length zero', () => {
     const [c] = chunkFile('knowledge/a.md', '# 部署\n\n部署流程 runs on Mondays 😀\n');
     expect(c!.cjk.split(' ').sort()).toEqual(['流程', '署流', '部署'].sort());
@@ -240,6 +249,7 @@ describe('daily-log lines', () => {
     expect(lines.slice(0, 2)).toEqual(['## 10:00 Session', '<!-- kiln-logged: ab -->']);
     expect(lines).toContain('  x = 1');
     expect(lines).toContain('# not a heading');
+    expect(lines.filter((l) => l.startsWith('```') || l.startsWith('- ```'))).toEqual(['```py', '```']);
     expect(lines.at(-1)).toBe('- after the fence');
   });
 

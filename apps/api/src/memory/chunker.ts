@@ -4,7 +4,7 @@ import { cjkTerms, isDay, wordCount } from './query.ts';
  * How files are cut for search, and its version: change either and bump INDEX_VERSION, so the
  * start-up job re-indexes every workspace (see indexer.ts `reindexStale`).
  */
-export const INDEX_VERSION = 1;
+export const INDEX_VERSION = 2;
 
 export interface Chunk {
   /** 1-based, inclusive: the file lines the chunk spans. */
@@ -81,7 +81,8 @@ export function chunkFile(path: string, text: string, boilerplate: ReadonlySet<s
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i]!;
     if (FENCE.test(line)) inFence = !inFence;
-    const h = !inFence && HEADING.exec(line);
+    // A CRLF file's lines end in \r, which `.` and `$` do not match.
+    const h = !inFence && HEADING.exec(line.endsWith('\r') ? line.slice(0, -1) : line);
     if (h) {
       sections.push({ heading: h[1]!.trim(), headingSearched: !isBoilerplate(line), lines: [] });
       continue;
@@ -135,10 +136,11 @@ export function toLogLines(text: string): string {
   const out: string[] = [];
   let inFence = false;
   for (const raw of text.split('\n')) {
-    if (FENCE.test(raw.trim())) inFence = !inFence;
     const line = raw.trim();
     if (!line) continue;
-    if (inFence || HEADING.test(line) || line.startsWith('<!--')) out.push(raw.trimEnd());
+    const fence = FENCE.test(line);
+    if (fence) inFence = !inFence;
+    if (fence || inFence || HEADING.test(line) || line.startsWith('<!--')) out.push(raw.trimEnd());
     else out.push(`- ${line.replace(/^(?:[-*+]|\d+[.)])\s+/, '')}`);
   }
   return out.join('\n');
