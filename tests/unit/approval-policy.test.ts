@@ -92,6 +92,13 @@ describe('deciding a piece of code', () => {
     expect(decideCode(policy(mixed), 'shutil.rmtree(p)')).toEqual({ decision: 'deny', rule: 'rmtree' });
   });
 
+  it('sees lines as Python does: an anchored rule matches a line ended by CRLF or a lone CR', () => {
+    const deny = policy([{ match: '^import os$', behavior: 'deny' }]);
+    for (const code of ['import os\r\nprint(1)\r\n', 'print(1)\rimport os\rprint(2)', 'import os\r'])
+      expect(decideCode(deny, code), JSON.stringify(code)).toEqual({ decision: 'deny', rule: '^import os$' });
+    expect(decideCode(deny, 'import osx\r\n')).toEqual({ decision: 'allow' });
+  });
+
   it('empty code: only a rule that matches the empty text applies', () => {
     expect(decideCode(policy([{ match: 'import', behavior: 'deny' }], 'ask'), '')).toEqual({ decision: 'ask' });
     expect(decideCode(policy([{ match: '^$', behavior: 'deny' }]), '')).toEqual({ decision: 'deny', rule: '^$' });
