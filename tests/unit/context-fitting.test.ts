@@ -217,6 +217,19 @@ describe('level 1: old tool results keep their head and tail', () => {
     expect(turns[1]).toEqual(current);
   });
 
+  it('makes a dense result (hex: few characters per token) shorter, about the cap, never longer', async () => {
+    const hex = Array.from({ length: 3000 }, (_, i) => (i * 2654435761 % 65536).toString(16).padStart(4, '0')).join('');
+    const cap = 2000;
+    expect(await countTokens(hex)).toBeGreaterThan(cap);
+    const { turns, changed } = await truncateOldResults([[person('p'), calls('a'), result('a', hex)], [person('now')]], cap);
+    expect(changed).toBe(1);
+    const cut = turns[0]![2]!.message.content as string;
+    expect(cut.length).toBeLessThan(hex.length);
+    expect(cut.startsWith(hex.slice(0, 200))).toBe(true);
+    expect(cut.endsWith(hex.slice(-200))).toBe(true);
+    expect(await countTokens(cut)).toBeLessThanOrEqual(cap + 30);
+  });
+
   it('leaves results at or under the cap in tokens alone, even when they have more bytes than the cap', async () => {
     const wide = '日本語のテキスト'.repeat(10); // 240 bytes, far fewer tokens
     const tokens = await countTokens(wide);
@@ -230,8 +243,13 @@ describe('level 1: old tool results keep their head and tail', () => {
 
   it('keeps more of each end when the cap is larger, and handles a transcript of one turn or none', async () => {
     const old = [person('p'), calls('a'), result('a', long('tool'))];
-    const { turns } = await truncateOldResults([old, [person('now')]], 1000);
-    expect(turns[0]![2]!.message.content).toContain(`[... ${long('tool').length - 4000} characters`);
+    const cutTo = async (cap: number) =>
+      (await truncateOldResults([old, [person('now')]], cap)).turns[0]![2]!.message.content as string;
+    const [small, large] = [await cutTo(CAP), await cutTo(1000)];
+    expect(large.length).toBeGreaterThan(small.length);
+    expect(large.length).toBeLessThan(long('tool').length);
+    // About the cap, plus the note that says what was left out.
+    expect(await countTokens(large)).toBeLessThanOrEqual(1000 + 30);
     expect(await truncateOldResults([old], CAP)).toEqual({ turns: [old], changed: 0 });
     expect(await truncateOldResults([], CAP)).toEqual({ turns: [], changed: 0 });
   });

@@ -113,14 +113,17 @@ export async function truncateOldResults(turns: TranscriptEntry[][], capTokens: 
   // Only the results the byte bound cannot clear are tokenized, all in one request.
   const candidates = older.filter((e) => isResult(e) && maxTokens(textOf(e)) > capTokens);
   const counts = await countTokensOf(candidates.map(textOf));
-  const over = new Set(candidates.filter((_, i) => counts[i]! > capTokens));
+  const over = new Map(candidates.flatMap((e, i) => (counts[i]! > capTokens ? [[e, counts[i]!] as const] : [])));
   let changed = 0;
   const out = turns.map((turn) =>
     turn.map((e) => {
-      if (!over.has(e)) return e;
+      const tokens = over.get(e);
+      if (tokens === undefined) return e;
       changed++;
       const text = textOf(e);
-      const keep = Math.max(200, capTokens * 2); // about half the cap in characters at each end
+      // About half the cap at each end, in this text's own characters per token (dense text such
+      // as hex has fewer than English), at least 200 characters, and always less than the whole.
+      const keep = Math.min(Math.max(200, Math.floor((text.length * capTokens) / (2 * tokens))), Math.floor(text.length / 4));
       const omitted = text.length - 2 * keep;
       const content = `${text.slice(0, keep)}\n[... ${omitted} characters of this old result omitted by Kiln to save context ...]\n${text.slice(-keep)}`;
       return { ...e, message: { ...e.message, content } as ChatMessage };
