@@ -9,6 +9,7 @@ import { recordAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
 import { evolutions, workspaces } from '../db/schema/index.ts';
 import type { AuditDraft } from '../audit/draft.ts';
+import type { SourceUpdateSink } from '../agent/source-update.ts';
 import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
@@ -45,8 +46,10 @@ const RELAY_FILE = join(RUNNING_ROOT, 'infra/relay/relay.ts');
  * worktree and self-checked there; applying it moves the source branch and hands the restart
  * to a detached relay (infra/relay), whose status file the surviving server reads to finish the
  * update's row. One update at a time: a second submit or apply meanwhile is `409 conflict`.
+ * It is also where the agent's approved source-update proposals are submitted (the agent knows
+ * only the sink's type, never this part).
  */
-export class SelfUpdates {
+export class SelfUpdates implements SourceUpdateSink {
   /** The update holding the one-at-a-time lock (checking, applying, or being finished). */
   private holder: string | null = null;
   private readonly children = new Set<ChildProcess>();
