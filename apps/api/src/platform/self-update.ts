@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { and, eq, inArray, isNull, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import { alive, type RelayPlan, type RelayStatus } from '../../../../infra/relay/relay.ts';
+import { alive, type RelayPlan, type RelayStatus } from '../../../relay/src/relay.ts';
 import { recordAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
 import { evolutions, workspaces } from '../db/schema/index.ts';
@@ -39,12 +39,12 @@ export interface Version {
 
 /** The checkout this process runs from, and its relay, read once at start-up (before any update moves the checkout). */
 const RUNNING_ROOT = fileURLToPath(new URL('../../../..', import.meta.url)).replace(/\/$/, '');
-const RELAY_FILE = join(RUNNING_ROOT, 'infra/relay/relay.ts');
+const RELAY_FILE = join(RUNNING_ROOT, 'apps/relay/src/relay.ts');
 
 /**
  * Platform self-update: a patch to Kiln's own source is committed in a separate
  * worktree and self-checked there; applying it moves the source branch and hands the restart
- * to a detached relay (infra/relay), whose status file the surviving server reads to finish the
+ * to a detached relay (apps/relay), whose status file the surviving server reads to finish the
  * update's row. One update at a time: a second submit or apply meanwhile is `409 conflict`.
  * It is also where the agent's approved source-update proposals are submitted (the agent knows
  * only the sink's type, never this part).
