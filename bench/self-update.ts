@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
-import { alive } from '../infra/relay/relay.ts';
+import { alive } from '../apps/relay/src/relay.ts';
 import { cloneProject, freePort, gitSync } from '../tests/support/checkout.ts';
 import { startKiln } from '../tests/support/server.ts';
 import { heading, row, summarize } from './lib.ts';

@@ -19,6 +19,8 @@ COPY package.json package-lock.json ./
 COPY apps/api/package.json apps/api/package.json
 RUN npm ci --omit=dev --no-audit --no-fund
 COPY apps/api apps/api
+# The self-update restarter: the API reads it at start-up (and imports its types).
+COPY apps/relay apps/relay
 COPY --from=dashboard /opt/kiln/apps/dashboard/dist apps/dashboard/dist
 ENV KILN_HOST=0.0.0.0 KILN_DATA_DIR=/var/lib/kiln NODE_ENV=production
 EXPOSE 7700

@@ -5,9 +5,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { alive, type RelayPlan, type RelayStatus } from '../../infra/relay/relay.ts';
+import { alive, type RelayPlan, type RelayStatus } from '../../apps/relay/src/relay.ts';
 
-const RELAY = fileURLToPath(new URL('../../infra/relay/relay.ts', import.meta.url));
+const RELAY = fileURLToPath(new URL('../../apps/relay/src/relay.ts', import.meta.url));
 
 /** A stand-in server: prints Kiln's banner, answers /readyz 200, exits on SIGTERM. */
 const SERVER = `

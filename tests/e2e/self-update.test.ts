@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
-import { alive } from '../../infra/relay/relay.ts';
+import { alive } from '../../apps/relay/src/relay.ts';
 import { cloneProject, freePort, gitSync as git } from '../support/checkout.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { startKiln, type KilnProcess } from '../support/server.ts';
@@ -365,7 +365,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
   it('a patch to the relay takes effect at the next update; a relay that never starts gets that update reverted while the server keeps running', async () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const broken = patchOf({
-      'infra/relay/relay.ts': (t) => t.replace('  async main(): Promise<void> {\n', '  async main(): Promise<void> {\n    // Broken on purpose: gone before it stops anything.\n    if (process.pid > 0) process.exit(3);\n'),
+      'apps/relay/src/relay.ts': (t) => t.replace('  async main(): Promise<void> {\n', '  async main(): Promise<void> {\n    // Broken on purpose: gone before it stops anything.\n    if (process.pid > 0) process.exit(3);\n'),
     });
     expect(broken).toContain('process.exit(3)');
     const u1 = await submit(broken, 'Break the relay');

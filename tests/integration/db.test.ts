@@ -10,7 +10,7 @@ import { createPgDatabase, createTestDatabase, dropPgDatabase, DRIVERS, rowsOf, 
 
 const TABLES = [
   'teams', 'api_keys', 'workspaces', 'sessions', 'messages', 'runs', 'run_events', 'approvals', 'sandboxes',
-  'executions', 'commits', 'evolutions', 'jobs', 'memory_chunks', 'memory_index', 'memory_terms', 'audit_events', 'usage', 'idempotency_keys',
+  'executions', 'commits', 'evolutions', 'platform_updates', 'jobs', 'memory_chunks', 'memory_index', 'memory_terms', 'audit_events', 'usage', 'idempotency_keys',
 ];
 
 describe.each(DRIVERS)('database layer on %s', (driver) => {

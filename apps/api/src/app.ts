@@ -28,7 +28,7 @@ import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.inde
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
 import { systemRouter } from './routes/system/system.index.ts';
-import type { SelfUpdates } from './evolution/self-update.ts';
+import type { SelfUpdates } from './platform/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 
 export interface AppDeps {

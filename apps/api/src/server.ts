@@ -12,7 +12,7 @@ import { ModelClient } from './agent/llm.ts';
 import { AgentService } from './agent/service.ts';
 import { WorkspaceRepos } from './workspace/repo.ts';
 import { WorkspaceService } from './workspace/service.ts';
-import { SelfUpdates } from './evolution/self-update.ts';
+import { SelfUpdates } from './platform/self-update.ts';
 import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
 

@@ -2,7 +2,7 @@ import { index, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
 import { createdAt, ts } from './columns.ts';
 import { teams } from './teams.ts';
 
-/** Reviews, dreams and platform self-updates (the latter have no team or workspace). */
+/** Reviews and dreams: a workspace's self-evolution (platform self-updates are `platform_updates`). */
 export const evolutions = pgTable(
   'evolutions',
   {
@@ -10,7 +10,7 @@ export const evolutions = pgTable(
     teamId: text('team_id').references(() => teams.id, { onDelete: 'cascade' }),
     workspaceId: text('workspace_id'),
     sessionId: text('session_id'),
-    kind: text('kind', { enum: ['review', 'dream', 'self_update'] }).notNull(),
+    kind: text('kind', { enum: ['review', 'dream'] }).notNull(),
     status: text('status').notNull(),
     commitSha: text('commit_sha'),
     changedPaths: jsonb('changed_paths').$type<string[]>().notNull().default([]),

@@ -10,6 +10,7 @@ export { sandboxes } from './sandboxes.ts';
 export { executions } from './executions.ts';
 export { commits } from './commits.ts';
 export { evolutions } from './evolutions.ts';
+export { platformUpdates } from './platform-updates.ts';
 export { jobs } from './jobs.ts';
 export { memoryChunks, memoryIndex, memoryTerms } from './memory-chunks.ts';
 export { auditEvents } from './audit-events.ts';

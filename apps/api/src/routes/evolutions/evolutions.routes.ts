@@ -5,7 +5,7 @@ import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../ht
 export const Evolution = z
   .object({
     id: z.string(),
-    kind: z.enum(['review', 'dream', 'self_update']),
+    kind: z.enum(['review', 'dream']),
     status: z.string().openapi({ description: 'queued | running | committed | no_change | skipped | failed | reverted' }),
     session_id: z.string().nullable(),
     commit_sha: z.string().nullable(),

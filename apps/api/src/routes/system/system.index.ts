@@ -1,5 +1,5 @@
 import { requireOrgAdmin } from '../../http/guards.ts';
-import { setSourceUpdates, updateView, type SelfUpdates } from '../../evolution/self-update.ts';
+import { setSourceUpdates, updateView, type SelfUpdates } from '../../platform/self-update.ts';
 import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';

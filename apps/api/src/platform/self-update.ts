@@ -4,19 +4,20 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { and, eq, inArray, isNull, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import { alive, type RelayPlan, type RelayStatus } from '../../../../infra/relay/relay.ts';
+import { alive, type RelayPlan, type RelayStatus } from '../../../relay/src/relay.ts';
 import { recordAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
-import { evolutions, workspaces } from '../db/schema/index.ts';
+import { platformUpdates, workspaces } from '../db/schema/index.ts';
 import type { AuditDraft } from '../audit/draft.ts';
+import type { SourceUpdateSink } from '../agent/source-update.ts';
 import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import { capLog, IDENTITY, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
 
-export type UpdateRow = typeof evolutions.$inferSelect;
-export type UpdateStatus = 'checking' | 'ready' | 'failed' | 'applying' | 'applied' | 'rolled_back';
+export type UpdateRow = typeof platformUpdates.$inferSelect;
+export type UpdateStatus = UpdateRow['status'];
 
 export interface SelfUpdateOptions {
   sourceDir: string;
@@ -38,15 +39,17 @@ export interface Version {
 
 /** The checkout this process runs from, and its relay, read once at start-up (before any update moves the checkout). */
 const RUNNING_ROOT = fileURLToPath(new URL('../../../..', import.meta.url)).replace(/\/$/, '');
-const RELAY_FILE = join(RUNNING_ROOT, 'infra/relay/relay.ts');
+const RELAY_FILE = join(RUNNING_ROOT, 'apps/relay/src/relay.ts');
 
 /**
  * Platform self-update: a patch to Kiln's own source is committed in a separate
  * worktree and self-checked there; applying it moves the source branch and hands the restart
- * to a detached relay (infra/relay), whose status file the surviving server reads to finish the
+ * to a detached relay (apps/relay), whose status file the surviving server reads to finish the
  * update's row. One update at a time: a second submit or apply meanwhile is `409 conflict`.
+ * It is also where the agent's approved source-update proposals are submitted (the agent knows
+ * only the sink's type, never this part).
  */
-export class SelfUpdates {
+export class SelfUpdates implements SourceUpdateSink {
   /** The update holding the one-at-a-time lock (checking, applying, or being finished). */
   private holder: string | null = null;
   private readonly children = new Set<ChildProcess>();
@@ -85,10 +88,10 @@ export class SelfUpdates {
       started_at: new Date().toISOString(),
     };
     const cut = await this.db
-      .update(evolutions)
+      .update(platformUpdates)
       .set({ status: 'failed', error: 'the server restarted during the self-check', finishedAt: new Date() })
-      .where(and(eq(evolutions.kind, 'self_update'), eq(evolutions.status, 'checking')))
-      .returning({ id: evolutions.id });
+      .where(eq(platformUpdates.status, 'checking'))
+      .returning({ id: platformUpdates.id });
     for (const { id } of cut) await recordAudit(this.db, { action: 'system.update.check', resourceType: 'system_update', resourceId: id, teamId: null, after: { status: 'failed' } }, undefined);
     const worktrees = await read(['worktree', 'list', '--porcelain']);
     for (const line of worktrees?.split('\n') ?? []) {
@@ -96,7 +99,7 @@ export class SelfUpdates {
       // A self-check boots its server from such a worktree: that one must not remove itself.
       if (path && isCheckWorktree(path) && path !== RUNNING_ROOT) await removeWorktree(this.o.sourceDir, path);
     }
-    const [applying] = await this.db.select().from(evolutions).where(and(eq(evolutions.kind, 'self_update'), eq(evolutions.status, 'applying')));
+    const [applying] = await this.db.select().from(platformUpdates).where(eq(platformUpdates.status, 'applying'));
     if (applying) this.follow(applying.id);
   }
 
@@ -125,6 +128,7 @@ export class SelfUpdates {
    * nothing behind), records the update as `checking` and runs the self-check in the background.
    */
   async submit(input: { patch: string; reason: string; author: 'user' | 'agent' }, actor: Principal | undefined, requestId?: string): Promise<UpdateRow> {
+    // The `evo_` prefix of the time updates were evolutions: ids of old and new updates look alike.
     const id = newId('evo');
     this.lock(id);
     try {
@@ -139,8 +143,8 @@ export class SelfUpdates {
       let row: UpdateRow;
       try {
         [row] = (await this.db
-          .insert(evolutions)
-          .values({ id, kind: 'self_update', status: 'checking', commitSha: prepared.commit, changedPaths: prepared.paths, summary: reason, checks: [] })
+          .insert(platformUpdates)
+          .values({ id, status: 'checking', commitSha: prepared.commit, changedPaths: prepared.paths, reason, checks: [] })
           .returning()) as [UpdateRow];
         await this.audit({ action: 'system.update.submit', after: updateView(row) }, id, actor, requestId);
       } catch (err) {
@@ -161,7 +165,7 @@ export class SelfUpdates {
     const row = await this.get(id);
     if (row.status !== 'applied' || !row.commitSha) throw new ApiError('conflict', `only an applied update can be reverted (this one is ${row.status})`);
     const patch = await this.git(['diff', '--binary', row.commitSha, `${row.commitSha}^`]);
-    return this.submit({ patch, reason: `Revert platform update ${id}\n\n${row.summary ?? ''}`, author: 'user' }, actor, requestId);
+    return this.submit({ patch, reason: `Revert platform update ${id}\n\n${row.reason}`, author: 'user' }, actor, requestId);
   }
 
   private async check(row: UpdateRow, prepared: Awaited<ReturnType<typeof preparePatch>>): Promise<void> {
@@ -175,7 +179,7 @@ export class SelfUpdates {
         { stepTimeoutMs: this.o.checkTimeoutMs, readyTimeoutMs: this.o.readyTimeoutMs, stopTimeoutMs: this.o.stopTimeoutMs, dockerHost: this.o.dockerHost, children: this.children },
         async (s) => {
           steps.push(s);
-          await this.db.update(evolutions).set({ checks: steps }).where(eq(evolutions.id, row.id));
+          await this.db.update(platformUpdates).set({ checks: steps }).where(eq(platformUpdates.id, row.id));
         },
       );
       error = ok ? null : `self-check failed at ${steps.find((s) => !s.ok)?.name ?? 'a step'}`;
@@ -191,9 +195,9 @@ export class SelfUpdates {
 
   private async settle(id: string, status: 'ready' | 'failed', error: string | null): Promise<void> {
     await this.db
-      .update(evolutions)
+      .update(platformUpdates)
       .set({ status, error, finishedAt: status === 'failed' ? new Date() : null })
-      .where(and(eq(evolutions.id, id), eq(evolutions.status, 'checking')));
+      .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'checking')));
     await this.audit({ action: 'system.update.check', after: { status, error } }, id, undefined);
   }
 
@@ -239,9 +243,9 @@ export class SelfUpdates {
       writeFileSync(join(dir, 'plan.json'), JSON.stringify(plan, null, 2));
 
       const [applying] = await this.db
-        .update(evolutions)
+        .update(platformUpdates)
         .set({ status: 'applying' })
-        .where(and(eq(evolutions.id, id), eq(evolutions.status, 'ready')))
+        .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'ready')))
         .returning();
       if (!applying) throw new ApiError('conflict', 'this update is no longer ready');
       try {
@@ -251,7 +255,7 @@ export class SelfUpdates {
         this.follow(id, { pid: this.startRelay(relayFile, plan), plan });
       } catch (err) {
         if (moved) await this.git(['reset', '--keep', plan.previous]).catch(() => undefined);
-        await this.db.update(evolutions).set({ status: 'ready' }).where(eq(evolutions.id, id));
+        await this.db.update(platformUpdates).set({ status: 'ready' }).where(eq(platformUpdates.id, id));
         throw err instanceof ApiError ? err : new ApiError('conflict', `could not move the source branch: ${(err as Error).message}`);
       }
       this.log.warn({ update: id, commit: row.commitSha }, 'platform update applied to the source; the relay restarts the server');
@@ -323,7 +327,7 @@ export class SelfUpdates {
   }
 
   private async finishApply(id: string, outcome: 'applied' | 'rolled_back' | 'failed', error: string | null, downtimeMs?: number): Promise<void> {
-    const [row] = await this.db.select().from(evolutions).where(eq(evolutions.id, id));
+    const [row] = await this.db.select().from(platformUpdates).where(eq(platformUpdates.id, id));
     const relayLog = (() => {
       try {
         return readFileSync(join(this.dir(id), 'relay.log'), 'utf8');
@@ -332,11 +336,11 @@ export class SelfUpdates {
       }
     })();
     const restart: CheckStep = { name: 'restart', ok: outcome === 'applied', duration_ms: downtimeMs ?? 0, log: capLog(relayLog) };
-    const checks = [...((row?.checks as CheckStep[] | null) ?? []), restart];
+    const checks = [...((row?.checks as CheckStep[] | undefined) ?? []), restart];
     const [done] = await this.db
-      .update(evolutions)
+      .update(platformUpdates)
       .set({ status: outcome, error, checks, finishedAt: new Date() })
-      .where(and(eq(evolutions.id, id), eq(evolutions.status, 'applying')))
+      .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'applying')))
       .returning();
     if (done) await this.audit({ action: `system.update.${outcome}`, before: { status: 'applying' }, after: { status: outcome, error, commit: this.version.commit } }, id, undefined);
     this.log.warn({ update: id, outcome }, 'platform update finished');
@@ -347,17 +351,17 @@ export class SelfUpdates {
   }
 
   async get(id: string): Promise<UpdateRow> {
-    const [row] = await this.db.select().from(evolutions).where(and(eq(evolutions.id, id), eq(evolutions.kind, 'self_update')));
+    const [row] = await this.db.select().from(platformUpdates).where(eq(platformUpdates.id, id));
     if (!row) throw ApiError.notFound('platform update');
     return row;
   }
 
   async list(p: ListParams, status?: UpdateStatus[]): Promise<UpdateRow[]> {
-    const c = cursorOn(evolutions.id, p);
+    const c = cursorOn(platformUpdates.id, p);
     return this.db
       .select()
-      .from(evolutions)
-      .where(and(eq(evolutions.kind, 'self_update'), status ? inArray(evolutions.status, status) : undefined, c.where))
+      .from(platformUpdates)
+      .where(and(status ? inArray(platformUpdates.status, status) : undefined, c.where))
       .orderBy(c.orderBy)
       .limit(c.limit);
   }
@@ -366,11 +370,11 @@ export class SelfUpdates {
 export function updateView(r: UpdateRow) {
   return {
     id: r.id,
-    status: r.status as UpdateStatus,
-    reason: r.summary ?? '',
+    status: r.status,
+    reason: r.reason,
     commit_sha: r.commitSha,
     changed_paths: r.changedPaths,
-    checks: (r.checks as CheckStep[] | null) ?? [],
+    checks: r.checks as CheckStep[],
     error: r.error,
     created_at: r.createdAt.toISOString(),
     finished_at: r.finishedAt?.toISOString() ?? null,
