@@ -21,12 +21,12 @@ import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
 import { recentEvolutions } from '../evolution-log/evolutions.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
-import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
+import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
 import { filterProblem } from '../memory/search.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
 import { decideCode } from './policy.ts';
-import { buildSystemPrompt } from './prompt.ts';
-import { answerEveryCall, fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
+import type { TranscriptEntry } from './context.ts';
+import { fitTranscript, summariseTurns, systemMessage, type RecentEvolutions } from './transcript.ts';
 import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, type Action, type Call } from './protocol.ts';
 import * as su from './source-update.ts';
 
@@ -40,46 +40,6 @@ const CANCEL_CHANNEL = 'kiln_run_cancel';
 /** How long a cancel waits for the replica running the run before ending it itself. */
 const CANCEL_WAIT_MS = 2000;
 const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
-/** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
-const TOOL_RESULT_CAP = 1000;
-/** Level 2 instead of 3 when the token limit is hit with more turns than this. */
-const FEW_TURNS = 4;
-
-/** Feedback Kiln writes into the transcript starts with this; everything else from `user` is a person. */
-const FEEDBACK_PREFIX = 'Kiln System:';
-
-function toEntry(m: MessageRow): TranscriptEntry {
-  let message: ChatMessage;
-  if (m.role === 'assistant') {
-    const calls = (m.toolCalls as ToolCall[] | null) ?? undefined;
-    message = {
-      role: 'assistant',
-      content: m.content || null,
-      ...(calls ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
-    };
-  } else if (m.role === 'tool') {
-    message = { role: 'tool', content: m.content, tool_call_id: m.toolCallId! };
-  } else {
-    message = { role: 'user', content: m.content };
-  }
-  return { id: m.id, message, person: m.role === 'user' && !m.content.startsWith(FEEDBACK_PREFIX) };
-}
-
-/**
- * Level 4's last resort: drops the oldest exchanges of the current turn (an answer with its
- * results, never one without the other) until `fits`, keeping the person's message.
- */
-async function trimCurrentTurn(turns: TranscriptEntry[][], fits: (ts: TranscriptEntry[][]) => Promise<boolean>): Promise<TranscriptEntry[][]> {
-  const current = [...turns.at(-1)!];
-  const older = turns.slice(0, -1);
-  while (current.length > 2 && !(await fits([...older, current]))) {
-    let end = 2;
-    while (end < current.length && current[end]!.message.role !== 'assistant') end++;
-    current.splice(1, end - 1);
-  }
-  return [...older, current];
-}
-
 interface Ctx {
   run: RunRow;
   session: SessionRow;
@@ -94,7 +54,7 @@ interface Ctx {
   stored: Promise<void>;
   failure?: unknown;
   /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
-  evolutions: Awaited<ReturnType<typeof recentEvolutions>>;
+  evolutions: RecentEvolutions;
 }
 
 /**
@@ -819,112 +779,29 @@ export class AgentService {
 
   // ---- transcript ----------------------------------------------------------------------
 
-  /**
-   * The request for the next model call: the system prompt rebuilt from the workspace, then the
-   * transcript, condensed when it grows (context condensation): (1) old tool results over a cap keep
-   * head and tail; (2) over the turn limit, the oldest half of whole turns is summarised into the
-   * daily log and the <Current_Project_State> snapshot and leaves the transcript; (3) over the
-   * token limit, earlier turns shrink to their first message and last answer. `force` (after a
-   * context-length error) summarises every earlier turn and cuts the current one to `budget`.
-   */
+  /** The request for the next model call (see `fitTranscript`), with its condensation recorded. */
   private async transcript(ctx: Ctx, force?: { budget: number }): Promise<ChatMessage[]> {
-    const settings = ctx.ws.settings.context;
-    const budget = force?.budget ?? settings.max_tokens;
-    const system = async (): Promise<ChatMessage> => {
-      const session = ctx.session;
-      return {
-        role: 'system',
-        content: await buildSystemPrompt({
-          dir: this.repo.dirOf(ctx.ws.id),
-          settings: ctx.ws.settings,
-          limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
-          snapshot: session.stateSnapshot,
-          now: new Date(),
-          evolutions: ctx.evolutions,
-        }),
-      };
-    };
-    let turns = splitTurns(answerEveryCall(ctx.rows.map(toEntry), NOT_RUN_RUN_ENDED));
-    const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
-    let head = await system();
-    const levels: number[] = [];
-    const original = flat(head, turns);
-
-    const summariseOldest = async (count: number) => {
-      if (count <= 0) return;
-      if (await this.condense(ctx, turns.slice(0, count))) {
-        turns = turns.slice(count);
-        head = await system();
-        levels.push(2);
-      }
-    };
-    if (force) await summariseOldest(turns.length - 1);
-    else if (turns.length > settings.max_turns) await summariseOldest(Math.floor(turns.length / 2));
-    const truncated = await truncateOldResults(turns, TOOL_RESULT_CAP);
-    if (truncated.changed) levels.push(1);
-    turns = truncated.turns;
-    if (!(await fits(flat(head, turns), budget)) && turns.length > FEW_TURNS && !force) {
-      await summariseOldest(Math.floor(turns.length / 2));
-    }
-    if (!(await fits(flat(head, turns), budget))) {
-      turns = reduceOldTurns(turns);
-      levels.push(3);
-    }
-    if (force && !(await fits(flat(head, turns), budget))) {
-      turns = await trimCurrentTurn(turns, (ts) => fits(flat(head, ts), budget));
-      levels.push(4);
-    }
-    const out = flat(head, turns);
-    if (levels.length) {
-      const [before, after] = await Promise.all([messageTokens(original), messageTokens(out)]);
-      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: after, budget });
+    const { messages, condensed } = await fitTranscript(ctx.rows, ctx.ws.settings.context, {
+      system: () => systemMessage({ repo: this.repo, engine: this.engine }, ctx),
+      summarise: (turns) => this.condense(ctx, turns),
+      force,
+    });
+    if (condensed) {
+      this.emit(ctx, 'context.condensed', condensed);
       this.writeBehind(ctx);
     }
-    return out;
+    return messages;
   }
 
-  /**
-   * Summarises turns with the model into today's daily log (a commit) and the session's
-   * <Current_Project_State>, then takes them out of the transcript. False when the summary
-   * could not be made (the turns then stay, and the cheaper levels apply).
-   */
+  /** Summarises turns out of the transcript (`summariseTurns`), its usage flushed before the commit. */
   private async condense(ctx: Ctx, turns: TranscriptEntry[][]): Promise<boolean> {
-    const session = ctx.session;
-    let reply;
-    try {
-      reply = await this.model.complete({
-        model: ctx.model,
-        messages: [
-          { role: 'system', content: SUMMARY_INSTRUCTIONS },
-          { role: 'user', content: `${session.stateSnapshot ? `Previous project state:\n${session.stateSnapshot}\n\n` : ''}Conversation to condense:\n\n${renderTurns(turns)}` },
-        ],
-        signal: ctx.signal,
-      });
-    } catch (err) {
-      if (err instanceof ModelError && err.code === 'cancelled') throw err;
-      this.log.warn({ err, run: ctx.run.id }, 'context summary failed');
-      return false;
-    }
-    this.recordUsage(ctx, reply.usage);
-    await this.flush(ctx);
-    const summary = parseSummary(reply.content);
-    if (!summary) return false;
-    const day = new Date().toISOString().slice(0, 10);
-    const path = `memory/${day}.md`;
-    await this.repo.change(
-      ctx.ws,
-      { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id },
-      async (tree) => {
-        const existing = (await tree.readFile(path).catch(() => null))?.toString('utf8') ?? `# ${day}\n`;
-        await tree.writeFile(path, Buffer.from(`${existing.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} — condensed session ${ctx.session.id}\n\n${summary.log}\n`));
-      },
-      { summary: `Condense ${turns.length} earlier turn(s) into the daily log` },
-    );
-    const ids = turns.flat().map((e) => e.id);
-    await this.db.update(sessions).set({ stateSnapshot: summary.state }).where(eq(sessions.id, ctx.session.id));
-    await this.db.update(messages).set({ summarizedAt: new Date() }).where(inArray(messages.id, ids));
-    ctx.session = { ...ctx.session, stateSnapshot: summary.state };
-    const gone = new Set(ids);
+    const done = await summariseTurns({ db: this.db, model: this.model, repo: this.repo, log: this.log }, ctx, turns, (usage) => {
+      this.recordUsage(ctx, usage);
+      return this.flush(ctx);
+    });
+    if (!done) return false;
+    ctx.session = { ...ctx.session, stateSnapshot: done.state };
+    const gone = new Set(done.ids);
     ctx.rows = ctx.rows.filter((r) => !gone.has(r.id));
     return true;
   }
