@@ -3,10 +3,7 @@ import { setMaxListeners } from 'node:events';
 import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
-import { isUniqueViolation } from '../db/errors.ts';
 import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
-import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
-import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
@@ -19,6 +16,7 @@ import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
+import { finishRun, INTERRUPTED, isActive, RunWrites, startRun, type Queue, type RunEnd, type RunError, type WriteDeps } from './run-writes.ts';
 import { recentEvolutions } from '../evolution-log/evolutions.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
 import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
@@ -31,7 +29,6 @@ import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, typ
 import * as su from './source-update.ts';
 
 
-const ACTIVE = ACTIVE_RUN_STATUSES;
 /** Runs whose loop runs on some server (paused ones wait for a person, on none). */
 const LOOPING = ['queued', 'in_progress'] as const;
 const MAX_VIOLATIONS = 3;
@@ -39,7 +36,6 @@ const SHUTDOWN = 'shutdown';
 const CANCEL_CHANNEL = 'kiln_run_cancel';
 /** How long a cancel waits for the replica running the run before ending it itself. */
 const CANCEL_WAIT_MS = 2000;
-const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
 interface Ctx {
   run: RunRow;
   session: SessionRow;
@@ -49,42 +45,9 @@ interface Ctx {
   /** The transcript not yet condensed away, kept in step with the database by `say`. */
   rows: MessageRow[];
   /** Writes and events of the current step not yet flushed (they go in one statement). */
-  queue: Queue;
-  /** Settles when everything flushed so far is stored; `failure` is the first write that was not. */
-  stored: Promise<void>;
-  failure?: unknown;
+  writes: RunWrites;
   /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
   evolutions: RecentEvolutions;
-}
-
-/**
- * What a step has not written yet. Changes to the run's own row are kept as one patch, not as
- * statements: a statement may update a row only once, and the run's end updates it too.
- */
-interface Queue {
-  writes: SQL[];
-  events: [string, unknown][];
-  run?: RunPatch;
-}
-interface RunPatch {
-  promptTokens: number;
-  completionTokens: number;
-  steps?: number;
-  /** queued → in_progress, at this time. */
-  startedAt?: Date;
-}
-
-const emptyQueue = (): Queue => ({ writes: [], events: [] });
-
-/** The SET list for a run patch (after `update runs set`); `ending`: the caller sets the status. */
-function runPatchSet(p: RunPatch, ending = false): SQL {
-  const parts = [sql`prompt_tokens = prompt_tokens + ${p.promptTokens}`, sql`completion_tokens = completion_tokens + ${p.completionTokens}`];
-  if (p.steps !== undefined && !ending) parts.push(sql`steps = greatest(steps, ${p.steps})`);
-  if (p.startedAt) {
-    parts.push(sql`started_at = coalesce(started_at, ${p.startedAt.toISOString()}::timestamptz)`);
-    if (!ending) parts.push(sql`status = case when status = 'queued' then 'in_progress' else status end`);
-  }
-  return sql.join(parts, sql`, `);
 }
 
 /**
@@ -126,6 +89,10 @@ export class AgentService {
     private readonly log: Logger,
     private readonly leases: RunLeases = { owner: 'local', leaseMs: 60_000 },
   ) {}
+
+  private get writeDeps(): WriteDeps {
+    return { db: this.db, events: this.events };
+  }
 
   /**
    * After a restart: runs whose loop is gone — this server's own from before, and those of a
@@ -202,35 +169,9 @@ export class AgentService {
     if (!model) {
       throw new ApiError('model_unavailable', 'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting "model". Sessions, exec, files and memory work without one.');
     }
-    const runId = newId('run');
-    const now = new Date();
-    const run: RunRow = {
-      id: runId, teamId, workspaceId: workspace.id, sessionId, status: 'queued', model, trigger: 'message', steps: 0, promptTokens: 0, completionTokens: 0,
-      error: null, createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
-      runner: this.leases.owner, leaseUntil: new Date(now.getTime() + this.leases.leaseMs),
-    };
-    const message = messageRow(session, runId, { role: 'user', content });
-    // The run, the person's message, the session's activity, the audit event and the first two events: one statement.
-    const writes = [
-      sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at, runner, lease_until)
-        values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz, ${this.leases.owner}, ${this.leaseSql()})`,
-      insertMessage(message),
-      sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
-    ];
-    if (audit) {
-      const draft = { action: 'session.message', resourceType: 'run', resourceId: runId, teamId, after: { session_id: sessionId, message_id: message.id } };
-      writes.push(insertAudit(auditRow(draft, audit.actor, audit.requestId)));
-    }
-    this.events.begin(runId);
-    try {
-      await this.events.appendMany(runId, [['run.created', { run_id: runId, session_id: sessionId, model }], ['message.created', { id: message.id, role: 'user', content }]], writes);
-    } catch (err) {
-      this.events.forget(runId);
-      if (!isUniqueViolation(err)) throw err;
-      const [busy] = await this.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, sessionId), inArray(runs.status, ACTIVE)));
-      throw new ApiError('session_busy', 'this session already has a run that has not finished', { run_id: busy?.id ?? null });
-    }
-    this.launch(runId, undefined, { run, session, ws: workspace });
+    const lease = { ...this.leases, until: this.leaseSql() };
+    const { message, run } = await startRun(this.writeDeps, lease, { teamId, session, workspace, model, content }, audit);
+    this.launch(run.id, undefined, { run, session, ws: workspace });
     return { message, run };
   }
 
@@ -283,7 +224,7 @@ export class AgentService {
   /** Stops the model call and the running code; the run ends `cancelled`. */
   async cancel(teamId: string, runId: string): Promise<RunRow> {
     const run = await this.getRun(teamId, runId);
-    if (!ACTIVE.includes(run.status as (typeof ACTIVE)[number])) return run;
+    if (!isActive(run)) return run;
     await this.db.update(runs).set({ cancelRequestedAt: new Date() }).where(eq(runs.id, runId));
     const controller = this.active.get(runId);
     if (controller) {
@@ -310,7 +251,7 @@ export class AgentService {
       await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${runId})`);
       await terminal;
       const [now] = await this.db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId));
-      return !now || !ACTIVE.includes(now.status as (typeof ACTIVE)[number]);
+      return !now || !isActive(now);
     } finally {
       clearTimeout(timer);
       ended.abort();
@@ -409,7 +350,7 @@ export class AgentService {
       .catch(async (err) => {
         this.log.error({ err, run: runId }, 'run crashed');
         const [run] = await this.db.select().from(runs).where(eq(runs.id, runId));
-        if (run && ACTIVE.includes(run.status as (typeof ACTIVE)[number])) await this.finish(run, 'failed', { code: 'internal', message: (err as Error).message });
+        if (run && isActive(run)) await this.finish(run, 'failed', { code: 'internal', message: (err as Error).message });
       })
       .finally(() => {
         this.active.delete(runId);
@@ -430,12 +371,12 @@ export class AgentService {
       this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
       recentEvolutions(this.db, { id: ws.id, dir: this.repo.dirOf(ws.id) }),
     ]);
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: emptyQueue(), stored: Promise.resolve(), evolutions };
+    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, writes: new RunWrites(this.events, run.id), evolutions };
     if (run.status !== 'in_progress') {
       // Written with the first step's step.created (every way the loop goes flushes first).
       const startedAt = new Date();
-      this.patchRun(ctx, { startedAt });
-      this.emit(ctx, 'run.in_progress', {});
+      ctx.writes.patchRun({ startedAt });
+      ctx.writes.emit('run.in_progress', {});
       ctx.run = { ...run, status: 'in_progress', startedAt };
     }
     if (resume) {
@@ -451,9 +392,9 @@ export class AgentService {
       }
       // The step count is written with the step's usage (one statement), and by `finish`.
       ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
-      this.emit(ctx, 'step.created', { step: ctx.run.steps });
+      ctx.writes.emit('step.created', { step: ctx.run.steps });
       // Stored while the model thinks; the model call does not need it.
-      this.writeBehind(ctx);
+      ctx.writes.writeBehind();
 
       let turn;
       try {
@@ -487,8 +428,8 @@ export class AgentService {
           for (const c of calls) this.reply(ctx, c.toolCallId, TOOL_CORRECTION(broken[0]!));
           return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the tools protocol ${violations} times in a row (${broken.join('; ')})` });
         }
-        if (broken.length) this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: broken.join('; '), attempt: violations });
-        else if (turn.content.trim()) this.emit(ctx, 'thinking', { text: turn.content.trim() });
+        if (broken.length) ctx.writes.emit('thinking', { text: turn.content, protocol_violation: broken.join('; '), attempt: violations });
+        else if (turn.content.trim()) ctx.writes.emit('thinking', { text: turn.content.trim() });
         if (await this.actCalls(ctx, calls)) return;
         continue;
       }
@@ -499,13 +440,13 @@ export class AgentService {
         if (violations > MAX_VIOLATIONS) {
           return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the xml protocol ${violations} times in a row (no action tag)` });
         }
-        this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: 'no action tag', attempt: violations });
+        ctx.writes.emit('thinking', { text: turn.content, protocol_violation: 'no action tag', attempt: violations });
         this.reply(ctx, undefined, XML_CORRECTION);
-        this.writeBehind(ctx);
+        ctx.writes.writeBehind();
         continue;
       }
       violations = 0;
-      if (parsed.thinking) this.emit(ctx, 'thinking', { text: parsed.thinking });
+      if (parsed.thinking) ctx.writes.emit('thinking', { text: parsed.thinking });
       const done = await this.act(ctx, parsed.action, undefined);
       if (done) return;
     }
@@ -563,7 +504,7 @@ export class AgentService {
   /** The run's answer to the person, and its end. */
   private async complete(ctx: Ctx, summary: string): Promise<true> {
     const msg = this.say(ctx, { role: 'assistant', content: summary });
-    this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: summary });
+    ctx.writes.emit('message.created', { id: msg.id, role: 'assistant', content: summary });
     await this.end(ctx, 'completed');
     return true;
   }
@@ -576,9 +517,9 @@ export class AgentService {
       const filters = { path: action.path, since: action.since, until: action.until };
       const problem = filterProblem(filters);
       const hits = problem ? [] : (await this.repo.search(ctx.ws, action.query, { k: 8, ...filters })).hits;
-      this.emit(ctx, 'memory.searched', { query: action.query, ...filters, hits });
+      ctx.writes.emit('memory.searched', { query: action.query, ...filters, hits });
       this.reply(ctx, toolCallId, problem ? SEARCH_REFUSED(problem) : searchFeedback(action.query, hits));
-      this.writeBehind(ctx);
+      ctx.writes.writeBehind();
       return false;
     }
     if (action.type === 'undo_evolution') {
@@ -586,16 +527,16 @@ export class AgentService {
       return false;
     }
     if (action.type === 'source_update') return this.proposeSourceUpdate(ctx, action, toolCallId);
-    this.emit(ctx, 'code.proposed', { code: action.code });
+    ctx.writes.emit('code.proposed', { code: action.code });
     const policy = decideCode(ctx.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
       this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule));
-      this.writeBehind(ctx);
+      ctx.writes.writeBehind();
       return false;
     }
     // approve_session takes effect from the next loop, which reloads the session.
     if (policy.decision === 'ask' && !ctx.session.autoApprove) {
-      await this.flush(ctx);
+      await ctx.writes.flush();
       await this.requestApproval(ctx, action.code, toolCallId);
       return true;
     }
@@ -608,10 +549,10 @@ export class AgentService {
     const refusal = !ctx.ws.settings.source_updates || !this.sourceUpdates ? su.SOURCE_UPDATE_DISABLED : !action.patch || !action.reason.trim() ? su.SOURCE_UPDATE_INCOMPLETE : null;
     if (refusal) {
       this.reply(ctx, toolCallId, refusal);
-      await this.flush(ctx);
+      await ctx.writes.flush();
       return false;
     }
-    await this.flush(ctx);
+    await ctx.writes.flush();
     await this.requestApproval(ctx, su.approvalText(action.reason, action.patch), toolCallId, true);
     return true;
   }
@@ -648,21 +589,21 @@ export class AgentService {
         ? await sink.submit({ ...proposal, author: 'agent' }, undefined).then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
         : su.SOURCE_UPDATE_DISABLED;
       this.reply(ctx, toolCallId, answer);
-      await this.flush(ctx);
+      await ctx.writes.flush();
       return;
     }
     if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId);
     this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
-    await this.flush(ctx);
+    await ctx.writes.flush();
   }
 
   private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
     // Cancelled after the model answered: the code is not started (the loop ends the run).
     if (ctx.signal.aborted) return;
     const runId = ctx.run.id;
-    this.emit(ctx, 'exec.started', {});
+    ctx.writes.emit('exec.started', {});
     // Stored while the code runs; exec.output events queue up behind it, in order.
-    this.writeBehind(ctx);
+    ctx.writes.writeBehind();
     const outputs: Promise<unknown>[] = [];
     const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
       signal: ctx.signal,
@@ -674,8 +615,8 @@ export class AgentService {
     });
     await Promise.all(outputs);
     const commit = result.workspace;
-    if (result.record) ctx.queue.writes.push(...result.record);
-    this.emit(ctx, 'exec.completed', {
+    if (result.record) ctx.writes.write(...result.record);
+    ctx.writes.emit('exec.completed', {
       execution_id: result.execution_id,
       exit_code: result.exit_code,
       error: result.error ?? null,
@@ -696,7 +637,7 @@ export class AgentService {
     let feedback: string;
     try {
       const { evolution, sha, paths } = await undoEvolution(this.db, this.repo, ctx.ws, evolutionId, { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id });
-      this.emit(ctx, 'evolution.reverted', { evolution_id: evolution.id, commit: sha, paths });
+      ctx.writes.emit('evolution.reverted', { evolution_id: evolution.id, commit: sha, paths });
       ctx.evolutions = ctx.evolutions.map((e) => (e.id === evolution.id ? { ...e, status: 'reverted' } : e));
       feedback = `Kiln System: [Undone] evolution ${evolution.id} was reverted by commit ${sha.slice(0, 12)}; restored: ${paths.join(', ')}.`;
     } catch (err) {
@@ -704,7 +645,7 @@ export class AgentService {
       feedback = `Kiln System: [Undo failed] ${err.message}`;
     }
     this.reply(ctx, toolCallId, feedback);
-    this.writeBehind(ctx);
+    ctx.writes.writeBehind();
   }
 
   /** The feedback message: a tool result under tool calling, a user message under XML. */
@@ -714,67 +655,15 @@ export class AgentService {
   }
 
   /** Ends the run together with what the step still has queued: one statement. */
-  private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
+  private async end(ctx: Ctx, status: RunEnd, error?: RunError): Promise<void> {
     // A shutdown is no one's cancel: the run was interrupted, as after a crash.
     if (status === 'cancelled' && (ctx.signal.reason as Error | undefined)?.message === SHUTDOWN) return this.end(ctx, 'failed', INTERRUPTED);
     // An earlier write-behind that failed surfaces here, before the run is marked as ended.
-    await ctx.stored;
-    if (ctx.failure) throw ctx.failure;
-    const queued = ctx.queue;
-    ctx.queue = emptyQueue();
-    await this.finish(ctx.run, status, error, queued);
+    await this.finish(ctx.run, status, error, await ctx.writes.settle());
   }
 
-  private emit(ctx: Ctx, event: string, data: unknown): void {
-    ctx.queue.events.push([event, data]);
-  }
-
-  /**
-   * Writes the step's queued messages, usage and events in one statement (then streams the
-   * events) and resolves once everything the run flushed so far is stored. Appends of one run
-   * are serialised by the event log, so waiting for the last one waits for all.
-   */
-  private flush(ctx: Ctx): Promise<void> {
-    const { writes, events, run } = ctx.queue;
-    if (run) writes.push(sql`update runs set ${runPatchSet(run)} where id = ${ctx.run.id}`);
-    if (writes.length || events.length) {
-      ctx.queue = emptyQueue();
-      ctx.stored = this.events.appendMany(ctx.run.id, events, writes).then(
-        () => undefined,
-        (err) => void (ctx.failure ??= err),
-      );
-    }
-    return ctx.stored.then(() => {
-      if (ctx.failure) throw ctx.failure;
-    });
-  }
-
-  /**
-   * Starts the write without waiting for it, so the next model call or execution overlaps the
-   * database round trip. Events are still stored before they are streamed; a failed write
-   * surfaces at the next `flush`, which every path to the end of a run goes through.
-   */
-  private writeBehind(ctx: Ctx): void {
-    this.flush(ctx).catch(() => undefined);
-  }
-
-  /**
-   * Marks the run as ended — only if it still is active — and stores its terminal event in the
-   * same statement, with `queued` writes and events that go before it.
-   */
-  private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }, queued: Queue = emptyQueue()): Promise<void> {
-    const patch = queued.run ? sql`, ${runPatchSet(queued.run, true)}` : sql``;
-    const end = sql`update runs set status = ${status}, error = ${error ? JSON.stringify(error) : null}::jsonb, finished_at = ${new Date().toISOString()}::timestamptz,
-        steps = greatest(steps, ${Math.max(run.steps, queued.run?.steps ?? 0)})${patch}
-      where id = ${run.id} and status in (${sql.join(ACTIVE.map((a) => sql`${a}`), sql`, `)})
-      returning jsonb_build_object('steps', steps) as data`;
-    const stored = await this.events.appendMany(run.id, queued.events, queued.writes, { write: end, events: [[`run.${status}`, { status, error: error ?? null }]] });
-    // Ended elsewhere in the meantime (a cancel on another replica): the run row stays as that
-    // end left it, but the tokens of the last model call still count.
-    if (queued.run && !stored.some((e) => TERMINAL_EVENTS.has(e.event))) {
-      const { promptTokens, completionTokens } = queued.run;
-      await this.db.execute(sql`update runs set ${runPatchSet({ promptTokens, completionTokens })} where id = ${run.id}`);
-    }
+  private finish(run: RunRow, status: RunEnd, error?: RunError, queued?: Queue): Promise<void> {
+    return finishRun(this.writeDeps, run, status, error, queued);
   }
 
   // ---- transcript ----------------------------------------------------------------------
@@ -787,8 +676,8 @@ export class AgentService {
       force,
     });
     if (condensed) {
-      this.emit(ctx, 'context.condensed', condensed);
-      this.writeBehind(ctx);
+      ctx.writes.emit('context.condensed', condensed);
+      ctx.writes.writeBehind();
     }
     return messages;
   }
@@ -797,7 +686,7 @@ export class AgentService {
   private async condense(ctx: Ctx, turns: TranscriptEntry[][]): Promise<boolean> {
     const done = await summariseTurns({ db: this.db, model: this.model, repo: this.repo, log: this.log }, ctx, turns, (usage) => {
       this.recordUsage(ctx, usage);
-      return this.flush(ctx);
+      return ctx.writes.flush();
     });
     if (!done) return false;
     ctx.session = { ...ctx.session, stateSnapshot: done.state };
@@ -809,27 +698,15 @@ export class AgentService {
   /** Adds a message to the run's transcript now and queues its row for the step's next flush. */
   private say(ctx: Ctx, m: NewMessage): MessageRow {
     const row = messageRow(ctx.session, ctx.run.id, m);
-    ctx.queue.writes.push(insertMessage(row));
+    ctx.writes.write(insertMessage(row));
     ctx.rows.push(row);
     return row;
   }
 
   /** Queues one model call's tokens: a usage row, and the run's totals and step count. */
   private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
-    ctx.queue.writes.push(insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u));
-    this.patchRun(ctx, { promptTokens: u.promptTokens, completionTokens: u.completionTokens, steps: ctx.run.steps });
-  }
-
-  /** Adds to the run's row patch for the next write (tokens add up; the rest is replaced). */
-  private patchRun(ctx: Ctx, p: Partial<RunPatch>): void {
-    const q = ctx.queue.run ?? { promptTokens: 0, completionTokens: 0 };
-    ctx.queue.run = {
-      ...q,
-      ...p,
-      promptTokens: q.promptTokens + (p.promptTokens ?? 0),
-      completionTokens: q.completionTokens + (p.completionTokens ?? 0),
-      startedAt: p.startedAt ?? q.startedAt,
-    };
+    ctx.writes.write(insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u));
+    ctx.writes.patchRun({ promptTokens: u.promptTokens, completionTokens: u.completionTokens, steps: ctx.run.steps });
   }
 
   /** Approvals past their deadline that no timer caught (e.g. across a restart). */
