@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-orm';
+import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
 import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
@@ -14,8 +14,10 @@ import { execInSession } from '../sessions/session-exec.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
-import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
+import type { RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
+import { Leases, type RunLeases } from './leases.ts';
+export type { RunLeases } from './leases.ts';
 import { finishRun, INTERRUPTED, isActive, RunWrites, startRun, type Queue, type RunEnd, type RunError, type WriteDeps } from './run-writes.ts';
 import { recentEvolutions } from '../evolution-log/evolutions.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
@@ -29,13 +31,8 @@ import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, typ
 import * as su from './source-update.ts';
 
 
-/** Runs whose loop runs on some server (paused ones wait for a person, on none). */
-const LOOPING = ['queued', 'in_progress'] as const;
 const MAX_VIOLATIONS = 3;
 const SHUTDOWN = 'shutdown';
-const CANCEL_CHANNEL = 'kiln_run_cancel';
-/** How long a cancel waits for the replica running the run before ending it itself. */
-const CANCEL_WAIT_MS = 2000;
 interface Ctx {
   run: RunRow;
   session: SessionRow;
@@ -48,15 +45,6 @@ interface Ctx {
   writes: RunWrites;
   /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
   evolutions: RecentEvolutions;
-}
-
-/**
- * Which server runs a run's loop: its instance id, and how long its claim lasts unless renewed.
- * A server that dies stops renewing; any other then marks its runs interrupted.
- */
-export interface RunLeases {
-  owner: string;
-  leaseMs: number;
 }
 
 /** What a run's loop starts from. */
@@ -77,8 +65,7 @@ export class AgentService {
   private readonly running = new Set<Promise<void>>();
   private readonly expiries = new Map<string, NodeJS.Timeout>();
   private sourceUpdates: su.SourceUpdateSink | undefined;
-  private unlistenCancels: (() => Promise<void>) | undefined;
-  private leaseTimer: NodeJS.Timeout | undefined;
+  private readonly leases: Leases;
 
   constructor(
     private readonly db: Db,
@@ -87,8 +74,10 @@ export class AgentService {
     private readonly engine: SandboxEngine,
     private readonly repo: WorkspaceService,
     private readonly log: Logger,
-    private readonly leases: RunLeases = { owner: 'local', leaseMs: 60_000 },
-  ) {}
+    lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
+  ) {
+    this.leases = new Leases({ db, events, log }, lease, this.active);
+  }
 
   private get writeDeps(): WriteDeps {
     return { db: this.db, events: this.events };
@@ -100,11 +89,8 @@ export class AgentService {
    * are left alone. Pending approvals keep waiting.
    */
   async startup(): Promise<void> {
-    await this.interruptOrphans(true);
-    this.leaseTimer = setInterval(() => {
-      this.tendLeases().catch((err) => this.log.warn({ err }, 'run lease upkeep failed'));
-    }, Math.max(50, Math.floor(this.leases.leaseMs / 3)));
-    this.leaseTimer.unref();
+    await this.leases.interruptOrphans(true);
+    this.leases.startTending();
     const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
     for (const a of pending) this.scheduleExpiry(a);
   }
@@ -124,38 +110,9 @@ export class AgentService {
     }
   }
 
-  /** The lease a run gets when this server starts or resumes its loop (database time, so clocks need not agree). */
-  private leaseSql(): SQL {
-    return sql`now() + ${this.leases.leaseMs} * interval '1 millisecond'`;
-  }
-
-  /** Renews this server's runs, and interrupts runs whose server stopped renewing theirs. */
-  private async tendLeases(): Promise<void> {
-    if (this.active.size) {
-      await this.db.execute(sql`update runs set lease_until = ${this.leaseSql()}
-        where runner = ${this.leases.owner} and status in (${sql.join(LOOPING.map((st) => sql`${st}`), sql`, `)})`);
-    }
-    await this.interruptOrphans(false);
-  }
-
-  /**
-   * Fails runs in flight that no live loop runs: unclaimed ones, those whose lease has run out,
-   * and (at start-up) this server's own. Their server, should it still be alive, is told to stop
-   * them (the cancel channel); its own end then finds the run ended and writes nothing.
-   */
-  private async interruptOrphans(atStartup: boolean): Promise<void> {
-    const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), atStartup ? eq(runs.runner, this.leases.owner) : undefined);
-    const inFlight = await this.db.select().from(runs).where(and(inArray(runs.status, [...LOOPING]), orphaned));
-    for (const run of inFlight) {
-      if (this.active.has(run.id)) continue;
-      await this.finish(run, 'failed', INTERRUPTED);
-      if (this.unlistenCancels && run.runner && run.runner !== this.leases.owner) await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${run.id})`);
-    }
-  }
-
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
-    clearInterval(this.leaseTimer);
+    this.leases.stopTending();
     for (const t of this.expiries.values()) clearTimeout(t);
     for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
     // Let the aborted loops record that before the database closes (a start-up would otherwise).
@@ -169,7 +126,7 @@ export class AgentService {
     if (!model) {
       throw new ApiError('model_unavailable', 'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting "model". Sessions, exec, files and memory work without one.');
     }
-    const lease = { ...this.leases, until: this.leaseSql() };
+    const lease = { ...this.leases.lease, until: this.leases.until() };
     const { message, run } = await startRun(this.writeDeps, lease, { teamId, session, workspace, model, content }, audit);
     this.launch(run.id, undefined, { run, session, ws: workspace });
     return { message, run };
@@ -213,12 +170,12 @@ export class AgentService {
    * With several replicas on one Postgres: a cancel for a run that another replica is running
    * reaches that replica through a NOTIFY, and stops it there.
    */
-  async connectCancels(listen: NonNullable<Database['listen']>): Promise<void> {
-    this.unlistenCancels = await listen(CANCEL_CHANNEL, (runId) => this.active.get(runId)?.abort(new Error('cancelled')));
+  connectCancels(listen: NonNullable<Database['listen']>): Promise<void> {
+    return this.leases.connectCancels(listen);
   }
 
-  async disconnectCancels(): Promise<void> {
-    await this.unlistenCancels?.();
+  disconnectCancels(): Promise<void> {
+    return this.leases.disconnectCancels();
   }
 
   /** Stops the model call and the running code; the run ends `cancelled`. */
@@ -229,7 +186,7 @@ export class AgentService {
     const controller = this.active.get(runId);
     if (controller) {
       controller.abort(new Error('cancelled'));
-    } else if (this.unlistenCancels && run.status !== 'requires_action' && (await this.cancelElsewhere(runId))) {
+    } else if (this.leases.crossReplica && run.status !== 'requires_action' && (await this.leases.cancelElsewhere(runId))) {
       // The replica running it stopped it.
     } else {
       // Queued or waiting for an approval (or its replica is gone): nothing is running, end it here.
@@ -237,25 +194,6 @@ export class AgentService {
       await this.finish(run, 'cancelled');
     }
     return this.getRun(teamId, runId);
-  }
-
-  /** Asks the other replicas to stop a run; true once it ended (within 2 s), false when nobody did. */
-  private async cancelElsewhere(runId: string): Promise<boolean> {
-    const ended = new AbortController();
-    const timer = setTimeout(() => ended.abort(), CANCEL_WAIT_MS);
-    try {
-      const terminal = new Promise<void>((resolve) => {
-        void this.events.follow(runId, 0, (ev) => TERMINAL_EVENTS.has(ev.event) && resolve(), ended.signal);
-        ended.signal.addEventListener('abort', () => resolve(), { once: true });
-      });
-      await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${runId})`);
-      await terminal;
-      const [now] = await this.db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId));
-      return !now || !isActive(now);
-    } finally {
-      clearTimeout(timer);
-      ended.abort();
-    }
   }
 
   // ---- approvals -----------------------------------------------------------------------
@@ -330,11 +268,7 @@ export class AgentService {
 
   private async resume(a: ApprovalRow, outcome: Resume['outcome']): Promise<void> {
     await this.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status: outcome === 'approved' ? 'approved' : outcome, decision: a.decision, reason: a.reason });
-    const [run] = await this.db
-      .update(runs)
-      .set({ status: 'in_progress', runner: this.leases.owner, leaseUntil: this.leaseSql() })
-      .where(and(eq(runs.id, a.runId), eq(runs.status, 'requires_action')))
-      .returning();
+    const run = await this.leases.claimPaused(a.runId);
     if (run) this.launch(run.id, { approval: a, outcome });
   }
 
