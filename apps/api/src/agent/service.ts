@@ -1,14 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { and, asc, eq, inArray, lt, sql } from 'drizzle-orm';
+import { and, asc, eq, inArray, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Database, Db } from '../db/client.ts';
-import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
+import { messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
-import { newId } from '../lib/ids.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
@@ -16,6 +15,7 @@ import type { WorkspaceService } from '../workspace/service.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
 import type { RunEventLog } from './events.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
+import { Approvals, type Resume } from './approvals.ts';
 import { Leases, type RunLeases } from './leases.ts';
 export type { RunLeases } from './leases.ts';
 import { finishRun, INTERRUPTED, isActive, RunWrites, startRun, type Queue, type RunEnd, type RunError, type WriteDeps } from './run-writes.ts';
@@ -50,8 +50,6 @@ interface Ctx {
 /** What a run's loop starts from. */
 type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
 
-/** How a paused run continues once its approval is decided. */
-type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
 
 /**
  * The agent loop as a service: a message starts a run; the run thinks (model), acts (Python in
@@ -63,9 +61,9 @@ export class AgentService {
   /** Runs looping in this process: how to stop each, and when it has ended. */
   private readonly active = new Map<string, AbortController>();
   private readonly running = new Set<Promise<void>>();
-  private readonly expiries = new Map<string, NodeJS.Timeout>();
   private sourceUpdates: su.SourceUpdateSink | undefined;
   private readonly leases: Leases;
+  private readonly approvals: Approvals;
 
   constructor(
     private readonly db: Db,
@@ -77,6 +75,7 @@ export class AgentService {
     lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
   ) {
     this.leases = new Leases({ db, events, log }, lease, this.active);
+    this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
   }
 
   private get writeDeps(): WriteDeps {
@@ -91,8 +90,7 @@ export class AgentService {
   async startup(): Promise<void> {
     await this.leases.interruptOrphans(true);
     this.leases.startTending();
-    const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
-    for (const a of pending) this.scheduleExpiry(a);
+    await this.approvals.schedulePending();
   }
 
   /** Where approved `propose_source_update` patches go; without it the action is refused. */
@@ -113,7 +111,7 @@ export class AgentService {
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
     this.leases.stopTending();
-    for (const t of this.expiries.values()) clearTimeout(t);
+    this.approvals.stopTimers();
     for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
     // Let the aborted loops record that before the database closes (a start-up would otherwise).
     await this.drain(5000);
@@ -190,7 +188,7 @@ export class AgentService {
       // The replica running it stopped it.
     } else {
       // Queued or waiting for an approval (or its replica is gone): nothing is running, end it here.
-      await this.db.update(approvals).set({ status: 'denied', decision: 'deny', reason: 'run cancelled', decidedAt: new Date() }).where(and(eq(approvals.runId, runId), eq(approvals.status, 'pending')));
+      await this.approvals.cancelPending(runId);
       await this.finish(run, 'cancelled');
     }
     return this.getRun(teamId, runId);
@@ -199,77 +197,23 @@ export class AgentService {
   // ---- approvals -----------------------------------------------------------------------
 
   /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
-  async listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
-    return this.db
-      .select()
-      .from(approvals)
-      .where(
-        and(
-          teamId ? eq(approvals.teamId, teamId) : eq(approvals.requiresOrgAdmin, true),
-          f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
-          f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
-        ),
-      )
-      .orderBy(asc(approvals.id))
-      .limit(200);
+  listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
+    return this.approvals.list(teamId, f);
   }
 
-  async decide(principal: Principal, approvalId: string, decision: 'approve' | 'deny' | 'approve_session', reason?: string): Promise<ApprovalRow> {
-    const teamId = principal.teamId;
-    const [a] = await this.db.select().from(approvals).where(and(eq(approvals.id, approvalId), teamId ? eq(approvals.teamId, teamId) : undefined));
-    // An org-admin key acts inside no team: it sees and decides only the approvals reserved for
-    // org admins (platform source updates); a team's ordinary approvals are the team's own.
-    if (!a || (!teamId && !a.requiresOrgAdmin)) throw ApiError.notFound('approval');
-    if (a.requiresOrgAdmin ? principal.role !== 'org_admin' : !principal.canApprove) {
-      throw new ApiError('forbidden', a.requiresOrgAdmin ? 'only an org admin may decide this approval' : 'this key may not approve code: use an owner or admin key, or one created with can_approve');
-    }
-    if (a.status === 'expired' || (a.status === 'pending' && a.expiresAt.getTime() <= Date.now())) {
-      if (a.status === 'pending') await this.expire(a);
-      throw new ApiError('approval_expired', 'this approval expired before it was decided; the run was told so');
-    }
-    if (a.status !== 'pending') throw new ApiError('conflict', `this approval was already decided (${a.status})`);
-    const status = decision === 'deny' ? 'denied' : 'approved';
-    const [decided] = await this.db
-      .update(approvals)
-      .set({ status, decision, reason: reason ?? null, decidedBy: principal.keyId, decidedAt: new Date() })
-      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
-      .returning();
-    if (!decided) throw new ApiError('conflict', 'this approval was decided at the same moment by someone else');
-    if (decision === 'approve_session' && !a.requiresOrgAdmin) await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
-    this.clearExpiry(a.id);
-    await this.resume(decided, status);
-    return decided;
+  decide(principal: Principal, approvalId: string, decision: 'approve' | 'deny' | 'approve_session', reason?: string): Promise<ApprovalRow> {
+    return this.approvals.decide(principal, approvalId, decision, reason);
   }
 
-  private scheduleExpiry(a: ApprovalRow): void {
-    const ms = Math.max(0, a.expiresAt.getTime() - Date.now());
-    const timer = setTimeout(() => {
-      this.expiries.delete(a.id);
-      this.expire(a).catch((err) => this.log.error({ err, approval: a.id }, 'could not expire approval'));
-    }, Math.min(ms, 2 ** 31 - 1));
-    timer.unref();
-    this.expiries.set(a.id, timer);
+  /** Approvals past their deadline that no timer caught (e.g. across a restart). */
+  sweepExpired(): Promise<number> {
+    return this.approvals.sweepExpired();
   }
 
-  private clearExpiry(id: string): void {
-    clearTimeout(this.expiries.get(id));
-    this.expiries.delete(id);
-  }
-
-  /** Fails closed: the code is not run, and the model is told nobody answered (not that someone refused). */
-  private async expire(a: ApprovalRow): Promise<void> {
-    const [expired] = await this.db
-      .update(approvals)
-      .set({ status: 'expired', decidedAt: new Date() })
-      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
-      .returning();
-    if (expired) await this.resume(expired, 'expired');
-  }
-
-  private async resume(a: ApprovalRow, outcome: Resume['outcome']): Promise<void> {
-    await this.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status: outcome === 'approved' ? 'approved' : outcome, decision: a.decision, reason: a.reason });
-    const run = await this.leases.claimPaused(a.runId);
-    if (run) this.launch(run.id, { approval: a, outcome });
+  /** A decided or expired approval: its run, if it still waits, loops again on this server. */
+  private async resume(r: Resume): Promise<void> {
+    const run = await this.leases.claimPaused(r.approval.runId);
+    if (run) this.launch(run.id, r);
   }
 
   // ---- the loop ------------------------------------------------------------------------
@@ -491,26 +435,8 @@ export class AgentService {
     return true;
   }
 
-  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined, orgAdmin = false): Promise<void> {
-    const timeout = ctx.ws.settings.approval.timeout_s;
-    const [a] = (await this.db
-      .insert(approvals)
-      .values({
-        id: newId('apr'),
-        teamId: ctx.run.teamId,
-        workspaceId: ctx.ws.id,
-        sessionId: ctx.session.id,
-        runId: ctx.run.id,
-        code,
-        toolCallId: toolCallId ?? null,
-        requiresOrgAdmin: orgAdmin,
-        expiresAt: new Date(Date.now() + timeout * 1000),
-      })
-      .returning()) as [ApprovalRow];
-    await this.db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, ctx.run.id));
-    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin });
-    await this.events.append(ctx.run.id, 'run.requires_action', { approval_id: a.id });
-    this.scheduleExpiry(a);
+  private requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined, orgAdmin = false): Promise<void> {
+    return this.approvals.request(ctx, code, toolCallId, orgAdmin);
   }
 
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
@@ -641,12 +567,5 @@ export class AgentService {
   private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
     ctx.writes.write(insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u));
     ctx.writes.patchRun({ promptTokens: u.promptTokens, completionTokens: u.completionTokens, steps: ctx.run.steps });
-  }
-
-  /** Approvals past their deadline that no timer caught (e.g. across a restart). */
-  async sweepExpired(): Promise<number> {
-    const due = await this.db.select().from(approvals).where(and(eq(approvals.status, 'pending'), lt(approvals.expiresAt, new Date())));
-    for (const a of due) await this.expire(a);
-    return due.length;
   }
 }
