@@ -117,8 +117,8 @@ export class Approvals {
       })
       .returning()) as [ApprovalRow];
     await db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, runId));
-    const expiresAt = a.expiresAt.toISOString();
-    await events.append(runId, 'approval.requested', { approval_id: a.id, code, expires_at: expiresAt, requires_org_admin: orgAdmin });
+    const requested = { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin };
+    await events.append(runId, 'approval.requested', requested);
     await events.append(runId, 'run.requires_action', { approval_id: a.id });
     this.scheduleExpiry(a);
   }
@@ -179,7 +179,8 @@ export class Approvals {
 
   private async resolve(a: ApprovalRow, outcome: Resume['outcome']): Promise<void> {
     const status = outcome === 'approved' ? 'approved' : outcome;
-    await this.deps.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status, decision: a.decision, reason: a.reason });
+    const resolved = { approval_id: a.id, status, decision: a.decision, reason: a.reason };
+    await this.deps.events.append(a.runId, 'approval.resolved', resolved);
     await this.resume({ approval: a, outcome });
   }
 }

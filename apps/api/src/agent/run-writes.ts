@@ -31,7 +31,10 @@ export type RunEnd = 'completed' | 'failed' | 'cancelled';
 export type RunError = { code: string; message: string };
 
 /** How a run ends whose loop is gone (a restart, a server that died, a shutdown). */
-export const INTERRUPTED: RunError = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
+export const INTERRUPTED: RunError = {
+  code: 'interrupted',
+  message: 'the server restarted while this run was in progress',
+};
 
 /**
  * What a step has not written yet. Changes to the run's own row are kept as one patch, not as
@@ -107,7 +110,8 @@ export async function startRun(
       .select({ id: runs.id })
       .from(runs)
       .where(and(eq(runs.sessionId, sessionId), inArray(runs.status, ACTIVE_RUN_STATUSES)));
-    throw new ApiError('session_busy', 'this session already has a run that has not finished', { run_id: busy?.id ?? null });
+    const busyRun = { run_id: busy?.id ?? null };
+    throw new ApiError('session_busy', 'this session already has a run that has not finished', busyRun);
   }
   return { message, run };
 }
