@@ -1,171 +1,72 @@
-import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
-import { and, asc, eq, inArray, isNull, lt, or, sql, type SQL } from 'drizzle-orm';
+import { and, asc, eq, inArray, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import type { Database, Db } from '../db/client.ts';
-import { isUniqueViolation } from '../db/errors.ts';
-import { approvals, messages, runs, sessions, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
-import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
-import { auditRow, insertAudit } from '../audit/audit.ts';
-import type { ExecAudit } from '../sandbox/executions.ts';
 import type { Principal } from '../auth/principal.ts';
-import { ApiError } from '../lib/errors.ts';
+import type { Database, Db } from '../db/client.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
-import { newId } from '../lib/ids.ts';
+import { messages, runs, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
+import { ApiError } from '../lib/errors.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
-import { execInSession } from '../sessions/session-exec.ts';
-import { getActiveSessionWithWorkspace, type SessionRow } from '../sessions/sessions.ts';
+import type { ExecAudit } from '../sandbox/executions.ts';
+import { getActiveSessionWithWorkspace } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
-import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
-import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
-import { recentEvolutions } from '../evolution-log/evolutions.ts';
-import { undoEvolution } from '../evolution-log/undo.ts';
-import { APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, NOT_RUN_RUN_ENDED, SEARCH_REFUSED, searchFeedback } from './feedback.ts';
-import { filterProblem } from '../memory/search.ts';
-import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
-import { decideCode } from './policy.ts';
-import { buildSystemPrompt } from './prompt.ts';
-import { answerEveryCall, fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS, truncateOldResults, type TranscriptEntry } from './context.ts';
-import { parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, type Action, type Call } from './protocol.ts';
-import * as su from './source-update.ts';
+import { Approvals, type Resume } from './approvals.ts';
+import type { RunEventLog } from './events.ts';
+import { Leases, type RunLeases } from './leases.ts';
+import type { ModelClient } from './llm.ts';
+import { RunLoop, SHUTDOWN, type Loaded, type RunLoopDeps } from './run-loop.ts';
+import { finishRun, isActive, startRun, type WriteDeps } from './run-writes.ts';
+import type { SourceUpdateSink } from './source-update.ts';
 
-
-const ACTIVE = ACTIVE_RUN_STATUSES;
-/** Runs whose loop runs on some server (paused ones wait for a person, on none). */
-const LOOPING = ['queued', 'in_progress'] as const;
-const MAX_VIOLATIONS = 3;
-const SHUTDOWN = 'shutdown';
-const CANCEL_CHANNEL = 'kiln_run_cancel';
-/** How long a cancel waits for the replica running the run before ending it itself. */
-const CANCEL_WAIT_MS = 2000;
-const INTERRUPTED = { code: 'interrupted', message: 'the server restarted while this run was in progress' };
-/** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
-const TOOL_RESULT_CAP = 1000;
-/** Level 2 instead of 3 when the token limit is hit with more turns than this. */
-const FEW_TURNS = 4;
-
-/** Feedback Kiln writes into the transcript starts with this; everything else from `user` is a person. */
-const FEEDBACK_PREFIX = 'Kiln System:';
-
-function toEntry(m: MessageRow): TranscriptEntry {
-  let message: ChatMessage;
-  if (m.role === 'assistant') {
-    const calls = (m.toolCalls as ToolCall[] | null) ?? undefined;
-    message = {
-      role: 'assistant',
-      content: m.content || null,
-      ...(calls ? { tool_calls: calls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
-    };
-  } else if (m.role === 'tool') {
-    message = { role: 'tool', content: m.content, tool_call_id: m.toolCallId! };
-  } else {
-    message = { role: 'user', content: m.content };
-  }
-  return { id: m.id, message, person: m.role === 'user' && !m.content.startsWith(FEEDBACK_PREFIX) };
-}
+export type { RunLeases } from './leases.ts';
 
 /**
- * Level 4's last resort: drops the oldest exchanges of the current turn (an answer with its
- * results, never one without the other) until `fits`, keeping the person's message.
- */
-async function trimCurrentTurn(turns: TranscriptEntry[][], fits: (ts: TranscriptEntry[][]) => Promise<boolean>): Promise<TranscriptEntry[][]> {
-  const current = [...turns.at(-1)!];
-  const older = turns.slice(0, -1);
-  while (current.length > 2 && !(await fits([...older, current]))) {
-    let end = 2;
-    while (end < current.length && current[end]!.message.role !== 'assistant') end++;
-    current.splice(1, end - 1);
-  }
-  return [...older, current];
-}
-
-interface Ctx {
-  run: RunRow;
-  session: SessionRow;
-  ws: WorkspaceRow;
-  model: string;
-  signal: AbortSignal;
-  /** The transcript not yet condensed away, kept in step with the database by `say`. */
-  rows: MessageRow[];
-  /** Writes and events of the current step not yet flushed (they go in one statement). */
-  queue: Queue;
-  /** Settles when everything flushed so far is stored; `failure` is the first write that was not. */
-  stored: Promise<void>;
-  failure?: unknown;
-  /** Recent self-evolution changes, read once per run for the prompt (so "undo that" has a name). */
-  evolutions: Awaited<ReturnType<typeof recentEvolutions>>;
-}
-
-/**
- * What a step has not written yet. Changes to the run's own row are kept as one patch, not as
- * statements: a statement may update a row only once, and the run's end updates it too.
- */
-interface Queue {
-  writes: SQL[];
-  events: [string, unknown][];
-  run?: RunPatch;
-}
-interface RunPatch {
-  promptTokens: number;
-  completionTokens: number;
-  steps?: number;
-  /** queued → in_progress, at this time. */
-  startedAt?: Date;
-}
-
-const emptyQueue = (): Queue => ({ writes: [], events: [] });
-
-/** The SET list for a run patch (after `update runs set`); `ending`: the caller sets the status. */
-function runPatchSet(p: RunPatch, ending = false): SQL {
-  const parts = [sql`prompt_tokens = prompt_tokens + ${p.promptTokens}`, sql`completion_tokens = completion_tokens + ${p.completionTokens}`];
-  if (p.steps !== undefined && !ending) parts.push(sql`steps = greatest(steps, ${p.steps})`);
-  if (p.startedAt) {
-    parts.push(sql`started_at = coalesce(started_at, ${p.startedAt.toISOString()}::timestamptz)`);
-    if (!ending) parts.push(sql`status = case when status = 'queued' then 'in_progress' else status end`);
-  }
-  return sql.join(parts, sql`, `);
-}
-
-/**
- * Which server runs a run's loop: its instance id, and how long its claim lasts unless renewed.
- * A server that dies stops renewing; any other then marks its runs interrupted.
- */
-export interface RunLeases {
-  owner: string;
-  leaseMs: number;
-}
-
-/** What a run's loop starts from. */
-type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
-
-/** How a paused run continues once its approval is decided. */
-type Resume = { approval: ApprovalRow; outcome: 'approved' | 'denied' | 'expired' };
-
-/**
- * The agent loop as a service: a message starts a run; the run thinks (model), acts (Python in
- * the session sandbox, memory search) and observes until it finishes, hits `max_steps`, fails,
- * is cancelled, or pauses for an approval. All state lives in the database (messages, runs,
+ * The agent as a service: a message starts a run; the run thinks (model), acts (Python in the
+ * session sandbox, memory search) and observes until it finishes, hits `max_steps`, fails, is
+ * cancelled, or pauses for an approval. All state lives in the database (messages, runs,
  * approvals), so a paused run resumes after a restart.
+ *
+ * This is the facade the server, routes and tests use; it wires the parts and keeps which runs
+ * loop in this process. The parts: `run-loop.ts` (one run's loop), `run-writes.ts` (how a run's
+ * writes are batched, and its start and end), `leases.ts` (which server runs a run, cancels
+ * across replicas), `approvals.ts` (pausing, deciding, expiry) and `transcript.ts` (the request
+ * to the model and its condensation).
  */
 export class AgentService {
+  /**
+   * Shared, not an internal: the routes stream a run's events from it (SSE) and the evolution
+   * service writes the events of the runs its reviews announce, so every run's events go through
+   * this one log (its per-run order and replica notifications).
+   */
+  readonly events: RunEventLog;
+  /** Shared, not an internal: the evolution service's reviews and dreams call the model through it. */
+  readonly model: ModelClient;
   /** Runs looping in this process: how to stop each, and when it has ended. */
   private readonly active = new Map<string, AbortController>();
   private readonly running = new Set<Promise<void>>();
-  private readonly expiries = new Map<string, NodeJS.Timeout>();
-  private sourceUpdates: su.SourceUpdateSink | undefined;
-  private unlistenCancels: (() => Promise<void>) | undefined;
-  private leaseTimer: NodeJS.Timeout | undefined;
+  private sourceUpdates: SourceUpdateSink | undefined;
+  private readonly leases: Leases;
+  private readonly approvals: Approvals;
+  private readonly loopDeps: RunLoopDeps;
+  private readonly writeDeps: WriteDeps;
 
   constructor(
     private readonly db: Db,
-    readonly events: RunEventLog,
-    readonly model: ModelClient,
-    private readonly engine: SandboxEngine,
-    private readonly repo: WorkspaceService,
+    events: RunEventLog,
+    model: ModelClient,
+    engine: SandboxEngine,
+    repo: WorkspaceService,
     private readonly log: Logger,
-    private readonly leases: RunLeases = { owner: 'local', leaseMs: 60_000 },
-  ) {}
+    lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
+  ) {
+    this.events = events;
+    this.model = model;
+    this.writeDeps = { db, events };
+    this.leases = new Leases({ db, events, log }, lease, this.active);
+    this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
+    const sourceUpdates = () => this.sourceUpdates;
+    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates };
+  }
 
   /**
    * After a restart: runs whose loop is gone — this server's own from before, and those of a
@@ -173,17 +74,13 @@ export class AgentService {
    * are left alone. Pending approvals keep waiting.
    */
   async startup(): Promise<void> {
-    await this.interruptOrphans(true);
-    this.leaseTimer = setInterval(() => {
-      this.tendLeases().catch((err) => this.log.warn({ err }, 'run lease upkeep failed'));
-    }, Math.max(50, Math.floor(this.leases.leaseMs / 3)));
-    this.leaseTimer.unref();
-    const pending = await this.db.select().from(approvals).where(eq(approvals.status, 'pending'));
-    for (const a of pending) this.scheduleExpiry(a);
+    await this.leases.interruptOrphans(true);
+    this.leases.startTending();
+    await this.approvals.schedulePending();
   }
 
   /** Where approved `propose_source_update` patches go; without it the action is refused. */
-  allowSourceUpdates(sink: su.SourceUpdateSink): void {
+  allowSourceUpdates(sink: SourceUpdateSink): void {
     this.sourceUpdates = sink;
   }
 
@@ -192,85 +89,41 @@ export class AgentService {
     // Runs that start meanwhile (an approval decided during the drain) are waited for too.
     for (const end = Date.now() + ms; this.running.size > 0 && Date.now() < end; ) {
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([Promise.allSettled([...this.running]), new Promise((r) => (timer = setTimeout(r, end - Date.now())))]);
+      const timeout = new Promise((r) => (timer = setTimeout(r, end - Date.now())));
+      await Promise.race([Promise.allSettled([...this.running]), timeout]);
       clearTimeout(timer);
-    }
-  }
-
-  /** The lease a run gets when this server starts or resumes its loop (database time, so clocks need not agree). */
-  private leaseSql(): SQL {
-    return sql`now() + ${this.leases.leaseMs} * interval '1 millisecond'`;
-  }
-
-  /** Renews this server's runs, and interrupts runs whose server stopped renewing theirs. */
-  private async tendLeases(): Promise<void> {
-    if (this.active.size) {
-      await this.db.execute(sql`update runs set lease_until = ${this.leaseSql()}
-        where runner = ${this.leases.owner} and status in (${sql.join(LOOPING.map((st) => sql`${st}`), sql`, `)})`);
-    }
-    await this.interruptOrphans(false);
-  }
-
-  /**
-   * Fails runs in flight that no live loop runs: unclaimed ones, those whose lease has run out,
-   * and (at start-up) this server's own. Their server, should it still be alive, is told to stop
-   * them (the cancel channel); its own end then finds the run ended and writes nothing.
-   */
-  private async interruptOrphans(atStartup: boolean): Promise<void> {
-    const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), atStartup ? eq(runs.runner, this.leases.owner) : undefined);
-    const inFlight = await this.db.select().from(runs).where(and(inArray(runs.status, [...LOOPING]), orphaned));
-    for (const run of inFlight) {
-      if (this.active.has(run.id)) continue;
-      await this.finish(run, 'failed', INTERRUPTED);
-      if (this.unlistenCancels && run.runner && run.runner !== this.leases.owner) await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${run.id})`);
     }
   }
 
   /** Stops every live run (shutdown): they are marked interrupted, like after a crash. */
   async stop(): Promise<void> {
-    clearInterval(this.leaseTimer);
-    for (const t of this.expiries.values()) clearTimeout(t);
+    this.leases.stopTending();
+    this.approvals.stopTimers();
     for (const c of this.active.values()) c.abort(new Error(SHUTDOWN));
     // Let the aborted loops record that before the database closes (a start-up would otherwise).
     await this.drain(5000);
   }
 
   /** Starts a run for a person's message. With `audit`, its audit event is written in the same commit. */
-  async postMessage(teamId: string, sessionId: string, content: string, audit?: ExecAudit): Promise<{ message: MessageRow; run: RunRow }> {
+  async postMessage(
+    teamId: string,
+    sessionId: string,
+    content: string,
+    audit?: ExecAudit,
+  ): Promise<{ message: MessageRow; run: RunRow }> {
     const { session, workspace } = await getActiveSessionWithWorkspace(this.db, teamId, sessionId);
     const model = this.model.modelFor(workspace.settings.model);
     if (!model) {
-      throw new ApiError('model_unavailable', 'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting "model". Sessions, exec, files and memory work without one.');
+      throw new ApiError(
+        'model_unavailable',
+        'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting ' +
+          '"model". Sessions, exec, files and memory work without one.',
+      );
     }
-    const runId = newId('run');
-    const now = new Date();
-    const run: RunRow = {
-      id: runId, teamId, workspaceId: workspace.id, sessionId, status: 'queued', model, trigger: 'message', steps: 0, promptTokens: 0, completionTokens: 0,
-      error: null, createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
-      runner: this.leases.owner, leaseUntil: new Date(now.getTime() + this.leases.leaseMs),
-    };
-    const message = messageRow(session, runId, { role: 'user', content });
-    // The run, the person's message, the session's activity, the audit event and the first two events: one statement.
-    const writes = [
-      sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at, runner, lease_until)
-        values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz, ${this.leases.owner}, ${this.leaseSql()})`,
-      insertMessage(message),
-      sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
-    ];
-    if (audit) {
-      const draft = { action: 'session.message', resourceType: 'run', resourceId: runId, teamId, after: { session_id: sessionId, message_id: message.id } };
-      writes.push(insertAudit(auditRow(draft, audit.actor, audit.requestId)));
-    }
-    this.events.begin(runId);
-    try {
-      await this.events.appendMany(runId, [['run.created', { run_id: runId, session_id: sessionId, model }], ['message.created', { id: message.id, role: 'user', content }]], writes);
-    } catch (err) {
-      this.events.forget(runId);
-      if (!isUniqueViolation(err)) throw err;
-      const [busy] = await this.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, sessionId), inArray(runs.status, ACTIVE)));
-      throw new ApiError('session_busy', 'this session already has a run that has not finished', { run_id: busy?.id ?? null });
-    }
-    this.launch(runId, undefined, { run, session, ws: workspace });
+    const lease = { ...this.leases.lease, until: this.leases.until() };
+    const start = { teamId, session, workspace, model, content };
+    const { message, run } = await startRun(this.writeDeps, lease, start, audit);
+    this.launch(run.id, undefined, { run, session, ws: workspace });
     return { message, run };
   }
 
@@ -281,7 +134,10 @@ export class AgentService {
   }
 
   /** The team's runs, id-ordered with the list cursor, narrowed by status, workspace and session. */
-  async listRuns(teamId: string, f: ListParams & { status?: RunRow['status'][]; workspace?: string; session?: string }) {
+  async listRuns(
+    teamId: string,
+    f: ListParams & { status?: RunRow['status'][]; workspace?: string; session?: string },
+  ) {
     const c = cursorOn(runs.id, f);
     return this.db
       .select()
@@ -300,10 +156,11 @@ export class AgentService {
   }
 
   async listMessages(teamId: string, sessionId: string, p: { after?: string; limit: number }) {
+    const after = p.after ? sql`${messages.id} > ${p.after}` : undefined;
     return this.db
       .select()
       .from(messages)
-      .where(and(eq(messages.sessionId, sessionId), eq(messages.teamId, teamId), p.after ? sql`${messages.id} > ${p.after}` : undefined))
+      .where(and(eq(messages.sessionId, sessionId), eq(messages.teamId, teamId), after))
       .orderBy(asc(messages.id))
       .limit(p.limit + 1);
   }
@@ -312,132 +169,60 @@ export class AgentService {
    * With several replicas on one Postgres: a cancel for a run that another replica is running
    * reaches that replica through a NOTIFY, and stops it there.
    */
-  async connectCancels(listen: NonNullable<Database['listen']>): Promise<void> {
-    this.unlistenCancels = await listen(CANCEL_CHANNEL, (runId) => this.active.get(runId)?.abort(new Error('cancelled')));
+  connectCancels(listen: NonNullable<Database['listen']>): Promise<void> {
+    return this.leases.connectCancels(listen);
   }
 
-  async disconnectCancels(): Promise<void> {
-    await this.unlistenCancels?.();
+  disconnectCancels(): Promise<void> {
+    return this.leases.disconnectCancels();
   }
 
   /** Stops the model call and the running code; the run ends `cancelled`. */
   async cancel(teamId: string, runId: string): Promise<RunRow> {
     const run = await this.getRun(teamId, runId);
-    if (!ACTIVE.includes(run.status as (typeof ACTIVE)[number])) return run;
+    if (!isActive(run)) return run;
     await this.db.update(runs).set({ cancelRequestedAt: new Date() }).where(eq(runs.id, runId));
     const controller = this.active.get(runId);
     if (controller) {
       controller.abort(new Error('cancelled'));
-    } else if (this.unlistenCancels && run.status !== 'requires_action' && (await this.cancelElsewhere(runId))) {
+    } else if (
+      this.leases.crossReplica &&
+      run.status !== 'requires_action' &&
+      (await this.leases.cancelElsewhere(runId))
+    ) {
       // The replica running it stopped it.
     } else {
       // Queued or waiting for an approval (or its replica is gone): nothing is running, end it here.
-      await this.db.update(approvals).set({ status: 'denied', decision: 'deny', reason: 'run cancelled', decidedAt: new Date() }).where(and(eq(approvals.runId, runId), eq(approvals.status, 'pending')));
-      await this.finish(run, 'cancelled');
+      await this.approvals.cancelPending(runId);
+      await finishRun(this.writeDeps, run, 'cancelled');
     }
     return this.getRun(teamId, runId);
   }
 
-  /** Asks the other replicas to stop a run; true once it ended (within 2 s), false when nobody did. */
-  private async cancelElsewhere(runId: string): Promise<boolean> {
-    const ended = new AbortController();
-    const timer = setTimeout(() => ended.abort(), CANCEL_WAIT_MS);
-    try {
-      const terminal = new Promise<void>((resolve) => {
-        void this.events.follow(runId, 0, (ev) => TERMINAL_EVENTS.has(ev.event) && resolve(), ended.signal);
-        ended.signal.addEventListener('abort', () => resolve(), { once: true });
-      });
-      await this.db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${runId})`);
-      await terminal;
-      const [now] = await this.db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId));
-      return !now || !ACTIVE.includes(now.status as (typeof ACTIVE)[number]);
-    } finally {
-      clearTimeout(timer);
-      ended.abort();
-    }
-  }
-
-  // ---- approvals -----------------------------------------------------------------------
-
   /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
-  async listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
-    return this.db
-      .select()
-      .from(approvals)
-      .where(
-        and(
-          teamId ? eq(approvals.teamId, teamId) : eq(approvals.requiresOrgAdmin, true),
-          f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
-          f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
-        ),
-      )
-      .orderBy(asc(approvals.id))
-      .limit(200);
+  listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
+    return this.approvals.list(teamId, f);
   }
 
-  async decide(principal: Principal, approvalId: string, decision: 'approve' | 'deny' | 'approve_session', reason?: string): Promise<ApprovalRow> {
-    const teamId = principal.teamId;
-    const [a] = await this.db.select().from(approvals).where(and(eq(approvals.id, approvalId), teamId ? eq(approvals.teamId, teamId) : undefined));
-    // An org-admin key acts inside no team: it sees and decides only the approvals reserved for
-    // org admins (platform source updates); a team's ordinary approvals are the team's own.
-    if (!a || (!teamId && !a.requiresOrgAdmin)) throw ApiError.notFound('approval');
-    if (a.requiresOrgAdmin ? principal.role !== 'org_admin' : !principal.canApprove) {
-      throw new ApiError('forbidden', a.requiresOrgAdmin ? 'only an org admin may decide this approval' : 'this key may not approve code: use an owner or admin key, or one created with can_approve');
-    }
-    if (a.status === 'expired' || (a.status === 'pending' && a.expiresAt.getTime() <= Date.now())) {
-      if (a.status === 'pending') await this.expire(a);
-      throw new ApiError('approval_expired', 'this approval expired before it was decided; the run was told so');
-    }
-    if (a.status !== 'pending') throw new ApiError('conflict', `this approval was already decided (${a.status})`);
-    const status = decision === 'deny' ? 'denied' : 'approved';
-    const [decided] = await this.db
-      .update(approvals)
-      .set({ status, decision, reason: reason ?? null, decidedBy: principal.keyId, decidedAt: new Date() })
-      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
-      .returning();
-    if (!decided) throw new ApiError('conflict', 'this approval was decided at the same moment by someone else');
-    if (decision === 'approve_session' && !a.requiresOrgAdmin) await this.db.update(sessions).set({ autoApprove: true }).where(eq(sessions.id, a.sessionId));
-    this.clearExpiry(a.id);
-    await this.resume(decided, status);
-    return decided;
+  decide(
+    principal: Principal,
+    approvalId: string,
+    decision: 'approve' | 'deny' | 'approve_session',
+    reason?: string,
+  ): Promise<ApprovalRow> {
+    return this.approvals.decide(principal, approvalId, decision, reason);
   }
 
-  private scheduleExpiry(a: ApprovalRow): void {
-    const ms = Math.max(0, a.expiresAt.getTime() - Date.now());
-    const timer = setTimeout(() => {
-      this.expiries.delete(a.id);
-      this.expire(a).catch((err) => this.log.error({ err, approval: a.id }, 'could not expire approval'));
-    }, Math.min(ms, 2 ** 31 - 1));
-    timer.unref();
-    this.expiries.set(a.id, timer);
+  /** Approvals past their deadline that no timer caught (e.g. across a restart). */
+  sweepExpired(): Promise<number> {
+    return this.approvals.sweepExpired();
   }
 
-  private clearExpiry(id: string): void {
-    clearTimeout(this.expiries.get(id));
-    this.expiries.delete(id);
+  /** A decided or expired approval: its run, if it still waits, loops again on this server. */
+  private async resume(r: Resume): Promise<void> {
+    const run = await this.leases.claimPaused(r.approval.runId);
+    if (run) this.launch(run.id, r);
   }
-
-  /** Fails closed: the code is not run, and the model is told nobody answered (not that someone refused). */
-  private async expire(a: ApprovalRow): Promise<void> {
-    const [expired] = await this.db
-      .update(approvals)
-      .set({ status: 'expired', decidedAt: new Date() })
-      .where(and(eq(approvals.id, a.id), eq(approvals.status, 'pending')))
-      .returning();
-    if (expired) await this.resume(expired, 'expired');
-  }
-
-  private async resume(a: ApprovalRow, outcome: Resume['outcome']): Promise<void> {
-    await this.events.append(a.runId, 'approval.resolved', { approval_id: a.id, status: outcome === 'approved' ? 'approved' : outcome, decision: a.decision, reason: a.reason });
-    const [run] = await this.db
-      .update(runs)
-      .set({ status: 'in_progress', runner: this.leases.owner, leaseUntil: this.leaseSql() })
-      .where(and(eq(runs.id, a.runId), eq(runs.status, 'requires_action')))
-      .returning();
-    if (run) this.launch(run.id, { approval: a, outcome });
-  }
-
-  // ---- the loop ------------------------------------------------------------------------
 
   /** Starts (or resumes) a run's loop; `loaded` spares re-reading what the caller just wrote. */
   private launch(runId: string, resume?: Resume, loaded?: Loaded): void {
@@ -445,520 +230,19 @@ export class AgentService {
     // Every model call and execution of the run listens to this one signal.
     setMaxListeners(0, controller.signal);
     this.active.set(runId, controller);
-    const done: Promise<void> = this.loop(runId, controller.signal, resume, loaded)
+    const done: Promise<void> = RunLoop.open(this.loopDeps, runId, controller.signal, loaded)
+      .then((loop) => loop.loop(resume))
       .catch(async (err) => {
         this.log.error({ err, run: runId }, 'run crashed');
         const [run] = await this.db.select().from(runs).where(eq(runs.id, runId));
-        if (run && ACTIVE.includes(run.status as (typeof ACTIVE)[number])) await this.finish(run, 'failed', { code: 'internal', message: (err as Error).message });
+        if (run && isActive(run)) {
+          await finishRun(this.writeDeps, run, 'failed', { code: 'internal', message: (err as Error).message });
+        }
       })
       .finally(() => {
         this.active.delete(runId);
         this.running.delete(done);
       });
     this.running.add(done);
-  }
-
-  private async load(runId: string): Promise<Loaded> {
-    const [run] = (await this.db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
-    const [session] = (await this.db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
-    return { run, session, ws: await getWorkspace(this.db, run.teamId, run.workspaceId) };
-  }
-
-  private async loop(runId: string, signal: AbortSignal, resume?: Resume, loaded?: Loaded): Promise<void> {
-    const { run, session, ws } = loaded ?? (await this.load(runId));
-    const [rows, evolutions] = await Promise.all([
-      this.db.select().from(messages).where(and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`)).orderBy(asc(messages.id)),
-      recentEvolutions(this.db, { id: ws.id, dir: this.repo.dirOf(ws.id) }),
-    ]);
-    const ctx: Ctx = { run, session, ws, model: run.model!, signal, rows, queue: emptyQueue(), stored: Promise.resolve(), evolutions };
-    if (run.status !== 'in_progress') {
-      // Written with the first step's step.created (every way the loop goes flushes first).
-      const startedAt = new Date();
-      this.patchRun(ctx, { startedAt });
-      this.emit(ctx, 'run.in_progress', {});
-      ctx.run = { ...run, status: 'in_progress', startedAt };
-    }
-    if (resume) {
-      // The decided call first, then the calls of its message still unanswered (it paused there).
-      await this.afterApproval(ctx, resume);
-      if (resume.approval.toolCallId && (await this.actCalls(ctx, this.unanswered(ctx, resume.approval.toolCallId)))) return;
-    }
-    let violations = 0;
-    for (;;) {
-      if (signal.aborted) return this.end(ctx, 'cancelled');
-      if (ctx.run.steps >= ws.settings.max_steps) {
-        return this.end(ctx, 'failed', { code: 'max_steps', message: `the run reached its limit of ${ws.settings.max_steps} steps without finishing` });
-      }
-      // The step count is written with the step's usage (one statement), and by `finish`.
-      ctx.run = { ...ctx.run, steps: ctx.run.steps + 1 };
-      this.emit(ctx, 'step.created', { step: ctx.run.steps });
-      // Stored while the model thinks; the model call does not need it.
-      this.writeBehind(ctx);
-
-      let turn;
-      try {
-        const call = async (force?: { budget: number }) =>
-          this.model.complete({ model: ctx.model, messages: await this.transcript(ctx, force), tools: ws.settings.protocol === 'tools' ? toolsFor(ws.settings) : undefined, signal });
-        try {
-          turn = await call();
-        } catch (err) {
-          // Level 4: the endpoint says the context is too long. Summarise, cut to the limit it
-          // names (with room for the answer), and try once more.
-          if (!(err instanceof ModelError) || err.code !== 'context_overflow') throw err;
-          const limit = err.limit ?? ws.settings.context.max_tokens;
-          turn = await call({ budget: Math.floor(Math.min(limit, ws.settings.context.max_tokens) * 0.8) });
-        }
-      } catch (err) {
-        if (!(err instanceof ModelError)) throw err;
-        if (err.code === 'cancelled') return this.end(ctx, 'cancelled');
-        return this.end(ctx, 'failed', { code: err.code === 'context_overflow' ? 'context_overflow' : 'model_unavailable', message: err.message });
-      }
-      this.recordUsage(ctx, turn.usage);
-      // Tool calls only where tools were offered: calls nobody answers would make the transcript one no endpoint accepts.
-      const toolCalls = ws.settings.protocol === 'tools' && turn.toolCalls.length ? this.ownIds(ctx, turn.toolCalls) : undefined;
-      this.say(ctx, { role: 'assistant', content: turn.content, toolCalls });
-
-      if (toolCalls) {
-        const calls = toolCalls.map(parseToolCall);
-        const broken = calls.flatMap((c) => ('violation' in c ? [c.violation] : []));
-        // Only a message with no call that can be carried out counts towards the limit.
-        violations = broken.length === calls.length ? violations + 1 : 0;
-        if (violations > MAX_VIOLATIONS) {
-          for (const c of calls) this.reply(ctx, c.toolCallId, TOOL_CORRECTION(broken[0]!));
-          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the tools protocol ${violations} times in a row (${broken.join('; ')})` });
-        }
-        if (broken.length) this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: broken.join('; '), attempt: violations });
-        else if (turn.content.trim()) this.emit(ctx, 'thinking', { text: turn.content.trim() });
-        if (await this.actCalls(ctx, calls)) return;
-        continue;
-      }
-      // Without a tool call, a reply under tool calling is the model finishing in prose.
-      const parsed = ws.settings.protocol === 'xml' ? parseXml(turn.content) : { thinking: null, action: { type: 'finish' as const, summary: turn.content.trim() } };
-      if (!parsed.action) {
-        violations++;
-        if (violations > MAX_VIOLATIONS) {
-          return this.end(ctx, 'failed', { code: 'protocol_violation', message: `the model broke the xml protocol ${violations} times in a row (no action tag)` });
-        }
-        this.emit(ctx, 'thinking', { text: turn.content, protocol_violation: 'no action tag', attempt: violations });
-        this.reply(ctx, undefined, XML_CORRECTION);
-        this.writeBehind(ctx);
-        continue;
-      }
-      violations = 0;
-      if (parsed.thinking) this.emit(ctx, 'thinking', { text: parsed.thinking });
-      const done = await this.act(ctx, parsed.action, undefined);
-      if (done) return;
-    }
-  }
-
-  /**
-   * Carries out the calls of one model message in order, each exactly as a single call is (its
-   * own approval decision: a denial answers that call and the next goes on). Returns true when
-   * the run is over: finished, or paused at a call that waits for a person, the calls after it
-   * left unanswered until the approval is decided (`unanswered` finds them again). A finish
-   * among the calls ends the run once the calls before it ran; those after it are answered as
-   * not run, so every call has its answer before the run completes.
-   */
-  private async actCalls(ctx: Ctx, calls: Call[]): Promise<boolean> {
-    for (const [i, call] of calls.entries()) {
-      // Cancelled between calls: the loop ends the run; the transcript answers the rest as not run.
-      if (ctx.signal.aborted) return false;
-      if ('violation' in call) {
-        this.reply(ctx, call.toolCallId, TOOL_CORRECTION(call.violation));
-        continue;
-      }
-      if (call.action.type === 'finish') {
-        this.reply(ctx, call.toolCallId, FINISHED);
-        for (const later of calls.slice(i + 1)) this.reply(ctx, later.toolCallId, NOT_RUN_AFTER_FINISH);
-        return this.complete(ctx, call.action.summary);
-      }
-      if (await this.act(ctx, call.action, call.toolCallId)) return true;
-    }
-    return false;
-  }
-
-  /** The calls of the message that made call `toolCallId` that have no answer yet, in order. */
-  private unanswered(ctx: Ctx, toolCallId: string): Call[] {
-    const calls = (r: MessageRow) => (r.role === 'assistant' ? ((r.toolCalls as ToolCall[] | null) ?? []) : []);
-    let at = ctx.rows.length - 1;
-    while (at >= 0 && !calls(ctx.rows[at]!).some((c) => c.id === toolCallId)) at--;
-    if (at < 0) return [];
-    const answered = new Set(ctx.rows.slice(at + 1).flatMap((r) => (r.role === 'tool' ? [r.toolCallId] : [])));
-    return calls(ctx.rows[at]!).filter((c) => !answered.has(c.id)).map(parseToolCall);
-  }
-
-  /**
-   * Every call gets an id of its own: some OpenAI-compatible servers leave ids empty or number
-   * them from 0 in every message, and an answer must name exactly one call of the transcript.
-   */
-  private ownIds(ctx: Ctx, calls: ToolCall[]): ToolCall[] {
-    const taken = new Set(ctx.rows.flatMap((r) => ((r.toolCalls as ToolCall[] | null) ?? []).map((c) => c.id)));
-    return calls.map((c) => {
-      const id = c.id && !taken.has(c.id) ? c.id : `call_${randomUUID().replaceAll('-', '')}`;
-      taken.add(id);
-      return { ...c, id };
-    });
-  }
-
-  /** The run's answer to the person, and its end. */
-  private async complete(ctx: Ctx, summary: string): Promise<true> {
-    const msg = this.say(ctx, { role: 'assistant', content: summary });
-    this.emit(ctx, 'message.created', { id: msg.id, role: 'assistant', content: summary });
-    await this.end(ctx, 'completed');
-    return true;
-  }
-
-  /** Carries out one action. Returns true when the run is over (finished or paused). */
-  private async act(ctx: Ctx, action: Action, toolCallId: string | undefined): Promise<boolean> {
-    // A finish that is a tool call is answered by `actCalls`, with the calls after it.
-    if (action.type === 'finish') return this.complete(ctx, action.summary);
-    if (action.type === 'memory_search') {
-      const filters = { path: action.path, since: action.since, until: action.until };
-      const problem = filterProblem(filters);
-      const hits = problem ? [] : (await this.repo.search(ctx.ws, action.query, { k: 8, ...filters })).hits;
-      this.emit(ctx, 'memory.searched', { query: action.query, ...filters, hits });
-      this.reply(ctx, toolCallId, problem ? SEARCH_REFUSED(problem) : searchFeedback(action.query, hits));
-      this.writeBehind(ctx);
-      return false;
-    }
-    if (action.type === 'undo_evolution') {
-      await this.undo(ctx, action.evolutionId, toolCallId);
-      return false;
-    }
-    if (action.type === 'source_update') return this.proposeSourceUpdate(ctx, action, toolCallId);
-    this.emit(ctx, 'code.proposed', { code: action.code });
-    const policy = decideCode(ctx.ws.settings.approval, action.code);
-    if (policy.decision === 'deny') {
-      this.reply(ctx, toolCallId, DENIED_BY_POLICY(policy.rule));
-      this.writeBehind(ctx);
-      return false;
-    }
-    // approve_session takes effect from the next loop, which reloads the session.
-    if (policy.decision === 'ask' && !ctx.session.autoApprove) {
-      await this.flush(ctx);
-      await this.requestApproval(ctx, action.code, toolCallId);
-      return true;
-    }
-    await this.runCode(ctx, action.code, toolCallId);
-    return false;
-  }
-
-  /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
-  private async proposeSourceUpdate(ctx: Ctx, action: { patch: string; reason: string }, toolCallId: string | undefined): Promise<boolean> {
-    const refusal = !ctx.ws.settings.source_updates || !this.sourceUpdates ? su.SOURCE_UPDATE_DISABLED : !action.patch || !action.reason.trim() ? su.SOURCE_UPDATE_INCOMPLETE : null;
-    if (refusal) {
-      this.reply(ctx, toolCallId, refusal);
-      await this.flush(ctx);
-      return false;
-    }
-    await this.flush(ctx);
-    await this.requestApproval(ctx, su.approvalText(action.reason, action.patch), toolCallId, true);
-    return true;
-  }
-
-  private async requestApproval(ctx: Ctx, code: string, toolCallId: string | undefined, orgAdmin = false): Promise<void> {
-    const timeout = ctx.ws.settings.approval.timeout_s;
-    const [a] = (await this.db
-      .insert(approvals)
-      .values({
-        id: newId('apr'),
-        teamId: ctx.run.teamId,
-        workspaceId: ctx.ws.id,
-        sessionId: ctx.session.id,
-        runId: ctx.run.id,
-        code,
-        toolCallId: toolCallId ?? null,
-        requiresOrgAdmin: orgAdmin,
-        expiresAt: new Date(Date.now() + timeout * 1000),
-      })
-      .returning()) as [ApprovalRow];
-    await this.db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, ctx.run.id));
-    await this.events.append(ctx.run.id, 'approval.requested', { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin });
-    await this.events.append(ctx.run.id, 'run.requires_action', { approval_id: a.id });
-    this.scheduleExpiry(a);
-  }
-
-  /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
-  private async afterApproval(ctx: Ctx, { approval, outcome }: Resume): Promise<void> {
-    const toolCallId = approval.toolCallId ?? undefined;
-    if (outcome === 'approved' && approval.requiresOrgAdmin) {
-      const proposal = su.fromApprovalText(approval.code);
-      const sink = this.sourceUpdates;
-      const answer = sink
-        ? await sink.submit({ ...proposal, author: 'agent' }, undefined).then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
-        : su.SOURCE_UPDATE_DISABLED;
-      this.reply(ctx, toolCallId, answer);
-      await this.flush(ctx);
-      return;
-    }
-    if (outcome === 'approved') return this.runCode(ctx, approval.code, toolCallId);
-    this.reply(ctx, toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(ctx.ws.settings.approval.timeout_s));
-    await this.flush(ctx);
-  }
-
-  private async runCode(ctx: Ctx, code: string, toolCallId: string | undefined): Promise<void> {
-    // Cancelled after the model answered: the code is not started (the loop ends the run).
-    if (ctx.signal.aborted) return;
-    const runId = ctx.run.id;
-    this.emit(ctx, 'exec.started', {});
-    // Stored while the code runs; exec.output events queue up behind it, in order.
-    this.writeBehind(ctx);
-    const outputs: Promise<unknown>[] = [];
-    const result = await execInSession({ engine: this.engine, workspaces: this.repo }, ctx.ws, { teamId: ctx.run.teamId, sessionId: ctx.session.id, runId }, code, {
-      signal: ctx.signal,
-      prov: { author: 'agent', sessionId: ctx.session.id, runId },
-      // Recorded and audited (as the agent) in the step's last write, with its events.
-      audit: { role: 'agent' },
-      deferRecord: true,
-      onOutput: (stream, data) => void outputs.push(this.events.append(runId, 'exec.output', { stream, data })),
-    });
-    await Promise.all(outputs);
-    const commit = result.workspace;
-    if (result.record) ctx.queue.writes.push(...result.record);
-    this.emit(ctx, 'exec.completed', {
-      execution_id: result.execution_id,
-      exit_code: result.exit_code,
-      error: result.error ?? null,
-      truncated: result.truncated,
-      restarted: result.restarted,
-      duration_ms: result.duration_ms,
-      artifacts: result.artifacts,
-      commit: commit?.commit ? { sha: commit.commit.sha, kind: commit.commit.kind, paths: commit.commit.paths } : null,
-      redactions: commit?.redactions ?? [],
-      refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
-    });
-    this.reply(ctx, toolCallId, execFeedback(result, commit));
-    // Left queued: the loop writes it together with the next step's step.created (or the end).
-  }
-
-  /** A user asked to undo a self-evolution change: a revert commit by the agent, within this run. */
-  private async undo(ctx: Ctx, evolutionId: string, toolCallId: string | undefined): Promise<void> {
-    let feedback: string;
-    try {
-      const { evolution, sha, paths } = await undoEvolution(this.db, this.repo, ctx.ws, evolutionId, { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id });
-      this.emit(ctx, 'evolution.reverted', { evolution_id: evolution.id, commit: sha, paths });
-      ctx.evolutions = ctx.evolutions.map((e) => (e.id === evolution.id ? { ...e, status: 'reverted' } : e));
-      feedback = `Kiln System: [Undone] evolution ${evolution.id} was reverted by commit ${sha.slice(0, 12)}; restored: ${paths.join(', ')}.`;
-    } catch (err) {
-      if (!(err instanceof ApiError)) throw err;
-      feedback = `Kiln System: [Undo failed] ${err.message}`;
-    }
-    this.reply(ctx, toolCallId, feedback);
-    this.writeBehind(ctx);
-  }
-
-  /** The feedback message: a tool result under tool calling, a user message under XML. */
-  private reply(ctx: Ctx, toolCallId: string | undefined, content: string): void {
-    if (ctx.ws.settings.protocol === 'tools' && toolCallId) this.say(ctx, { role: 'tool', content, toolCallId });
-    else this.say(ctx, { role: 'user', content });
-  }
-
-  /** Ends the run together with what the step still has queued: one statement. */
-  private async end(ctx: Ctx, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }): Promise<void> {
-    // A shutdown is no one's cancel: the run was interrupted, as after a crash.
-    if (status === 'cancelled' && (ctx.signal.reason as Error | undefined)?.message === SHUTDOWN) return this.end(ctx, 'failed', INTERRUPTED);
-    // An earlier write-behind that failed surfaces here, before the run is marked as ended.
-    await ctx.stored;
-    if (ctx.failure) throw ctx.failure;
-    const queued = ctx.queue;
-    ctx.queue = emptyQueue();
-    await this.finish(ctx.run, status, error, queued);
-  }
-
-  private emit(ctx: Ctx, event: string, data: unknown): void {
-    ctx.queue.events.push([event, data]);
-  }
-
-  /**
-   * Writes the step's queued messages, usage and events in one statement (then streams the
-   * events) and resolves once everything the run flushed so far is stored. Appends of one run
-   * are serialised by the event log, so waiting for the last one waits for all.
-   */
-  private flush(ctx: Ctx): Promise<void> {
-    const { writes, events, run } = ctx.queue;
-    if (run) writes.push(sql`update runs set ${runPatchSet(run)} where id = ${ctx.run.id}`);
-    if (writes.length || events.length) {
-      ctx.queue = emptyQueue();
-      ctx.stored = this.events.appendMany(ctx.run.id, events, writes).then(
-        () => undefined,
-        (err) => void (ctx.failure ??= err),
-      );
-    }
-    return ctx.stored.then(() => {
-      if (ctx.failure) throw ctx.failure;
-    });
-  }
-
-  /**
-   * Starts the write without waiting for it, so the next model call or execution overlaps the
-   * database round trip. Events are still stored before they are streamed; a failed write
-   * surfaces at the next `flush`, which every path to the end of a run goes through.
-   */
-  private writeBehind(ctx: Ctx): void {
-    this.flush(ctx).catch(() => undefined);
-  }
-
-  /**
-   * Marks the run as ended — only if it still is active — and stores its terminal event in the
-   * same statement, with `queued` writes and events that go before it.
-   */
-  private async finish(run: RunRow, status: 'completed' | 'failed' | 'cancelled', error?: { code: string; message: string }, queued: Queue = emptyQueue()): Promise<void> {
-    const patch = queued.run ? sql`, ${runPatchSet(queued.run, true)}` : sql``;
-    const end = sql`update runs set status = ${status}, error = ${error ? JSON.stringify(error) : null}::jsonb, finished_at = ${new Date().toISOString()}::timestamptz,
-        steps = greatest(steps, ${Math.max(run.steps, queued.run?.steps ?? 0)})${patch}
-      where id = ${run.id} and status in (${sql.join(ACTIVE.map((a) => sql`${a}`), sql`, `)})
-      returning jsonb_build_object('steps', steps) as data`;
-    const stored = await this.events.appendMany(run.id, queued.events, queued.writes, { write: end, events: [[`run.${status}`, { status, error: error ?? null }]] });
-    // Ended elsewhere in the meantime (a cancel on another replica): the run row stays as that
-    // end left it, but the tokens of the last model call still count.
-    if (queued.run && !stored.some((e) => TERMINAL_EVENTS.has(e.event))) {
-      const { promptTokens, completionTokens } = queued.run;
-      await this.db.execute(sql`update runs set ${runPatchSet({ promptTokens, completionTokens })} where id = ${run.id}`);
-    }
-  }
-
-  // ---- transcript ----------------------------------------------------------------------
-
-  /**
-   * The request for the next model call: the system prompt rebuilt from the workspace, then the
-   * transcript, condensed when it grows (context condensation): (1) old tool results over a cap keep
-   * head and tail; (2) over the turn limit, the oldest half of whole turns is summarised into the
-   * daily log and the <Current_Project_State> snapshot and leaves the transcript; (3) over the
-   * token limit, earlier turns shrink to their first message and last answer. `force` (after a
-   * context-length error) summarises every earlier turn and cuts the current one to `budget`.
-   */
-  private async transcript(ctx: Ctx, force?: { budget: number }): Promise<ChatMessage[]> {
-    const settings = ctx.ws.settings.context;
-    const budget = force?.budget ?? settings.max_tokens;
-    const system = async (): Promise<ChatMessage> => {
-      const session = ctx.session;
-      return {
-        role: 'system',
-        content: await buildSystemPrompt({
-          dir: this.repo.dirOf(ctx.ws.id),
-          settings: ctx.ws.settings,
-          limits: this.engine.limitsFor(ctx.ws.settings.sandbox),
-          snapshot: session.stateSnapshot,
-          now: new Date(),
-          evolutions: ctx.evolutions,
-        }),
-      };
-    };
-    let turns = splitTurns(answerEveryCall(ctx.rows.map(toEntry), NOT_RUN_RUN_ENDED));
-    const flat = (head: ChatMessage, ts: TranscriptEntry[][]) => [head, ...ts.flat().map((e) => e.message)];
-    let head = await system();
-    const levels: number[] = [];
-    const original = flat(head, turns);
-
-    const summariseOldest = async (count: number) => {
-      if (count <= 0) return;
-      if (await this.condense(ctx, turns.slice(0, count))) {
-        turns = turns.slice(count);
-        head = await system();
-        levels.push(2);
-      }
-    };
-    if (force) await summariseOldest(turns.length - 1);
-    else if (turns.length > settings.max_turns) await summariseOldest(Math.floor(turns.length / 2));
-    const truncated = await truncateOldResults(turns, TOOL_RESULT_CAP);
-    if (truncated.changed) levels.push(1);
-    turns = truncated.turns;
-    if (!(await fits(flat(head, turns), budget)) && turns.length > FEW_TURNS && !force) {
-      await summariseOldest(Math.floor(turns.length / 2));
-    }
-    if (!(await fits(flat(head, turns), budget))) {
-      turns = reduceOldTurns(turns);
-      levels.push(3);
-    }
-    if (force && !(await fits(flat(head, turns), budget))) {
-      turns = await trimCurrentTurn(turns, (ts) => fits(flat(head, ts), budget));
-      levels.push(4);
-    }
-    const out = flat(head, turns);
-    if (levels.length) {
-      const [before, after] = await Promise.all([messageTokens(original), messageTokens(out)]);
-      this.emit(ctx, 'context.condensed', { levels: [...new Set(levels)].sort(), before_tokens: before, after_tokens: after, budget });
-      this.writeBehind(ctx);
-    }
-    return out;
-  }
-
-  /**
-   * Summarises turns with the model into today's daily log (a commit) and the session's
-   * <Current_Project_State>, then takes them out of the transcript. False when the summary
-   * could not be made (the turns then stay, and the cheaper levels apply).
-   */
-  private async condense(ctx: Ctx, turns: TranscriptEntry[][]): Promise<boolean> {
-    const session = ctx.session;
-    let reply;
-    try {
-      reply = await this.model.complete({
-        model: ctx.model,
-        messages: [
-          { role: 'system', content: SUMMARY_INSTRUCTIONS },
-          { role: 'user', content: `${session.stateSnapshot ? `Previous project state:\n${session.stateSnapshot}\n\n` : ''}Conversation to condense:\n\n${renderTurns(turns)}` },
-        ],
-        signal: ctx.signal,
-      });
-    } catch (err) {
-      if (err instanceof ModelError && err.code === 'cancelled') throw err;
-      this.log.warn({ err, run: ctx.run.id }, 'context summary failed');
-      return false;
-    }
-    this.recordUsage(ctx, reply.usage);
-    await this.flush(ctx);
-    const summary = parseSummary(reply.content);
-    if (!summary) return false;
-    const day = new Date().toISOString().slice(0, 10);
-    const path = `memory/${day}.md`;
-    await this.repo.change(
-      ctx.ws,
-      { author: 'agent', sessionId: ctx.session.id, runId: ctx.run.id },
-      async (tree) => {
-        const existing = (await tree.readFile(path).catch(() => null))?.toString('utf8') ?? `# ${day}\n`;
-        await tree.writeFile(path, Buffer.from(`${existing.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} — condensed session ${ctx.session.id}\n\n${summary.log}\n`));
-      },
-      { summary: `Condense ${turns.length} earlier turn(s) into the daily log` },
-    );
-    const ids = turns.flat().map((e) => e.id);
-    await this.db.update(sessions).set({ stateSnapshot: summary.state }).where(eq(sessions.id, ctx.session.id));
-    await this.db.update(messages).set({ summarizedAt: new Date() }).where(inArray(messages.id, ids));
-    ctx.session = { ...ctx.session, stateSnapshot: summary.state };
-    const gone = new Set(ids);
-    ctx.rows = ctx.rows.filter((r) => !gone.has(r.id));
-    return true;
-  }
-
-  /** Adds a message to the run's transcript now and queues its row for the step's next flush. */
-  private say(ctx: Ctx, m: NewMessage): MessageRow {
-    const row = messageRow(ctx.session, ctx.run.id, m);
-    ctx.queue.writes.push(insertMessage(row));
-    ctx.rows.push(row);
-    return row;
-  }
-
-  /** Queues one model call's tokens: a usage row, and the run's totals and step count. */
-  private recordUsage(ctx: Ctx, u: { promptTokens: number; completionTokens: number }): void {
-    ctx.queue.writes.push(insertUsage({ teamId: ctx.run.teamId, workspaceId: ctx.ws.id, runId: ctx.run.id, model: ctx.model }, u));
-    this.patchRun(ctx, { promptTokens: u.promptTokens, completionTokens: u.completionTokens, steps: ctx.run.steps });
-  }
-
-  /** Adds to the run's row patch for the next write (tokens add up; the rest is replaced). */
-  private patchRun(ctx: Ctx, p: Partial<RunPatch>): void {
-    const q = ctx.queue.run ?? { promptTokens: 0, completionTokens: 0 };
-    ctx.queue.run = {
-      ...q,
-      ...p,
-      promptTokens: q.promptTokens + (p.promptTokens ?? 0),
-      completionTokens: q.completionTokens + (p.completionTokens ?? 0),
-      startedAt: p.startedAt ?? q.startedAt,
-    };
-  }
-
-  /** Approvals past their deadline that no timer caught (e.g. across a restart). */
-  async sweepExpired(): Promise<number> {
-    const due = await this.db.select().from(approvals).where(and(eq(approvals.status, 'pending'), lt(approvals.expiresAt, new Date())));
-    for (const a of due) await this.expire(a);
-    return due.length;
   }
 }

@@ -43,3 +43,12 @@ export const runs = pgTable(
 );
 
 export type RunRow = typeof runs.$inferSelect;
+
+/** A change to a run's row a step has not written yet: tokens add to the totals, the rest is set. */
+export interface RunPatch {
+  promptTokens: number;
+  completionTokens: number;
+  steps?: number;
+  /** queued → in_progress, at this time. */
+  startedAt?: Date;
+}
