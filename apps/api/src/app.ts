@@ -112,8 +112,9 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
-  app.route('/', messagesRouter(db, agent));
-  app.route('/', runsRouter(agent));
+  // The routes read run events from the event log itself, which the agent service holds for now.
+  app.route('/', messagesRouter(db, agent, agent.events));
+  app.route('/', runsRouter(agent, agent.events));
   app.route('/', approvalsRouter(agent));
   app.route('/', usageRouter(db));
   app.route('/', evolutionsRouter(db, evolution));

@@ -1,3 +1,4 @@
+import type { RunEventLog } from '../../agent/events.ts';
 import type { AgentService } from '../../agent/service.ts';
 import type { MessageRow } from '../../db/schema/index.ts';
 import { teamOf, writableTeamOf } from '../../http/guards.ts';
@@ -19,7 +20,7 @@ const messageView = (m: MessageRow) => ({
   created_at: m.createdAt.toISOString(),
 });
 
-export function messagesRouter(db: Db, agent: AgentService) {
+export function messagesRouter(db: Db, agent: AgentService, events: RunEventLog) {
   return createRouter()
     .openapi(r.postMessage, async (c) => {
       const team = writableTeamOf(c);
@@ -27,7 +28,7 @@ export function messagesRouter(db: Db, agent: AgentService) {
       // The audit event is written with the run, in one commit.
       const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content, { actor: c.get('principal'), requestId: c.get('requestId') });
       c.set('audit', { action: 'session.message', recorded: true });
-      if (c.req.valid('query').stream === 'true') return streamRun(c, agent.events, run.id, 0) as never;
+      if (c.req.valid('query').stream === 'true') return streamRun(c, events, run.id, 0) as never;
       return c.json({ message: messageView(message), run: runView(run) }, 202);
     })
     .openapi(r.listMessages, async (c) => {

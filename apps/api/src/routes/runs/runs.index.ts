@@ -1,7 +1,6 @@
 import type { Context } from 'hono';
 import { streamSSE } from 'hono/streaming';
-import type { RunEventLog } from '../../agent/events.ts';
-import { TERMINAL_EVENTS } from '../../agent/events.ts';
+import { TERMINAL_EVENTS, type RunEventLog } from '../../agent/events.ts';
 import type { AgentService } from '../../agent/service.ts';
 import type { RunRow } from '../../db/schema/index.ts';
 import { teamOf, writableTeamOf } from '../../http/guards.ts';
@@ -50,7 +49,8 @@ export function streamRun(c: Context<AppEnv>, events: RunEventLog, runId: string
   });
 }
 
-export function runsRouter(agent: AgentService) {
+/** Runs as the agent reports them; their events are read from the run event log, not through the agent. */
+export function runsRouter(agent: AgentService, events: RunEventLog) {
   return createRouter()
     .openapi(r.listRuns, async (c) => {
       const q = c.req.valid('query');
@@ -69,9 +69,9 @@ export function runsRouter(agent: AgentService) {
       if (header !== undefined && !/^\d{1,10}$/.test(header)) throw new ApiError('invalid_request', 'Last-Event-ID must be an event sequence number');
       const after = header !== undefined ? Number(header) : (c.req.valid('query').after ?? 0);
       if ((c.req.header('accept') ?? '').includes('application/json')) {
-        const list = await agent.events.list(run.id, after);
+        const list = await events.list(run.id, after);
         return c.json({ data: list.map((e) => ({ id: e.seq, event: e.event, data: e.data, created_at: e.createdAt.toISOString() })) }, 200);
       }
-      return streamRun(c, agent.events, run.id, after) as never;
+      return streamRun(c, events, run.id, after) as never;
     });
 }
