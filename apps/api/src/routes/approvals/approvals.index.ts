@@ -28,7 +28,7 @@ export function approvalsRouter(agent: AgentService) {
       // Org admins decide the approvals only they may (platform source updates), in any team.
       if (c.get('principal').role !== 'org_admin') teamOf(c);
       const { decision, reason } = c.req.valid('json');
-      const a = await agent.decide(c.get('principal'), c.req.valid('param').a, decision, reason);
+      const a = await agent.decide(c.get('principal'), c.req.valid('param').approval, decision, reason);
       c.set('audit', { action: 'approval.decide', resourceType: 'approval', resourceId: a.id, teamId: a.teamId, after: { decision, reason: reason ?? null, run_id: a.runId } });
       return c.json(approvalView(a), 200);
     });

@@ -33,12 +33,12 @@ export const listApprovals = createRoute({
 
 export const decideApproval = createRoute({
   method: 'post',
-  path: '/v1/approvals/{a}',
+  path: '/v1/approvals/{approval}',
   tags: ['Approvals'],
   security,
   summary: 'Decide: approve, deny, or approve_session (stop asking in this session)',
   request: {
-    params: z.object({ a: IdParam('a', 'apr_0abc') }),
+    params: z.object({ approval: IdParam('approval', 'apr_0abc') }),
     body: {
       content: { 'application/json': { schema: z.object({ decision: z.enum(['approve', 'deny', 'approve_session']), reason: z.string().max(2000).optional() }).strict() } },
       required: true,

@@ -11,33 +11,33 @@ import * as r from './evolutions.routes.ts';
 export function evolutionsRouter(db: Db, evolution: EvolutionService) {
   return createRouter()
     .openapi(r.review, async (c) => {
-      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').workspace);
       const body = c.req.valid('json') ?? {};
       const evo = await evolution.requestReview(ws, body.session_id);
       c.set('audit', { action: 'evolution.review.request', resourceType: 'evolution', resourceId: evo.id, after: { workspace: ws.id, session: evo.sessionId } });
       return c.json(evolutionView(evo), 202);
     })
     .openapi(r.dream, async (c) => {
-      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').workspace);
       const days = c.req.valid('json')?.days ?? 1;
       const evo = await evolution.requestDream(ws, days);
       c.set('audit', { action: 'evolution.dream.request', resourceType: 'evolution', resourceId: evo.id, after: { workspace: ws.id, days } });
       return c.json(evolutionView(evo), 202);
     })
     .openapi(r.list, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').workspace);
       const q = c.req.valid('query');
       return c.json(toPage(await listEvolutions(db, ws.id, q), q, evolutionView), 200);
     })
     .openapi(r.get, async (c) => {
-      const { ws: wsId, id } = c.req.valid('param');
+      const { workspace: wsId, evolution: id } = c.req.valid('param');
       const ws = await getWorkspace(db, teamOf(c), wsId);
       const evo = await getEvolution(db, ws.teamId, id);
       if (evo.workspaceId !== ws.id) throw ApiError.notFound('evolution');
       return c.json(evolutionView(evo), 200);
     })
     .openapi(r.undo, async (c) => {
-      const { ws: wsId, id } = c.req.valid('param');
+      const { workspace: wsId, evolution: id } = c.req.valid('param');
       const ws = await getWorkspace(db, writableTeamOf(c), wsId);
       const { evolution: evo, sha } = await evolution.undo(ws, id, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'evolution.undo', resourceType: 'evolution', resourceId: evo.id, before: { status: 'committed' }, after: { status: evo.status, commit: sha } });

@@ -24,7 +24,7 @@ export function messagesRouter(db: Db, agent: AgentService, events: RunEventLog)
   return createRouter()
     .openapi(r.postMessage, async (c) => {
       const team = writableTeamOf(c);
-      const { s } = c.req.valid('param');
+      const { session: s } = c.req.valid('param');
       // The audit event is written with the run, in one commit.
       const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content, { actor: c.get('principal'), requestId: c.get('requestId') });
       c.set('audit', { action: 'session.message', recorded: true });
@@ -33,7 +33,7 @@ export function messagesRouter(db: Db, agent: AgentService, events: RunEventLog)
     })
     .openapi(r.listMessages, async (c) => {
       const team = teamOf(c);
-      const { s } = c.req.valid('param');
+      const { session: s } = c.req.valid('param');
       await getSession(db, team, s);
       const q = c.req.valid('query');
       return c.json(toPage(await agent.listMessages(team, s, q), q, messageView), 200);

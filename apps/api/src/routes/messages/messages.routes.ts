@@ -16,11 +16,11 @@ export const Message = z
   .openapi('Message');
 
 const security = [{ bearer: [] }];
-const SesParams = z.object({ s: IdParam('s', 'ses_0abc') });
+const SesParams = z.object({ session: IdParam('session', 'ses_0abc') });
 
 export const postMessage = createRoute({
   method: 'post',
-  path: '/v1/sessions/{s}/messages',
+  path: '/v1/sessions/{session}/messages',
   tags: ['Runs'],
   security,
   summary: 'Send a message: starts a run (202). With ?stream=true the answer is the run\u2019s SSE stream.',
@@ -39,7 +39,7 @@ export const postMessage = createRoute({
 
 export const listMessages = createRoute({
   method: 'get',
-  path: '/v1/sessions/{s}/messages',
+  path: '/v1/sessions/{session}/messages',
   tags: ['Runs'],
   security,
   summary: 'The session\u2019s transcript, oldest first',

@@ -57,14 +57,14 @@ export function runsRouter(agent: AgentService, events: RunEventLog) {
       const status = q.status?.split(',') as RunRow['status'][] | undefined;
       return c.json(toPage(await agent.listRuns(teamOf(c), { ...q, status }), q, runView), 200);
     })
-    .openapi(r.getRun, async (c) => c.json(runView(await agent.getRun(teamOf(c), c.req.valid('param').r)), 200))
+    .openapi(r.getRun, async (c) => c.json(runView(await agent.getRun(teamOf(c), c.req.valid('param').run)), 200))
     .openapi(r.cancelRun, async (c) => {
-      const run = await agent.cancel(writableTeamOf(c), c.req.valid('param').r);
+      const run = await agent.cancel(writableTeamOf(c), c.req.valid('param').run);
       c.set('audit', { action: 'run.cancel', resourceType: 'run', resourceId: run.id });
       return c.json(runView(run), 200);
     })
     .openapi(r.runEvents, async (c) => {
-      const run = await agent.getRun(teamOf(c), c.req.valid('param').r);
+      const run = await agent.getRun(teamOf(c), c.req.valid('param').run);
       const header = c.req.header('last-event-id');
       if (header !== undefined && !/^\d{1,10}$/.test(header)) throw new ApiError('invalid_request', 'Last-Event-ID must be an event sequence number');
       const after = header !== undefined ? Number(header) : (c.req.valid('query').after ?? 0);

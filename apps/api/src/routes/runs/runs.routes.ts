@@ -19,7 +19,7 @@ export const Run = z
   .openapi('Run');
 
 const security = [{ bearer: [] }];
-const RunParams = z.object({ r: IdParam('r', 'run_0abc') });
+const RunParams = z.object({ run: IdParam('run', 'run_0abc') });
 /** The run's events as a Server-Sent Events stream, an answer of the run routes and of a posted message. */
 export const sse = { 'text/event-stream': { schema: z.string() } };
 
@@ -49,7 +49,7 @@ export const listRuns = createRoute({
 
 export const getRun = createRoute({
   method: 'get',
-  path: '/v1/runs/{r}',
+  path: '/v1/runs/{run}',
   tags: ['Runs'],
   security,
   summary: 'A run',
@@ -59,7 +59,7 @@ export const getRun = createRoute({
 
 export const cancelRun = createRoute({
   method: 'post',
-  path: '/v1/runs/{r}/cancel',
+  path: '/v1/runs/{run}/cancel',
   tags: ['Runs'],
   security,
   summary: 'Cancel: stops the model call and kills the running code',
@@ -69,7 +69,7 @@ export const cancelRun = createRoute({
 
 export const runEvents = createRoute({
   method: 'get',
-  path: '/v1/runs/{r}/events',
+  path: '/v1/runs/{run}/events',
   tags: ['Runs'],
   security,
   summary: 'The run\u2019s events: SSE (resume with Last-Event-ID or ?after=), or a JSON list with Accept: application/json',

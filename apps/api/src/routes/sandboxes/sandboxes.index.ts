@@ -26,7 +26,7 @@ export function sandboxesRouter(engine: SandboxEngine) {
       );
     })
     .openapi(r.remove, async (c) => {
-      const { id } = c.req.valid('param');
+      const { sandbox: id } = c.req.valid('param');
       await engine.removeForTeam(writableTeamOf(c), id);
       c.set('audit', { action: 'sandbox.delete', resourceType: 'sandbox', resourceId: id });
       return c.json({ id, deleted: true as const }, 200);

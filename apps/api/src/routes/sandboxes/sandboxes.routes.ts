@@ -27,11 +27,11 @@ export const list = createRoute({
 
 export const remove = createRoute({
   method: 'delete',
-  path: '/v1/sandboxes/{id}',
+  path: '/v1/sandboxes/{sandbox}',
   tags: ['Sandboxes'],
   security: [{ bearer: [] }],
   summary: 'Remove a sandbox now; its session gets a fresh one on its next execution',
-  request: { params: z.object({ id: IdParam('id', 'sbx_0abc') }) },
+  request: { params: z.object({ sandbox: IdParam('sandbox', 'sbx_0abc') }) },
   responses: { 200: jsonContent(z.object({ id: z.string(), deleted: z.literal(true) }), 'Removed'), ...errorResponses },
 });
 

@@ -59,7 +59,7 @@ export function teamsRouter(db: Db, keys: KeyCache) {
       return c.json(toPage(await teams.listTeamKeys(db, team, q), q, keyView), 200);
     })
     .openapi(r.revokeKey, async (c) => {
-      const { team, id } = c.req.valid('param');
+      const { team, key: id } = c.req.valid('param');
       requireTeamManager(c, team);
       const { before, after } = await teams.revokeTeamKey(db, team, id);
       keys.forget(id);

@@ -26,7 +26,7 @@ const outcomeView = (o: CommitOutcome) => ({ commit: o.commit ? commitView(o.com
 export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
   return createRouter()
     .openapi(r.getFiles, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').workspace);
       const q = c.req.valid('query');
       const path = checkRelativePath(q.path, { allowRoot: true });
       const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
@@ -43,7 +43,7 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
     })
     .openapi(r.putFile, async (c) => {
       const team = writableTeamOf(c);
-      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+      const ws = await getWorkspace(db, team, c.req.valid('param').workspace);
       const path = c.req.valid('query').path;
       const data = Buffer.from(await c.req.arrayBuffer());
       const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
@@ -51,14 +51,14 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       return c.json(outcomeView(outcome), 200);
     })
     .openapi(r.deleteFile, async (c) => {
-      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').workspace);
       const path = c.req.valid('query').path;
       const outcome = await service.deleteFile(ws, path, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'workspace.file.delete', resourceType: 'workspace', resourceId: ws.id, after: { path, commit: outcome.commit?.sha ?? null } });
       return c.json(outcomeView(outcome), 200);
     })
     .openapi(r.listCommits, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').workspace);
       const q = c.req.valid('query');
       const rows = await service.listCommits(ws, q);
       const has_more = rows.length > q.limit;
@@ -66,20 +66,20 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       return c.json({ data, has_more, last_id: data.at(-1)?.sha ?? null }, 200);
     })
     .openapi(r.getCommit, async (c) => {
-      const { ws: wsId, sha } = c.req.valid('param');
+      const { workspace: wsId, sha } = c.req.valid('param');
       const ws = await getWorkspace(db, teamOf(c), wsId);
       const { commit, diff, diffTruncated } = await service.getCommit(ws, sha);
       return c.json({ ...commitView(commit), diff, diff_truncated: diffTruncated }, 200);
     })
     .openapi(r.revert, async (c) => {
-      const { ws: wsId, sha } = c.req.valid('param');
+      const { workspace: wsId, sha } = c.req.valid('param');
       const ws = await getWorkspace(db, writableTeamOf(c), wsId);
       const outcome = await service.revert(ws, sha, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'workspace.revert', resourceType: 'workspace', resourceId: ws.id, after: { reverted: sha, commit: outcome.commit?.sha } });
       return c.json(outcomeView(outcome), 201);
     })
     .openapi(r.searchMemory, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').workspace);
       const { q, k, path, since, until, cursor, debug } = c.req.valid('query');
       const filters = { path, since, until };
       const offset = cursor === undefined ? 0 : decodeCursor(cursor, q, filters);
