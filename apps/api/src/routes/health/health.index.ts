@@ -1,6 +1,6 @@
-import { sql } from 'drizzle-orm';
 import type Docker from 'dockerode';
 import type { Db } from '../../db/client.ts';
+import { pingDatabase } from '../../db/health.ts';
 import { createRouter } from '../../http/router.ts';
 import { pingDocker } from '../../sandbox/docker.ts';
 import { healthz, readyz } from './health.routes.ts';
@@ -18,7 +18,7 @@ export function healthRouter(db: Db, docker: Docker) {
   return createRouter()
     .openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))
     .openapi(readyz, async (c) => {
-      const [database, engine] = await Promise.all([check(() => db.execute(sql`select 1`)), check(() => pingDocker(docker))]);
+      const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => pingDocker(docker))]);
       const ok = database.ok && engine.ok;
       return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } }, ok ? 200 : 503);
     });

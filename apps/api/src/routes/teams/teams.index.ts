@@ -2,7 +2,7 @@ import { requireOrgAdmin, requireTeamManager } from '../../http/guards.ts';
 import * as teams from '../../auth/teams.ts';
 import type { KeyCache } from '../../auth/key-cache.ts';
 import type { Db } from '../../db/client.ts';
-import { apiKeys } from '../../db/schema/index.ts';
+import type { apiKeys } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
