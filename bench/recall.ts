@@ -3,7 +3,7 @@
  *
  *  1. the data set of bench/recall-data.ts (four dialogues, ~1,600 turns, 87 questions) is
  *     written as daily logs into one workspace of the real API, through its files API
- *  2. every question is asked through GET /v1/workspaces/{ws}/memory/search (k=50); recall is
+ *  2. every question is asked through GET /v1/workspaces/{workspace}/memory/search (k=50); recall is
  *     the share of its answering turns that fall inside a hit's line range, counting hits best
  *     first while their snippets add up to at most 2,000 characters
  *  3. the same for a plain BM25 over the same turns (one document per turn), measured in the

@@ -95,7 +95,7 @@ async function main() {
     const warm = summarize(await timeEach(N, () => execOnce(session), 10));
     const dexec = summarize(await dockerExecBaseline());
     process.stdout.write(`${row('baseline: docker exec python3 -c (dockerode)', dexec)}\n`);
-    process.stdout.write(`${row('Kiln: POST /v1/sessions/{s}/exec over HTTP', warm, dexec)}\n`);
+    process.stdout.write(`${row('Kiln: POST /v1/sessions/{session}/exec over HTTP', warm, dexec)}\n`);
 
     heading(`2. cold start: new session to first result, ${COLD_N} times (no warm pool)`);
     const bare = summarize(await dockerRunBaseline());

@@ -291,10 +291,10 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     // self-check boots on a throwaway empty database, so it passes there; the live database
     // has the team made in beforeAll, so the restarted server never becomes ready.
     const patch = patchOf({
-      'apps/api/src/routes/health/health.index.ts': (t) =>
+      'apps/api/src/db/health.ts': (t) =>
         t.replace(
-          "check(() => db.execute(sql`select 1`))",
-          "check(async () => {\n          const r = await db.execute(sql`select count(*)::int as n from teams`);\n          if (JSON.stringify(r).includes('\"n\":0') === false) throw new Error('teams exist');\n        })",
+          'await db.execute(sql`select 1`);',
+          "const r = await db.execute(sql`select count(*)::int as n from teams`);\n  if (JSON.stringify(r).includes('\"n\":0') === false) throw new Error('teams exist');",
         ),
     });
     expect(patch).toContain('teams exist');

@@ -89,6 +89,26 @@ describe('bad input', () => {
     expect(await tableCounts(t.database.db)).toEqual(before);
   });
 
+  it('inside a workspace, checks the input first, then the key, then the workspace', async () => {
+    const created = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body: { name: 'v', role: 'viewer' } });
+    const viewer = created.body.key as string;
+    const other = await t.team('input-other');
+    const cases: [string, string, unknown, number, string][] = [
+      [team.key, '/v1/workspaces/bad!/dream', { days: 1 }, 400, 'param.workspace: not a valid id'],
+      [team.key, '/v1/workspaces/ws_missing/dream', { days: 0 }, 400, 'body.days'],
+      [team.key, '/v1/workspaces/ws_missing/dream', { days: 1 }, 404, 'workspace not found'],
+      [other.key, `/v1/workspaces/${ws}/dream`, { days: 1 }, 404, 'workspace not found'],
+      [viewer, `/v1/workspaces/${ws}/dream`, { days: 0 }, 400, 'body.days'],
+      [viewer, `/v1/workspaces/${ws}/dream`, { days: 1 }, 403, 'viewer keys are read-only'],
+      [t.adminKey, `/v1/workspaces/${ws}/dream`, { days: 1 }, 403, 'use a team key'],
+    ];
+    for (const [key, path, body, status, message] of cases) {
+      const r = await t.call('POST', path, { key, body });
+      expect(r.status, `${path} ${JSON.stringify(body)}`).toBe(status);
+      expect(r.body.error.message).toContain(message);
+    }
+  });
+
   it('answers unknown routes with a 404 envelope, authenticated or not', async () => {
     for (const [method, path] of [['GET', '/nope'], ['POST', '/v1/nothing-here'], ['PUT', '/v1/workspaces']] as const) {
       const r = await t.call(method, path, { key: team.key });

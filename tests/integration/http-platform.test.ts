@@ -19,7 +19,7 @@ describe('ops endpoints and documentation', () => {
   it('/openapi.json documents every route with its security scheme; /docs serves the reference offline', async () => {
     const doc = await t.call('GET', '/openapi.json');
     expect(doc.body.openapi).toBe('3.1.0');
-    for (const path of ['/v1/teams', '/v1/teams/{team}/keys', '/v1/workspaces', '/v1/workspaces/{ws}', '/v1/audit', '/readyz']) {
+    for (const path of ['/v1/teams', '/v1/teams/{team}/keys', '/v1/workspaces', '/v1/workspaces/{workspace}', '/v1/audit', '/readyz']) {
       expect(Object.keys(doc.body.paths)).toContain(path);
     }
     expect(doc.body.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });

@@ -79,7 +79,7 @@ describe('sandbox lifecycle', () => {
     expect((await t.call('DELETE', `/v1/sandboxes/${r.sandbox_id}`, { key: other.key })).status).toBe(404);
   });
 
-  it('DELETE /v1/sandboxes/{id} removes it; the session\u2019s next exec gets a fresh one and says its state is gone', async () => {
+  it('DELETE /v1/sandboxes/{sandbox} removes it; the session\u2019s next exec gets a fresh one and says its state is gone', async () => {
     const { session } = await sessionIn(t, team);
     const first = await exec(t, team.key, session, 'v = 1');
     const del = await t.call('DELETE', `/v1/sandboxes/${first.sandbox_id}`, { key: team.key });

@@ -17,7 +17,7 @@ describe('smoke', () => {
     expect((await t.call('GET', '/healthz')).body).toEqual({ status: 'ok' });
     expect((await t.call('GET', '/readyz')).status).toBe(200);
     const doc = await t.call('GET', '/openapi.json');
-    expect(Object.keys(doc.body.paths)).toEqual(expect.arrayContaining(['/v1/teams', '/v1/workspaces', '/v1/sessions/{s}/messages']));
+    expect(Object.keys(doc.body.paths)).toEqual(expect.arrayContaining(['/v1/teams', '/v1/workspaces', '/v1/sessions/{session}/messages']));
   });
 
   it('authenticates, validates and serves a team, a workspace and a session', async () => {

@@ -9,7 +9,7 @@ export async function sessionIn(t: TestApp, team: { key: string }, settings?: un
   return { ws: ws.body.id, session: s.body.id };
 }
 
-/** POST /v1/sessions/{s}/exec, returning the parsed result. */
+/** POST /v1/sessions/{session}/exec, returning the parsed result. */
 export async function exec(t: TestApp, key: string, session: string, code: string, timeout_s?: number) {
   const r = await t.call('POST', `/v1/sessions/${session}/exec`, { key, body: { code, timeout_s } });
   if (r.status !== 200) throw new Error(`exec ${r.status}: ${JSON.stringify(r.body)}`);

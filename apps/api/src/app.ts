@@ -23,7 +23,10 @@ import type { SandboxEngine } from './sandbox/engine.ts';
 import type { EvolutionService } from './evolution/service.ts';
 import { evolutionsRouter } from './routes/evolutions/evolutions.index.ts';
 import type { AgentService } from './agent/service.ts';
+import { approvalsRouter } from './routes/approvals/approvals.index.ts';
+import { messagesRouter } from './routes/messages/messages.index.ts';
 import { runsRouter } from './routes/runs/runs.index.ts';
+import { usageRouter } from './routes/usage/usage.index.ts';
 import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.index.ts';
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
@@ -109,7 +112,11 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
-  app.route('/', runsRouter(db, agent));
+  // The routes read run events from the event log itself, which the agent service holds for now.
+  app.route('/', messagesRouter(db, agent, agent.events));
+  app.route('/', runsRouter(agent, agent.events));
+  app.route('/', approvalsRouter(agent));
+  app.route('/', usageRouter(db));
   app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
   if (updates) app.route('/', systemRouter(db, updates));

@@ -51,7 +51,7 @@ export interface RunEvent {
 export type StreamState = 'connecting' | 'live' | 'reconnecting' | 'ended';
 
 export interface FollowOptions {
-  /** GET /v1/runs/{r}/events */
+  /** GET /v1/runs/{run}/events */
   url: string;
   headers: Record<string, string>;
   signal: AbortSignal;

@@ -2,7 +2,8 @@ import type { Context } from 'hono';
 import type { AppEnv, Principal } from './env.ts';
 import { ApiError } from '../lib/errors.ts';
 
-type Ctx = Context<AppEnv>;
+/** What a guard reads of a request: its principal (so any route's context will do, whatever else it carries). */
+type Ctx = Pick<Context<AppEnv>, 'get'>;
 
 export function requireOrgAdmin(c: Ctx): Principal {
   const p = c.get('principal');

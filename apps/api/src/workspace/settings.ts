@@ -43,7 +43,7 @@ const sections = {
   source_updates: z
     .boolean()
     .default(false)
-    .openapi({ description: 'the agent may propose platform source updates (each needs an org admin\u2019s approval); only an org admin changes this (PUT /v1/system/workspaces/{ws}/source-updates)' }),
+    .openapi({ description: 'the agent may propose platform source updates (each needs an org admin\u2019s approval); only an org admin changes this (PUT /v1/system/workspaces/{workspace}/source-updates)' }),
   approval: z
     .object({
       mode: z.enum(['ask', 'auto', 'deny']),

@@ -20,13 +20,13 @@ export const Evolution = z
 
 const security = [{ bearer: [] }];
 const tags = ['Evolution'];
-const WsParams = z.object({ ws: IdParam('ws', 'ws_0abc') });
-const EvoParams = z.object({ ws: IdParam('ws', 'ws_0abc'), id: IdParam('id', 'evo_0abc') });
+const WsParams = z.object({ workspace: IdParam('workspace', 'ws_0abc') });
+const EvoParams = z.object({ workspace: IdParam('workspace', 'ws_0abc'), evolution: IdParam('evolution', 'evo_0abc') });
 const body = <T extends z.ZodType>(schema: T) => ({ content: { 'application/json': { schema } }, required: false });
 
 export const review = createRoute({
   method: 'post',
-  path: '/v1/workspaces/{ws}/review',
+  path: '/v1/workspaces/{workspace}/review',
   tags,
   security,
   summary: 'Run the post-session review now (a durable job; 202 with its evolution record)',
@@ -37,7 +37,7 @@ export const review = createRoute({
 
 export const dream = createRoute({
   method: 'post',
-  path: '/v1/workspaces/{ws}/dream',
+  path: '/v1/workspaces/{workspace}/dream',
   tags,
   security,
   summary: 'Run the memory consolidation (deep dream) now for the last `days` days (default 1)',
@@ -47,7 +47,7 @@ export const dream = createRoute({
 
 export const list = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/evolutions',
+  path: '/v1/workspaces/{workspace}/evolutions',
   tags,
   security,
   summary: 'Reviews and dreams of a workspace, newest first: the evolution log',
@@ -57,7 +57,7 @@ export const list = createRoute({
 
 export const get = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/evolutions/{id}',
+  path: '/v1/workspaces/{workspace}/evolutions/{evolution}',
   tags,
   security,
   summary: 'One evolution',
@@ -67,7 +67,7 @@ export const get = createRoute({
 
 export const undo = createRoute({
   method: 'post',
-  path: '/v1/workspaces/{ws}/evolutions/{id}/undo',
+  path: '/v1/workspaces/{workspace}/evolutions/{evolution}/undo',
   tags,
   security,
   summary: 'Undo what an evolution committed (a revert commit); it is then `reverted`',

@@ -1,28 +1,9 @@
-import { createRoute, z } from '@hono/zod-openapi';
-import { sql } from 'drizzle-orm';
 import type Docker from 'dockerode';
 import type { Db } from '../../db/client.ts';
-import { createRouter, jsonContent } from '../../http/router.ts';
+import { pingDatabase } from '../../db/health.ts';
+import { createRouter } from '../../http/router.ts';
 import { pingDocker } from '../../sandbox/docker.ts';
-
-const Check = z.object({ ok: z.boolean(), error: z.string().optional() });
-const Ready = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.object({ database: Check, docker: Check }) });
-
-const healthz = createRoute({
-  method: 'get',
-  path: '/healthz',
-  tags: ['Ops'],
-  summary: 'The process is up',
-  responses: { 200: jsonContent(z.object({ status: z.literal('ok') }), 'Up') },
-});
-
-const readyz = createRoute({
-  method: 'get',
-  path: '/readyz',
-  tags: ['Ops'],
-  summary: 'The database and the Docker Engine are reachable',
-  responses: { 200: jsonContent(Ready, 'Ready'), 503: jsonContent(Ready, 'Not ready; `checks` says what failed') },
-});
+import { healthz, readyz } from './health.routes.ts';
 
 async function check(fn: () => Promise<unknown>) {
   try {
@@ -37,7 +18,7 @@ export function healthRouter(db: Db, docker: Docker) {
   return createRouter()
     .openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))
     .openapi(readyz, async (c) => {
-      const [database, engine] = await Promise.all([check(() => db.execute(sql`select 1`)), check(() => pingDocker(docker))]);
+      const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => pingDocker(docker))]);
       const ok = database.ok && engine.ok;
       return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } }, ok ? 200 : 503);
     });

@@ -4,13 +4,14 @@ import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
+import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
 import { sandboxPath } from '../../sandbox/paths.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
 import { SessionCache } from '../../sessions/session-cache.ts';
 import * as sessions from '../../sessions/sessions.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
-import { getWorkspace, type WorkspaceRow } from '../../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../../workspace/workspaces.ts';
 import { execInSession, type SessionExecResult } from '../../sessions/session-exec.ts';
 import { commitView } from '../workspace-repo/workspace-repo.index.ts';
 import * as r from './sessions.routes.ts';
@@ -27,6 +28,7 @@ const view = (s: sessions.SessionRow) => ({
 
 export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: WorkspaceService) {
   const cache = new SessionCache(db);
+  const scoped = workspaceScope(db);
   /** The session (active, this team's), its workspace, and what its sandbox may use. */
   async function target(teamId: string, sessionId: string) {
     const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
@@ -40,23 +42,21 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     execInSession({ engine, workspaces }, ws, ctx, code, opts).then(execView);
 
   return createRouter()
-    .openapi(r.create, async (c) => {
-      const team = writableTeamOf(c);
-      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
-      const row = await sessions.createSession(db, team, ws.id, c.req.valid('json')?.title);
+    .openapi(scoped(r.create), async (c) => {
+      const ws = workspaceOf(c);
+      const row = await sessions.createSession(db, ws.teamId, ws.id, c.req.valid('json')?.title);
       c.set('audit', { action: 'session.create', resourceType: 'session', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
     })
-    .openapi(r.list, async (c) => {
-      const team = teamOf(c);
-      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+    .openapi(scoped(r.list), async (c) => {
+      const ws = workspaceOf(c);
       const q = c.req.valid('query');
-      return c.json(toPage(await sessions.listSessions(db, team, ws.id, q), q, view), 200);
+      return c.json(toPage(await sessions.listSessions(db, ws.teamId, ws.id, q), q, view), 200);
     })
-    .openapi(r.get, async (c) => c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').s)), 200))
+    .openapi(r.get, async (c) => c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').session)), 200))
     .openapi(r.end, async (c) => {
       const team = writableTeamOf(c);
-      const { before, after } = await sessions.endSession(db, team, c.req.valid('param').s);
+      const { before, after } = await sessions.endSession(db, team, c.req.valid('param').session);
       cache.forget(after.id);
       await engine.release(after.id, 'session_ended');
       c.set('audit', { action: 'session.end', resourceType: 'session', resourceId: after.id, before: view(before), after: view(after) });
@@ -64,7 +64,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     })
     .openapi(r.exec, async (c) => {
       const team = writableTeamOf(c);
-      const { s } = c.req.valid('param');
+      const { session: s } = c.req.valid('param');
       const { code, timeout_s } = c.req.valid('json');
       const { ctx, ws } = await target(team, s);
       // The execution's audit event is written with its record, in one commit.
@@ -91,7 +91,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     .openapi(r.putFile, async (c) => {
       const team = writableTeamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
-      const { ctx, limits } = await target(team, c.req.valid('param').s);
+      const { ctx, limits } = await target(team, c.req.valid('param').session);
       const data = Buffer.from(await c.req.arrayBuffer());
       const size = await engine.putFile(ctx, limits, path, data).catch((err: Error) => {
         throw new ApiError('invalid_request', `could not write ${path}: ${err.message}`);
@@ -102,7 +102,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     .openapi(r.getFile, async (c) => {
       const team = teamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
-      const { ws, ctx } = await target(team, c.req.valid('param').s);
+      const { ws, ctx } = await target(team, c.req.valid('param').session);
       // A read starts no sandbox (a viewer's key included): without one running, /workspace is
       // the workspace as committed, which is what a new sandbox would be given.
       let data = await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {

@@ -32,15 +32,15 @@ export const ExecResult = z
   })
   .openapi('ExecResult');
 
-const WsParams = z.object({ ws: IdParam('ws', 'ws_0abc') });
-const SesParams = z.object({ s: IdParam('s', 'ses_0abc') });
+const WsParams = z.object({ workspace: IdParam('workspace', 'ws_0abc') });
+const SesParams = z.object({ session: IdParam('session', 'ses_0abc') });
 const security = [{ bearer: [] }];
 const tags = ['Sessions'];
 const FilePath = z.object({ path: z.string().min(1).max(1024).openapi({ example: '/workspace/data.csv' }) });
 
 export const create = createRoute({
   method: 'post',
-  path: '/v1/workspaces/{ws}/sessions',
+  path: '/v1/workspaces/{workspace}/sessions',
   tags,
   security,
   summary: 'Start a session in a workspace',
@@ -53,7 +53,7 @@ export const create = createRoute({
 
 export const list = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/sessions',
+  path: '/v1/workspaces/{workspace}/sessions',
   tags,
   security,
   summary: 'List a workspace\u2019s sessions',
@@ -63,7 +63,7 @@ export const list = createRoute({
 
 export const get = createRoute({
   method: 'get',
-  path: '/v1/sessions/{s}',
+  path: '/v1/sessions/{session}',
   tags,
   security,
   summary: 'Get a session',
@@ -73,7 +73,7 @@ export const get = createRoute({
 
 export const end = createRoute({
   method: 'delete',
-  path: '/v1/sessions/{s}',
+  path: '/v1/sessions/{session}',
   tags,
   security,
   summary: 'End a session; its sandbox is removed',
@@ -83,7 +83,7 @@ export const end = createRoute({
 
 export const exec = createRoute({
   method: 'post',
-  path: '/v1/sessions/{s}/exec',
+  path: '/v1/sessions/{session}/exec',
   tags,
   security,
   summary: 'Run Python in the session\u2019s stateful sandbox',
@@ -111,7 +111,7 @@ export const exec = createRoute({
 
 export const putFile = createRoute({
   method: 'put',
-  path: '/v1/sessions/{s}/files',
+  path: '/v1/sessions/{session}/files',
   tags,
   security,
   summary: 'Write a file into the session\u2019s sandbox (body = the bytes)',
@@ -121,7 +121,7 @@ export const putFile = createRoute({
 
 export const getFile = createRoute({
   method: 'get',
-  path: '/v1/sessions/{s}/files',
+  path: '/v1/sessions/{session}/files',
   tags,
   security,
   summary: 'Read a file from the session\u2019s sandbox',

@@ -21,15 +21,15 @@ export function systemRouter(db: Db, updates: SelfUpdates) {
     })
     .openapi(r.get, async (c) => {
       requireOrgAdmin(c);
-      return c.json(updateView(await updates.get(c.req.valid('param').id)), 200);
+      return c.json(updateView(await updates.get(c.req.valid('param').update)), 200);
     })
     .openapi(r.apply, async (c) => {
-      const row = await updates.apply(c.req.valid('param').id, requireOrgAdmin(c), c.get('requestId'));
+      const row = await updates.apply(c.req.valid('param').update, requireOrgAdmin(c), c.get('requestId'));
       c.set('audit', { action: 'system.update.apply', recorded: true });
       return c.json(updateView(row), 202);
     })
     .openapi(r.revert, async (c) => {
-      const row = await updates.revert(c.req.valid('param').id, requireOrgAdmin(c), c.get('requestId'));
+      const row = await updates.revert(c.req.valid('param').update, requireOrgAdmin(c), c.get('requestId'));
       c.set('audit', { action: 'system.update.submit', recorded: true });
       return c.json(updateView(row), 202);
     })
@@ -39,7 +39,7 @@ export function systemRouter(db: Db, updates: SelfUpdates) {
     })
     .openapi(r.sourceUpdates, async (c) => {
       requireOrgAdmin(c);
-      const { ws } = c.req.valid('param');
+      const { workspace: ws } = c.req.valid('param');
       const { enabled } = c.req.valid('json');
       const { teamId, before } = await setSourceUpdates(db, ws, enabled);
       c.set('audit', { action: 'workspace.source_updates', resourceType: 'workspace', resourceId: ws, teamId, before: { source_updates: before }, after: { source_updates: enabled } });

@@ -36,7 +36,7 @@ const Version = z
   })
   .openapi('PlatformVersion');
 
-const Params = z.object({ id: IdParam('id', 'evo_0abc') });
+const Params = z.object({ update: IdParam('update', 'evo_0abc') });
 const security = [{ bearer: [] }];
 const tags = ['Platform self-update'];
 
@@ -76,7 +76,7 @@ export const list = createRoute({
 
 export const get = createRoute({
   method: 'get',
-  path: '/v1/system/updates/{id}',
+  path: '/v1/system/updates/{update}',
   tags,
   security,
   summary: 'One platform update with its checks (org admin)',
@@ -86,7 +86,7 @@ export const get = createRoute({
 
 export const apply = createRoute({
   method: 'post',
-  path: '/v1/system/updates/{id}/apply',
+  path: '/v1/system/updates/{update}/apply',
   tags,
   security,
   summary: 'Commit a ready update on the source branch and restart into it through the relay (org admin)',
@@ -96,7 +96,7 @@ export const apply = createRoute({
 
 export const revert = createRoute({
   method: 'post',
-  path: '/v1/system/updates/{id}/revert',
+  path: '/v1/system/updates/{update}/revert',
   tags,
   security,
   summary: 'Submit the reverse of an applied update, as a new update that passes the self-check (org admin)',
@@ -115,12 +115,12 @@ export const version = createRoute({
 
 export const sourceUpdates = createRoute({
   method: 'put',
-  path: '/v1/system/workspaces/{ws}/source-updates',
+  path: '/v1/system/workspaces/{workspace}/source-updates',
   tags,
   security,
   summary: 'Let a workspace\u2019s agent propose platform source updates, each approved by an org admin (org admin)',
   request: {
-    params: z.object({ ws: IdParam('ws', 'ws_0abc') }),
+    params: z.object({ workspace: IdParam('workspace', 'ws_0abc') }),
     body: { content: { 'application/json': { schema: z.object({ enabled: z.boolean() }).strict() } }, required: true },
   },
   responses: { 200: jsonContent(z.object({ workspace_id: z.string(), enabled: z.boolean() }), 'The setting'), ...errorResponses },

@@ -2,7 +2,7 @@ import { requireOrgAdmin, requireTeamManager } from '../../http/guards.ts';
 import * as teams from '../../auth/teams.ts';
 import type { KeyCache } from '../../auth/key-cache.ts';
 import type { Db } from '../../db/client.ts';
-import { apiKeys } from '../../db/schema/index.ts';
+import type { apiKeys } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
@@ -59,7 +59,7 @@ export function teamsRouter(db: Db, keys: KeyCache) {
       return c.json(toPage(await teams.listTeamKeys(db, team, q), q, keyView), 200);
     })
     .openapi(r.revokeKey, async (c) => {
-      const { team, id } = c.req.valid('param');
+      const { team, key: id } = c.req.valid('param');
       requireTeamManager(c, team);
       const { before, after } = await teams.revokeTeamKey(db, team, id);
       keys.forget(id);

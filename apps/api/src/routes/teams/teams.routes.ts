@@ -24,7 +24,7 @@ const CreatedKey = Key.extend({ key: z.string().openapi({ description: 'The secr
 );
 
 const TeamParams = z.object({ team: IdParam('team', 'team_0abc') });
-const KeyParams = TeamParams.extend({ id: IdParam('id', 'key_0abc') });
+const KeyParams = TeamParams.extend({ key: IdParam('key', 'key_0abc') });
 const security = [{ bearer: [] }];
 
 export const createTeam = createRoute({
@@ -91,7 +91,7 @@ export const listKeys = createRoute({
 
 export const revokeKey = createRoute({
   method: 'delete',
-  path: '/v1/teams/{team}/keys/{id}',
+  path: '/v1/teams/{team}/keys/{key}',
   tags: ['Teams'],
   summary: 'Revoke a key',
   security,

@@ -1,12 +1,11 @@
-import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
+import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
 import type { CommitInfo, CommitOutcome } from '../../workspace/repo.ts';
 import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
-import { getWorkspace } from '../../workspace/workspaces.ts';
 import * as r from './workspace-repo.routes.ts';
 
 export const commitView = (c: CommitInfo | CommitRow) => ({
@@ -24,9 +23,10 @@ export const commitView = (c: CommitInfo | CommitRow) => ({
 const outcomeView = (o: CommitOutcome) => ({ commit: o.commit ? commitView(o.commit) : null, redactions: o.redactions, refused: o.refused });
 
 export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
+  const scoped = workspaceScope(db);
   return createRouter()
-    .openapi(r.getFiles, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+    .openapi(scoped(r.getFiles), async (c) => {
+      const ws = workspaceOf(c);
       const q = c.req.valid('query');
       const path = checkRelativePath(q.path, { allowRoot: true });
       const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
@@ -41,45 +41,42 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
         200,
       );
     })
-    .openapi(r.putFile, async (c) => {
-      const team = writableTeamOf(c);
-      const ws = await getWorkspace(db, team, c.req.valid('param').ws);
+    .openapi(scoped(r.putFile), async (c) => {
+      const ws = workspaceOf(c);
       const path = c.req.valid('query').path;
       const data = Buffer.from(await c.req.arrayBuffer());
       const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'workspace.file.write', resourceType: 'workspace', resourceId: ws.id, after: { path, bytes: data.length, commit: outcome.commit?.sha ?? null, redactions: outcome.redactions.length } });
       return c.json(outcomeView(outcome), 200);
     })
-    .openapi(r.deleteFile, async (c) => {
-      const ws = await getWorkspace(db, writableTeamOf(c), c.req.valid('param').ws);
+    .openapi(scoped(r.deleteFile), async (c) => {
+      const ws = workspaceOf(c);
       const path = c.req.valid('query').path;
       const outcome = await service.deleteFile(ws, path, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'workspace.file.delete', resourceType: 'workspace', resourceId: ws.id, after: { path, commit: outcome.commit?.sha ?? null } });
       return c.json(outcomeView(outcome), 200);
     })
-    .openapi(r.listCommits, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+    .openapi(scoped(r.listCommits), async (c) => {
+      const ws = workspaceOf(c);
       const q = c.req.valid('query');
       const rows = await service.listCommits(ws, q);
       const has_more = rows.length > q.limit;
       const data = rows.slice(0, q.limit).map(commitView);
       return c.json({ data, has_more, last_id: data.at(-1)?.sha ?? null }, 200);
     })
-    .openapi(r.getCommit, async (c) => {
-      const { ws: wsId, sha } = c.req.valid('param');
-      const ws = await getWorkspace(db, teamOf(c), wsId);
-      const { commit, diff, diffTruncated } = await service.getCommit(ws, sha);
+    .openapi(scoped(r.getCommit), async (c) => {
+      const { commit, diff, diffTruncated } = await service.getCommit(workspaceOf(c), c.req.valid('param').sha);
       return c.json({ ...commitView(commit), diff, diff_truncated: diffTruncated }, 200);
     })
-    .openapi(r.revert, async (c) => {
-      const { ws: wsId, sha } = c.req.valid('param');
-      const ws = await getWorkspace(db, writableTeamOf(c), wsId);
+    .openapi(scoped(r.revert), async (c) => {
+      const ws = workspaceOf(c);
+      const { sha } = c.req.valid('param');
       const outcome = await service.revert(ws, sha, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', { action: 'workspace.revert', resourceType: 'workspace', resourceId: ws.id, after: { reverted: sha, commit: outcome.commit?.sha } });
       return c.json(outcomeView(outcome), 201);
     })
-    .openapi(r.searchMemory, async (c) => {
-      const ws = await getWorkspace(db, teamOf(c), c.req.valid('param').ws);
+    .openapi(scoped(r.searchMemory), async (c) => {
+      const ws = workspaceOf(c);
       const { q, k, path, since, until, cursor, debug } = c.req.valid('query');
       const filters = { path, since, until };
       const offset = cursor === undefined ? 0 : decodeCursor(cursor, q, filters);

@@ -28,7 +28,7 @@ export const CommitOutcome = z
   })
   .openapi('CommitOutcome');
 
-const WsParams = z.object({ ws: IdParam('ws', 'ws_0abc') });
+const WsParams = z.object({ workspace: IdParam('workspace', 'ws_0abc') });
 const ShaParams = WsParams.extend({ sha: z.string().regex(/^[0-9a-f]{4,40}$/, 'must be 4 to 40 hex digits').openapi({ param: { name: 'sha', in: 'path' } }) });
 const PathQuery = z.object({ path: z.string().min(1).max(1024) });
 const security = [{ bearer: [] }];
@@ -36,7 +36,7 @@ const tags = ['Workspace files and history'];
 
 export const getFiles = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/files',
+  path: '/v1/workspaces/{workspace}/files',
   tags,
   security,
   summary: 'A directory listing or a file\u2019s content (`raw=true`: the bytes)',
@@ -55,7 +55,7 @@ export const getFiles = createRoute({
 
 export const putFile = createRoute({
   method: 'put',
-  path: '/v1/workspaces/{ws}/files',
+  path: '/v1/workspaces/{workspace}/files',
   tags,
   security,
   summary: 'Write a file (body = its bytes); commits it as Kiln-Author: user',
@@ -65,7 +65,7 @@ export const putFile = createRoute({
 
 export const deleteFile = createRoute({
   method: 'delete',
-  path: '/v1/workspaces/{ws}/files',
+  path: '/v1/workspaces/{workspace}/files',
   tags,
   security,
   summary: 'Delete a file; commits the deletion',
@@ -75,7 +75,7 @@ export const deleteFile = createRoute({
 
 export const listCommits = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/commits',
+  path: '/v1/workspaces/{workspace}/commits',
   tags,
   security,
   summary: 'The workspace\u2019s history, newest first',
@@ -93,7 +93,7 @@ export const listCommits = createRoute({
 
 export const getCommit = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/commits/{sha}',
+  path: '/v1/workspaces/{workspace}/commits/{sha}',
   tags,
   security,
   summary: 'One commit with its diff',
@@ -103,7 +103,7 @@ export const getCommit = createRoute({
 
 export const revert = createRoute({
   method: 'post',
-  path: '/v1/workspaces/{ws}/commits/{sha}/revert',
+  path: '/v1/workspaces/{workspace}/commits/{sha}/revert',
   tags,
   security,
   summary: 'Revert a commit with a new commit; 409 when it cannot apply cleanly (nothing changes)',
@@ -158,7 +158,7 @@ const SearchHit = z
 
 export const searchMemory = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}/memory/search',
+  path: '/v1/workspaces/{workspace}/memory/search',
   tags: ['Memory'],
   security,
   summary: 'Search core memory, daily logs, knowledge and skills (BM25, best-matching lines as snippets)',

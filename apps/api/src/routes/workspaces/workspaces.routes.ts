@@ -21,7 +21,7 @@ export const Workspace = z
   })
   .openapi('Workspace');
 
-const Params = z.object({ ws: IdParam('ws', 'ws_0abc') });
+const Params = z.object({ workspace: IdParam('workspace', 'ws_0abc') });
 const security = [{ bearer: [] }];
 const tags = ['Workspaces'];
 const body = <T extends z.ZodType>(schema: T) => ({ content: { 'application/json': { schema } }, required: true });
@@ -48,7 +48,7 @@ export const list = createRoute({
 
 export const get = createRoute({
   method: 'get',
-  path: '/v1/workspaces/{ws}',
+  path: '/v1/workspaces/{workspace}',
   tags,
   security,
   summary: 'Get a workspace',
@@ -58,7 +58,7 @@ export const get = createRoute({
 
 export const update = createRoute({
   method: 'patch',
-  path: '/v1/workspaces/{ws}',
+  path: '/v1/workspaces/{workspace}',
   tags,
   security,
   summary: 'Rename a workspace or change some of its settings',
@@ -68,7 +68,7 @@ export const update = createRoute({
 
 export const remove = createRoute({
   method: 'delete',
-  path: '/v1/workspaces/{ws}',
+  path: '/v1/workspaces/{workspace}',
   tags,
   security,
   summary: 'Delete a workspace',

@@ -1,0 +1,37 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import { errorResponses, IdParam, jsonContent } from '../../http/router.ts';
+
+const Sandbox = z
+  .object({
+    id: z.string(),
+    session_id: z.string().nullable(),
+    workspace_id: z.string().nullable(),
+    state: z.enum(['starting', 'idle', 'busy']),
+    memory_bytes: z.number().nullable(),
+    cpu_percent: z.number().nullable(),
+    limits: z.object({ memoryMb: z.number(), cpus: z.number(), pids: z.number(), timeoutS: z.number(), diskMb: z.number() }),
+    created_at: z.string(),
+    last_used_at: z.string(),
+    expires_at: z.string(),
+  })
+  .openapi('Sandbox');
+
+export const list = createRoute({
+  method: 'get',
+  path: '/v1/sandboxes',
+  tags: ['Sandboxes'],
+  security: [{ bearer: [] }],
+  summary: 'The team\u2019s live sandboxes with their memory and CPU use',
+  responses: { 200: jsonContent(z.object({ data: z.array(Sandbox) }), 'Sandboxes'), ...errorResponses },
+});
+
+export const remove = createRoute({
+  method: 'delete',
+  path: '/v1/sandboxes/{sandbox}',
+  tags: ['Sandboxes'],
+  security: [{ bearer: [] }],
+  summary: 'Remove a sandbox now; its session gets a fresh one on its next execution',
+  request: { params: z.object({ sandbox: IdParam('sandbox', 'sbx_0abc') }) },
+  responses: { 200: jsonContent(z.object({ id: z.string(), deleted: z.literal(true) }), 'Removed'), ...errorResponses },
+});
+
