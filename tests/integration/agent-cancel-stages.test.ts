@@ -1,6 +1,6 @@
 import postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { eventsUntil, TERMINAL } from '../support/agent.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';

@@ -5,7 +5,7 @@ import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { installationInstanceId } from '../../apps/api/src/config.ts';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 

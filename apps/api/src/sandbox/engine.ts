@@ -1,19 +1,16 @@
 import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
-import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import { randomInt } from 'node:crypto';
-import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
+import type { SandboxBackend, SandboxContainer } from './backend.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
 import { cancelledBeforeStart, notRun, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
-import { StatsSampler } from './stats.ts';
 
 export interface EngineOptions {
   image: string;
@@ -59,7 +56,7 @@ export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
 
 interface Container {
   id: string;
-  container: Docker.Container;
+  container: SandboxContainer;
   client: RunnerClient;
   limits: SandboxLimits;
 }
@@ -79,15 +76,12 @@ interface Live extends Container {
 }
 
 const ACTIVE = ['starting', 'ready'] as const;
-const LABEL = 'kiln.managed';
-/** The label that records a container's sandbox uid: the record every replica on this Docker host checks. */
-const UID_LABEL = 'kiln.uid';
-const UID_ATTEMPTS = 8;
 
 /**
  * Owns every sandbox container of this API instance: a warm pool of started containers with a
  * ready runner, one live sandbox per session (claimed from the pool or created cold), the
- * reaper that reconciles Docker with the `sandboxes` table, and the execution record.
+ * reaper that reconciles the container runtime (the backend) with the `sandboxes` table, and
+ * the execution record.
  */
 export class SandboxEngine {
   private live = new Map<string, Live>();
@@ -97,21 +91,17 @@ export class SandboxEngine {
   /** Sandbox ids whose container is being created, or claimed for a session, right now: never reaped. */
   private readonly creating = new Set<string>();
   private readonly claiming = new Set<string>();
-  /** Uids of containers this instance is creating, before Docker lists them. */
-  private readonly uidsInFlight = new Set<number>();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
-  readonly stats: StatsSampler;
   /** Warm containers are created with the default settings, capped. */
   private readonly poolLimits: SandboxLimits;
 
   constructor(
     private readonly db: Db,
-    private readonly docker: Docker,
+    private readonly backend: SandboxBackend,
     private readonly opts: EngineOptions,
     private readonly log: Logger,
   ) {
-    this.stats = new StatsSampler(docker);
     this.poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
   }
 
@@ -149,6 +139,11 @@ export class SandboxEngine {
 
   get poolReady(): number {
     return this.pool.length;
+  }
+
+  /** Resolves when the container runtime answers, rejects with the reason otherwise. */
+  ping(): Promise<void> {
+    return this.backend.ping();
   }
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
@@ -279,8 +274,8 @@ export class SandboxEngine {
     // The database bookkeeping and the container start run side by side: a cold start costs
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Container> = warm
-      ? (sameLimits(warm.limits, limits) ? Promise.resolve() : warm.container.update(updateSpec(limits))).then(() => ({ ...warm, limits }))
-      : this.create(id, limits, { 'kiln.team': ctx.teamId, 'kiln.session': ctx.sessionId });
+      ? (sameLimits(warm.limits, limits) ? Promise.resolve() : this.backend.update(warm.container, limits)).then(() => ({ ...warm, limits }))
+      : this.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
     const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
@@ -320,12 +315,17 @@ export class SandboxEngine {
       if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
       if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
       else if (warm && c.status === 'rejected') await this.destroy(warm);
-      if (warm && lost.status === 'fulfilled' && containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
+      if (warm && lost.status === 'fulfilled' && this.containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
       throw err;
     } finally {
       this.claiming.delete(id);
       this.fillPool();
     }
+  }
+
+  /** The runner stopped answering, or the container no longer exists or no longer runs. */
+  private containerGone(err: unknown): boolean {
+    return err instanceof RunnerGoneError || this.backend.isGone(err);
   }
 
   /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
@@ -368,72 +368,38 @@ export class SandboxEngine {
     return new Date(this.now() + this.opts.idleMs);
   }
 
-  /** Creates, starts and connects to a hardened container. */
-  private async create(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
+  /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
+  private async create(id: string, limits: SandboxLimits, session = { teamId: '', sessionId: '' }): Promise<Container> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, labels);
+      return await this.createNow(id, limits, session);
     } finally {
       this.creating.delete(id);
     }
   }
 
-  private async createNow(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
-    const { container, uid } = await this.createWithOwnUid(id, limits, labels);
+  private async createNow(id: string, limits: SandboxLimits, session: { teamId: string; sessionId: string }): Promise<Container> {
+    const container = await this.backend.create({
+      image: this.opts.image,
+      sandboxId: id,
+      owner: this.opts.owner,
+      ...session,
+      expiresAt: new Date(this.now() + this.opts.maxLifetimeMs),
+      limits,
+    });
     try {
-      await container.start();
-      const client = await RunnerClient.start(this.docker, container, sandboxUser(uid));
+      await this.backend.start(container);
+      const client = await RunnerClient.start(await this.backend.attachRunner(container));
       return { id, container, client, limits };
     } catch (err) {
-      await container.remove({ force: true }).catch(() => undefined);
+      await this.backend.remove(container.id).catch(() => undefined);
       throw err;
     }
   }
 
-  /**
-   * Creates the container with a uid no other live sandbox on this Docker host has (other
-   * replicas included). The uid is drawn at random from a range of 10^8 and recorded in a
-   * label; after the create, Docker is asked who else carries it: on a clash the new
-   * container steps back and draws again (two racing creates may both step back; neither
-   * ever runs beside another holder).
-   */
-  private async createWithOwnUid(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<{ container: Docker.Container; uid: number }> {
-    for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
-      const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
-      if (this.uidsInFlight.has(uid)) continue;
-      this.uidsInFlight.add(uid);
-      try {
-        const container = await this.docker.createContainer(
-          containerSpec({
-            image: this.opts.image,
-            name: `kiln-${id}`,
-            limits,
-            uid,
-            labels: {
-              [LABEL]: '1',
-              'kiln.sandbox': id,
-              'kiln.owner': this.opts.owner,
-              'kiln.team': '',
-              'kiln.session': '',
-              'kiln.expires': new Date(this.now() + this.opts.maxLifetimeMs).toISOString(),
-              ...labels,
-              [UID_LABEL]: String(uid),
-            },
-          }),
-        );
-        const holders = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] } });
-        if (holders.length <= 1) return { container, uid };
-        await container.remove({ force: true }).catch(() => undefined);
-      } finally {
-        this.uidsInFlight.delete(uid);
-      }
-    }
-    throw new ApiError('sandbox_unavailable', 'could not find a free uid for a new sandbox; try again');
-  }
-
   private fillPool(): void {
     while (!this.stopped && this.pool.length + this.fills.size < this.opts.poolSize) {
-      const fill: Promise<void> = this.create(newId('sbx'), this.poolLimits, {})
+      const fill: Promise<void> = this.create(newId('sbx'), this.poolLimits)
         .then(
           async (c) => {
             if (this.stopped) await this.destroy(c);
@@ -475,18 +441,18 @@ export class SandboxEngine {
       await this.release(row.sessionId, 'deleted');
       return;
     }
-    if (row.containerId) await this.docker.getContainer(row.containerId).remove({ force: true }).catch(() => undefined);
+    if (row.containerId) await this.backend.remove(row.containerId).catch(() => undefined);
     await this.markRemoved([id], 'deleted');
   }
 
-  /** The team's live sandboxes, with memory and CPU use sampled from Docker. */
+  /** The team's live sandboxes, with memory and CPU use sampled from the container runtime. */
   async listForTeam(teamId: string) {
     const rows = await this.db
       .select()
       .from(sandboxes)
       .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
       .orderBy(sandboxes.id);
-    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.stats.sample(r.containerId) : Promise.resolve(null))));
+    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null))));
     return rows.map((r, i) => {
       const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
       const state = r.state === 'starting' ? 'starting' : live?.id === r.id && live.busy ? 'busy' : 'idle';
@@ -504,14 +470,13 @@ export class SandboxEngine {
 
   private async destroy(c: Container): Promise<void> {
     c.client.close();
-    this.stats.forget(c.container.id);
-    await c.container.remove({ force: true }).catch((err: { statusCode?: number }) => {
-      if (err.statusCode !== 404) this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+    await this.backend.remove(c.container.id).catch((err) => {
+      this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
     });
   }
 
   /**
-   * Reconciles Docker with the database. Any replica of this installation removes its
+   * Reconciles the container runtime with the database. Any replica of this installation removes its
    * containers past their hard lifetime (never another installation's, whatever their age);
    * this instance also removes its own containers that are neither pooled nor live
    * (all of them at start-up: their runner streams died with the previous process), sandboxes
@@ -537,28 +502,28 @@ export class SandboxEngine {
         removed++;
       }
     }
-    const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
+    const containers = await this.backend.list();
     // A container is this installation's when it is this instance's or names a row of this
     // database (another replica's); any other is another installation's and never touched.
-    const foreign = containers.filter((c) => c.Labels['kiln.owner'] !== this.opts.owner).map((c) => c.Labels['kiln.sandbox'] ?? '');
+    const foreign = containers.filter((c) => c.owner !== this.opts.owner).map((c) => c.sandboxId);
     const known = new Set(
       foreign.length ? (await this.db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))).map((r) => r.id) : [],
     );
     for (const info of containers) {
-      const sbx = info.Labels['kiln.sandbox'] ?? '';
+      const sbx = info.sandboxId;
       if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
       // Asked now, not before the listing: a warm container that finished starting (or was
       // claimed) while the list was being fetched is pooled or live by the time we get here.
-      const kept = this.pool.some((c) => c.container.id === info.Id) || [...this.live.values()].some((l) => l.container.id === info.Id);
-      const mine = info.Labels['kiln.owner'] === this.opts.owner;
+      const kept = this.pool.some((c) => c.container.id === info.id) || [...this.live.values()].some((l) => l.container.id === info.id);
+      const mine = info.owner === this.opts.owner;
       if (!mine && !known.has(sbx)) continue;
-      const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
+      const expired = info.expiresAt !== undefined && info.expiresAt < now;
       if (kept && !expired && !opts.startup) continue;
       if (!expired && !mine) continue;
-      await this.docker.getContainer(info.Id).remove({ force: true }).catch(() => undefined);
+      await this.backend.remove(info.id).catch(() => undefined);
       if (kept) {
-        this.pool = this.pool.filter((c) => c.container.id !== info.Id);
-        const live = [...this.live.values()].find((l) => l.container.id === info.Id);
+        this.pool = this.pool.filter((c) => c.container.id !== info.id);
+        const live = [...this.live.values()].find((l) => l.container.id === info.id);
         if (live) await this.release(live.sessionId, 'expired');
       }
       removed++;
@@ -588,8 +553,6 @@ class WarmGone extends Error {
   }
 }
 
-/** The runner stopped answering, or Docker no longer has the container (404) or it is not running (409). */
-const containerGone = (err: unknown) => err instanceof RunnerGoneError || [404, 409].includes((err as { statusCode?: number }).statusCode ?? 0);
 
 const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;

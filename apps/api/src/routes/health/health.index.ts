@@ -1,9 +1,8 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { sql } from 'drizzle-orm';
-import type Docker from 'dockerode';
 import type { Db } from '../../db/client.ts';
 import { createRouter, jsonContent } from '../../http/router.ts';
-import { pingDocker } from '../../sandbox/docker.ts';
+import type { SandboxEngine } from '../../sandbox/engine.ts';
 
 const Check = z.object({ ok: z.boolean(), error: z.string().optional() });
 const Ready = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.object({ database: Check, docker: Check }) });
@@ -33,11 +32,11 @@ async function check(fn: () => Promise<unknown>) {
   }
 }
 
-export function healthRouter(db: Db, docker: Docker) {
+export function healthRouter(db: Db, sandboxes: Pick<SandboxEngine, 'ping'>) {
   return createRouter()
     .openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))
     .openapi(readyz, async (c) => {
-      const [database, engine] = await Promise.all([check(() => db.execute(sql`select 1`)), check(() => pingDocker(docker))]);
+      const [database, engine] = await Promise.all([check(() => db.execute(sql`select 1`)), check(() => sandboxes.ping())]);
       const ok = database.ok && engine.ok;
       return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } }, ok ? 200 : 503);
     });
