@@ -4,10 +4,12 @@ import type { Db } from '../db/client.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import type { SandboxBackend, SandboxContainer } from './backend.ts';
+import type { SandboxBackend } from './backend.ts';
+import { Containers, type Sandbox } from './containers.ts';
+import { WarmPool } from './pool.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
-import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { cancelledBeforeStart, notRun, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import { effectiveLimits, type SandboxLimits } from './limits.ts';
+import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
@@ -54,14 +56,7 @@ export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   execution_id: string;
 }
 
-interface Container {
-  id: string;
-  container: SandboxContainer;
-  client: RunnerClient;
-  limits: SandboxLimits;
-}
-
-interface Live extends Container {
+interface Live extends Sandbox {
   teamId: string;
   sessionId: string;
   lastUsed: number;
@@ -86,15 +81,12 @@ const ACTIVE = ['starting', 'ready'] as const;
 export class SandboxEngine {
   private live = new Map<string, Live>();
   private acquiring = new Map<string, Promise<Live>>();
-  private pool: Container[] = [];
-  private fills = new Set<Promise<void>>();
-  /** Sandbox ids whose container is being created, or claimed for a session, right now: never reaped. */
-  private readonly creating = new Set<string>();
+  private readonly containers: Containers;
+  private readonly pool: WarmPool;
+  /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
   private readonly claiming = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
-  /** Warm containers are created with the default settings, capped. */
-  private readonly poolLimits: SandboxLimits;
 
   constructor(
     private readonly db: Db,
@@ -102,7 +94,10 @@ export class SandboxEngine {
     private readonly opts: EngineOptions,
     private readonly log: Logger,
   ) {
-    this.poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+    const { image, owner, maxLifetimeMs } = opts;
+    this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now: () => this.now() }, log);
+    // Warm containers are created with the default settings, capped.
+    this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: this.limitsFor(DEFAULT_SETTINGS.sandbox) }, log);
   }
 
   private now(): number {
@@ -117,7 +112,7 @@ export class SandboxEngine {
   /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
   async start(): Promise<void> {
     await this.reap({ startup: true });
-    this.fillPool();
+    this.pool.fill();
     this.timer = setInterval(() => {
       this.reap().catch((err) => this.log.error({ err }, 'sandbox reaper failed'));
     }, this.opts.reapIntervalMs);
@@ -127,18 +122,24 @@ export class SandboxEngine {
   /** Removes every container of this instance: the runner streams die with the process anyway. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.pool.stop();
     clearInterval(this.timer);
     await Promise.allSettled([...this.acquiring.values()]);
     // A warm container still being started removes itself once it is up (`stopped`): wait for it,
     // or the process may exit and leave it running.
     await this.poolSettled();
     const live = [...this.live.values()];
-    const pool = this.pool.splice(0);
-    await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...pool.map((w) => this.destroy(w))]);
+    const warm = this.pool.drain();
+    await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...warm.map((w) => this.containers.destroy(w))]);
   }
 
   get poolReady(): number {
-    return this.pool.length;
+    return this.pool.warm.length;
+  }
+
+  /** Resolves once the warm containers being started right now are ready (or failed). */
+  poolSettled(): Promise<void> {
+    return this.pool.settled();
   }
 
   /** Resolves when the container runtime answers, rejects with the reason otherwise. */
@@ -254,37 +255,28 @@ export class SandboxEngine {
     }
   }
 
-  private takeWarm(limits: SandboxLimits): Container | undefined {
-    if (!sameShape(limits, this.poolLimits)) return undefined;
-    for (let warm = this.pool.shift(); warm; warm = this.pool.shift()) {
-      if (warm.client.alive) return warm;
-      void this.destroy(warm);
-    }
-    return undefined;
-  }
-
   private async claimOnce(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.live.get(ctx.sessionId);
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = this.takeWarm(limits);
+    const warm = this.pool.take(limits);
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
     // The database bookkeeping and the container start run side by side: a cold start costs
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
-    const container: Promise<Container> = warm
+    const container: Promise<Sandbox> = warm
       ? (sameLimits(warm.limits, limits) ? Promise.resolve() : this.backend.update(warm.container, limits)).then(() => ({ ...warm, limits }))
-      : this.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
+      : this.containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
     const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
       if (c.status === 'rejected') throw c.reason;
       if (lost.status === 'rejected') {
         if (warm) {
-          this.pool.unshift(warm);
+          this.pool.giveBack(warm);
         } else {
-          await this.destroy(c.value);
+          await this.containers.destroy(c.value);
         }
         throw lost.reason;
       }
@@ -313,13 +305,13 @@ export class SandboxEngine {
       return live;
     } catch (err) {
       if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
-      else if (warm && c.status === 'rejected') await this.destroy(warm);
+      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.containers.destroy(c.value);
+      else if (warm && c.status === 'rejected') await this.containers.destroy(warm);
       if (warm && lost.status === 'fulfilled' && this.containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
       throw err;
     } finally {
       this.claiming.delete(id);
-      this.fillPool();
+      this.pool.fill();
     }
   }
 
@@ -368,61 +360,12 @@ export class SandboxEngine {
     return new Date(this.now() + this.opts.idleMs);
   }
 
-  /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
-  private async create(id: string, limits: SandboxLimits, session = { teamId: '', sessionId: '' }): Promise<Container> {
-    this.creating.add(id);
-    try {
-      return await this.createNow(id, limits, session);
-    } finally {
-      this.creating.delete(id);
-    }
-  }
-
-  private async createNow(id: string, limits: SandboxLimits, session: { teamId: string; sessionId: string }): Promise<Container> {
-    const container = await this.backend.create({
-      image: this.opts.image,
-      sandboxId: id,
-      owner: this.opts.owner,
-      ...session,
-      expiresAt: new Date(this.now() + this.opts.maxLifetimeMs),
-      limits,
-    });
-    try {
-      await this.backend.start(container);
-      const client = await RunnerClient.start(await this.backend.attachRunner(container));
-      return { id, container, client, limits };
-    } catch (err) {
-      await this.backend.remove(container.id).catch(() => undefined);
-      throw err;
-    }
-  }
-
-  private fillPool(): void {
-    while (!this.stopped && this.pool.length + this.fills.size < this.opts.poolSize) {
-      const fill: Promise<void> = this.create(newId('sbx'), this.poolLimits)
-        .then(
-          async (c) => {
-            if (this.stopped) await this.destroy(c);
-            else this.pool.push(c);
-          },
-          (err) => this.log.error({ err }, 'could not start a warm sandbox'),
-        )
-        .finally(() => this.fills.delete(fill));
-      this.fills.add(fill);
-    }
-  }
-
-  /** Resolves once the warm containers being started right now are ready (or failed). */
-  async poolSettled(): Promise<void> {
-    while (this.fills.size) await Promise.allSettled([...this.fills]);
-  }
-
   /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
   async release(sessionId: string, reason: string): Promise<void> {
     const live = this.live.get(sessionId);
     if (live) {
       this.live.delete(sessionId);
-      await this.destroy(live);
+      await this.containers.destroy(live);
       await this.markRemoved([live.id], reason);
     } else {
       const rows = await this.db
@@ -468,13 +411,6 @@ export class SandboxEngine {
       .where(and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed')));
   }
 
-  private async destroy(c: Container): Promise<void> {
-    c.client.close();
-    await this.backend.remove(c.container.id).catch((err) => {
-      this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
-    });
-  }
-
   /**
    * Reconciles the container runtime with the database. Any replica of this installation removes its
    * containers past their hard lifetime (never another installation's, whatever their age);
@@ -511,10 +447,10 @@ export class SandboxEngine {
     );
     for (const info of containers) {
       const sbx = info.sandboxId;
-      if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
+      if (this.containers.isCreating(sbx) || this.claiming.has(sbx)) continue;
       // Asked now, not before the listing: a warm container that finished starting (or was
       // claimed) while the list was being fetched is pooled or live by the time we get here.
-      const kept = this.pool.some((c) => c.container.id === info.id) || [...this.live.values()].some((l) => l.container.id === info.id);
+      const kept = this.pool.has(info.id) || [...this.live.values()].some((l) => l.container.id === info.id);
       const mine = info.owner === this.opts.owner;
       if (!mine && !known.has(sbx)) continue;
       const expired = info.expiresAt !== undefined && info.expiresAt < now;
@@ -522,7 +458,7 @@ export class SandboxEngine {
       if (!expired && !mine) continue;
       await this.backend.remove(info.id).catch(() => undefined);
       if (kept) {
-        this.pool = this.pool.filter((c) => c.container.id !== info.id);
+        this.pool.drop(info.id);
         const live = [...this.live.values()].find((l) => l.container.id === info.id);
         if (live) await this.release(live.sessionId, 'expired');
       }
@@ -538,7 +474,7 @@ export class SandboxEngine {
       opts.startup ? 'server_restarted' : 'orphaned',
     );
     if (removed) this.log.info({ removed }, 'reaped sandboxes');
-    if (!opts.startup) this.fillPool();
+    if (!opts.startup) this.pool.fill();
     return { removed };
   }
 }
