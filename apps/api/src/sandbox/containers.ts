@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import type { SandboxBackend, SandboxContainer } from './backend.ts';
+import type { ContainerRequest, SandboxBackend, SandboxContainer } from './backend.ts';
 import type { SandboxLimits } from './limits.ts';
 import { RunnerClient } from './runner-client.ts';
 
@@ -10,6 +10,10 @@ export interface Sandbox {
   client: RunnerClient;
   limits: SandboxLimits;
 }
+
+/** The team and session a container is created for; empty for a warm one. */
+type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId'>;
+const WARM: SessionOf = { teamId: '', sessionId: '' };
 
 export interface ContainerOptions {
   image: string;
@@ -35,7 +39,7 @@ export class Containers {
   }
 
   /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
-  async create(id: string, limits: SandboxLimits, session = { teamId: '', sessionId: '' }): Promise<Sandbox> {
+  async create(id: string, limits: SandboxLimits, session: SessionOf = WARM): Promise<Sandbox> {
     this.creating.add(id);
     try {
       return await this.createNow(id, limits, session);
@@ -44,7 +48,7 @@ export class Containers {
     }
   }
 
-  private async createNow(id: string, limits: SandboxLimits, session: { teamId: string; sessionId: string }): Promise<Sandbox> {
+  private async createNow(id: string, limits: SandboxLimits, session: SessionOf): Promise<Sandbox> {
     const container = await this.backend.create({
       image: this.opts.image,
       sandboxId: id,

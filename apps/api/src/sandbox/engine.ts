@@ -1,18 +1,20 @@
 import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
+import { combine } from '../db/batch.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import { newId } from '../lib/ids.ts';
-import type { SandboxBackend } from './backend.ts';
-import { Containers, type Sandbox } from './containers.ts';
-import { WarmPool } from './pool.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
-import { effectiveLimits, type SandboxLimits } from './limits.ts';
-import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
-import { tarWorkspace } from './tar.ts';
+import type { SandboxBackend } from './backend.ts';
+import { Containers } from './containers.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
-import { combine } from '../db/batch.ts';
+import { effectiveLimits, type SandboxLimits } from './limits.ts';
+import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
+import { WarmPool } from './pool.ts';
+import { ACTIVE, markRemoved } from './rows.ts';
+import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+
+export type { ExecContext } from './live.ts';
 
 export interface EngineOptions {
   image: string;
@@ -28,15 +30,6 @@ export interface EngineOptions {
   reapIntervalMs: number;
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
-}
-
-export interface ExecContext {
-  teamId: string;
-  workspaceId: string;
-  sessionId: string;
-  runId?: string;
-  /** The workspace's directory on this host: copied into /workspace when the sandbox is claimed. */
-  workspaceDir?: string;
 }
 
 export interface ExecOptions {
@@ -56,22 +49,6 @@ export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   execution_id: string;
 }
 
-interface Live extends Sandbox {
-  teamId: string;
-  sessionId: string;
-  lastUsed: number;
-  busy: boolean;
-  /** Serialises executions: one interpreter runs one cell at a time. */
-  queue: Promise<unknown>;
-  /** This sandbox replaces one the session lost: its first result must say the state is gone. */
-  replacesLost: boolean;
-  workspaceId: string;
-  /** /workspace holds a copy of the workspace that is synced back after each execution. */
-  synced: boolean;
-}
-
-const ACTIVE = ['starting', 'ready'] as const;
-
 /**
  * Owns every sandbox container of this API instance: a warm pool of started containers with a
  * ready runner, one live sandbox per session (claimed from the pool or created cold), the
@@ -79,14 +56,10 @@ const ACTIVE = ['starting', 'ready'] as const;
  * the execution record.
  */
 export class SandboxEngine {
-  private live = new Map<string, Live>();
-  private acquiring = new Map<string, Promise<Live>>();
   private readonly containers: Containers;
   private readonly pool: WarmPool;
-  /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
-  private readonly claiming = new Set<string>();
+  private readonly live: LiveSandboxes;
   private timer: NodeJS.Timeout | undefined;
-  private stopped = false;
 
   constructor(
     private readonly db: Db,
@@ -94,10 +67,14 @@ export class SandboxEngine {
     private readonly opts: EngineOptions,
     private readonly log: Logger,
   ) {
-    const { image, owner, maxLifetimeMs } = opts;
-    this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now: () => this.now() }, log);
+    const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
+    const now = () => this.now();
+    this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now }, log);
     // Warm containers are created with the default settings, capped.
-    this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: this.limitsFor(DEFAULT_SETTINGS.sandbox) }, log);
+    const poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+    this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: poolLimits }, log);
+    const deps = { db, backend, containers: this.containers, pool: this.pool, log };
+    this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
   }
 
   private now(): number {
@@ -121,11 +98,10 @@ export class SandboxEngine {
 
   /** Removes every container of this instance: the runner streams die with the process anyway. */
   async stop(): Promise<void> {
-    this.stopped = true;
     this.pool.stop();
     clearInterval(this.timer);
-    await Promise.allSettled([...this.acquiring.values()]);
-    // A warm container still being started removes itself once it is up (`stopped`): wait for it,
+    await this.live.stop();
+    // A warm container still being started removes itself once it is up (the pool is stopped): wait for it,
     // or the process may exit and leave it running.
     await this.poolSettled();
     const live = [...this.live.values()];
@@ -149,7 +125,7 @@ export class SandboxEngine {
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
   async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
-    const live = await this.acquire(ctx, limits);
+    const live = await this.live.acquire(ctx, limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
@@ -173,7 +149,7 @@ export class SandboxEngine {
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
       this.log.warn({ sandbox: live.id, reason: err.message }, 'sandbox runner lost');
-      await this.release(live.sessionId, 'runner_lost');
+      await this.live.release(live.sessionId, 'runner_lost');
       result = lostResult(err.message);
     } finally {
       live.busy = false;
@@ -194,29 +170,17 @@ export class SandboxEngine {
   }
 
   /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */
-  async pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
-    const targets = [...this.live.values()].filter((l) => l.workspaceId === workspaceId && l.synced && l.sessionId !== exceptSession && l.client.alive);
-    await Promise.all(targets.map((l) => this.pushTo(l, files)));
+  pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
+    return this.live.pushToWorkspace(workspaceId, files, exceptSession);
   }
 
   /** Writes (or deletes) files in one session's sandbox, e.g. what the host undid or redacted. */
-  async pushToSession(sessionId: string, files: { path: string; data: Buffer | null }[]): Promise<void> {
-    const live = this.live.get(sessionId);
-    if (live?.synced && live.client.alive) await this.pushTo(live, files);
-  }
-
-  private async pushTo(live: Live, files: { path: string; data: Buffer | null }[]): Promise<void> {
-    await (live.queue = live.queue.then(async () => {
-      for (const f of files) {
-        const target = `/workspace/${f.path}`;
-        if (f.data) await live.client.putFile(target, f.data);
-        else await live.client.deleteFile(target);
-      }
-    }).catch((err) => this.log.warn({ err, sandbox: live.id }, 'could not update a sandbox copy of the workspace')));
+  pushToSession(sessionId: string, files: { path: string; data: Buffer | null }[]): Promise<void> {
+    return this.live.pushToSession(sessionId, files);
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
-    const live = await this.acquire(ctx, limits);
+    const live = await this.live.acquire(ctx, limits);
     return live.client.putFile(path, data);
   }
 
@@ -227,153 +191,9 @@ export class SandboxEngine {
     return live.client.getFile(path);
   }
 
-  /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
-  private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    const existing = this.live.get(ctx.sessionId);
-    if (existing?.client.alive) return Promise.resolve(existing);
-    let pending = this.acquiring.get(ctx.sessionId);
-    if (!pending) {
-      pending = this.claim(ctx, limits).finally(() => this.acquiring.delete(ctx.sessionId));
-      this.acquiring.set(ctx.sessionId, pending);
-    }
-    return pending;
-  }
-
-  /**
-   * A sandbox for the session. A warm container that turns out to be gone when it is claimed
-   * (removed or killed behind this server's back: its runner answers no more) is thrown away
-   * and the claim tried again with the next one, or a cold one: the caller never sees it.
-   */
-  private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    for (;;) {
-      try {
-        return await this.claimOnce(ctx, limits);
-      } catch (err) {
-        if (!(err instanceof WarmGone)) throw err;
-        this.log.warn({ sandbox: err.sandbox, reason: err.message }, 'a warm sandbox was gone when claimed; claiming another');
-      }
-    }
-  }
-
-  private async claimOnce(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
-    const stale = this.live.get(ctx.sessionId);
-    if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = this.pool.take(limits);
-    const id = warm?.id ?? newId('sbx');
-    // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
-    this.claiming.add(id);
-    // The database bookkeeping and the container start run side by side: a cold start costs
-    // the slower of the two, not their sum. Over the cap, the container is thrown away.
-    const container: Promise<Sandbox> = warm
-      ? (sameLimits(warm.limits, limits) ? Promise.resolve() : this.backend.update(warm.container, limits)).then(() => ({ ...warm, limits }))
-      : this.containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
-    const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
-    const [c, lost] = await Promise.allSettled([container, booked]);
-    try {
-      if (c.status === 'rejected') throw c.reason;
-      if (lost.status === 'rejected') {
-        if (warm) {
-          this.pool.giveBack(warm);
-        } else {
-          await this.containers.destroy(c.value);
-        }
-        throw lost.reason;
-      }
-      await this.db
-        .update(sandboxes)
-        .set({ containerId: c.value.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
-        .where(eq(sandboxes.id, id));
-      // The first request to a warm runner is also the proof that it is still there.
-      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
-      else if (warm) await c.value.client.ping();
-      const live: Live = {
-        ...c.value,
-        teamId: ctx.teamId,
-        sessionId: ctx.sessionId,
-        workspaceId: ctx.workspaceId,
-        synced: Boolean(ctx.workspaceDir),
-        lastUsed: this.now(),
-        busy: false,
-        queue: Promise.resolve(),
-        replacesLost: lost.value,
-      };
-      this.live.set(ctx.sessionId, live);
-      live.client.onExit((reason) => {
-        if (this.live.get(ctx.sessionId) === live && reason !== 'closed') this.log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');
-      });
-      return live;
-    } catch (err) {
-      if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.containers.destroy(c.value);
-      else if (warm && c.status === 'rejected') await this.containers.destroy(warm);
-      if (warm && lost.status === 'fulfilled' && this.containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
-      throw err;
-    } finally {
-      this.claiming.delete(id);
-      this.pool.fill();
-    }
-  }
-
-  /** The runner stopped answering, or the container no longer exists or no longer runs. */
-  private containerGone(err: unknown): boolean {
-    return err instanceof RunnerGoneError || this.backend.isGone(err);
-  }
-
-  /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
-  private async hadSandboxBefore(sessionId: string): Promise<boolean> {
-    const rows = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'removed')))
-      .limit(1);
-    return rows.length > 0;
-  }
-
-  /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
-  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits): Promise<void> {
-    await this.db.insert(sandboxes).values({
-      id,
-      teamId: ctx.teamId,
-      workspaceId: ctx.workspaceId,
-      sessionId: ctx.sessionId,
-      owner: this.opts.owner,
-      limits,
-      containerId: '',
-      image: this.opts.image,
-      state: 'starting',
-      expiresAt: this.idleExpiry(),
-    });
-    const active = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
-      .orderBy(sandboxes.createdAt, sandboxes.id);
-    const rank = active.findIndex((r) => r.id === id);
-    if (rank >= this.opts.perTeamMax) {
-      await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      throw new ApiError('sandbox_unavailable', `this team already has ${this.opts.perTeamMax} live sandboxes; end a session or wait for idle ones to be reclaimed`, {}, { 'Retry-After': '5' });
-    }
-  }
-
-  private idleExpiry(): Date {
-    return new Date(this.now() + this.opts.idleMs);
-  }
-
   /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
-  async release(sessionId: string, reason: string): Promise<void> {
-    const live = this.live.get(sessionId);
-    if (live) {
-      this.live.delete(sessionId);
-      await this.containers.destroy(live);
-      await this.markRemoved([live.id], reason);
-    } else {
-      const rows = await this.db
-        .select({ id: sandboxes.id })
-        .from(sandboxes)
-        .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')));
-      await this.markRemoved(rows.map((r) => r.id), reason);
-    }
+  release(sessionId: string, reason: string): Promise<void> {
+    return this.live.release(sessionId, reason);
   }
 
   /** DELETE /v1/sandboxes/{id}: the session keeps going and gets a fresh sandbox on its next exec. */
@@ -385,7 +205,7 @@ export class SandboxEngine {
       return;
     }
     if (row.containerId) await this.backend.remove(row.containerId).catch(() => undefined);
-    await this.markRemoved([id], 'deleted');
+    await markRemoved(this.db, [id], 'deleted');
   }
 
   /** The team's live sandboxes, with memory and CPU use sampled from the container runtime. */
@@ -403,14 +223,6 @@ export class SandboxEngine {
     });
   }
 
-  private async markRemoved(ids: string[], reason: string): Promise<void> {
-    if (ids.length === 0) return;
-    await this.db
-      .update(sandboxes)
-      .set({ state: 'removed', removedAt: new Date(), removedReason: reason })
-      .where(and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed')));
-  }
-
   /**
    * Reconciles the container runtime with the database. Any replica of this installation removes its
    * containers past their hard lifetime (never another installation's, whatever their age);
@@ -421,13 +233,13 @@ export class SandboxEngine {
   async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
     const now = this.now();
     let removed = 0;
-    for (const [sessionId, live] of this.live) {
+    for (const live of this.live.values()) {
       if (!live.client.alive || (!live.busy && now - live.lastUsed > this.opts.idleMs)) {
-        await this.release(sessionId, live.client.alive ? 'idle' : 'runner_lost');
+        await this.release(live.sessionId, live.client.alive ? 'idle' : 'runner_lost');
         removed++;
       }
     }
-    const liveIds = [...this.live.keys()];
+    const liveIds = [...this.live.values()].map((l) => l.sessionId);
     if (liveIds.length) {
       const ended = await this.db
         .select({ id: sessions.id })
@@ -447,7 +259,7 @@ export class SandboxEngine {
     );
     for (const info of containers) {
       const sbx = info.sandboxId;
-      if (this.containers.isCreating(sbx) || this.claiming.has(sbx)) continue;
+      if (this.containers.isCreating(sbx) || this.live.isClaiming(sbx)) continue;
       // Asked now, not before the listing: a warm container that finished starting (or was
       // claimed) while the list was being fetched is pooled or live by the time we get here.
       const kept = this.pool.has(info.id) || [...this.live.values()].some((l) => l.container.id === info.id);
@@ -469,7 +281,8 @@ export class SandboxEngine {
       .select({ id: sandboxes.id })
       .from(sandboxes)
       .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
-    await this.markRemoved(
+    await markRemoved(
+      this.db,
       orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
       opts.startup ? 'server_restarted' : 'orphaned',
     );
@@ -478,20 +291,6 @@ export class SandboxEngine {
     return { removed };
   }
 }
-
-/** A warm container was gone when it was claimed: the claim is tried again. */
-class WarmGone extends Error {
-  constructor(
-    readonly sandbox: string,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-
-const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
-  a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
 
 function lostResult(reason: string): RunnerResult {
   return notRun(137, { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` }, true);

@@ -109,7 +109,10 @@ export class RunnerClient {
   static async start(channel: RunnerChannel, readyTimeoutMs = 30_000): Promise<RunnerClient> {
     const client = new RunnerClient(channel);
     const ready = new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)), readyTimeoutMs);
+      const timer = setTimeout(
+        () => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)),
+        readyTimeoutMs,
+      );
       client.pending.set('ready', {
         answer: 'ready',
         resolve: () => {
@@ -124,9 +127,10 @@ export class RunnerClient {
     });
     channel.stdout.on('data', (chunk: Buffer) => client.onData(chunk));
     channel.stderr.on('data', (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)));
-    channel.onClose((err) =>
-      client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${client.stderrTail ? `: ${client.stderrTail.trim()}` : ''}`),
-    );
+    channel.onClose((err) => {
+      const tail = client.stderrTail ? `: ${client.stderrTail.trim()}` : '';
+      client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
+    });
     await ready;
     return client;
   }

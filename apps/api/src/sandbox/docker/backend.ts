@@ -1,7 +1,14 @@
 import { randomInt } from 'node:crypto';
 import type Docker from 'dockerode';
 import { ApiError } from '../../lib/errors.ts';
-import type { ContainerRequest, ListedContainer, RunnerChannel, SandboxBackend, SandboxContainer, Usage } from '../backend.ts';
+import type {
+  ContainerRequest,
+  ListedContainer,
+  RunnerChannel,
+  SandboxBackend,
+  SandboxContainer,
+  Usage,
+} from '../backend.ts';
 import type { SandboxLimits } from '../limits.ts';
 import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
 import { attachRunner } from './runner.ts';

@@ -8,7 +8,12 @@ import { RUNNER_CMD, RunnerClient } from '../runner-client.ts';
  * container as `user`, as one long-lived `docker exec` whose attached stdin and stdout carry
  * the frames; Docker multiplexes stdout and stderr on one stream, taken apart here.
  */
-export async function attachRunner(docker: Docker, container: Docker.Container, user: string, cmd = RUNNER_CMD): Promise<RunnerChannel> {
+export async function attachRunner(
+  docker: Docker,
+  container: Docker.Container,
+  user: string,
+  cmd = RUNNER_CMD,
+): Promise<RunnerChannel> {
   const exec = await container.exec({ Cmd: cmd, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
   const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
   const stdout = new PassThrough();
