@@ -2,7 +2,7 @@ import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { combine } from '../db/batch.ts';
-import { sandboxes, sessions } from '../db/schema/index.ts';
+import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import type { SandboxBackend } from './backend.ts';
@@ -11,6 +11,7 @@ import { executionWrite, type ExecAudit } from './executions.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
 import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
 import { WarmPool } from './pool.ts';
+import { Reaper } from './reaper.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
 
@@ -50,16 +51,16 @@ export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
 }
 
 /**
- * Owns every sandbox container of this API instance: a warm pool of started containers with a
- * ready runner, one live sandbox per session (claimed from the pool or created cold), the
- * reaper that reconciles the container runtime (the backend) with the `sandboxes` table, and
- * the execution record.
+ * Owns every sandbox container of this API instance, in whatever runtime the backend is: the
+ * warm pool (pool.ts), one live sandbox per session, claimed from the pool or created cold
+ * (live.ts), the reaper that reconciles the runtime with the `sandboxes` table (reaper.ts),
+ * and, here, executions and their record.
  */
 export class SandboxEngine {
   private readonly containers: Containers;
   private readonly pool: WarmPool;
   private readonly live: LiveSandboxes;
-  private timer: NodeJS.Timeout | undefined;
+  private readonly reaper: Reaper;
 
   constructor(
     private readonly db: Db,
@@ -75,6 +76,7 @@ export class SandboxEngine {
     this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: poolLimits }, log);
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
     this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
+    this.reaper = new Reaper({ ...deps, live: this.live }, { owner, idleMs, intervalMs: opts.reapIntervalMs, now });
   }
 
   private now(): number {
@@ -90,23 +92,23 @@ export class SandboxEngine {
   async start(): Promise<void> {
     await this.reap({ startup: true });
     this.pool.fill();
-    this.timer = setInterval(() => {
-      this.reap().catch((err) => this.log.error({ err }, 'sandbox reaper failed'));
-    }, this.opts.reapIntervalMs);
-    this.timer.unref();
+    this.reaper.start();
   }
 
   /** Removes every container of this instance: the runner streams die with the process anyway. */
   async stop(): Promise<void> {
     this.pool.stop();
-    clearInterval(this.timer);
+    this.reaper.stop();
     await this.live.stop();
-    // A warm container still being started removes itself once it is up (the pool is stopped): wait for it,
-    // or the process may exit and leave it running.
+    // A warm container still being started removes itself once it is up (the pool is stopped):
+    // wait for it, or the process may exit and leave it running.
     await this.poolSettled();
     const live = [...this.live.values()];
     const warm = this.pool.drain();
-    await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...warm.map((w) => this.containers.destroy(w))]);
+    await Promise.allSettled([
+      ...live.map((l) => this.release(l.sessionId, 'shutdown')),
+      ...warm.map((w) => this.containers.destroy(w)),
+    ]);
   }
 
   get poolReady(): number {
@@ -223,72 +225,9 @@ export class SandboxEngine {
     });
   }
 
-  /**
-   * Reconciles the container runtime with the database. Any replica of this installation removes its
-   * containers past their hard lifetime (never another installation's, whatever their age);
-   * this instance also removes its own containers that are neither pooled nor live
-   * (all of them at start-up: their runner streams died with the previous process), sandboxes
-   * idle longer than the idle timeout, and those whose session has ended.
-   */
-  async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
-    const now = this.now();
-    let removed = 0;
-    for (const live of this.live.values()) {
-      if (!live.client.alive || (!live.busy && now - live.lastUsed > this.opts.idleMs)) {
-        await this.release(live.sessionId, live.client.alive ? 'idle' : 'runner_lost');
-        removed++;
-      }
-    }
-    const liveIds = [...this.live.values()].map((l) => l.sessionId);
-    if (liveIds.length) {
-      const ended = await this.db
-        .select({ id: sessions.id })
-        .from(sessions)
-        .where(and(inArray(sessions.id, liveIds), ne(sessions.status, 'active')));
-      for (const s of ended) {
-        await this.release(s.id, 'session_ended');
-        removed++;
-      }
-    }
-    const containers = await this.backend.list();
-    // A container is this installation's when it is this instance's or names a row of this
-    // database (another replica's); any other is another installation's and never touched.
-    const foreign = containers.filter((c) => c.owner !== this.opts.owner).map((c) => c.sandboxId);
-    const known = new Set(
-      foreign.length ? (await this.db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))).map((r) => r.id) : [],
-    );
-    for (const info of containers) {
-      const sbx = info.sandboxId;
-      if (this.containers.isCreating(sbx) || this.live.isClaiming(sbx)) continue;
-      // Asked now, not before the listing: a warm container that finished starting (or was
-      // claimed) while the list was being fetched is pooled or live by the time we get here.
-      const kept = this.pool.has(info.id) || [...this.live.values()].some((l) => l.container.id === info.id);
-      const mine = info.owner === this.opts.owner;
-      if (!mine && !known.has(sbx)) continue;
-      const expired = info.expiresAt !== undefined && info.expiresAt < now;
-      if (kept && !expired && !opts.startup) continue;
-      if (!expired && !mine) continue;
-      await this.backend.remove(info.id).catch(() => undefined);
-      if (kept) {
-        this.pool.drop(info.id);
-        const live = [...this.live.values()].find((l) => l.container.id === info.id);
-        if (live) await this.release(live.sessionId, 'expired');
-      }
-      removed++;
-    }
-    const liveSandboxIds = [...this.live.values()].map((l) => l.id);
-    const orphanRows = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
-    await markRemoved(
-      this.db,
-      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
-      opts.startup ? 'server_restarted' : 'orphaned',
-    );
-    if (removed) this.log.info({ removed }, 'reaped sandboxes');
-    if (!opts.startup) this.pool.fill();
-    return { removed };
+  /** One pass of the reaper (see reaper.ts); at start-up, every container of this instance goes. */
+  reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+    return this.reaper.reap(opts);
   }
 }
 
