@@ -39,7 +39,8 @@ import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
 import { EvolutionService } from '../apps/api/src/evolution/service.ts';
 import { JobRunner } from '../apps/api/src/jobs/runner.ts';
-import { connectDocker } from '../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
+import { DockerBackend } from '../apps/api/src/sandbox/docker/backend.ts';
 import { SandboxEngine } from '../apps/api/src/sandbox/engine.ts';
 import { engineOptions } from '../apps/api/src/server.ts';
 import { WorkspaceRepos } from '../apps/api/src/workspace/repo.ts';
@@ -213,7 +214,7 @@ async function startApi(dir: string): Promise<Bench> {
   const logger = pino({ level: 'silent' });
   const config = loadConfig({ KILN_DATA_DIR: join(dir, 'data'), KILN_INSTANCE_ID: `bench-recall-${randomBytes(4).toString('hex')}` });
   // Built, never started: nothing here asks Docker for anything (and there is no socket to ask).
-  const docker = connectDocker('unix:///nonexistent/kiln-bench-recall.sock');
+  const docker = new DockerBackend(connectDocker('unix:///nonexistent/kiln-bench-recall.sock'));
   const engine = new SandboxEngine(database.db, docker, { ...engineOptions(config), poolSize: 0 }, logger);
   const service = new WorkspaceService(database.db, new WorkspaceRepos(join(dir, 'workspaces'), template), { maxFileBytes: 1 << 20 }, logger);
   const model = new ModelClient({ maxRetries: 0, timeoutMs: 30_000 });
@@ -223,7 +224,6 @@ async function startApi(dir: string): Promise<Bench> {
   const app = createApp({
     config: { bodyLimitBytes: 5 << 20, rateLimit: { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
-    docker,
     engine,
     workspaces: service,
     agent,

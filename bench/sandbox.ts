@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
-import { connectDocker } from '../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
 import { startKiln } from '../tests/support/server.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
 

@@ -4,7 +4,7 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { createPgDatabase, dropPgDatabase } from '../support/db.ts';
 import { launchKiln, startKiln, type KilnProcess } from '../support/server.ts';
 

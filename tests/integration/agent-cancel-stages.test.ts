@@ -1,6 +1,6 @@
 import postgres from 'postgres';
 import { describe, expect, it } from 'vitest';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { TestApp } from '../support/app.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { eventsUntil, TERMINAL } from '../support/agent.ts';

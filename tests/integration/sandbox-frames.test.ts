@@ -1,6 +1,7 @@
 import type Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
 import { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
 import { ticksDuring } from '../support/ticks.ts';
 
@@ -38,7 +39,7 @@ describe('runner frames (a real docker exec stream)', () => {
   let container: Docker.Container;
   const clients: RunnerClient[] = [];
   const start = async (mode: string) => {
-    const client = await RunnerClient.start(docker, container, '65534:65534', 30_000, ['python3', '-c', FAKE_RUNNER, mode]);
+    const client = await startRunner(docker, container, '65534:65534', 30_000, ['python3', '-c', FAKE_RUNNER, mode]);
     clients.push(client);
     return client;
   };

@@ -2,8 +2,9 @@ import { createServer, type Server } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
-import { RunnerClient, RunnerGoneError } from '../../apps/api/src/sandbox/runner-client.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
+import { RunnerGoneError } from '../../apps/api/src/sandbox/runner-client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
@@ -410,7 +411,7 @@ describe('the host accepts only answers that match what it asked', () => {
       const container = await docker.createContainer({ Image: image, Cmd: ['sleep', 'infinity'], HostConfig: { NetworkMode: 'none' } });
       try {
         await container.start();
-        const client = await RunnerClient.start(docker, container, '65534:65534', 30_000, ['python3', '-c', fake(answer)]);
+        const client = await startRunner(docker, container, '65534:65534', 30_000, ['python3', '-c', fake(answer)]);
         const result = client.exec('print("approved")', { timeoutMs: 10_000, maxOutputBytes: 65536 });
         await expect(result).rejects.toThrow(RunnerGoneError);
         await expect(result).rejects.toThrow(reason);

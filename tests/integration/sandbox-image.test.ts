@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { baseHash, ensureSandboxImage, mirrorFromSources, runnerHash, SANDBOX_REPO } from '../../sandbox-image/build.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 const imageDir = fileURLToPath(new URL('../../sandbox-image', import.meta.url));

@@ -5,7 +5,7 @@ import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { installationInstanceId } from '../../apps/api/src/config.ts';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
@@ -49,7 +49,7 @@ describe('sandbox ownership between installations', () => {
     const team = await a.team('owner-gone');
     for (let round = 0; round < 3; round++) {
       await a.engine.poolSettled();
-      const pooled = a.engine['pool'].map((c) => ({ id: c.id, container: c.container.id }));
+      const pooled = a.engine['pool'].warm.map((c) => ({ id: c.id, container: c.container.id }));
       expect(pooled).toHaveLength(1);
       // Another installation (or a person with the Docker CLI) removes it; the server may or may
       // not have seen its runner's stream end by the time the claim takes it.

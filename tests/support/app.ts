@@ -16,7 +16,8 @@ import pino from 'pino';
 import { createApp } from '../../apps/api/src/app.ts';
 import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { SandboxEngine, type EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
 import { engineOptions } from '../../apps/api/src/server.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
@@ -85,8 +86,8 @@ export async function createTestApp(
     },
   });
   const logger = pino({ level: 'info' }, sink);
-  const docker = connectDocker(process.env.DOCKER_HOST);
-  const engine = new SandboxEngine(database.db, docker, { ...testEngineOptions(), ...opts.sandbox }, logger);
+  const backend = new DockerBackend(connectDocker(process.env.DOCKER_HOST));
+  const engine = new SandboxEngine(database.db, backend, { ...testEngineOptions(), ...opts.sandbox }, logger);
   await engine.start();
   const workspacesDir = replica?.workspacesDir ?? mkdtempSync(join(tmpdir(), 'kiln-ws-'));
   const workspaces = new WorkspaceService(
@@ -121,7 +122,6 @@ export async function createTestApp(
   const app = createApp({
     config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
     db: database.db,
-    docker,
     engine,
     workspaces,
     agent,

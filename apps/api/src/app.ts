@@ -1,7 +1,6 @@
 import { HTTPException } from 'hono/http-exception';
 import { bodyLimit } from 'hono/body-limit';
 import { secureHeaders } from 'hono/secure-headers';
-import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import type { Db } from './db/client.ts';
@@ -37,7 +36,6 @@ import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 export interface AppDeps {
   config: Pick<Config, 'bodyLimitBytes' | 'rateLimit'>;
   db: Db;
-  docker: Docker;
   logger: Logger;
   engine: SandboxEngine;
   workspaces: WorkspaceService;
@@ -89,7 +87,7 @@ const pageHeaders = headers(PAGE_CSP.styleSrc);
 // Swagger UI sets inline style attributes; its scripts are still only this server's files.
 const docsHeaders = headers(["'self'", "'unsafe-inline'"]);
 
-export function createApp({ config, db, docker, engine, workspaces, agent, evolution, updates, logger, now, dashboardDir }: AppDeps) {
+export function createApp({ config, db, engine, workspaces, agent, evolution, updates, logger, now, dashboardDir }: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
@@ -106,7 +104,7 @@ export function createApp({ config, db, docker, engine, workspaces, agent, evolu
   const keys = new KeyCache(db);
   app.use('/v1/*', authn(keys), rateLimit(config.rateLimit, now), idempotency(db), auditTrail(db));
 
-  app.route('/', healthRouter(db, docker));
+  app.route('/', healthRouter(db, engine));
   app.route('/', teamsRouter(db, keys));
   app.route('/', workspacesRouter(db, workspaces));
   app.route('/', workspaceRepoRouter(db, workspaces));

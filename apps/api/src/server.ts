@@ -4,7 +4,8 @@ import { createApp } from './app.ts';
 import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
 import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
-import { connectDocker } from './sandbox/docker.ts';
+import { connectDocker } from './sandbox/docker/connect.ts';
+import { DockerBackend } from './sandbox/docker/backend.ts';
 import { SandboxEngine, type EngineOptions } from './sandbox/engine.ts';
 import { openAiEmbedder } from './memory/embeddings.ts';
 import { RunEventLog } from './agent/events.ts';
@@ -27,8 +28,7 @@ export interface RunningServer {
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
-  const docker = connectDocker(config.dockerHost);
-  const engine = new SandboxEngine(database.db, docker, engineOptions(config), logger);
+  const engine = new SandboxEngine(database.db, new DockerBackend(connectDocker(config.dockerHost)), engineOptions(config), logger);
   await engine.start();
   const workspaces = workspaceService(config, database.db, logger);
   await workspaces.repairAll();
@@ -47,7 +47,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const updates = new SelfUpdates(database.db, { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost }, logger);
   await updates.startup();
   agent.allowSourceUpdates(updates);
-  const app = createApp({ config, db: database.db, docker, engine, workspaces, agent, evolution, updates, logger });
+  const app = createApp({ config, db: database.db, engine, workspaces, agent, evolution, updates, logger });
 
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));

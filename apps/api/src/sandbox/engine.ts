@@ -1,19 +1,21 @@
 import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
-import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
-import { sandboxes, sessions } from '../db/schema/index.ts';
-import { ApiError } from '../lib/errors.ts';
-import { newId } from '../lib/ids.ts';
-import { randomInt } from 'node:crypto';
-import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
-import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
-import { effectiveLimits, sameShape, type SandboxLimits } from './limits.ts';
-import { cancelledBeforeStart, notRun, RunnerClient, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
-import { tarWorkspace } from './tar.ts';
-import { executionWrite, type ExecAudit } from './executions.ts';
 import { combine } from '../db/batch.ts';
-import { StatsSampler } from './stats.ts';
+import { sandboxes } from '../db/schema/index.ts';
+import { ApiError } from '../lib/errors.ts';
+import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
+import type { SandboxBackend } from './backend.ts';
+import { Containers } from './containers.ts';
+import { executionWrite, type ExecAudit } from './executions.ts';
+import { effectiveLimits, type SandboxLimits } from './limits.ts';
+import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
+import { WarmPool } from './pool.ts';
+import { Reaper } from './reaper.ts';
+import { ACTIVE, markRemoved } from './rows.ts';
+import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+
+export type { ExecContext } from './live.ts';
 
 export interface EngineOptions {
   image: string;
@@ -29,15 +31,6 @@ export interface EngineOptions {
   reapIntervalMs: number;
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
-}
-
-export interface ExecContext {
-  teamId: string;
-  workspaceId: string;
-  sessionId: string;
-  runId?: string;
-  /** The workspace's directory on this host: copied into /workspace when the sandbox is claimed. */
-  workspaceDir?: string;
 }
 
 export interface ExecOptions {
@@ -57,62 +50,33 @@ export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   execution_id: string;
 }
 
-interface Container {
-  id: string;
-  container: Docker.Container;
-  client: RunnerClient;
-  limits: SandboxLimits;
-}
-
-interface Live extends Container {
-  teamId: string;
-  sessionId: string;
-  lastUsed: number;
-  busy: boolean;
-  /** Serialises executions: one interpreter runs one cell at a time. */
-  queue: Promise<unknown>;
-  /** This sandbox replaces one the session lost: its first result must say the state is gone. */
-  replacesLost: boolean;
-  workspaceId: string;
-  /** /workspace holds a copy of the workspace that is synced back after each execution. */
-  synced: boolean;
-}
-
-const ACTIVE = ['starting', 'ready'] as const;
-const LABEL = 'kiln.managed';
-/** The label that records a container's sandbox uid: the record every replica on this Docker host checks. */
-const UID_LABEL = 'kiln.uid';
-const UID_ATTEMPTS = 8;
-
 /**
- * Owns every sandbox container of this API instance: a warm pool of started containers with a
- * ready runner, one live sandbox per session (claimed from the pool or created cold), the
- * reaper that reconciles Docker with the `sandboxes` table, and the execution record.
+ * Owns every sandbox container of this API instance, in whatever runtime the backend is: the
+ * warm pool (pool.ts), one live sandbox per session, claimed from the pool or created cold
+ * (live.ts), the reaper that reconciles the runtime with the `sandboxes` table (reaper.ts),
+ * and, here, executions and their record.
  */
 export class SandboxEngine {
-  private live = new Map<string, Live>();
-  private acquiring = new Map<string, Promise<Live>>();
-  private pool: Container[] = [];
-  private fills = new Set<Promise<void>>();
-  /** Sandbox ids whose container is being created, or claimed for a session, right now: never reaped. */
-  private readonly creating = new Set<string>();
-  private readonly claiming = new Set<string>();
-  /** Uids of containers this instance is creating, before Docker lists them. */
-  private readonly uidsInFlight = new Set<number>();
-  private timer: NodeJS.Timeout | undefined;
-  private stopped = false;
-  readonly stats: StatsSampler;
-  /** Warm containers are created with the default settings, capped. */
-  private readonly poolLimits: SandboxLimits;
+  private readonly containers: Containers;
+  private readonly pool: WarmPool;
+  private readonly live: LiveSandboxes;
+  private readonly reaper: Reaper;
 
   constructor(
     private readonly db: Db,
-    private readonly docker: Docker,
+    private readonly backend: SandboxBackend,
     private readonly opts: EngineOptions,
     private readonly log: Logger,
   ) {
-    this.stats = new StatsSampler(docker);
-    this.poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+    const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
+    const now = () => this.now();
+    this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now }, log);
+    // Warm containers are created with the default settings, capped.
+    const poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+    this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: poolLimits }, log);
+    const deps = { db, backend, containers: this.containers, pool: this.pool, log };
+    this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
+    this.reaper = new Reaper({ ...deps, live: this.live }, { owner, idleMs, intervalMs: opts.reapIntervalMs, now });
   }
 
   private now(): number {
@@ -127,33 +91,43 @@ export class SandboxEngine {
   /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
   async start(): Promise<void> {
     await this.reap({ startup: true });
-    this.fillPool();
-    this.timer = setInterval(() => {
-      this.reap().catch((err) => this.log.error({ err }, 'sandbox reaper failed'));
-    }, this.opts.reapIntervalMs);
-    this.timer.unref();
+    this.pool.fill();
+    this.reaper.start();
   }
 
   /** Removes every container of this instance: the runner streams die with the process anyway. */
   async stop(): Promise<void> {
-    this.stopped = true;
-    clearInterval(this.timer);
-    await Promise.allSettled([...this.acquiring.values()]);
-    // A warm container still being started removes itself once it is up (`stopped`): wait for it,
-    // or the process may exit and leave it running.
+    this.pool.stop();
+    this.reaper.stop();
+    await this.live.stop();
+    // A warm container still being started removes itself once it is up (the pool is stopped):
+    // wait for it, or the process may exit and leave it running.
     await this.poolSettled();
     const live = [...this.live.values()];
-    const pool = this.pool.splice(0);
-    await Promise.allSettled([...live.map((l) => this.release(l.sessionId, 'shutdown')), ...pool.map((w) => this.destroy(w))]);
+    const warm = this.pool.drain();
+    await Promise.allSettled([
+      ...live.map((l) => this.release(l.sessionId, 'shutdown')),
+      ...warm.map((w) => this.containers.destroy(w)),
+    ]);
   }
 
   get poolReady(): number {
-    return this.pool.length;
+    return this.pool.warm.length;
+  }
+
+  /** Resolves once the warm containers being started right now are ready (or failed). */
+  poolSettled(): Promise<void> {
+    return this.pool.settled();
+  }
+
+  /** Resolves when the container runtime answers, rejects with the reason otherwise. */
+  ping(): Promise<void> {
+    return this.backend.ping();
   }
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
   async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
-    const live = await this.acquire(ctx, limits);
+    const live = await this.live.acquire(ctx, limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
@@ -177,7 +151,7 @@ export class SandboxEngine {
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
       this.log.warn({ sandbox: live.id, reason: err.message }, 'sandbox runner lost');
-      await this.release(live.sessionId, 'runner_lost');
+      await this.live.release(live.sessionId, 'runner_lost');
       result = lostResult(err.message);
     } finally {
       live.busy = false;
@@ -198,29 +172,17 @@ export class SandboxEngine {
   }
 
   /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */
-  async pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
-    const targets = [...this.live.values()].filter((l) => l.workspaceId === workspaceId && l.synced && l.sessionId !== exceptSession && l.client.alive);
-    await Promise.all(targets.map((l) => this.pushTo(l, files)));
+  pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
+    return this.live.pushToWorkspace(workspaceId, files, exceptSession);
   }
 
   /** Writes (or deletes) files in one session's sandbox, e.g. what the host undid or redacted. */
-  async pushToSession(sessionId: string, files: { path: string; data: Buffer | null }[]): Promise<void> {
-    const live = this.live.get(sessionId);
-    if (live?.synced && live.client.alive) await this.pushTo(live, files);
-  }
-
-  private async pushTo(live: Live, files: { path: string; data: Buffer | null }[]): Promise<void> {
-    await (live.queue = live.queue.then(async () => {
-      for (const f of files) {
-        const target = `/workspace/${f.path}`;
-        if (f.data) await live.client.putFile(target, f.data);
-        else await live.client.deleteFile(target);
-      }
-    }).catch((err) => this.log.warn({ err, sandbox: live.id }, 'could not update a sandbox copy of the workspace')));
+  pushToSession(sessionId: string, files: { path: string; data: Buffer | null }[]): Promise<void> {
+    return this.live.pushToSession(sessionId, files);
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
-    const live = await this.acquire(ctx, limits);
+    const live = await this.live.acquire(ctx, limits);
     return live.client.putFile(path, data);
   }
 
@@ -231,240 +193,9 @@ export class SandboxEngine {
     return live.client.getFile(path);
   }
 
-  /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
-  private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    const existing = this.live.get(ctx.sessionId);
-    if (existing?.client.alive) return Promise.resolve(existing);
-    let pending = this.acquiring.get(ctx.sessionId);
-    if (!pending) {
-      pending = this.claim(ctx, limits).finally(() => this.acquiring.delete(ctx.sessionId));
-      this.acquiring.set(ctx.sessionId, pending);
-    }
-    return pending;
-  }
-
-  /**
-   * A sandbox for the session. A warm container that turns out to be gone when it is claimed
-   * (removed or killed behind this server's back: its runner answers no more) is thrown away
-   * and the claim tried again with the next one, or a cold one: the caller never sees it.
-   */
-  private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    for (;;) {
-      try {
-        return await this.claimOnce(ctx, limits);
-      } catch (err) {
-        if (!(err instanceof WarmGone)) throw err;
-        this.log.warn({ sandbox: err.sandbox, reason: err.message }, 'a warm sandbox was gone when claimed; claiming another');
-      }
-    }
-  }
-
-  private takeWarm(limits: SandboxLimits): Container | undefined {
-    if (!sameShape(limits, this.poolLimits)) return undefined;
-    for (let warm = this.pool.shift(); warm; warm = this.pool.shift()) {
-      if (warm.client.alive) return warm;
-      void this.destroy(warm);
-    }
-    return undefined;
-  }
-
-  private async claimOnce(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
-    const stale = this.live.get(ctx.sessionId);
-    if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = this.takeWarm(limits);
-    const id = warm?.id ?? newId('sbx');
-    // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
-    this.claiming.add(id);
-    // The database bookkeeping and the container start run side by side: a cold start costs
-    // the slower of the two, not their sum. Over the cap, the container is thrown away.
-    const container: Promise<Container> = warm
-      ? (sameLimits(warm.limits, limits) ? Promise.resolve() : warm.container.update(updateSpec(limits))).then(() => ({ ...warm, limits }))
-      : this.create(id, limits, { 'kiln.team': ctx.teamId, 'kiln.session': ctx.sessionId });
-    const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
-    const [c, lost] = await Promise.allSettled([container, booked]);
-    try {
-      if (c.status === 'rejected') throw c.reason;
-      if (lost.status === 'rejected') {
-        if (warm) {
-          this.pool.unshift(warm);
-        } else {
-          await this.destroy(c.value);
-        }
-        throw lost.reason;
-      }
-      await this.db
-        .update(sandboxes)
-        .set({ containerId: c.value.container.id, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
-        .where(eq(sandboxes.id, id));
-      // The first request to a warm runner is also the proof that it is still there.
-      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
-      else if (warm) await c.value.client.ping();
-      const live: Live = {
-        ...c.value,
-        teamId: ctx.teamId,
-        sessionId: ctx.sessionId,
-        workspaceId: ctx.workspaceId,
-        synced: Boolean(ctx.workspaceDir),
-        lastUsed: this.now(),
-        busy: false,
-        queue: Promise.resolve(),
-        replacesLost: lost.value,
-      };
-      this.live.set(ctx.sessionId, live);
-      live.client.onExit((reason) => {
-        if (this.live.get(ctx.sessionId) === live && reason !== 'closed') this.log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');
-      });
-      return live;
-    } catch (err) {
-      if (lost.status === 'fulfilled') await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await this.destroy(c.value);
-      else if (warm && c.status === 'rejected') await this.destroy(warm);
-      if (warm && lost.status === 'fulfilled' && containerGone(err)) throw new WarmGone(warm.id, (err as Error).message);
-      throw err;
-    } finally {
-      this.claiming.delete(id);
-      this.fillPool();
-    }
-  }
-
-  /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
-  private async hadSandboxBefore(sessionId: string): Promise<boolean> {
-    const rows = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'removed')))
-      .limit(1);
-    return rows.length > 0;
-  }
-
-  /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
-  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits): Promise<void> {
-    await this.db.insert(sandboxes).values({
-      id,
-      teamId: ctx.teamId,
-      workspaceId: ctx.workspaceId,
-      sessionId: ctx.sessionId,
-      owner: this.opts.owner,
-      limits,
-      containerId: '',
-      image: this.opts.image,
-      state: 'starting',
-      expiresAt: this.idleExpiry(),
-    });
-    const active = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
-      .orderBy(sandboxes.createdAt, sandboxes.id);
-    const rank = active.findIndex((r) => r.id === id);
-    if (rank >= this.opts.perTeamMax) {
-      await this.db.delete(sandboxes).where(eq(sandboxes.id, id));
-      throw new ApiError('sandbox_unavailable', `this team already has ${this.opts.perTeamMax} live sandboxes; end a session or wait for idle ones to be reclaimed`, {}, { 'Retry-After': '5' });
-    }
-  }
-
-  private idleExpiry(): Date {
-    return new Date(this.now() + this.opts.idleMs);
-  }
-
-  /** Creates, starts and connects to a hardened container. */
-  private async create(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
-    this.creating.add(id);
-    try {
-      return await this.createNow(id, limits, labels);
-    } finally {
-      this.creating.delete(id);
-    }
-  }
-
-  private async createNow(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<Container> {
-    const { container, uid } = await this.createWithOwnUid(id, limits, labels);
-    try {
-      await container.start();
-      const client = await RunnerClient.start(this.docker, container, sandboxUser(uid));
-      return { id, container, client, limits };
-    } catch (err) {
-      await container.remove({ force: true }).catch(() => undefined);
-      throw err;
-    }
-  }
-
-  /**
-   * Creates the container with a uid no other live sandbox on this Docker host has (other
-   * replicas included). The uid is drawn at random from a range of 10^8 and recorded in a
-   * label; after the create, Docker is asked who else carries it: on a clash the new
-   * container steps back and draws again (two racing creates may both step back; neither
-   * ever runs beside another holder).
-   */
-  private async createWithOwnUid(id: string, limits: SandboxLimits, labels: Record<string, string>): Promise<{ container: Docker.Container; uid: number }> {
-    for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
-      const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
-      if (this.uidsInFlight.has(uid)) continue;
-      this.uidsInFlight.add(uid);
-      try {
-        const container = await this.docker.createContainer(
-          containerSpec({
-            image: this.opts.image,
-            name: `kiln-${id}`,
-            limits,
-            uid,
-            labels: {
-              [LABEL]: '1',
-              'kiln.sandbox': id,
-              'kiln.owner': this.opts.owner,
-              'kiln.team': '',
-              'kiln.session': '',
-              'kiln.expires': new Date(this.now() + this.opts.maxLifetimeMs).toISOString(),
-              ...labels,
-              [UID_LABEL]: String(uid),
-            },
-          }),
-        );
-        const holders = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] } });
-        if (holders.length <= 1) return { container, uid };
-        await container.remove({ force: true }).catch(() => undefined);
-      } finally {
-        this.uidsInFlight.delete(uid);
-      }
-    }
-    throw new ApiError('sandbox_unavailable', 'could not find a free uid for a new sandbox; try again');
-  }
-
-  private fillPool(): void {
-    while (!this.stopped && this.pool.length + this.fills.size < this.opts.poolSize) {
-      const fill: Promise<void> = this.create(newId('sbx'), this.poolLimits, {})
-        .then(
-          async (c) => {
-            if (this.stopped) await this.destroy(c);
-            else this.pool.push(c);
-          },
-          (err) => this.log.error({ err }, 'could not start a warm sandbox'),
-        )
-        .finally(() => this.fills.delete(fill));
-      this.fills.add(fill);
-    }
-  }
-
-  /** Resolves once the warm containers being started right now are ready (or failed). */
-  async poolSettled(): Promise<void> {
-    while (this.fills.size) await Promise.allSettled([...this.fills]);
-  }
-
   /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
-  async release(sessionId: string, reason: string): Promise<void> {
-    const live = this.live.get(sessionId);
-    if (live) {
-      this.live.delete(sessionId);
-      await this.destroy(live);
-      await this.markRemoved([live.id], reason);
-    } else {
-      const rows = await this.db
-        .select({ id: sandboxes.id })
-        .from(sandboxes)
-        .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')));
-      await this.markRemoved(rows.map((r) => r.id), reason);
-    }
+  release(sessionId: string, reason: string): Promise<void> {
+    return this.live.release(sessionId, reason);
   }
 
   /** DELETE /v1/sandboxes/{id}: the session keeps going and gets a fresh sandbox on its next exec. */
@@ -475,18 +206,18 @@ export class SandboxEngine {
       await this.release(row.sessionId, 'deleted');
       return;
     }
-    if (row.containerId) await this.docker.getContainer(row.containerId).remove({ force: true }).catch(() => undefined);
-    await this.markRemoved([id], 'deleted');
+    if (row.containerId) await this.backend.remove(row.containerId).catch(() => undefined);
+    await markRemoved(this.db, [id], 'deleted');
   }
 
-  /** The team's live sandboxes, with memory and CPU use sampled from Docker. */
+  /** The team's live sandboxes, with memory and CPU use sampled from the container runtime. */
   async listForTeam(teamId: string) {
     const rows = await this.db
       .select()
       .from(sandboxes)
       .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
       .orderBy(sandboxes.id);
-    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.stats.sample(r.containerId) : Promise.resolve(null))));
+    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null))));
     return rows.map((r, i) => {
       const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
       const state = r.state === 'starting' ? 'starting' : live?.id === r.id && live.busy ? 'busy' : 'idle';
@@ -494,105 +225,11 @@ export class SandboxEngine {
     });
   }
 
-  private async markRemoved(ids: string[], reason: string): Promise<void> {
-    if (ids.length === 0) return;
-    await this.db
-      .update(sandboxes)
-      .set({ state: 'removed', removedAt: new Date(), removedReason: reason })
-      .where(and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed')));
-  }
-
-  private async destroy(c: Container): Promise<void> {
-    c.client.close();
-    this.stats.forget(c.container.id);
-    await c.container.remove({ force: true }).catch((err: { statusCode?: number }) => {
-      if (err.statusCode !== 404) this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
-    });
-  }
-
-  /**
-   * Reconciles Docker with the database. Any replica of this installation removes its
-   * containers past their hard lifetime (never another installation's, whatever their age);
-   * this instance also removes its own containers that are neither pooled nor live
-   * (all of them at start-up: their runner streams died with the previous process), sandboxes
-   * idle longer than the idle timeout, and those whose session has ended.
-   */
-  async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
-    const now = this.now();
-    let removed = 0;
-    for (const [sessionId, live] of this.live) {
-      if (!live.client.alive || (!live.busy && now - live.lastUsed > this.opts.idleMs)) {
-        await this.release(sessionId, live.client.alive ? 'idle' : 'runner_lost');
-        removed++;
-      }
-    }
-    const liveIds = [...this.live.keys()];
-    if (liveIds.length) {
-      const ended = await this.db
-        .select({ id: sessions.id })
-        .from(sessions)
-        .where(and(inArray(sessions.id, liveIds), ne(sessions.status, 'active')));
-      for (const s of ended) {
-        await this.release(s.id, 'session_ended');
-        removed++;
-      }
-    }
-    const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
-    // A container is this installation's when it is this instance's or names a row of this
-    // database (another replica's); any other is another installation's and never touched.
-    const foreign = containers.filter((c) => c.Labels['kiln.owner'] !== this.opts.owner).map((c) => c.Labels['kiln.sandbox'] ?? '');
-    const known = new Set(
-      foreign.length ? (await this.db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))).map((r) => r.id) : [],
-    );
-    for (const info of containers) {
-      const sbx = info.Labels['kiln.sandbox'] ?? '';
-      if (this.creating.has(sbx) || this.claiming.has(sbx)) continue;
-      // Asked now, not before the listing: a warm container that finished starting (or was
-      // claimed) while the list was being fetched is pooled or live by the time we get here.
-      const kept = this.pool.some((c) => c.container.id === info.Id) || [...this.live.values()].some((l) => l.container.id === info.Id);
-      const mine = info.Labels['kiln.owner'] === this.opts.owner;
-      if (!mine && !known.has(sbx)) continue;
-      const expired = Date.parse(info.Labels['kiln.expires'] ?? '') < now;
-      if (kept && !expired && !opts.startup) continue;
-      if (!expired && !mine) continue;
-      await this.docker.getContainer(info.Id).remove({ force: true }).catch(() => undefined);
-      if (kept) {
-        this.pool = this.pool.filter((c) => c.container.id !== info.Id);
-        const live = [...this.live.values()].find((l) => l.container.id === info.Id);
-        if (live) await this.release(live.sessionId, 'expired');
-      }
-      removed++;
-    }
-    const liveSandboxIds = [...this.live.values()].map((l) => l.id);
-    const orphanRows = await this.db
-      .select({ id: sandboxes.id })
-      .from(sandboxes)
-      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
-    await this.markRemoved(
-      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
-      opts.startup ? 'server_restarted' : 'orphaned',
-    );
-    if (removed) this.log.info({ removed }, 'reaped sandboxes');
-    if (!opts.startup) this.fillPool();
-    return { removed };
+  /** One pass of the reaper (see reaper.ts); at start-up, every container of this instance goes. */
+  reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+    return this.reaper.reap(opts);
   }
 }
-
-/** A warm container was gone when it was claimed: the claim is tried again. */
-class WarmGone extends Error {
-  constructor(
-    readonly sandbox: string,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-/** The runner stopped answering, or Docker no longer has the container (404) or it is not running (409). */
-const containerGone = (err: unknown) => err instanceof RunnerGoneError || [404, 409].includes((err as { statusCode?: number }).statusCode ?? 0);
-
-const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
-  a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;
 
 function lostResult(reason: string): RunnerResult {
   return notRun(137, { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` }, true);

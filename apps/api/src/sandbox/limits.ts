@@ -1,5 +1,4 @@
 import type { WorkspaceSettings } from '../workspace/settings.ts';
-import { tmpfsSizes } from './container-spec.ts';
 
 /** The resources one sandbox may use. */
 export interface SandboxLimits {
@@ -8,6 +7,27 @@ export interface SandboxLimits {
   pids: number;
   timeoutS: number;
   diskMb: number;
+}
+
+const HOME_MB = 16;
+const MIN_TMPFS_MB = 4;
+/** What the runner, a fresh interpreter (with numpy, pandas and matplotlib loaded) and the page cache need. */
+const RESERVE_MB = 96;
+
+/**
+ * Sizes of the sandbox's writable tmpfs mounts (/workspace, /tmp, home). Their pages are
+ * charged to the container's memory cgroup, so if together they could outgrow the memory
+ * limit, filling the disk would end in the kernel's OOM killer (which takes the runner once
+ * the interpreter is gone) rather than ENOSPC. They therefore share what the memory limit leaves after a reserve for the
+ * runner and interpreter (a quarter of the limit, at least RESERVE_MB): home gets up to
+ * 16 MB (dotfiles and caches), /workspace and /tmp split the rest evenly, each capped by
+ * the disk limit; a floor keeps tiny sandboxes usable (their budget is the memory anyway).
+ */
+export function tmpfsSizes(limits: SandboxLimits): { workspace: number; tmp: number; home: number } {
+  const budget = limits.memoryMb - Math.max(RESERVE_MB, Math.ceil(limits.memoryMb / 4));
+  const home = Math.max(MIN_TMPFS_MB, Math.min(HOME_MB, Math.floor(budget / 8)));
+  const each = Math.max(MIN_TMPFS_MB, Math.min(limits.diskMb, Math.floor((budget - home) / 2)));
+  return { workspace: each, tmp: each, home };
 }
 
 /** A workspace's sandbox settings, each capped by the server-wide maximum. */

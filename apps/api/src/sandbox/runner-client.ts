@@ -1,6 +1,5 @@
 import { createHash, randomUUID } from 'node:crypto';
-import { PassThrough, type Duplex } from 'node:stream';
-import type Docker from 'dockerode';
+import type { RunnerChannel } from './backend.ts';
 import { FrameReader, frameLimitOf, SMALL_FRAME_BYTES } from './frames.ts';
 
 export interface ExecError {
@@ -83,13 +82,14 @@ export function notRun(exitCode: number, error: ExecError, restarted: boolean): 
 /** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
 export class RunnerGoneError extends Error {}
 
-const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
+/** The runner's command line in the sandbox image. */
+export const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
 /** Beyond the runner's own timeout and its 1 s interrupt grace, how long the host waits. */
 const HOST_GRACE_MS = 5_000;
 
 /**
- * One long-lived `docker exec` of the runner, speaking length-prefixed JSON frames over the
- * attached stdin/stdout. Requests are matched to answers by id.
+ * One long-lived runner process (started by the backend: a `docker exec` with Docker), speaking
+ * length-prefixed JSON frames over its stdin and stdout. Requests are matched to answers by id.
  */
 export class RunnerClient {
   private pending = new Map<string, Pending>();
@@ -103,21 +103,16 @@ export class RunnerClient {
   private readonly exitListeners: ((reason: string) => void)[] = [];
   stderrTail = '';
 
-  private constructor(private readonly stream: Duplex) {}
+  private constructor(private readonly channel: RunnerChannel) {}
 
-  /**
-   * Starts the runner in a running container as the sandbox user and waits until it is ready.
-   * `cmd` is the runner's command line (another program speaking its protocol, in tests).
-   */
-  static async start(docker: Docker, container: Docker.Container, user: string, readyTimeoutMs = 30_000, cmd = RUNNER_CMD): Promise<RunnerClient> {
-    const exec = await container.exec({ Cmd: cmd, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
-    const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
-    const client = new RunnerClient(stream);
-    const stdout = new PassThrough();
-    const stderr = new PassThrough();
-    docker.modem.demuxStream(stream, stdout, stderr);
+  /** Speaks to a runner the backend just started and waits until it is ready. */
+  static async start(channel: RunnerChannel, readyTimeoutMs = 30_000): Promise<RunnerClient> {
+    const client = new RunnerClient(channel);
     const ready = new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)), readyTimeoutMs);
+      const timer = setTimeout(
+        () => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)),
+        readyTimeoutMs,
+      );
       client.pending.set('ready', {
         answer: 'ready',
         resolve: () => {
@@ -130,12 +125,12 @@ export class RunnerClient {
         },
       });
     });
-    stdout.on('data', (chunk: Buffer) => client.onData(chunk));
-    stderr.on('data', (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)));
-    const end = () => client.markGone(`runner stream ended${client.stderrTail ? `: ${client.stderrTail.trim()}` : ''}`);
-    stream.on('end', end);
-    stream.on('close', end);
-    stream.on('error', (err) => client.markGone(`runner stream failed: ${err.message}`));
+    channel.stdout.on('data', (chunk: Buffer) => client.onData(chunk));
+    channel.stderr.on('data', (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)));
+    channel.onClose((err) => {
+      const tail = client.stderrTail ? `: ${client.stderrTail.trim()}` : '';
+      client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
+    });
     await ready;
     return client;
   }
@@ -196,7 +191,7 @@ export class RunnerClient {
 
   /** Closes stdin: the runner kills whatever the user left running and exits. */
   close(): void {
-    this.stream.end();
+    this.channel.stdin.end();
     this.markGone('closed');
   }
 
@@ -217,7 +212,7 @@ export class RunnerClient {
     const body = Buffer.from(JSON.stringify(msg));
     const head = Buffer.alloc(4);
     head.writeUInt32BE(body.length);
-    this.stream.write(Buffer.concat([head, body]));
+    this.channel.stdin.write(Buffer.concat([head, body]));
   }
 
   private onData(chunk: Buffer): void {
@@ -264,7 +259,7 @@ export class RunnerClient {
     this.frames.stop();
     for (const p of this.pending.values()) p.reject(new RunnerGoneError(reason));
     this.pending.clear();
-    this.stream.destroy();
+    this.channel.destroy();
     for (const l of this.exitListeners.splice(0)) l(reason);
   }
 }

@@ -1,8 +1,7 @@
-import type Docker from 'dockerode';
 import type { Db } from '../../db/client.ts';
 import { pingDatabase } from '../../db/health.ts';
 import { createRouter } from '../../http/router.ts';
-import { pingDocker } from '../../sandbox/docker.ts';
+import type { SandboxEngine } from '../../sandbox/engine.ts';
 import { healthz, readyz } from './health.routes.ts';
 
 async function check(fn: () => Promise<unknown>) {
@@ -14,11 +13,11 @@ async function check(fn: () => Promise<unknown>) {
   }
 }
 
-export function healthRouter(db: Db, docker: Docker) {
+export function healthRouter(db: Db, sandboxes: Pick<SandboxEngine, 'ping'>) {
   return createRouter()
     .openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))
     .openapi(readyz, async (c) => {
-      const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => pingDocker(docker))]);
+      const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => sandboxes.ping())]);
       const ok = database.ok && engine.ok;
       return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } }, ok ? 200 : 503);
     });

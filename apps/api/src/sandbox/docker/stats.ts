@@ -1,15 +1,11 @@
 import type Docker from 'dockerode';
+import type { Usage } from '../backend.ts';
 
 interface Sample {
   cpuTotal: number;
   systemTotal: number;
   onlineCpus: number;
   at: number;
-}
-
-export interface Usage {
-  memoryBytes: number;
-  cpuPercent: number | null;
 }
 
 /** How old the previous sample may be to compute CPU use from a fast one-shot reading. */

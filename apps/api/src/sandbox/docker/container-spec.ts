@@ -1,8 +1,8 @@
 import type Docker from 'dockerode';
-import type { SandboxLimits } from './limits.ts';
+import { tmpfsSizes, type SandboxLimits } from '../limits.ts';
 
 /**
- * Each sandbox's runner and user code run as a uid of their own from this range (the engine
+ * Each sandbox's runner and user code run as a uid of their own from this range (the backend
  * picks one no other live sandbox of this Docker host has), which owns /workspace, /tmp and
  * home. Per-uid kernel limits (inotify instances and watches, user namespaces, keys, POSIX
  * message queues) are then the sandbox's own: one tenant exhausting them leaves every other
@@ -18,10 +18,6 @@ export const SANDBOX_UID_COUNT = 100_000_000;
 const KEEPER_USER = '10002:10002';
 const MiB = 1024 * 1024;
 const NOFILE = 1024;
-const HOME_MB = 16;
-const MIN_TMPFS_MB = 4;
-/** What the runner, a fresh interpreter (with numpy, pandas and matplotlib loaded) and the page cache need. */
-const RESERVE_MB = 96;
 
 export interface SpecInput {
   image: string;
@@ -33,22 +29,6 @@ export interface SpecInput {
 }
 
 export const sandboxUser = (uid: number) => `${uid}:${uid}`;
-
-/**
- * Sizes of the writable tmpfs mounts. Their pages are charged to the container's memory
- * cgroup, so if together they could outgrow the memory limit, filling the disk would end
- * in the kernel's OOM killer (which takes the runner once the interpreter is gone) rather
- * than ENOSPC. They therefore share what the memory limit leaves after a reserve for the
- * runner and interpreter (a quarter of the limit, at least RESERVE_MB): home gets up to
- * 16 MB (dotfiles and caches), /workspace and /tmp split the rest evenly, each capped by
- * the disk limit; a floor keeps tiny sandboxes usable (their budget is the memory anyway).
- */
-export function tmpfsSizes(limits: SandboxLimits): { workspace: number; tmp: number; home: number } {
-  const budget = limits.memoryMb - Math.max(RESERVE_MB, Math.ceil(limits.memoryMb / 4));
-  const home = Math.max(MIN_TMPFS_MB, Math.min(HOME_MB, Math.floor(budget / 8)));
-  const each = Math.max(MIN_TMPFS_MB, Math.min(limits.diskMb, Math.floor((budget - home) / 2)));
-  return { workspace: each, tmp: each, home };
-}
 
 /**
  * Create options for a sandbox container with the full hardening list of the security model: no

@@ -1,0 +1,127 @@
+import { randomInt } from 'node:crypto';
+import type Docker from 'dockerode';
+import { ApiError } from '../../lib/errors.ts';
+import type {
+  ContainerRequest,
+  ListedContainer,
+  RunnerChannel,
+  SandboxBackend,
+  SandboxContainer,
+  Usage,
+} from '../backend.ts';
+import type { SandboxLimits } from '../limits.ts';
+import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
+import { attachRunner } from './runner.ts';
+import { StatsSampler } from './stats.ts';
+
+const LABEL = 'kiln.managed';
+/** The label that records a container's sandbox uid: the record every replica on this Docker host checks. */
+const UID_LABEL = 'kiln.uid';
+const UID_ATTEMPTS = 8;
+
+/** Sandboxes as containers of one Docker Engine, recorded in `kiln.*` labels. */
+export class DockerBackend implements SandboxBackend {
+  /** Uids of containers this backend is creating, before Docker lists them. */
+  private readonly uidsInFlight = new Set<number>();
+  private readonly sampler: StatsSampler;
+
+  constructor(private readonly docker: Docker) {
+    this.sampler = new StatsSampler(docker);
+  }
+
+  /**
+   * Creates the container with a uid no other live sandbox on this Docker host has (other
+   * replicas included). The uid is drawn at random from a range of 10^8 and recorded in a
+   * label; after the create, Docker is asked who else carries it: on a clash the new
+   * container steps back and draws again (two racing creates may both step back; neither
+   * ever runs beside another holder).
+   */
+  async create(req: ContainerRequest): Promise<SandboxContainer> {
+    for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
+      const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
+      if (this.uidsInFlight.has(uid)) continue;
+      this.uidsInFlight.add(uid);
+      try {
+        const container = await this.docker.createContainer(
+          containerSpec({
+            image: req.image,
+            name: `kiln-${req.sandboxId}`,
+            limits: req.limits,
+            uid,
+            labels: {
+              [LABEL]: '1',
+              'kiln.sandbox': req.sandboxId,
+              'kiln.owner': req.owner,
+              'kiln.team': req.teamId,
+              'kiln.session': req.sessionId,
+              'kiln.expires': req.expiresAt.toISOString(),
+              [UID_LABEL]: String(uid),
+            },
+          }),
+        );
+        const holders = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] } });
+        if (holders.length <= 1) return { id: container.id, uid };
+        await container.remove({ force: true }).catch(() => undefined);
+      } finally {
+        this.uidsInFlight.delete(uid);
+      }
+    }
+    throw new ApiError('sandbox_unavailable', 'could not find a free uid for a new sandbox; try again');
+  }
+
+  async start(container: SandboxContainer): Promise<void> {
+    await this.docker.getContainer(container.id).start();
+  }
+
+  attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
+    return attachRunner(this.docker, this.docker.getContainer(container.id), sandboxUser(container.uid));
+  }
+
+  async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
+    await this.docker.getContainer(container.id).update(updateSpec(limits));
+  }
+
+  async remove(containerId: string): Promise<void> {
+    this.sampler.forget(containerId);
+    await this.docker
+      .getContainer(containerId)
+      .remove({ force: true })
+      .catch((err: { statusCode?: number }) => {
+        if (err.statusCode !== 404) throw err;
+      });
+  }
+
+  async list(): Promise<ListedContainer[]> {
+    const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
+    return containers.map((c) => {
+      const expires = Date.parse(c.Labels['kiln.expires'] ?? '');
+      return {
+        id: c.Id,
+        sandboxId: c.Labels['kiln.sandbox'] ?? '',
+        owner: c.Labels['kiln.owner'] ?? '',
+        expiresAt: Number.isNaN(expires) ? undefined : expires,
+      };
+    });
+  }
+
+  stats(containerId: string): Promise<Usage | null> {
+    return this.sampler.sample(containerId);
+  }
+
+  async ping(timeoutMs = 2000): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+    });
+    try {
+      await Promise.race([this.docker.ping(), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Docker no longer has the container (404) or it is not running (409). */
+  isGone(err: unknown): boolean {
+    return [404, 409].includes((err as { statusCode?: number } | undefined)?.statusCode ?? 0);
+  }
+}

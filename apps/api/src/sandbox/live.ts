@@ -1,0 +1,303 @@
+import { and, eq, inArray, ne } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { sandboxes } from '../db/schema/index.ts';
+import { ApiError } from '../lib/errors.ts';
+import { newId } from '../lib/ids.ts';
+import type { SandboxBackend } from './backend.ts';
+import type { Containers, Sandbox } from './containers.ts';
+import type { SandboxLimits } from './limits.ts';
+import type { WarmPool } from './pool.ts';
+import { ACTIVE, markRemoved } from './rows.ts';
+import { RunnerGoneError } from './runner-client.ts';
+import { tarWorkspace } from './tar.ts';
+
+export interface ExecContext {
+  teamId: string;
+  workspaceId: string;
+  sessionId: string;
+  runId?: string;
+  /** The workspace's directory on this host: copied into /workspace when the sandbox is claimed. */
+  workspaceDir?: string;
+}
+
+/** A session's sandbox. */
+export interface Live extends Sandbox {
+  teamId: string;
+  sessionId: string;
+  lastUsed: number;
+  busy: boolean;
+  /** Serialises executions: one interpreter runs one cell at a time. */
+  queue: Promise<unknown>;
+  /** This sandbox replaces one the session lost: its first result must say the state is gone. */
+  replacesLost: boolean;
+  workspaceId: string;
+  /** /workspace holds a copy of the workspace that is synced back after each execution. */
+  synced: boolean;
+}
+
+export interface LiveOptions {
+  image: string;
+  /** This API instance: the owner of the rows and containers it creates. */
+  owner: string;
+  idleMs: number;
+  perTeamMax: number;
+  now: () => number;
+}
+
+export interface LiveDeps {
+  db: Db;
+  backend: SandboxBackend;
+  containers: Containers;
+  pool: WarmPool;
+  log: Logger;
+}
+
+type FileWrite = { path: string; data: Buffer | null };
+
+/**
+ * The live sandboxes of this instance, one per session: claimed from the warm pool or created
+ * cold (under the team's cap), recorded in `sandboxes`, kept up to date with commits made
+ * elsewhere, and released.
+ */
+export class LiveSandboxes {
+  private readonly bySession = new Map<string, Live>();
+  private readonly acquiring = new Map<string, Promise<Live>>();
+  /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
+  private readonly claiming = new Set<string>();
+  private stopped = false;
+
+  constructor(
+    private readonly deps: LiveDeps,
+    private readonly opts: LiveOptions,
+  ) {}
+
+  get(sessionId: string): Live | undefined {
+    return this.bySession.get(sessionId);
+  }
+
+  /** A view, not a copy: a sandbox released while iterating is skipped, one claimed meanwhile is seen. */
+  values(): IterableIterator<Live> {
+    return this.bySession.values();
+  }
+
+  isClaiming(sandboxId: string): boolean {
+    return this.claiming.has(sandboxId);
+  }
+
+  /** Refuses new claims and waits for those under way. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await Promise.allSettled([...this.acquiring.values()]);
+  }
+
+  /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
+  acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    const existing = this.bySession.get(ctx.sessionId);
+    if (existing?.client.alive) return Promise.resolve(existing);
+    let pending = this.acquiring.get(ctx.sessionId);
+    if (!pending) {
+      pending = this.claim(ctx, limits).finally(() => this.acquiring.delete(ctx.sessionId));
+      this.acquiring.set(ctx.sessionId, pending);
+    }
+    return pending;
+  }
+
+  /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */
+  async pushToWorkspace(workspaceId: string, files: FileWrite[], exceptSession?: string): Promise<void> {
+    const targets = [...this.bySession.values()].filter(
+      (l) => l.workspaceId === workspaceId && l.synced && l.sessionId !== exceptSession && l.client.alive,
+    );
+    await Promise.all(targets.map((l) => this.pushTo(l, files)));
+  }
+
+  /** Writes (or deletes) files in one session's sandbox, e.g. what the host undid or redacted. */
+  async pushToSession(sessionId: string, files: FileWrite[]): Promise<void> {
+    const live = this.bySession.get(sessionId);
+    if (live?.synced && live.client.alive) await this.pushTo(live, files);
+  }
+
+  private async pushTo(live: Live, files: FileWrite[]): Promise<void> {
+    await (live.queue = live.queue
+      .then(async () => {
+        for (const f of files) {
+          const target = `/workspace/${f.path}`;
+          if (f.data) await live.client.putFile(target, f.data);
+          else await live.client.deleteFile(target);
+        }
+      })
+      .catch((err) => {
+        this.deps.log.warn({ err, sandbox: live.id }, 'could not update a sandbox copy of the workspace');
+      }));
+  }
+
+  /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
+  async release(sessionId: string, reason: string): Promise<void> {
+    const { db, containers } = this.deps;
+    const live = this.bySession.get(sessionId);
+    if (live) {
+      this.bySession.delete(sessionId);
+      await containers.destroy(live);
+      await markRemoved(db, [live.id], reason);
+    } else {
+      const rows = await db
+        .select({ id: sandboxes.id })
+        .from(sandboxes)
+        .where(
+          and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')),
+        );
+      await markRemoved(db, rows.map((r) => r.id), reason);
+    }
+  }
+
+  /**
+   * A sandbox for the session. A warm container that turns out to be gone when it is claimed
+   * (removed or killed behind this server's back: its runner answers no more) is thrown away
+   * and the claim tried again with the next one, or a cold one: the caller never sees it.
+   */
+  private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    for (;;) {
+      try {
+        return await this.claimOnce(ctx, limits);
+      } catch (err) {
+        if (!(err instanceof WarmGone)) throw err;
+        this.deps.log.warn(
+          { sandbox: err.sandbox, reason: err.message },
+          'a warm sandbox was gone when claimed; claiming another',
+        );
+      }
+    }
+  }
+
+  private async claimOnce(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    const { db, containers, pool, log } = this.deps;
+    if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
+    const stale = this.bySession.get(ctx.sessionId);
+    if (stale) await this.release(ctx.sessionId, 'runner_lost');
+    const warm = pool.take(limits);
+    const id = warm?.id ?? newId('sbx');
+    // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
+    this.claiming.add(id);
+    // The database bookkeeping and the container start run side by side: a cold start costs
+    // the slower of the two, not their sum. Over the cap, the container is thrown away.
+    const container: Promise<Sandbox> = warm
+      ? this.fit(warm, limits)
+      : containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
+    const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
+    const [c, lost] = await Promise.allSettled([container, booked]);
+    try {
+      if (c.status === 'rejected') throw c.reason;
+      if (lost.status === 'rejected') {
+        if (warm) {
+          pool.giveBack(warm);
+        } else {
+          await containers.destroy(c.value);
+        }
+        throw lost.reason;
+      }
+      const containerId = c.value.container.id;
+      await db
+        .update(sandboxes)
+        .set({ containerId, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
+        .where(eq(sandboxes.id, id));
+      // The first request to a warm runner is also the proof that it is still there.
+      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
+      else if (warm) await c.value.client.ping();
+      const live: Live = {
+        ...c.value,
+        teamId: ctx.teamId,
+        sessionId: ctx.sessionId,
+        workspaceId: ctx.workspaceId,
+        synced: Boolean(ctx.workspaceDir),
+        lastUsed: this.opts.now(),
+        busy: false,
+        queue: Promise.resolve(),
+        replacesLost: lost.value,
+      };
+      this.bySession.set(ctx.sessionId, live);
+      live.client.onExit((reason) => {
+        if (this.bySession.get(ctx.sessionId) !== live || reason === 'closed') return;
+        log.warn({ sandbox: live.id, reason }, 'sandbox runner exited');
+      });
+      return live;
+    } catch (err) {
+      if (lost.status === 'fulfilled') await db.delete(sandboxes).where(eq(sandboxes.id, id));
+      if (c.status === 'fulfilled' && lost.status === 'fulfilled') await containers.destroy(c.value);
+      else if (warm && c.status === 'rejected') await containers.destroy(warm);
+      if (warm && lost.status === 'fulfilled' && this.containerGone(err)) {
+        throw new WarmGone(warm.id, (err as Error).message);
+      }
+      throw err;
+    } finally {
+      this.claiming.delete(id);
+      pool.fill();
+    }
+  }
+
+  /** The warm container with the session's limits (those a running container can change, applied if they differ). */
+  private async fit(warm: Sandbox, limits: SandboxLimits): Promise<Sandbox> {
+    if (!sameLimits(warm.limits, limits)) await this.deps.backend.update(warm.container, limits);
+    return { ...warm, limits };
+  }
+
+  /** The runner stopped answering, or the container no longer exists or no longer runs. */
+  private containerGone(err: unknown): boolean {
+    return err instanceof RunnerGoneError || this.deps.backend.isGone(err);
+  }
+
+  /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
+  private async hadSandboxBefore(sessionId: string): Promise<boolean> {
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'removed')))
+      .limit(1);
+    return rows.length > 0;
+  }
+
+  /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
+  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits): Promise<void> {
+    const { db } = this.deps;
+    await db.insert(sandboxes).values({
+      id,
+      teamId: ctx.teamId,
+      workspaceId: ctx.workspaceId,
+      sessionId: ctx.sessionId,
+      owner: this.opts.owner,
+      limits,
+      containerId: '',
+      image: this.opts.image,
+      state: 'starting',
+      expiresAt: this.idleExpiry(),
+    });
+    const active = await db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
+      .orderBy(sandboxes.createdAt, sandboxes.id);
+    const rank = active.findIndex((r) => r.id === id);
+    if (rank >= this.opts.perTeamMax) {
+      await db.delete(sandboxes).where(eq(sandboxes.id, id));
+      const message = `this team already has ${this.opts.perTeamMax} live sandboxes; `
+        + 'end a session or wait for idle ones to be reclaimed';
+      throw new ApiError('sandbox_unavailable', message, {}, { 'Retry-After': '5' });
+    }
+  }
+
+  private idleExpiry(): Date {
+    return new Date(this.opts.now() + this.opts.idleMs);
+  }
+}
+
+/** A warm container was gone when it was claimed: the claim is tried again. */
+class WarmGone extends Error {
+  constructor(
+    readonly sandbox: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
+  a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;

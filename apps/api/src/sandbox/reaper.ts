@@ -1,0 +1,126 @@
+import { and, eq, inArray, ne } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { sandboxes, sessions } from '../db/schema/index.ts';
+import type { SandboxBackend } from './backend.ts';
+import type { Containers } from './containers.ts';
+import type { LiveSandboxes } from './live.ts';
+import type { WarmPool } from './pool.ts';
+import { markRemoved } from './rows.ts';
+
+export interface ReaperDeps {
+  db: Db;
+  backend: SandboxBackend;
+  containers: Containers;
+  pool: WarmPool;
+  live: LiveSandboxes;
+  log: Logger;
+}
+
+export interface ReaperOptions {
+  /** This API instance. */
+  owner: string;
+  idleMs: number;
+  intervalMs: number;
+  now: () => number;
+}
+
+/**
+ * Reconciles the container runtime with the database. Any replica of this installation removes its
+ * containers past their hard lifetime (never another installation's, whatever their age);
+ * this instance also removes its own containers that are neither pooled nor live
+ * (all of them at start-up: their runner streams died with the previous process), sandboxes
+ * idle longer than the idle timeout, and those whose session has ended.
+ */
+export class Reaper {
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly deps: ReaperDeps,
+    private readonly opts: ReaperOptions,
+  ) {}
+
+  /** Reaps every interval from now on. */
+  start(): void {
+    this.timer = setInterval(() => {
+      this.reap().catch((err) => this.deps.log.error({ err }, 'sandbox reaper failed'));
+    }, this.opts.intervalMs);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+
+  async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+    const { db, live, pool, log } = this.deps;
+    const now = this.opts.now();
+    let removed = 0;
+    for (const l of live.values()) {
+      if (!l.client.alive || (!l.busy && now - l.lastUsed > this.opts.idleMs)) {
+        await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
+        removed++;
+      }
+    }
+    const liveIds = [...live.values()].map((l) => l.sessionId);
+    if (liveIds.length) {
+      const ended = await db
+        .select({ id: sessions.id })
+        .from(sessions)
+        .where(and(inArray(sessions.id, liveIds), ne(sessions.status, 'active')));
+      for (const s of ended) {
+        await live.release(s.id, 'session_ended');
+        removed++;
+      }
+    }
+    removed += await this.reapContainers(now, opts.startup ?? false);
+    const liveSandboxIds = [...live.values()].map((l) => l.id);
+    const orphanRows = await db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
+    await markRemoved(
+      db,
+      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
+      opts.startup ? 'server_restarted' : 'orphaned',
+    );
+    if (removed) log.info({ removed }, 'reaped sandboxes');
+    if (!opts.startup) pool.fill();
+    return { removed };
+  }
+
+  /** Removes the containers the runtime lists that are past their lifetime, or this instance's and unused. */
+  private async reapContainers(now: number, startup: boolean): Promise<number> {
+    const { db, backend, containers, live, pool } = this.deps;
+    let removed = 0;
+    const listed = await backend.list();
+    // A container is this installation's when it is this instance's or names a row of this
+    // database (another replica's); any other is another installation's and never touched.
+    const foreign = listed.filter((c) => c.owner !== this.opts.owner).map((c) => c.sandboxId);
+    const rows = foreign.length
+      ? await db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))
+      : [];
+    const known = new Set(rows.map((r) => r.id));
+    const liveOn = (containerId: string) => [...live.values()].find((l) => l.container.id === containerId);
+    for (const info of listed) {
+      const sbx = info.sandboxId;
+      if (containers.isCreating(sbx) || live.isClaiming(sbx)) continue;
+      // Asked now, not before the listing: a warm container that finished starting (or was
+      // claimed) while the list was being fetched is pooled or live by the time we get here.
+      const kept = pool.has(info.id) || liveOn(info.id) !== undefined;
+      const mine = info.owner === this.opts.owner;
+      if (!mine && !known.has(sbx)) continue;
+      const expired = info.expiresAt !== undefined && info.expiresAt < now;
+      if (kept && !expired && !startup) continue;
+      if (!expired && !mine) continue;
+      await backend.remove(info.id).catch(() => undefined);
+      if (kept) {
+        pool.drop(info.id);
+        const l = liveOn(info.id);
+        if (l) await live.release(l.sessionId, 'expired');
+      }
+      removed++;
+    }
+    return removed;
+  }
+}
