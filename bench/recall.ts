@@ -28,23 +28,12 @@ import { serve, type ServerType } from '@hono/node-server';
 import { sql } from 'drizzle-orm';
 import pino from 'pino';
 import postgres from 'postgres';
-import { RunEventLog } from '../apps/api/src/agent/events.ts';
-import { ModelClient } from '../apps/api/src/agent/llm.ts';
-import { AgentService } from '../apps/api/src/agent/service.ts';
-import { createApp } from '../apps/api/src/app.ts';
 import { bootstrapAdminKey } from '../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
+import { compose, type Kiln } from '../apps/api/src/compose.ts';
 import { loadConfig } from '../apps/api/src/config.ts';
 import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
-import { EvolutionService } from '../apps/api/src/evolution/service.ts';
-import { JobRunner } from '../apps/api/src/jobs/runner.ts';
-import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
-import { DockerBackend } from '../apps/api/src/sandbox/docker/backend.ts';
-import { SandboxEngine } from '../apps/api/src/sandbox/engine.ts';
-import { engineOptions } from '../apps/api/src/server.ts';
-import { WorkspaceRepos } from '../apps/api/src/workspace/repo.ts';
-import { WorkspaceService } from '../apps/api/src/workspace/service.ts';
 import { getWorkspace } from '../apps/api/src/workspace/workspaces.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
 import { dailyLogs, fillerDays, KINDS, lineText, recallData, type Kind, type Question, type Turn } from './recall-data.ts';
@@ -181,7 +170,7 @@ interface Bench {
   wsId: string;
   teamId: string;
   database: Database;
-  service: WorkspaceService;
+  service: Kiln['workspaces'];
   close(): Promise<void>;
 }
 
@@ -212,24 +201,18 @@ async function freshDatabase(dir: string): Promise<{ database: Database; drop():
 async function startApi(dir: string): Promise<Bench> {
   const { database, drop } = await freshDatabase(dir);
   const logger = pino({ level: 'silent' });
-  const config = loadConfig({ KILN_DATA_DIR: join(dir, 'data'), KILN_INSTANCE_ID: `bench-recall-${randomBytes(4).toString('hex')}` });
-  // Built, never started: nothing here asks Docker for anything (and there is no socket to ask).
-  const docker = new DockerBackend(connectDocker('unix:///nonexistent/kiln-bench-recall.sock'));
-  const engine = new SandboxEngine(database.db, docker, { ...engineOptions(config), poolSize: 0 }, logger);
-  const service = new WorkspaceService(database.db, new WorkspaceRepos(join(dir, 'workspaces'), template), { maxFileBytes: 1 << 20 }, logger);
-  const model = new ModelClient({ maxRetries: 0, timeoutMs: 30_000 });
-  const agent = new AgentService(database.db, new RunEventLog(database.db), model, engine, service, logger, { owner: config.instanceId, leaseMs: 60_000 });
-  const jobs = new JobRunner(database.db, { owner: config.instanceId, leaseMs: 60_000, pollMs: 60_000 }, logger);
-  const evolution = new EvolutionService({ db: database.db, model, workspaces: service, events: agent.events, log: logger, maxFileBytes: 1 << 20 }, jobs, { tickMs: 60_000 });
-  const app = createApp({
-    config: { bodyLimitBytes: 5 << 20, rateLimit: { perMinute: 1_000_000, burst: 1_000_000 } },
-    db: database.db,
-    engine,
-    workspaces: service,
-    agent,
-    evolution,
-    logger,
+  const config = loadConfig({
+    KILN_DATA_DIR: join(dir, 'data'),
+    KILN_INSTANCE_ID: `bench-recall-${randomBytes(4).toString('hex')}`,
+    KILN_SANDBOX_POOL_SIZE: '0',
+    KILN_WORKSPACES_DIR: join(dir, 'workspaces'),
+    KILN_WORKSPACE_TEMPLATE: template,
+    KILN_BODY_LIMIT_BYTES: String(5 << 20),
+    KILN_RATE_LIMIT_PER_MINUTE: '1000000',
+    KILN_RATE_LIMIT_BURST: '1000000',
   });
+  // No container runtime: the benchmark runs no code, only the workspace and memory routes.
+  const { app, workspaces: service } = compose({ config, db: database.db, sandboxes: null, logger, selfUpdate: false });
   const server = await new Promise<ServerType>((resolve) => {
     const srv = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(srv));
   });

@@ -3,24 +3,16 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
-import { WorkspaceRepos } from '../../apps/api/src/workspace/repo.ts';
-import { WorkspaceService } from '../../apps/api/src/workspace/service.ts';
-import { RunEventLog } from '../../apps/api/src/agent/events.ts';
-import { ModelClient } from '../../apps/api/src/agent/llm.ts';
-import { AgentService } from '../../apps/api/src/agent/service.ts';
-import { EvolutionService } from '../../apps/api/src/evolution/service.ts';
-import { JobRunner } from '../../apps/api/src/jobs/runner.ts';
 import { Writable } from 'node:stream';
 import pino from 'pino';
-import { createApp } from '../../apps/api/src/app.ts';
 import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
-import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
-import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
-import { SandboxEngine, type EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
-import { engineOptions } from '../../apps/api/src/server.ts';
+import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
+import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
+import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import type { EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
 
 export const TEMPLATE = fileURLToPath(new URL('../../workspace-template', import.meta.url));
@@ -33,12 +25,12 @@ export interface Call {
 }
 
 export interface TestApp {
-  app: ReturnType<typeof createApp>;
-  engine: SandboxEngine;
-  workspaces: WorkspaceService;
-  agent: AgentService;
+  app: Kiln['app'];
+  engine: Kiln['engine'];
+  workspaces: Kiln['workspaces'];
+  agent: Kiln['agent'];
   /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
-  evolution: EvolutionService;
+  evolution: Kiln['evolution'];
   database: TestDatabase;
   adminKey: string;
   workspacesDir: string;
@@ -52,14 +44,19 @@ export interface TestApp {
   close(): Promise<void>;
 }
 
-/** The real app in-process on a real, freshly migrated database and the real Docker Engine. */
+/**
+ * The real app in-process, wired by the server's own `compose`, on a real, freshly migrated
+ * database and the real Docker Engine (`sandbox: false`: no container runtime, for suites that
+ * run no code). Its job runner and the background re-index are not started: tests drive them.
+ */
 export async function createTestApp(
   opts: {
     driver?: Driver;
     rateLimit?: { perMinute: number; burst: number };
     bodyLimitBytes?: number;
     now?: () => number;
-    sandbox?: Partial<EngineOptions>;
+    /** Engine timings and limits, or false for no container runtime (running code answers 503). */
+    sandbox?: Partial<EngineOptions> | false;
     embedder?: Embedder;
     maxFileBytes?: number;
     /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
@@ -86,50 +83,41 @@ export async function createTestApp(
     },
   });
   const logger = pino({ level: 'info' }, sink);
-  const backend = new DockerBackend(connectDocker(process.env.DOCKER_HOST));
-  const engine = new SandboxEngine(database.db, backend, { ...testEngineOptions(), ...opts.sandbox }, logger);
-  await engine.start();
   const workspacesDir = replica?.workspacesDir ?? mkdtempSync(join(tmpdir(), 'kiln-ws-'));
-  const workspaces = new WorkspaceService(
-    database.db,
-    new WorkspaceRepos(workspacesDir, TEMPLATE),
-    { maxFileBytes: opts.maxFileBytes ?? 1024 * 1024, embedder: opts.embedder },
-    logger,
-  );
-  workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
-  const modelClient = new ModelClient({
-    baseURL: opts.model?.baseURL,
-    apiKey: opts.model ? 'test-key' : undefined,
-    defaultModel: opts.model?.model,
-    maxRetries: opts.model?.maxRetries ?? 0,
-    timeoutMs: 30_000,
+  const config = loadConfig({
+    // A unique owner per app, so parallel test files never reap each other's sandboxes.
+    KILN_INSTANCE_ID: `test-${randomBytes(4).toString('hex')}`,
+    // The image under test (a new build's tag); the default is kiln-sandbox:latest.
+    ...(process.env.KILN_SANDBOX_IMAGE ? { KILN_SANDBOX_IMAGE: process.env.KILN_SANDBOX_IMAGE } : {}),
+    KILN_SANDBOX_POOL_SIZE: '0',
+    KILN_WORKSPACES_DIR: workspacesDir,
+    KILN_WORKSPACE_TEMPLATE: TEMPLATE,
+    KILN_WORKSPACE_MAX_FILE_BYTES: String(opts.maxFileBytes ?? 1024 * 1024),
+    KILN_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes ?? 1024 * 1024),
+    KILN_RATE_LIMIT_PER_MINUTE: String(opts.rateLimit?.perMinute ?? 1_000_000),
+    KILN_RATE_LIMIT_BURST: String(opts.rateLimit?.burst ?? 1_000_000),
+    ...(opts.model ? { OPENAI_BASE_URL: opts.model.baseURL, OPENAI_API_KEY: 'test-key', KILN_MODEL: opts.model.model } : {}),
+    KILN_MODEL_MAX_RETRIES: String(opts.model?.maxRetries ?? 0),
+    KILN_MODEL_TIMEOUT_S: '30',
+    // Jobs are run by the tests (evolution.jobs.drain()), not by a poller.
+    KILN_JOBS_POLL_MS: '60000',
+    KILN_JOBS_LEASE_S: '60',
+    KILN_EVOLUTION_TICK_S: '60',
   });
-  const agent = new AgentService(database.db, new RunEventLog(database.db), modelClient, engine, workspaces, logger, {
-    owner: `test-${randomBytes(4).toString('hex')}`,
-    leaseMs: opts.runLeaseMs ?? 60_000,
-  });
-  await agent.startup();
-  if (database.listen) {
-    await agent.events.connect(database.listen);
-    await agent.connectCancels(database.listen);
-  }
-  const jobs = new JobRunner(database.db, { owner: `test-${randomBytes(4).toString('hex')}`, leaseMs: 60_000, pollMs: 60_000 }, logger);
-  const evolution = new EvolutionService(
-    { db: database.db, model: modelClient, workspaces, events: agent.events, log: logger, maxFileBytes: opts.maxFileBytes ?? 1024 * 1024 },
-    jobs,
-    { tickMs: 60_000 },
-  );
-  const app = createApp({
-    config: { bodyLimitBytes: opts.bodyLimitBytes ?? 1024 * 1024, rateLimit: opts.rateLimit ?? { perMinute: 1_000_000, burst: 1_000_000 } },
+  const kiln = compose({
+    config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
-    engine,
-    workspaces,
-    agent,
-    evolution,
+    listen: database.listen,
+    sandboxes: opts.sandbox === false ? null : new DockerBackend(connectDocker(process.env.DOCKER_HOST)),
     logger,
+    selfUpdate: false,
+    embedder: opts.embedder,
+    engine: opts.sandbox || undefined,
     now: opts.now,
     dashboardDir: opts.dashboardDir,
   });
+  await kiln.start({ background: false, repair: !replica });
+  const { app, engine, workspaces, agent, evolution } = kiln;
 
   const call: TestApp['call'] = async (method, path, o = {}) => {
     const headers: Record<string, string> = { ...o.headers };
@@ -164,21 +152,10 @@ export async function createTestApp(
     agent,
     evolution,
     async close() {
-      await evolution.stop();
-      await agent.stop();
-      await agent.events.disconnect();
-      await agent.disconnectCancels();
-      await engine.stop();
+      await kiln.stop();
       if (replica) return database.close();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });
     },
   };
-}
-
-/** Server defaults, a unique owner per app (so parallel test files never reap each other) and no warm pool. */
-/** KILN_SANDBOX_IMAGE picks the image under test (a new build's tag); the default is kiln-sandbox:latest. */
-export function testEngineOptions(): EngineOptions {
-  const image = process.env.KILN_SANDBOX_IMAGE;
-  return { ...engineOptions(loadConfig(image ? { KILN_SANDBOX_IMAGE: image } : {})), owner: `test-${randomBytes(4).toString('hex')}`, poolSize: 0 };
 }

@@ -1,0 +1,144 @@
+import type { Logger } from 'pino';
+import { RunEventLog } from './agent/events.ts';
+import { ModelClient } from './agent/llm.ts';
+import { AgentService } from './agent/service.ts';
+import { createApp } from './app.ts';
+import type { Config } from './config.ts';
+import type { Database, Db } from './db/client.ts';
+import { EvolutionService } from './evolution/service.ts';
+import { JobRunner } from './jobs/runner.ts';
+import { type Embedder, openAiEmbedder } from './memory/embeddings.ts';
+import { SelfUpdates } from './platform/self-update.ts';
+import type { SandboxBackend } from './sandbox/backend.ts';
+import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
+import { NoSandboxes } from './sandbox/no-sandboxes.ts';
+import { WorkspaceRepos } from './workspace/repo.ts';
+import { WorkspaceService } from './workspace/service.ts';
+
+export interface ComposeOptions {
+  config: Config;
+  db: Db;
+  /** The database's LISTEN/NOTIFY (Postgres): run events and cancels then reach every replica. */
+  listen?: Database['listen'];
+  /** Where sandboxes run; null for none (running code answers 503, /readyz says why). */
+  sandboxes: SandboxBackend | null;
+  logger: Logger;
+  /** Platform self-update and its /v1/system routes (default on; off in in-process test apps). */
+  selfUpdate?: boolean;
+  /** Seams for tests: another embedder, engine timings, the rate limiter's clock, the dashboard's files. */
+  embedder?: Embedder;
+  engine?: Partial<EngineOptions>;
+  now?: () => number;
+  dashboardDir?: string;
+}
+
+/** Every part of one Kiln server, built and wired but not started. */
+export interface Kiln {
+  app: ReturnType<typeof createApp>;
+  engine: SandboxEngine;
+  workspaces: WorkspaceService;
+  agent: AgentService;
+  evolution: EvolutionService;
+  updates?: SelfUpdates;
+  /**
+   * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
+   * repository (`repair`, default on; a second in-process replica of a running app skips it),
+   * the agent (resuming or interrupting runs, renewing leases) and its listeners, then, with
+   * `background` (default on; tests drive these themselves), the evolution job runner and the
+   * re-index of stale memory indexes, and last self-update.
+   */
+  start(opts?: { background?: boolean; repair?: boolean }): Promise<void>;
+  /** Stops them in reverse, after waiting up to `graceMs` for runs in flight. The database stays open. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+export function engineOptions(config: Config): EngineOptions {
+  const s = config.sandbox;
+  return {
+    image: config.sandboxImage,
+    owner: config.instanceId,
+    poolSize: s.poolSize,
+    idleMs: s.idleS * 1000,
+    maxLifetimeMs: s.maxLifetimeS * 1000,
+    perTeamMax: s.perTeamMax,
+    maxLimits: s.max,
+    maxOutputBytes: s.maxOutputBytes,
+    reapIntervalMs: s.reapIntervalS * 1000,
+  };
+}
+
+/** The one place the parts are built and wired: `server.ts` and the tests' in-process apps call it. */
+export function compose(o: ComposeOptions): Kiln {
+  const { config, db, logger } = o;
+  const engine = new SandboxEngine(db, o.sandboxes ?? new NoSandboxes(), { ...engineOptions(config), ...o.engine }, logger);
+
+  const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
+  const embedder = o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
+  const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
+  const limits = { maxFileBytes: config.workspaces.maxFileBytes, maxQuota: config.workspaces.maxQuota, embedder };
+  const workspaces = new WorkspaceService(db, repos, limits, logger);
+  // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
+  workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
+
+  const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs });
+  const events = new RunEventLog(db);
+  const lease = { owner: config.instanceId, leaseMs: config.runLeaseMs };
+  const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease);
+
+  // Reviews and dreams are durable jobs, taken by this instance's job runner.
+  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs }, logger);
+  const evolution = new EvolutionService(
+    { db, model: modelClient, workspaces, events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
+    jobs,
+    { tickMs: config.evolutionTickMs },
+  );
+
+  const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
+  const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
+  if (updates) agent.allowSourceUpdates(updates);
+
+  const app = createApp({
+    config,
+    db,
+    engine,
+    workspaces,
+    agent,
+    evolution,
+    updates,
+    logger,
+    now: o.now,
+    dashboardDir: o.dashboardDir,
+  });
+
+  return {
+    app,
+    engine,
+    workspaces,
+    agent,
+    evolution,
+    updates,
+    async start({ background = true, repair = true } = {}) {
+      await engine.start();
+      if (repair) await workspaces.repairAll();
+      // Indexes built by an older chunking or ranking are rebuilt in the background: start-up does not wait.
+      if (background) void workspaces.reindexStale();
+      await agent.startup();
+      if (o.listen) {
+        await events.connect(o.listen);
+        await agent.connectCancels(o.listen);
+      }
+      if (background) await evolution.start();
+      await updates?.startup();
+    },
+    async stop(graceMs = 0) {
+      updates?.stop();
+      await agent.drain(graceMs);
+      await evolution.stop();
+      await workspaces.stopReindexing();
+      await agent.stop();
+      await events.disconnect();
+      await agent.disconnectCancels();
+      await engine.stop();
+    },
+  };
+}
