@@ -10,7 +10,7 @@ import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 /** Debian's chromium, as infra/test.sh installs it. */
-export const CHROMIUM = {
+const CHROMIUM = {
   executablePath: '/usr/bin/chromium',
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 };

@@ -18,6 +18,7 @@ function kiln(env: Record<string, string>, args: string[], input = ''): Promise<
     let err = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (err += d));
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: strips the terminal's colour codes.
     child.on('exit', (code) => resolve({ code: code ?? -1, out: out.replace(/\x1b\[[0-9;]*m/g, ''), err }));
     child.stdin.end(input);
   });

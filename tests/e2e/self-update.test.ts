@@ -17,7 +17,10 @@ async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 2
   const end = Date.now() + ms;
   let last: unknown;
   for (;;) {
-    const v = await fn().catch((err: Error) => ((last = err.message), undefined));
+    const v = await fn().catch((err: Error) => {
+      last = err.message;
+      return undefined;
+    });
     if (v !== undefined) return v;
     if (Date.now() > end) throw new Error(`timed out waiting for ${what} (last: ${String(last)})`);
     await new Promise((r) => setTimeout(r, 250));
@@ -77,7 +80,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       writeFileSync(file, edit(existsSync(file) ? readFileSync(file, 'utf8') : ''));
     }
     git(scratch, 'add', '-A');
-    return git(scratch, 'diff', '--cached') + '\n';
+    return `${git(scratch, 'diff', '--cached')}\n`;
   };
 
   beforeAll(async () => {
@@ -399,7 +402,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     execFileSync('git', ['clone', '-q', checkout, scratch]);
     execFileSync('npm', ['install', '--package-lock-only', '--no-audit', '--no-fund', '--save-dev', 'is-number@7.0.0'], { cwd: scratch, stdio: 'ignore' });
     git(scratch, 'add', '-A');
-    const patch = git(scratch, 'diff', '--cached') + '\n';
+    const patch = `${git(scratch, 'diff', '--cached')}\n`;
     expect(patch).toContain('package-lock.json');
     const r = await submit(patch, 'Add is-number as a dev dependency');
     expect(r.status).toBe(202);

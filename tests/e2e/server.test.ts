@@ -12,7 +12,7 @@ const docker = connectDocker(process.env.DOCKER_HOST);
 
 /** The real server as a child process, the way `npm start` runs it. */
 describe('the server process', () => {
-  const cleanups: (() => Promise<unknown> | void)[] = [];
+  const cleanups: (() => unknown)[] = [];
   afterEach(async () => {
     for (const c of cleanups.splice(0).reverse()) await c();
   });

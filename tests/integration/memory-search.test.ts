@@ -264,7 +264,7 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
     const w = await workspaceOn(t, 'year');
     const answerDay = day(290);
     for (let d = 360; d >= 0; d -= 6) {
-      const turns = FILLER.map((l, i) => FILLER[(i + d) % FILLER.length]!);
+      const turns = FILLER.map((_l, i) => FILLER[(i + d) % FILLER.length]!);
       if (d === 288) turns.splice(4, 0, 'Leo: Did you end up getting the puppy?', 'Maya: Yes! We adopted him on Saturday and named him Biscuit.');
       await w.put(`memory/${day(d)}.md`, chat(day(d), turns));
     }
@@ -285,7 +285,7 @@ describe('the same answers on PGlite and on Postgres', () => {
       const t = await createTestApp({ driver });
       try {
         const w = await workspaceOn(t, `same-${driver}`);
-        for (let d = 0; d < 6; d++) await w.put(`memory/2026-0${d + 1}-15.md`, chat(`2026-0${d + 1}-15`, FILLER.map((l, i) => FILLER[(i * (d + 1)) % FILLER.length]!)));
+        for (let d = 0; d < 6; d++) await w.put(`memory/2026-0${d + 1}-15.md`, chat(`2026-0${d + 1}-15`, FILLER.map((_l, i) => FILLER[(i * (d + 1)) % FILLER.length]!)));
         await w.put('knowledge/trains.md', '# Trains\n\nThe trains to work are slow in winter; take the 7:40 `rb_12` instead.\n');
         const out = [];
         for (const q of ['slow trains to work', 'weekend cooking at home', 'rb_12', 'weather', '部署']) out.push(await w.search(q, { k: 10, debug: 'true' }));

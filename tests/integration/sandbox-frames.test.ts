@@ -2,7 +2,7 @@ import type Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
-import { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
+import type { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
 import { ticksDuring } from '../support/ticks.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
@@ -12,7 +12,7 @@ const MiB = 1024 * 1024;
  * A stand-in for the runner, run in a real sandbox container over a real `docker exec`: code in
  * a sandbox can write to the runner's stdout, so the host must survive whatever frames it sends.
  */
-const FAKE_RUNNER = String.raw`
+const FAKE_RUNNER = `
 import base64, hashlib, json, struct, sys
 out, inp = sys.stdout.buffer, sys.stdin.buffer
 def send(body):

@@ -175,10 +175,10 @@ describe('concurrency and caps', () => {
         Array.from({ length: 16 }, async () => (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id as string),
       );
       const results = await Promise.all(sessions.map((s, i) => exec(t, team.key, s, `n = ${i}\nsum(range(100_000)) + n`)));
-      results.forEach((r, i) => expect(r.stdout).toBe(`${4999950000 + i}\n`));
+      for (const [i, r] of results.entries()) expect(r.stdout).toBe(`${4999950000 + i}\n`);
       expect(new Set(results.map((r) => r.sandbox_id)).size).toBe(16);
       const again = await Promise.all(sessions.map((s) => exec(t, team.key, s, 'n')));
-      again.forEach((r, i) => expect(r.stdout).toBe(`${i}\n`));
+      for (const [i, r] of again.entries()) expect(r.stdout).toBe(`${i}\n`);
     } finally {
       await t.close();
     }

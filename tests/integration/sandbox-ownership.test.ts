@@ -49,6 +49,7 @@ describe('sandbox ownership between installations', () => {
     const team = await a.team('owner-gone');
     for (let round = 0; round < 3; round++) {
       await a.engine.poolSettled();
+      // biome-ignore lint/complexity/useLiteralKeys: the warm pool is private; the test reads it on purpose.
       const pooled = a.engine['pool'].warm.map((c) => ({ id: c.id, container: c.container.id }));
       expect(pooled).toHaveLength(1);
       // Another installation (or a person with the Docker CLI) removes it; the server may or may

@@ -2,7 +2,7 @@ import { afterAll, afterEach, beforeAll, expect } from 'vitest';
 import { createTestApp, type TestApp } from './app.ts';
 import { startFakeOpenAI, type FakeOpenAI } from './fake-openai.ts';
 
-export type TestTeam = Awaited<ReturnType<TestApp['team']>>;
+type TestTeam = Awaited<ReturnType<TestApp['team']>>;
 
 /** What `useAgentApp` gives a suite: each field can be read once the suite's `beforeAll` has run. */
 export interface AgentApp {

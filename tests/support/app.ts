@@ -17,7 +17,7 @@ import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
 
 export const TEMPLATE = fileURLToPath(new URL('../../workspace-template', import.meta.url));
 
-export interface Call {
+interface Call {
   key?: string;
   body?: unknown;
   raw?: string;

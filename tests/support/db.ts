@@ -3,7 +3,7 @@ import postgres from 'postgres';
 import { openDatabase, type Database } from '../../apps/api/src/db/client.ts';
 
 /** The suite's Postgres server (trust auth); each test file gets a database of its own. */
-export const PG_ADMIN_URL = process.env.KILN_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+const PG_ADMIN_URL = process.env.KILN_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 
 export type Driver = 'postgres' | 'pglite';
 export const DRIVERS: Driver[] = ['postgres', 'pglite'];

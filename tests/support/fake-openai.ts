@@ -7,7 +7,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
  * 512 dimensions, with a small synonym table so that similarity can be meaning-like in tests.
  */
 /** One scripted model answer. */
-export interface Reply {
+interface Reply {
   content?: string;
   /** `id`: the call's id as the server sends it (by default one of its own for each call). */
   tool_calls?: { name: string; arguments: Record<string, unknown> | string; id?: string }[];
@@ -49,7 +49,7 @@ function hashWord(w: string): number {
   return Math.abs(h) % DIM;
 }
 
-export function fakeEmbedding(text: string): number[] {
+function fakeEmbedding(text: string): number[] {
   const v = new Array<number>(DIM).fill(0);
   for (const raw of text.toLowerCase().match(/[\p{L}\p{N}_]+/gu) ?? []) v[hashWord(SYNONYMS[raw] ?? raw)]! += 1;
   return v;
@@ -127,7 +127,7 @@ export function refusal(body: any): Refusal | null {
   }
   const called = new Set<string>();
   /** Ids of the last assistant message's calls still waiting for their tool message. */
-  let open = new Set<string>();
+  const open = new Set<string>();
   for (const [i, m] of body.messages.entries()) {
     if (!isObject(m)) return refuse(`Invalid type for 'messages[${i}]': expected an object.`, `messages[${i}]`, 'invalid_type');
     if (!ROLES.includes(m.role)) {

@@ -261,7 +261,7 @@ describe('daily-log lines', () => {
 
   it('keeps unicode as it is, and very long lines whole', () => {
     expect(toLogLines('Léa a dit : « d’accord » 😀\n部署完成')).toBe('- Léa a dit : « d’accord » 😀\n- 部署完成');
-    const long = `${'-'.repeat(200_000)} x\n`.repeat(20) + `1.${' '.repeat(200_000)}`;
+    const long = `${`${'-'.repeat(200_000)} x\n`.repeat(20)}1.${' '.repeat(200_000)}`;
     const out = toLogLines(long).split('\n');
     expect(out).toHaveLength(21);
     expect(out[0]).toBe(`- ${'-'.repeat(200_000)} x`);

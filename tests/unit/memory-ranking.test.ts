@@ -17,7 +17,7 @@ describe('query terms', () => {
   });
 
   it('bounds what a long query costs', () => {
-    const q = parseQuery(Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ') + ' ' + '漢字'.repeat(50));
+    const q = parseQuery(`${Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ')} ${'漢字'.repeat(50)}`);
     expect(q.words.length).toBeLessThanOrEqual(16);
     expect(q.cjk.length).toBeLessThanOrEqual(12);
   });

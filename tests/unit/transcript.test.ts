@@ -45,7 +45,10 @@ describe('the transcript as the model gets it', () => {
   it('within its limits: the system prompt and every message, nothing summarised, no condensation', async () => {
     const rows = [...turn('one'), ...turn('two')];
     let summarised = 0;
-    const out = await fitTranscript(rows, roomy, { system: system(), summarise: async () => (summarised++, true) });
+    const out = await fitTranscript(rows, roomy, { system: system(), summarise: async () => {
+        summarised++;
+        return true;
+      } });
     expect(out.condensed).toBeNull();
     expect(summarised).toBe(0);
     expect(texts(out.messages)).toEqual(['the system prompt', ...rows.map((r) => r.content || null)]);
@@ -80,7 +83,7 @@ describe('the transcript as the model gets it', () => {
   });
 
   it('a summary that could not be made leaves the turns where they were', async () => {
-    const rows = [1, 2, 3].map((i) => turn(`ask ${i}`)).flat();
+    const rows = [1, 2, 3].flatMap((i) => turn(`ask ${i}`));
     const limits = { max_tokens: 64_000, max_turns: 2 };
     const out = await fitTranscript(rows, limits, { system: system(), summarise: async () => false });
     expect(out.messages).toHaveLength(1 + rows.length);
@@ -105,7 +108,10 @@ describe('the transcript as the model gets it', () => {
     let summarised = 0;
     const out = await fitTranscript(rows, { max_tokens: 300, max_turns: 40 }, {
       system: system(),
-      summarise: async () => (summarised++, true),
+      summarise: async () => {
+        summarised++;
+        return true;
+      },
     });
     expect(summarised).toBe(0);
     const current = texts(rows.slice(8).map((r) => toEntry(r).message));
@@ -114,11 +120,14 @@ describe('the transcript as the model gets it', () => {
   });
 
   it('level 2 before 3: over the token limit with many turns, the oldest half is summarised first', async () => {
-    const rows = [1, 2, 3, 4, 5, 6].map((i) => turn(`ask ${i}`, 'z '.repeat(200))).flat();
+    const rows = [1, 2, 3, 4, 5, 6].flatMap((i) => turn(`ask ${i}`, 'z '.repeat(200)));
     const asked: number[] = [];
     const out = await fitTranscript(rows, { max_tokens: 600, max_turns: 40 }, {
       system: system(),
-      summarise: async (ts) => (asked.push(ts.length), true),
+      summarise: async (ts) => {
+        asked.push(ts.length);
+        return true;
+      },
     });
     expect(asked).toEqual([3]);
     expect(texts(out.messages)[1]).toBe('ask 4');
@@ -132,7 +141,10 @@ describe('the transcript as the model gets it', () => {
     const asked: number[] = [];
     const out = await fitTranscript(rows, roomy, {
       system: system(),
-      summarise: async (ts) => (asked.push(ts.length), true),
+      summarise: async (ts) => {
+        asked.push(ts.length);
+        return true;
+      },
       force: { budget: 500 },
     });
     expect(asked).toEqual([2]);
@@ -141,7 +153,7 @@ describe('the transcript as the model gets it', () => {
     const kept = out.messages.slice(2);
     expect(kept.length).toBeLessThan(current.length - 1);
     expect(kept.length % 2).toBe(0);
-    kept.forEach((m, i) => expect(m.role).toBe(i % 2 === 0 ? 'assistant' : 'tool'));
+    for (const [i, m] of kept.entries()) expect(m.role).toBe(i % 2 === 0 ? 'assistant' : 'tool');
     expect(out.condensed).toMatchObject({ budget: 500 });
     expect(out.condensed!.levels).toEqual(expect.arrayContaining([2, 4]));
   });

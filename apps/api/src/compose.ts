@@ -52,7 +52,7 @@ export interface Kiln {
   stop(graceMs?: number): Promise<void>;
 }
 
-export function engineOptions(config: Config): EngineOptions {
+function engineOptions(config: Config): EngineOptions {
   const s = config.sandbox;
   return {
     image: config.sandboxImage,

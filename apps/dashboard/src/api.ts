@@ -7,7 +7,7 @@ export const clearKey = () => sessionStorage.removeItem(KEY);
 export const isOrgAdminKey = (key: string | null) => !!key && key.startsWith('kiln_admin_');
 
 /** An answer outside 2xx: its message is the API's `error.message`. */
-export class ApiFailure extends Error {
+class ApiFailure extends Error {
   constructor(
     readonly status: number,
     readonly code: string,
@@ -18,7 +18,7 @@ export class ApiFailure extends Error {
 }
 
 /** The API error envelope's message, or what can be said without one. */
-export async function failureOf(res: Response): Promise<ApiFailure> {
+async function failureOf(res: Response): Promise<ApiFailure> {
   const body = (await res.json().catch(() => null)) as { error?: { code?: string; message?: string } } | null;
   return new ApiFailure(res.status, body?.error?.code ?? 'http_error', body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`);
 }

@@ -48,7 +48,7 @@ export interface RunEvent {
   data: unknown;
 }
 
-export type StreamState = 'connecting' | 'live' | 'reconnecting' | 'ended';
+type StreamState = 'connecting' | 'live' | 'reconnecting' | 'ended';
 
 export interface FollowOptions {
   /** GET /v1/runs/{run}/events */

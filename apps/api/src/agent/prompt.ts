@@ -8,7 +8,7 @@ import type { WorkspaceSettings } from '../workspace/settings.ts';
 import { frontField } from '../lib/text.ts';
 
 /** Where things are inside the sandbox; the template's placeholders name them. */
-export const SANDBOX_PATHS: Record<string, string> = {
+const SANDBOX_PATHS: Record<string, string> = {
   workspace: '/workspace',
   memory_path: '/workspace/MEMORY.md',
   daily_memory_dir: '/workspace/memory',
@@ -17,7 +17,7 @@ export const SANDBOX_PATHS: Record<string, string> = {
   tools_path: '/workspace/tools',
 };
 
-export function fillPlaceholders(text: string): string {
+function fillPlaceholders(text: string): string {
   return text.replace(/\{(\w+)\}/g, (m, name: string) => SANDBOX_PATHS[name] ?? m);
 }
 
@@ -79,7 +79,7 @@ skills (optionally only under a path, or daily logs between dates), \`undo_evolu
 with a summary for the user. Call one tool per reply.`;
 
 /** When to search: the model sees core memory only, and forgets the rest unless it looks. */
-export const WHEN_TO_SEARCH = `<Core_Memory> holds only the essentials. Everything else you learned (earlier conversations,
+const WHEN_TO_SEARCH = `<Core_Memory> holds only the essentials. Everything else you learned (earlier conversations,
 decisions, results, day by day) is in the daily logs, knowledge pages and skills, and you reach it
 only by searching memory. Search before you answer a question about the past (what was said,
 decided or done, and when), before you redo work that may have been done already, and whenever

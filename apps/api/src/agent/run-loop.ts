@@ -31,7 +31,7 @@ import {
   APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, SEARCH_REFUSED,
   searchFeedback,
 } from './feedback.ts';
-import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
+import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
 import { decideCode } from './policy.ts';
 import {
@@ -123,7 +123,7 @@ export class RunLoop {
       // Stored while the model thinks; the model call does not need it.
       this.writes.writeBehind();
 
-      let turn;
+      let turn: ModelTurn;
       try {
         const tools = settings.protocol === 'tools' ? toolsFor(settings) : undefined;
         const call = async (force?: { budget: number }) =>

@@ -23,7 +23,7 @@ import {
   truncateOldResults, type TranscriptEntry,
 } from './context.ts';
 import { NOT_RUN_RUN_ENDED } from './feedback.ts';
-import { ModelError, type ChatMessage, type ModelClient, type ToolCall } from './llm.ts';
+import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';
 import { buildSystemPrompt } from './prompt.ts';
 
 /** Level 1: an earlier tool result longer than this (tokens) keeps only its head and tail. */
@@ -186,7 +186,7 @@ export async function summariseTurns(
 ): Promise<{ state: string; ids: string[] } | null> {
   const { session } = at;
   const previous = session.stateSnapshot ? `Previous project state:\n${session.stateSnapshot}\n\n` : '';
-  let reply;
+  let reply: ModelTurn;
   try {
     reply = await deps.model.complete({
       model: at.model,

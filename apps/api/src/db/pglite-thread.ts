@@ -9,7 +9,7 @@ type Request =
   | { op: 'close' };
 
 /** An error from the database thread, with the Postgres fields (code, constraint, …) it carried. */
-export class PgliteThreadError extends Error {
+class PgliteThreadError extends Error {
   code?: string;
   constructor(fields: Record<string, unknown> & { message: string }) {
     super(fields.message);

@@ -14,7 +14,7 @@ import { renderSession } from './transcript.ts';
 /** Marks which messages a daily log already holds, so none is written twice (even when a session spans days). */
 const MARK = /<!-- kiln-logged: ([0-9a-f ]+) -->/g;
 
-export const DAILY_LOG_INSTRUCTIONS = `You write an AI agent's daily log from the day's conversations.
+const DAILY_LOG_INSTRUCTIONS = `You write an AI agent's daily log from the day's conversations.
 Reply with exactly:
 <daily_log>
 The day's log, under one "### " heading per session: what was asked, what was done, decisions, results,
@@ -22,7 +22,7 @@ problems, open tasks. Facts only, nothing the conversations do not show.
 ${LOG_LINE_RULES}
 </daily_log>`;
 
-export const DREAM_INSTRUCTIONS = `You are the agent's memory, consolidating at night ("deep dream").
+const DREAM_INSTRUCTIONS = `You are the agent's memory, consolidating at night ("deep dream").
 You get the current core memory (MEMORY.md) and the daily logs of the last days. Produce the new MEMORY.md:
 - merge entries that say nearly the same thing into one denser entry;
 - when a newer log contradicts an entry, the newer fact replaces the old one;
@@ -47,14 +47,14 @@ export function dayIn(date: Date, timeZone: string): string {
 const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 const logPath = (day: string) => `memory/${day}.md`;
 
-export interface DreamResult {
+interface DreamResult {
   memory: string;
   diary: string;
   summary: string;
 }
 
 /** The model's consolidation, checked before anything is written: complete, non-empty and within the cap. */
-export function parseDream(reply: string, cap: { maxEntries: number; maxBytes: number }): DreamResult | { invalid: string } {
+function parseDream(reply: string, cap: { maxEntries: number; maxBytes: number }): DreamResult | { invalid: string } {
   const section = (name: string) => tag(reply, name) ?? undefined;
   const memory = section('memory');
   const diary = section('diary');

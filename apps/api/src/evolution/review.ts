@@ -28,7 +28,7 @@ export interface EvolutionDeps {
 const MAX_REVIEW_STEPS = 16;
 const MAX_VIOLATIONS = 3;
 
-export const REVIEW_INSTRUCTIONS = `You review a conversation that has ended between a user and an AI agent, to make the agent better next time.
+const REVIEW_INSTRUCTIONS = `You review a conversation that has ended between a user and an AI agent, to make the agent better next time.
 The agent works in a workspace (a git repository): MEMORY.md (core memory, always in its prompt, kept short),
 memory/YYYY-MM-DD.md (daily logs), skills/<name>/SKILL.md (procedures), knowledge/ (pages) and prompt files
 (AGENT.md persona, RULE.md rules, USER.md about the user, SPEC.md, PYTHON.md).

@@ -14,8 +14,8 @@ import { endEvolution, startEvolution, type EvolutionKind, type EvolutionRow } f
 import { finishCommittedReview, runReview, type EvolutionDeps } from './review.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
 
-export const REVIEW_JOB = 'evolution.review';
-export const DREAM_JOB = 'evolution.dream';
+const REVIEW_JOB = 'evolution.review';
+const DREAM_JOB = 'evolution.dream';
 /** After a restart, scheduled dreams missed within this window still run (once). */
 const CATCH_UP_MS = 24 * 3600_000;
 

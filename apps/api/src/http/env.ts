@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import type { AuditDraft } from '../audit/draft.ts';
 import type { Principal } from '../auth/principal.ts';
 
-export type { AuditDraft, Principal };
+export type { Principal };
 
 
 

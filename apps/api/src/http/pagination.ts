@@ -5,7 +5,6 @@ export const ListQuery = z.object({
   after: z.string().min(1).max(64).optional().openapi({ description: 'last_id of the previous page' }),
   order: z.enum(['asc', 'desc']).default('desc'),
 });
-export type ListParams = z.infer<typeof ListQuery>;
 
 export const listOf = <T extends z.ZodType>(item: T) =>
   z.object({ data: z.array(item), has_more: z.boolean(), last_id: z.string().nullable() });

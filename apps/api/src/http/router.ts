@@ -11,7 +11,7 @@ export function createRouter() {
   });
 }
 
-export const ErrorSchema = z
+const ErrorSchema = z
   .object({
     error: z.object({
       type: z.string(),

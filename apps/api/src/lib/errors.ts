@@ -35,7 +35,7 @@ const TYPE: Record<number, string> = {
   503: 'api_error',
 };
 
-export interface ErrorDetail {
+interface ErrorDetail {
   path: string;
   message: string;
 }

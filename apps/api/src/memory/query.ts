@@ -13,8 +13,8 @@ const CJK_RUN = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=
 const TOKEN = /[\p{L}\p{N}_]+(?:[.\-/:][\p{L}\p{N}_]+)*/gu;
 const WORD = /[\p{L}\p{N}]+/gu;
 
-export const MAX_WORDS = 16;
-export const MAX_SUBSTRINGS = 12;
+const MAX_WORDS = 16;
+const MAX_SUBSTRINGS = 12;
 
 export interface QueryTerms {
   /** Words for full-text search (lower-cased; Postgres stems them and drops stop words). */

@@ -8,11 +8,11 @@ export const K1 = 1.2;
 export const B = 0.75;
 /** Recency is a tie-breaker: at most this much is added to a dated entry's score (today's). */
 export const RECENCY_MAX = 0.1;
-export const RECENCY_HALF_LIFE_DAYS = 90;
+const RECENCY_HALF_LIFE_DAYS = 90;
 /** Built-in skills rank below a user's own memory unless they match clearly better. */
 export const BUILTIN_FACTOR = 0.5;
 /** Reciprocal-rank fusion constant (the usual 60). */
-export const RRF_K = 60;
+const RRF_K = 60;
 
 /** Robertson–Spärck Jones IDF, never negative: a term in every chunk still counts a little. */
 export function idf(chunks: number, df: number): number {
@@ -43,7 +43,7 @@ export interface Hit<T = unknown> {
 }
 
 /** Longest span (in lines) two overlapping hits are merged into. */
-export const MERGE_MAX_LINES = 8;
+const MERGE_MAX_LINES = 8;
 
 /**
  * Best-first hits without repeats: a hit whose lines overlap or touch a better hit of the same

@@ -19,7 +19,7 @@ export interface SearchHit {
 }
 
 /** Why a hit ranks where it does (`debug=true`). */
-export interface ScoreParts {
+interface ScoreParts {
   bm25: number;
   /** Rank in the lexical list (1 = best), null when only the vectors found it. */
   lexical_rank: number | null;

@@ -38,7 +38,7 @@ const WORKTREE_PREFIX = 'kiln-self-check-';
 export const IDENTITY = ['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid'];
 
 /** Keys (a check's server or a test may print one) never reach the stored log. */
-export const redact = (text: string) => text.replace(/kiln_(admin_)?[A-Za-z0-9_-]{20,}/g, 'kiln_[redacted]');
+const redact = (text: string) => text.replace(/kiln_(admin_)?[A-Za-z0-9_-]{20,}/g, 'kiln_[redacted]');
 
 /** The head and tail of a long log, redacted, with the number of characters cut. */
 export function capLog(text: string): string {

@@ -69,7 +69,10 @@ export class FrameReader {
         if (this.buffered < 4) return;
         const n = this.take(4).readUInt32BE(0);
         const limit = this.opts.limit();
-        if (n > limit) return this.fail(`the runner sent a frame of ${n} bytes (limit ${limit})`);
+        if (n > limit) {
+          this.fail(`the runner sent a frame of ${n} bytes (limit ${limit})`);
+          return;
+        }
         this.body = n;
       }
       if (this.buffered < this.body) return;

@@ -8,7 +8,7 @@ export interface ExecError {
   traceback?: string;
 }
 
-export interface Artifact {
+interface Artifact {
   name: string;
   mime: string;
   base64: string;

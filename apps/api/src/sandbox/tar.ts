@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { ApiError } from '../lib/errors.ts';
 
 /** Above KILN_WORKSPACE_MAX_BYTES' own maximum, with room for tar headers of many small files. */
-export const WORKSPACE_TAR_MAX_BYTES = 256 * 1024 * 1024;
+const WORKSPACE_TAR_MAX_BYTES = 256 * 1024 * 1024;
 
 /** A tar of a workspace's working tree without its .git, to copy into a sandbox. */
 export function tarWorkspace(dir: string, maxBytes = WORKSPACE_TAR_MAX_BYTES): Promise<Buffer> {

@@ -5,7 +5,7 @@ export const PROMPT_FILES = new Set(['AGENT.md', 'RULE.md', 'USER.md', 'SPEC.md'
 export const BUILTIN_SKILLS = 'skills/builtin/';
 
 /** What a path in a workspace is, for the Kiln-Kind trailer. */
-export function kindOfPath(path: string): CommitKind {
+function kindOfPath(path: string): CommitKind {
   if (path === 'MEMORY.md' || path.startsWith('memory/')) return 'memory';
   if (path.startsWith('skills/')) return 'skill';
   if (path.startsWith('knowledge/')) return 'knowledge';

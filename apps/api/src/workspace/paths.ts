@@ -73,7 +73,7 @@ export const isTempName = (name: string) => /^\.kiln-.*\.tmp$/s.test(name);
  * spelled with code points HFS+ ignores; the same spellings of .gitattributes, .gitignore and
  * .gitmodules (plus their 8.3 short names), which are reserved at any depth.
  */
-export function segmentRefusal(segment: string): string | null {
+function segmentRefusal(segment: string): string | null {
   if (UNSTORABLE.test(segment)) return 'contains a control character or an unpaired surrogate';
   if (Buffer.byteLength(segment) > 255) return 'has a name longer than 255 bytes';
   if (isTempName(segment)) return 'uses the name of a temporary file';

@@ -16,7 +16,7 @@ export type ScanVerdict =
   | { kind: 'refused'; reason: string; redactions: Redaction[] };
 
 /** How long one file may take to scan before it is refused instead (and the scanner restarted). */
-export const SCAN_DEADLINE_MS = 15_000;
+const SCAN_DEADLINE_MS = 15_000;
 
 /**
  * Files that hold private keys by their very name (SSH identities, PKCS#12 and Java key stores,

@@ -1,7 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
-export const Approval = z
+const Approval = z
   .object({
     id: z.string(),
     run_id: z.string(),

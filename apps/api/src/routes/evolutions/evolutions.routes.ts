@@ -2,7 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import { ListQuery, listOf } from '../../http/pagination.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
-export const Evolution = z
+const Evolution = z
   .object({
     id: z.string(),
     kind: z.enum(['review', 'dream']),

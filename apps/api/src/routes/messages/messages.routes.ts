@@ -2,7 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 import { Run, sse } from '../runs/runs.routes.ts';
 
-export const Message = z
+const Message = z
   .object({
     id: z.string(),
     session_id: z.string(),

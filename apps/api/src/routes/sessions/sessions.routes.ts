@@ -2,7 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import { ListQuery, listOf } from '../../http/pagination.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
-export const Session = z
+const Session = z
   .object({
     id: z.string(),
     workspace_id: z.string(),
@@ -15,7 +15,7 @@ export const Session = z
   .openapi('Session');
 
 const Artifact = z.object({ name: z.string(), mime: z.string(), base64: z.string() });
-export const ExecResult = z
+const ExecResult = z
   .object({
     stdout: z.string(),
     stderr: z.string(),

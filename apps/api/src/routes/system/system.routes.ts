@@ -11,7 +11,7 @@ const Check = z.object({
   log: z.string().openapi({ description: 'head and tail of the output, keys redacted' }),
 });
 
-export const Update = z
+const Update = z
   .object({
     id: z.string(),
     status: z.enum(STATUSES).openapi({ description: 'checking → ready | failed → applying → applied | rolled_back (| failed)' }),

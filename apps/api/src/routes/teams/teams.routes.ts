@@ -4,9 +4,9 @@ import { ListQuery, listOf } from '../../http/pagination.ts';
 
 const Name = z.string().trim().min(1).max(100);
 
-export const Team = z.object({ id: z.string(), name: z.string(), created_at: z.string() }).openapi('Team');
+const Team = z.object({ id: z.string(), name: z.string(), created_at: z.string() }).openapi('Team');
 
-export const Key = z
+const Key = z
   .object({
     id: z.string(),
     name: z.string(),

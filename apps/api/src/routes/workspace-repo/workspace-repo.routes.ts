@@ -5,7 +5,7 @@ import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../ht
 
 const KINDS = ['memory', 'skill', 'knowledge', 'prompt', 'source', 'user', 'system'] as const;
 
-export const Commit = z
+const Commit = z
   .object({
     sha: z.string(),
     kind: z.enum(KINDS),
@@ -20,7 +20,7 @@ export const Commit = z
   .openapi('Commit');
 
 const Redaction = z.object({ path: z.string(), line: z.number().int(), type: z.string() });
-export const CommitOutcome = z
+const CommitOutcome = z
   .object({
     commit: Commit.nullable().openapi({ description: 'null when nothing changed' }),
     redactions: z.array(Redaction).openapi({ description: 'secrets replaced by [REDACTED:type] before the commit' }),
@@ -113,7 +113,7 @@ export const revert = createRoute({
 
 const Day = z.string().refine(isDay, 'must be a real calendar date, YYYY-MM-DD');
 
-export const SearchQuery = z
+const SearchQuery = z
   .object({
     q: z.string().trim().min(1).max(500).openapi({ description: 'What to find: words, identifiers, Chinese or Japanese text' }),
     k: z.coerce.number().int().min(1).max(50).default(8).openapi({ description: 'Hits per page, 1–50 (default 8)' }),

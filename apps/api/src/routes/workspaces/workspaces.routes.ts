@@ -5,7 +5,7 @@ import { SettingsPatch, WorkspaceSettings } from '../../workspace/settings.ts';
 
 const Name = z.string().trim().min(1).max(100);
 
-export const Workspace = z
+const Workspace = z
   .object({
     id: z.string(),
     name: z.string(),
