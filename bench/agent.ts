@@ -19,11 +19,20 @@ const STEPS = Number(process.env.BENCH_STEPS ?? 10);
 
 async function main() {
   const fake = await startFakeOpenAI();
-  const t = await createTestApp({ driver: process.env.DATABASE_URL ? 'postgres' : 'pglite', model: { baseURL: fake.url, model: 'fake-model' } });
+  const t = await createTestApp({
+    driver: process.env.DATABASE_URL ? 'postgres' : 'pglite',
+    model: { baseURL: fake.url, model: 'fake-model' },
+  });
   try {
     const team = await t.team('bench');
     const { session, ws } = await sessionIn(t, team, { approval: { mode: 'auto' }, max_steps: STEPS + 1 });
-    const script = () => fake.script(...Array.from({ length: STEPS }, (_, i) => ({ content: `<thinking>step ${i}</thinking><python>n = ${i}</python>` })), { content: '<finish>done</finish>' });
+    const script = () =>
+      fake.script(
+        ...Array.from({ length: STEPS }, (_, i) => ({
+          content: `<thinking>step ${i}</thinking><python>n = ${i}</python>`,
+        })),
+        { content: '<finish>done</finish>' },
+      );
 
     heading(`1. ${RUNS} runs of ${STEPS} Python steps + finish (database ${t.database.driver})`);
     script();
@@ -45,12 +54,19 @@ async function main() {
     const messages = (fake.chats().at(-1).messages as OpenAI.ChatCompletionMessageParam[]).slice();
     const modelCall = async () => {
       fake.script({ content: '<python>n = 1</python>' });
-      const stream = await client.chat.completions.create({ model: 'fake-model', messages, stream: true, stream_options: { include_usage: true } });
+      const stream = await client.chat.completions.create({
+        model: 'fake-model',
+        messages,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       for await (const _ of stream) void _;
     };
     const model = summarize(await timeEach(RUNS * STEPS, modelCall));
     const modelCpu = summarize(await cpuEach(RUNS * STEPS, modelCall));
-    const limits = t.engine.limitsFor((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox);
+    const limits = t.engine.limitsFor(
+      (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox,
+    );
     // The same session's sandbox, with its workspace copy synced after each execution, as in a step.
     const ctx = { teamId: team.id, workspaceId: ws, sessionId: session, workspaceDir: t.workspaces.dirOf(ws) };
     const sandbox = summarize(await timeEach(RUNS * STEPS, () => t.engine.exec(ctx, limits, 'n = 1')));
@@ -64,15 +80,22 @@ async function main() {
     // steal time) the way wall-clock time is: the same subtraction, in CPU milliseconds.
     const stepCpu = summarize(cpuPerStep);
     process.stdout.write(`${row('CPU: one agent step (this process)', stepCpu)}\n`);
-    process.stdout.write(`${row('CPU: model call + sandbox exec alone', { n: modelCpu.n, p50: modelCpu.p50 + sandboxCpu.p50, p95: modelCpu.p95 + sandboxCpu.p95 })}\n`);
-    process.stdout.write(`${row('CPU: Kiln per step (step − model − exec)', { n: stepCpu.n, p50: stepCpu.p50 - modelCpu.p50 - sandboxCpu.p50, p95: stepCpu.p95 - modelCpu.p50 - sandboxCpu.p50 })}\n`);
+    process.stdout.write(
+      `${row('CPU: model call + sandbox exec alone', { n: modelCpu.n, p50: modelCpu.p50 + sandboxCpu.p50, p95: modelCpu.p95 + sandboxCpu.p95 })}\n`,
+    );
+    process.stdout.write(
+      `${row('CPU: Kiln per step (step − model − exec)', { n: stepCpu.n, p50: stepCpu.p50 - modelCpu.p50 - sandboxCpu.p50, p95: stepCpu.p95 - modelCpu.p50 - sandboxCpu.p50 })}\n`,
+    );
 
     heading('3. cancel: from POST /cancel to run.cancelled, while code spins in the sandbox');
     const cancelTimes: number[] = [];
     const cancel = summarize(
       await timeEach(5, async () => {
         fake.script({ content: '<python>print("go", flush=True)\nwhile True:\n    pass</python>' });
-        const r = await t.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'spin' } });
+        const r = await t.call('POST', `/v1/sessions/${session}/messages`, {
+          key: team.key,
+          body: { content: 'spin' },
+        });
         await eventsUntil(t, r.body.run.id, ['exec.output']);
         const t0 = performance.now();
         await t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: team.key });

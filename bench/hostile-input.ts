@@ -41,7 +41,11 @@ async function measure(fn: (i: number) => unknown): Promise<number[]> {
   return out;
 }
 
-const policy = { mode: 'auto', rules: [{ match: '^(a+)+$', behavior: 'ask' }], timeout_s: 60 } as unknown as WorkspaceSettings['approval'];
+const policy = {
+  mode: 'auto',
+  rules: [{ match: '^(a+)+$', behavior: 'ask' }],
+  timeout_s: 60,
+} as unknown as WorkspaceSettings['approval'];
 // 22 characters keep the baseline near a tenth of a second; each more doubles it.
 const evil = `${'a'.repeat(22)}!`;
 
@@ -52,11 +56,17 @@ console.log(row('now: RE2, the same 23 characters', summarize(await measure(() =
 const big = `${'a'.repeat(100_000)}!`;
 console.log(row('now: RE2, 100,001 characters', summarize(await measure(() => decideCode(policy, big))), reBase));
 
-heading("token count of a long run of one character (event-loop stall)");
+heading('token count of a long run of one character (event-loop stall)');
 const enc = getEncoding('o200k_base');
 const tokBase = summarize(await measure((i) => enc.encode('x'.repeat(4000 + i), 'all')));
 console.log(row("before: BPE on the loop, 'x' * 4000", tokBase));
-console.log(row("now: worker + 64-char cut, 'x' * 30000", summarize(await measure((i) => countTokens('x'.repeat(30_000 + i)))), tokBase));
+console.log(
+  row(
+    "now: worker + 64-char cut, 'x' * 30000",
+    summarize(await measure((i) => countTokens('x'.repeat(30_000 + i)))),
+    tokBase,
+  ),
+);
 
 heading('secret scan of a 2 MB file (event-loop stall)');
 const file = Buffer.from(`${'lorem ipsum dolor sit amet '.repeat(75_000)}password = "Hunter2Secret"\n`);

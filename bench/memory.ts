@@ -26,22 +26,30 @@ const COMMITS = Number(process.env.BENCH_COMMITS ?? 100);
 const template = fileURLToPath(new URL('../workspace-template', import.meta.url));
 
 let seed = 42;
-const rand = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
 const pick = <T>(xs: T[]) => xs[Math.floor(rand() * xs.length)]!;
 /** Zipf-like: low ranks are common, high ranks rare, as in real text. */
 const zipf = <T>(xs: T[]) => xs[Math.min(xs.length - 1, Math.floor(xs.length ** rand()) - 1)]!;
 
 // A vocabulary of 4,000 made-up words and 300 two-character Chinese words.
 const SYLLABLES = 'ka lo mi ren tas vor pel dun shi gra ber nox tul fen qua zim hal der sor wyn'.split(' ');
-const WORDS = Array.from({ length: 4000 }, () => Array.from({ length: 2 + Math.floor(rand() * 2) }, () => pick(SYLLABLES)).join(''));
+const WORDS = Array.from({ length: 4000 }, () =>
+  Array.from({ length: 2 + Math.floor(rand() * 2) }, () => pick(SYLLABLES)).join(''),
+);
 const HAN = '部署流程测试数据报告客户预算监控网络服务配置日志版本发布回滚缓存队列节点集群'.split('');
 const CJK = Array.from({ length: 300 }, () => pick(HAN) + pick(HAN));
-const sentence = () => Array.from({ length: 8 + Math.floor(rand() * 10) }, () => (rand() < 0.08 ? zipf(CJK) : zipf(WORDS))).join(' ');
+const sentence = () =>
+  Array.from({ length: 8 + Math.floor(rand() * 10) }, () => (rand() < 0.08 ? zipf(CJK) : zipf(WORDS))).join(' ');
 
 async function main() {
   const dataDir = mkdtempSync(join(tmpdir(), 'kiln-bench-mem-'));
   const database = await openDatabase(process.env.DATABASE_URL ? { url: process.env.DATABASE_URL } : { dataDir });
-  const service = new WorkspaceService(database.db, new WorkspaceRepos(join(dataDir, 'ws'), template), { maxFileBytes: 1 << 20 }, pino({ level: 'silent' }));
+  const service = new WorkspaceService(
+    database.db,
+    new WorkspaceRepos(join(dataDir, 'ws'), template),
+    { maxFileBytes: 1 << 20 },
+    pino({ level: 'silent' }),
+  );
   try {
     const team = await createTeam(database.db, `bench-${process.pid}`);
     const ws = await service.create(team.id, { name: 'bench' });
@@ -66,7 +74,9 @@ async function main() {
     await service.commitPending(ws, { author: 'system' }, { summary: 'Generated pages' });
 
     heading(`2. search, ${QUERIES} queries of 1–3 words (Zipf-distributed words, some Chinese)`);
-    const queries = Array.from({ length: QUERIES }, () => Array.from({ length: 1 + Math.floor(rand() * 3) }, () => (rand() < 0.2 ? zipf(CJK) : zipf(WORDS))).join(' '));
+    const queries = Array.from({ length: QUERIES }, () =>
+      Array.from({ length: 1 + Math.floor(rand() * 3) }, () => (rand() < 0.2 ? zipf(CJK) : zipf(WORDS))).join(' '),
+    );
     const lowered = texts.map((t) => t.toLowerCase());
     const scan = summarize(
       await timeEach(QUERIES, async (i) => {
@@ -95,7 +105,9 @@ async function main() {
     );
     rmSync(raw, { recursive: true, force: true });
     const viaService = summarize(
-      await timeEach(COMMITS, (i) => service.writeFile(ws, 'MEMORY.md', Buffer.from(`# Core memory\n\n- fact number ${i}\n`), { author: 'user' })),
+      await timeEach(COMMITS, (i) =>
+        service.writeFile(ws, 'MEMORY.md', Buffer.from(`# Core memory\n\n- fact number ${i}\n`), { author: 'user' }),
+      ),
     );
     process.stdout.write(`${row('baseline: git add && git commit (CLI)', direct)}\n`);
     process.stdout.write(`${row('Kiln: write + commit + mirror + re-index', viaService, direct)}\n\n`);

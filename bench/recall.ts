@@ -36,7 +36,16 @@ import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
 import { getWorkspace } from '../apps/api/src/workspace/workspaces.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
-import { dailyLogs, fillerDays, KINDS, lineText, recallData, type Kind, type Question, type Turn } from './recall-data.ts';
+import {
+  dailyLogs,
+  fillerDays,
+  KINDS,
+  lineText,
+  recallData,
+  type Kind,
+  type Question,
+  type Turn,
+} from './recall-data.ts';
 
 const SMALL = Number(process.env.BENCH_RECALL_CHUNKS_SMALL ?? 10_000);
 const LARGE = Number(process.env.BENCH_RECALL_CHUNKS_LARGE ?? 100_000);
@@ -51,7 +60,11 @@ const out = (line = '') => process.stdout.write(`${line}\n`);
 // ---------------------------------------------------------------------------------------------
 // The baseline: plain BM25, one document per turn
 
-const tokens = (text: string) => text.toLowerCase().split(/[^\p{L}\p{N}]+/u).filter(Boolean);
+const tokens = (text: string) =>
+  text
+    .toLowerCase()
+    .split(/[^\p{L}\p{N}]+/u)
+    .filter(Boolean);
 
 /** Okapi BM25 (k1 = 1.2, b = 0.75, IDF ln(1 + (N - n + 0.5) / (n + 0.5))), no stemming, no stop words. */
 class Bm25 {
@@ -155,7 +168,11 @@ function score(hits: readonly Hit[], evidence: readonly Where[]): Score {
 
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : Number.NaN);
 
-function byKind(questions: readonly Question[], scores: readonly Score[], pick: (s: Score) => number): Record<Kind | 'overall', number> {
+function byKind(
+  questions: readonly Question[],
+  scores: readonly Score[],
+  pick: (s: Score) => number,
+): Record<Kind | 'overall', number> {
   const res = { overall: mean(scores.map(pick)) } as Record<Kind | 'overall', number>;
   for (const k of KINDS) res[k] = mean(scores.filter((_, i) => questions[i]!.kind === k).map(pick));
   return res;
@@ -222,7 +239,8 @@ async function startApi(dir: string): Promise<Bench> {
   const adminKey = generateKey('admin');
   await bootstrapAdminKey(database.db, { adminKey, dataDir: join(dir, 'data') });
   const team = await call(url, adminKey, 'POST', '/v1/teams', { name: 'recall-bench' });
-  const key = (await call(url, adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' })).key as string;
+  const key = (await call(url, adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' }))
+    .key as string;
   const ws = await call(url, key, 'POST', '/v1/workspaces', { name: 'recall' });
   return {
     url,
@@ -241,7 +259,14 @@ async function startApi(dir: string): Promise<Bench> {
   };
 }
 
-async function call(url: string, key: string, method: string, path: string, body?: unknown, raw?: string): Promise<any> {
+async function call(
+  url: string,
+  key: string,
+  method: string,
+  path: string,
+  body?: unknown,
+  raw?: string,
+): Promise<any> {
   const res = await fetch(`${url}${path}`, {
     method,
     headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
@@ -254,12 +279,19 @@ async function call(url: string, key: string, method: string, path: string, body
 
 async function search(b: Bench, q: string): Promise<Hit[]> {
   const scope = PATH ? `&path=${encodeURIComponent(PATH)}` : '';
-  const res = await call(b.url, b.key, 'GET', `/v1/workspaces/${b.wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`);
+  const res = await call(
+    b.url,
+    b.key,
+    'GET',
+    `/v1/workspaces/${b.wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`,
+  );
   return res.data as Hit[];
 }
 
 async function chunkCount(b: Bench): Promise<number> {
-  const r = await b.database.db.execute(sql`select count(*)::int as n from memory_chunks where workspace_id = ${b.wsId}`);
+  const r = await b.database.db.execute(
+    sql`select count(*)::int as n from memory_chunks where workspace_id = ${b.wsId}`,
+  );
   return Number(rowsOf<{ n: number }>(r)[0]!.n);
 }
 
@@ -280,15 +312,28 @@ async function main() {
     const logs = dailyLogs(data.sessions);
     const where = new Map<string, Where>();
     const turnById = new Map(data.turns.map((t) => [t.id, t]));
-    for (const log of logs) for (const [id, line] of log.lineOf) where.set(id, { path: log.path, line, turn: turnById.get(id)! });
+    for (const log of logs)
+      for (const [id, line] of log.lineOf) where.set(id, { path: log.path, line, turn: turnById.get(id)! });
     const evidenceOf = (q: Question) => q.evidence.map((id) => where.get(id)!);
 
     const dialogues = new Set(data.turns.map((t) => t.dialogue)).size;
-    heading(`1. data set: ${dialogues} dialogues, ${data.sessions.length} sessions, ${data.turns.length} turns, ${data.questions.length} questions (${KINDS.map((k) => `${data.questions.filter((q) => q.kind === k).length} ${k}`).join(', ')})`);
+    heading(
+      `1. data set: ${dialogues} dialogues, ${data.sessions.length} sessions, ${data.turns.length} turns, ${data.questions.length} questions (${KINDS.map((k) => `${data.questions.filter((q) => q.kind === k).length} ${k}`).join(', ')})`,
+    );
     const t0 = performance.now();
-    for (const log of logs) await call(b.url, b.key, 'PUT', `/v1/workspaces/${b.wsId}/files?path=${encodeURIComponent(log.path)}`, undefined, log.text);
+    for (const log of logs)
+      await call(
+        b.url,
+        b.key,
+        'PUT',
+        `/v1/workspaces/${b.wsId}/files?path=${encodeURIComponent(log.path)}`,
+        undefined,
+        log.text,
+      );
     const base = await chunkCount(b);
-    out(`  ${logs.length} daily logs written through PUT /files in ${((performance.now() - t0) / 1000).toFixed(1)} s; the workspace has ${base} chunks (with the template's files); database ${b.database.driver}`);
+    out(
+      `  ${logs.length} daily logs written through PUT /files in ${((performance.now() - t0) / 1000).toFixed(1)} s; the workspace has ${base} chunks (with the template's files); database ${b.database.driver}`,
+    );
 
     // Kiln
     const kilnHits: Hit[][] = [];
@@ -302,19 +347,34 @@ async function main() {
       bm25.add(`${t.speaker}: ${t.text}`);
       docs.push(where.get(t.id)!);
     }
-    const bm25Hits = (q: string): Hit[] => bm25.search(q, K).map(({ doc, score: s }) => ({ path: docs[doc]!.path, start_line: docs[doc]!.line, end_line: docs[doc]!.line, snippet: lineText(docs[doc]!.turn), score: s }));
+    const bm25Hits = (q: string): Hit[] =>
+      bm25.search(q, K).map(({ doc, score: s }) => ({
+        path: docs[doc]!.path,
+        start_line: docs[doc]!.line,
+        end_line: docs[doc]!.line,
+        snippet: lineText(docs[doc]!.turn),
+        score: s,
+      }));
     const baseline = data.questions.map((q) => score(bm25Hits(q.question), evidenceOf(q)));
 
-    heading(`2. recall within ${BUDGET} characters of snippets (k=${K}${PATH ? `, path=${PATH}` : ''}; a turn counts when a counted hit's lines cover it)`);
+    heading(
+      `2. recall within ${BUDGET} characters of snippets (k=${K}${PATH ? `, path=${PATH}` : ''}; a turn counts when a counted hit's lines cover it)`,
+    );
     const kr = byKind(data.questions, kiln, (x) => x.recall);
     const ks = byKind(data.questions, kiln, (x) => x.shown);
     const br = byKind(data.questions, baseline, (x) => x.recall);
-    out(`  ${'kind'.padEnd(20)} ${'Kiln'.padStart(6)} ${'Kiln, text in snippet'.padStart(22)} ${'BM25 baseline'.padStart(14)} ${'Kiln / baseline'.padStart(16)}`);
+    out(
+      `  ${'kind'.padEnd(20)} ${'Kiln'.padStart(6)} ${'Kiln, text in snippet'.padStart(22)} ${'BM25 baseline'.padStart(14)} ${'Kiln / baseline'.padStart(16)}`,
+    );
     for (const k of [...KINDS, 'overall'] as const) {
       const n = k === 'overall' ? data.questions.length : data.questions.filter((q) => q.kind === k).length;
-      out(`  ${`${k} (${n})`.padEnd(20)} ${f2(kr[k]).padStart(6)} ${f2(ks[k]).padStart(22)} ${f2(br[k]).padStart(14)} ${`${(kr[k] / br[k]).toFixed(2)}×`.padStart(16)}`);
+      out(
+        `  ${`${k} (${n})`.padEnd(20)} ${f2(kr[k]).padStart(6)} ${f2(ks[k]).padStart(22)} ${f2(br[k]).padStart(14)} ${`${(kr[k] / br[k]).toFixed(2)}×`.padStart(16)}`,
+      );
     }
-    out(`  hits counted per question, mean: Kiln ${mean(kiln.map((x) => x.counted)).toFixed(1)}, baseline ${mean(baseline.map((x) => x.counted)).toFixed(1)}`);
+    out(
+      `  hits counted per question, mean: Kiln ${mean(kiln.map((x) => x.counted)).toFixed(1)}, baseline ${mean(baseline.map((x) => x.counted)).toFixed(1)}`,
+    );
     out(`  overall Kiln / baseline: ${(kr.overall / br.overall).toFixed(2)}× (target ≥ 1.2×)`);
 
     heading('3. three of Kiln’s misses (for tuning the ranking)');
@@ -331,11 +391,17 @@ async function main() {
       const top = hits[0];
       out(`  [${q.kind}] ${q.question}   (answer: ${q.answer})`);
       out(`    expected  ${missed.path}:${missed.line}  ${oneLine(lineText(missed.turn), 110)}`);
-      out(`    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`);
-      out(`    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`);
+      out(
+        `    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`,
+      );
+      out(
+        `    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`,
+      );
     }
 
-    heading('4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)');
+    heading(
+      '4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)',
+    );
     const ws = await getWorkspace(b.database.db, b.teamId, b.wsId);
     const dirOf = b.service.dirOf(b.wsId);
     mkdirSync(join(dirOf, 'memory'), { recursive: true });
@@ -365,7 +431,9 @@ async function main() {
       }
       const commitS = (performance.now() - tGrow) / 1000;
       count = await chunkCount(b);
-      out(`  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed and indexed in ${commitS.toFixed(1)} s`);
+      out(
+        `  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed and indexed in ${commitS.toFixed(1)} s`,
+      );
       return count;
     };
     for (const target of [SMALL, LARGE].filter((t) => t > 0)) {
@@ -381,7 +449,9 @@ async function main() {
           Math.min(WARMUP, qs.length),
         ),
       );
-      const baseT = summarize(await timeEach(qs.length, async (i) => bm25.search(qs[i]!.question, K), Math.min(WARMUP, qs.length)));
+      const baseT = summarize(
+        await timeEach(qs.length, async (i) => bm25.search(qs[i]!.question, K), Math.min(WARMUP, qs.length)),
+      );
       out(row(`baseline: BM25 in memory over ${bm25.size} turns`, baseT));
       out(row(`Kiln: GET /memory/search, k=${K}, ${count} chunks`, kilnT, baseT));
       const rk = mean(qs.map((q, i) => score(hits[i]!, evidenceOf(q)).recall));

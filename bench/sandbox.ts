@@ -20,7 +20,11 @@ const docker = connectDocker(process.env.DOCKER_HOST);
 const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
 
 async function dockerExecBaseline(): Promise<number[]> {
-  const c = await docker.createContainer({ Image: image, Cmd: ['sleep', 'infinity'], HostConfig: { NetworkMode: 'none' } });
+  const c = await docker.createContainer({
+    Image: image,
+    Cmd: ['sleep', 'infinity'],
+    HostConfig: { NetworkMode: 'none' },
+  });
   await c.start();
   try {
     return await timeEach(
@@ -44,7 +48,11 @@ async function dockerRunBaseline(): Promise<number[]> {
   return timeEach(
     COLD_N,
     async () => {
-      const c = await docker.createContainer({ Image: image, Cmd: ['python3', '-c', 'print(1)'], HostConfig: { NetworkMode: 'none' } });
+      const c = await docker.createContainer({
+        Image: image,
+        Cmd: ['python3', '-c', 'print(1)'],
+        HostConfig: { NetworkMode: 'none' },
+      });
       await c.start();
       await c.wait();
       await c.remove({ force: true });
@@ -101,11 +109,15 @@ async function main() {
     const bare = summarize(await dockerRunBaseline());
     const coldSessions: string[] = [];
     const cold = summarize(
-      await timeEach(COLD_N, async () => {
-        const s = await newSession();
-        coldSessions.push(s);
-        await execOnce(s);
-      }, 1),
+      await timeEach(
+        COLD_N,
+        async () => {
+          const s = await newSession();
+          coldSessions.push(s);
+          await execOnce(s);
+        },
+        1,
+      ),
     );
     for (const s of coldSessions) await call(key, 'DELETE', `/v1/sessions/${s}`);
     process.stdout.write(`${row('baseline: docker run --rm (create+start+wait)', bare)}\n`);
@@ -145,7 +157,9 @@ async function main() {
     );
     const elapsed = (performance.now() - t0) / 1000;
     process.stdout.write(`${row('per-exec latency under load', summarize(latencies))}\n`);
-    process.stdout.write(`  ${'throughput'.padEnd(46)} ${(count / elapsed).toFixed(0)} execs/s (${count} in ${elapsed.toFixed(1)} s)\n\n`);
+    process.stdout.write(
+      `  ${'throughput'.padEnd(46)} ${(count / elapsed).toFixed(0)} execs/s (${count} in ${elapsed.toFixed(1)} s)\n\n`,
+    );
   } finally {
     server.child.kill('SIGTERM');
     await server.exited;

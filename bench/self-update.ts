@@ -26,11 +26,18 @@ async function main() {
   cloneProject(ROOT, checkout);
   const adminKey = generateKey('admin');
   const port = await freePort();
-  const first = await startKiln({ KILN_DATA_DIR: join(dir, 'data'), KILN_ADMIN_KEY: adminKey, KILN_PORT: String(port), KILN_SOURCE_DIR: checkout }, checkout);
+  const first = await startKiln(
+    { KILN_DATA_DIR: join(dir, 'data'), KILN_ADMIN_KEY: adminKey, KILN_PORT: String(port), KILN_SOURCE_DIR: checkout },
+    checkout,
+  );
   const url = first.url;
   const pids = new Set([first.child.pid!]);
   const api = async (path: string, method = 'GET', body?: unknown) => {
-    const res = await fetch(`${url}${path}`, { method, headers: { authorization: `Bearer ${adminKey}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await fetch(`${url}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${adminKey}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
     return (await res.json()) as any;
   };
   const until = async <T>(fn: () => Promise<T | undefined>): Promise<T> => {
@@ -66,7 +73,10 @@ async function main() {
       let longest = 0;
       const poller = (async () => {
         while (polling) {
-          const ok = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.ok, () => false);
+          const ok = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(1000) }).then(
+            (r) => r.ok,
+            () => false,
+          );
           const now = performance.now();
           if (!ok) gapStart ??= now;
           else if (gapStart !== undefined) {
@@ -93,7 +103,9 @@ async function main() {
     rmSync(dir, { recursive: true, force: true });
   }
 
-  heading(`Platform self-update, ${ROUNDS} round(s) of a one-line patch (PGlite, ${new Date().toISOString().slice(0, 10)})`);
+  heading(
+    `Platform self-update, ${ROUNDS} round(s) of a one-line patch (PGlite, ${new Date().toISOString().slice(0, 10)})`,
+  );
   for (const [name, samples] of steps) process.stdout.write(`${row(`self-check step: ${name}`, summarize(samples))}\n`);
   const total = [...steps.values()].reduce((acc, s) => acc.map((v, i) => v + s[i]!), new Array<number>(ROUNDS).fill(0));
   process.stdout.write(`${row('self-check, all steps', summarize(total))}\n`);

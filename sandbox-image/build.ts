@@ -92,7 +92,8 @@ export function mirrorFromSources(text: string): string | undefined {
 }
 
 async function buildBase(docker: Docker, tag: string): Promise<void> {
-  if (process.getuid?.() !== 0) throw new Error('building the sandbox base needs root (debootstrap); run as root or set KILN_SANDBOX_BASE');
+  if (process.getuid?.() !== 0)
+    throw new Error('building the sandbox base needs root (debootstrap); run as root or set KILN_SANDBOX_BASE');
   if (!existsSync('/usr/sbin/debootstrap')) {
     log('installing debootstrap');
     await run('bash', ['-c', `source ${JSON.stringify(join(here, '../infra/lib.sh'))} && apt_install debootstrap`]);
@@ -102,9 +103,14 @@ async function buildBase(docker: Docker, tag: string): Promise<void> {
     const mirror = debianMirror();
     log(`debootstrap ${SUITE} from ${mirror} (a few minutes on first build)`);
     let n = 0;
-    await run('debootstrap', ['--variant=minbase', `--include=${BASE_PACKAGES.join(',')}`, SUITE, root, mirror], (line) => {
-      if (line.startsWith('I: ') && (++n % 25 === 0 || /Base system|Configuring python3 /.test(line))) log(line.slice(3));
-    });
+    await run(
+      'debootstrap',
+      ['--variant=minbase', `--include=${BASE_PACKAGES.join(',')}`, SUITE, root, mirror],
+      (line) => {
+        if (line.startsWith('I: ') && (++n % 25 === 0 || /Base system|Configuring python3 /.test(line)))
+          log(line.slice(3));
+      },
+    );
     for (const p of TRIM) rmSync(join(root, p), { recursive: true, force: true });
     log(`importing base as ${tag}`);
     const tar = spawn('tar', ['-C', root, '--numeric-owner', '-c', '.'], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -146,8 +152,13 @@ export async function ensureSandboxImage(docker = new Docker(), base = process.e
     log(`${tag} is up to date`);
   } else {
     log(`building runner layer ${tag} on ${baseRef}`);
-    const src = filesUnder(here).map((f) => relative(here, f)).filter((f) => f !== 'build.ts');
-    const stream = await docker.buildImage({ context: here, src }, { t: tag, buildargs: { BASE: baseRef }, rm: true, forcerm: true });
+    const src = filesUnder(here)
+      .map((f) => relative(here, f))
+      .filter((f) => f !== 'build.ts');
+    const stream = await docker.buildImage(
+      { context: here, src },
+      { t: tag, buildargs: { BASE: baseRef }, rm: true, forcerm: true },
+    );
     await followProgress(docker, stream, (e) => {
       const line = e.stream?.trim();
       if (line?.startsWith('Step ')) log(line);
@@ -160,7 +171,9 @@ export async function ensureSandboxImage(docker = new Docker(), base = process.e
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const started = Date.now();
   ensureSandboxImage()
-    .then((tag) => log(`ready: ${tag} (also ${SANDBOX_REPO}:latest) in ${((Date.now() - started) / 1000).toFixed(1)} s`))
+    .then((tag) =>
+      log(`ready: ${tag} (also ${SANDBOX_REPO}:latest) in ${((Date.now() - started) / 1000).toFixed(1)} s`),
+    )
     .catch((err: Error) => {
       log(`failed: ${err.message}`);
       process.exit(1);

@@ -12,7 +12,14 @@ import { exec, sessionIn } from '../support/sandbox.ts';
 /** Debian's chromium, as infra/test.sh installs it. */
 const CHROMIUM = {
   executablePath: '/usr/bin/chromium',
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  args: [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+  ],
 };
 
 /**
@@ -27,7 +34,8 @@ describe('ops dashboard in chromium', () => {
   let page: Page;
 
   beforeAll(async () => {
-    if (!existsSync(join(DASHBOARD_DIST, 'index.html'))) throw new Error('the dashboard is not built: run `npm run dashboard:build` (npm test does)');
+    if (!existsSync(join(DASHBOARD_DIST, 'index.html')))
+      throw new Error('the dashboard is not built: run `npm run dashboard:build` (npm test does)');
     server = await new Promise<ServerType>((resolve) => {
       const s = serve({ fetch: ctx.t.app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(s));
     });
@@ -58,8 +66,14 @@ describe('ops dashboard in chromium', () => {
   async function pausedRun(code: string, resumes = true) {
     const { ws, session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'ask' } });
     expect(ctx.fake.pending()).toBe(0);
-    ctx.fake.script({ content: `<python>${code}</python>` }, ...(resumes ? [{ content: '<finish>done</finish>' }] : []));
-    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'go' } });
+    ctx.fake.script(
+      { content: `<python>${code}</python>` },
+      ...(resumes ? [{ content: '<finish>done</finish>' }] : []),
+    );
+    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'go' },
+    });
     expect(posted.status).toBe(202);
     const run = posted.body.run.id as string;
     await eventsUntil(ctx.t, run, ['run.requires_action', ...TERMINAL]);
@@ -69,7 +83,8 @@ describe('ops dashboard in chromium', () => {
   }
 
   it('a wrong key shows the API\u2019s error message and keeps nothing', async () => {
-    const expected = (await ctx.t.call('GET', '/v1/teams', { key: 'kiln_not_a_real_key' })).body.error.message as string;
+    const expected = (await ctx.t.call('GET', '/v1/teams', { key: 'kiln_not_a_real_key' })).body.error
+      .message as string;
     expect(expected.length).toBeGreaterThan(0);
     page = await (await browser.newContext()).newPage();
     await page.goto(`${url}/`);
@@ -113,7 +128,10 @@ describe('ops dashboard in chromium', () => {
     expect(events.some((e) => e.event === 'exec.output' && JSON.stringify(e.data).includes('approved-42'))).toBe(true);
     expect((await ctx.t.call('GET', `/v1/runs/${run}`, { key: ctx.team.key })).body.status).toBe('completed');
     const decided = await ctx.t.call('GET', '/v1/approvals?status=approved', { key: ctx.team.key });
-    expect(decided.body.data.find((a: { id: string }) => a.id === approval)).toMatchObject({ status: 'approved', decision: 'approve' });
+    expect(decided.body.data.find((a: { id: string }) => a.id === approval)).toMatchObject({
+      status: 'approved',
+      decision: 'approve',
+    });
     // The overview notices on its next refresh.
     await page.locator('#runs', { hasText: 'no run in flight' }).waitFor();
   });
@@ -125,12 +143,19 @@ describe('ops dashboard in chromium', () => {
     await page.locator('.stream-state[data-state=live]').waitFor();
     expect(await page.locator('.events').textContent()).not.toContain('live-42');
     // Decided elsewhere (the API): the page, already open, must show what follows.
-    expect((await ctx.t.call('POST', `/v1/approvals/${approval}`, { key: ctx.team.key, body: { decision: 'approve' } })).status).toBe(200);
+    expect(
+      (await ctx.t.call('POST', `/v1/approvals/${approval}`, { key: ctx.team.key, body: { decision: 'approve' } }))
+        .status,
+    ).toBe(200);
     await page.locator('.events li.exec-output', { hasText: 'live-42' }).waitFor();
     await page.locator('#run-status', { hasText: 'completed' }).waitFor();
     await page.locator('.stream-state[data-state=ended]').waitFor();
-    const shown = (await page.locator('.events li').evaluateAll((lis) => lis.map((li) => Number(li.getAttribute('data-seq'))))) as number[];
-    const stored = await ctx.t.app.request(`/v1/runs/${run}/events`, { headers: { authorization: `Bearer ${ctx.team.key}`, accept: 'application/json' } });
+    const shown = (await page
+      .locator('.events li')
+      .evaluateAll((lis) => lis.map((li) => Number(li.getAttribute('data-seq'))))) as number[];
+    const stored = await ctx.t.app.request(`/v1/runs/${run}/events`, {
+      headers: { authorization: `Bearer ${ctx.team.key}`, accept: 'application/json' },
+    });
     expect(shown).toEqual(((await stored.json()) as { data: { id: number }[] }).data.map((e) => e.id));
   });
 
@@ -145,7 +170,10 @@ describe('ops dashboard in chromium', () => {
 
   it('Revert on the workspace page creates a revert commit', async () => {
     const { ws } = await sessionIn(ctx.t, ctx.team);
-    const put = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: ctx.team.key, raw: '# Note\n\nreverted from the dashboard\n' });
+    const put = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, {
+      key: ctx.team.key,
+      raw: '# Note\n\nreverted from the dashboard\n',
+    });
     expect(put.status).toBe(200);
     const sha = put.body.commit.sha as string;
     await open(`#/ws/${ws}`);
@@ -160,20 +188,32 @@ describe('ops dashboard in chromium', () => {
     expect(newest.paths).toEqual(['knowledge/dash-note.md']);
     expect(newest.summary).toContain('Revert');
     expect(await page.locator('#flash').textContent()).toContain(newest.sha.slice(0, 10));
-    expect((await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: ctx.team.key })).status).toBe(404);
+    expect(
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/dash-note.md`, { key: ctx.team.key })).status,
+    ).toBe(404);
   });
 
   it('Deny tells the model a person refused; Approve for session stops asking in that session', async () => {
     const denied = await pausedRun('print("refused")');
     await open();
     const done = eventsUntil(ctx.t, denied.run, TERMINAL);
-    await page.locator(`#approvals li[data-approval="${denied.approval}"]`).getByRole('button', { name: 'Deny' }).click();
+    await page
+      .locator(`#approvals li[data-approval="${denied.approval}"]`)
+      .getByRole('button', { name: 'Deny' })
+      .click();
     expect((await done).at(-1)!.event).toBe('run.completed');
     expect(ctx.fake.chats().at(-1).messages.at(-1).content).toContain('[User Denied]');
-    expect((await ctx.t.call('GET', '/v1/approvals?status=denied', { key: ctx.team.key })).body.data.map((a: { id: string }) => a.id)).toContain(denied.approval);
+    expect(
+      (await ctx.t.call('GET', '/v1/approvals?status=denied', { key: ctx.team.key })).body.data.map(
+        (a: { id: string }) => a.id,
+      ),
+    ).toContain(denied.approval);
 
     const trusted = await pausedRun('print("first")');
-    await page.locator(`#approvals li[data-approval="${trusted.approval}"]`).getByRole('button', { name: 'Approve for session' }).click();
+    await page
+      .locator(`#approvals li[data-approval="${trusted.approval}"]`)
+      .getByRole('button', { name: 'Approve for session' })
+      .click();
     expect((await eventsUntil(ctx.t, trusted.run, TERMINAL)).at(-1)!.event).toBe('run.completed');
     // The next run in that session runs its code without asking.
     ctx.fake.script({ content: '<python>print("second")</python>' }, { content: '<finish>done</finish>' });
@@ -186,7 +226,9 @@ describe('ops dashboard in chromium', () => {
   it('Kill on the overview removes a live sandbox; its session gets a fresh one on the next exec', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team);
     expect((await exec(ctx.t, ctx.team.key, session, 'x = 1\nprint(x)')).stdout).toBe('1\n');
-    const live = (await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key })).body.data.find((s: { session_id: string }) => s.session_id === session);
+    const live = (await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key })).body.data.find(
+      (s: { session_id: string }) => s.session_id === session,
+    );
     expect(live).toBeTruthy();
     await open();
     const row = page.locator('#sandboxes tr', { hasText: live.id });
@@ -195,7 +237,11 @@ describe('ops dashboard in chromium', () => {
     await row.getByRole('button', { name: 'Kill' }).click();
     // The panel reloads after the action: the row goes, and the API agrees.
     await row.waitFor({ state: 'detached' });
-    expect((await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key })).body.data.some((s: { id: string }) => s.id === live.id)).toBe(false);
+    expect(
+      (await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key })).body.data.some(
+        (s: { id: string }) => s.id === live.id,
+      ),
+    ).toBe(false);
     // The variables went with it; the session itself still works.
     expect((await exec(ctx.t, ctx.team.key, session, 'print("x" in globals())')).stdout).toBe('False\n');
   });
@@ -213,9 +259,13 @@ describe('ops dashboard in chromium', () => {
     expect(await page.locator('#flash').textContent()).toContain(queued[0].id);
 
     const skill = '---\nname: add-numbers\ndescription: Add a list of numbers with sum()\n---\n\n1. `sum(xs)`\n';
-    ctx.fake.script({ content: `<write_file path="skills/add-numbers/SKILL.md">\n${skill}</write_file>\n<finish>Saved how to add numbers</finish>` });
+    ctx.fake.script({
+      content: `<write_file path="skills/add-numbers/SKILL.md">\n${skill}</write_file>\n<finish>Saved how to add numbers</finish>`,
+    });
     expect(await ctx.t.evolution.jobs.drain()).toBe(1);
-    const committed = (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: ctx.team.key })).body;
+    const committed = (
+      await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: ctx.team.key })
+    ).body;
     expect(committed.status).toBe('committed');
 
     const row = page.locator('#evolutions tr', { hasText: queued[0].id });
@@ -224,8 +274,13 @@ describe('ops dashboard in chromium', () => {
     page.once('dialog', (d) => void d.accept());
     await undo.click();
     await page.locator('#flash.ok', { hasText: 'undone as' }).waitFor();
-    expect((await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: ctx.team.key })).body.status).toBe('reverted');
-    expect((await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=skills/add-numbers/SKILL.md`, { key: ctx.team.key })).status).toBe(404);
+    expect(
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: ctx.team.key })).body.status,
+    ).toBe('reverted');
+    expect(
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=skills/add-numbers/SKILL.md`, { key: ctx.team.key }))
+        .status,
+    ).toBe(404);
   });
 
   it('the audit page lists what the team did; an org-admin key sees teams and the version, and is told team views need a team key', async () => {
@@ -243,7 +298,8 @@ describe('ops dashboard in chromium', () => {
   });
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
-    const watch = (p: Page) => p.on('console', (m) => /Content Security Policy|Refused to/.test(m.text()) && violations.push(m.text()));
+    const watch = (p: Page) =>
+      p.on('console', (m) => /Content Security Policy|Refused to/.test(m.text()) && violations.push(m.text()));
     page = await (await browser.newContext()).newPage();
     watch(page);
     await page.goto(`${url}/#/`);

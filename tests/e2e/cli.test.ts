@@ -11,9 +11,16 @@ import { startKiln, type KilnProcess } from '../support/server.ts';
 const KILN = fileURLToPath(new URL('../../apps/cli/bin/kiln.js', import.meta.url));
 
 /** Runs the real `kiln` command against the real server process, feeding it `input` on stdin. */
-function kiln(env: Record<string, string>, args: string[], input = ''): Promise<{ code: number; out: string; err: string }> {
+function kiln(
+  env: Record<string, string>,
+  args: string[],
+  input = '',
+): Promise<{ code: number; out: string; err: string }> {
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [KILN, ...args], { env: { PATH: process.env.PATH!, ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [KILN, ...args], {
+      env: { PATH: process.env.PATH!, ...env },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     child.stdout.on('data', (d) => (out += d));
@@ -35,9 +42,21 @@ describe('the kiln CLI', () => {
     fake = await startFakeOpenAI();
     dir = mkdtempSync(join(tmpdir(), 'kiln-cli-'));
     const adminKey = generateKey('admin');
-    server = await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey, OPENAI_BASE_URL: fake.url, OPENAI_API_KEY: 'k', KILN_MODEL: 'fake-model' });
+    server = await startKiln({
+      KILN_DATA_DIR: dir,
+      KILN_ADMIN_KEY: adminKey,
+      OPENAI_BASE_URL: fake.url,
+      OPENAI_API_KEY: 'k',
+      KILN_MODEL: 'fake-model',
+    });
     const api = async (key: string, method: string, path: string, body?: unknown) =>
-      (await fetch(`${server.url}${path}`, { method, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })).json();
+      (
+        await fetch(`${server.url}${path}`, {
+          method,
+          headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+          body: body === undefined ? undefined : JSON.stringify(body),
+        })
+      ).json();
     const team = await api(adminKey, 'POST', '/v1/teams', { name: 'cli' });
     const { key } = await api(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'cli', role: 'owner' });
     wsId = (await api(key, 'POST', '/v1/workspaces', { name: 'research' })).id;
@@ -85,14 +104,18 @@ describe('the kiln CLI', () => {
   });
 
   it('evolution verbs: review, evolutions, undo (the server runs the review as a job)', async () => {
-    fake.script({ content: '<write_file path="knowledge/cli.md"># CLI\n\nThe answer was 42.</write_file><finish>Added a knowledge page</finish>' });
+    fake.script({
+      content:
+        '<write_file path="knowledge/cli.md"># CLI\n\nThe answer was 42.</write_file><finish>Added a knowledge page</finish>',
+    });
     const queued = await kiln(env, ['review', 'research', '--json']);
     expect(queued.code, queued.err).toBe(0);
     const evo = JSON.parse(queued.out);
     expect(evo).toMatchObject({ kind: 'review', status: 'queued' });
     const deadline = Date.now() + 30_000;
     let listed = '';
-    while (!listed.includes('committed') && Date.now() < deadline) listed = (await kiln(env, ['evolutions', 'research'])).out;
+    while (!listed.includes('committed') && Date.now() < deadline)
+      listed = (await kiln(env, ['evolutions', 'research'])).out;
     expect(listed).toContain(`${evo.id}  review committed`);
     expect(listed).toContain('knowledge/cli.md');
     const undo = await kiln(env, ['undo', 'research', evo.id]);

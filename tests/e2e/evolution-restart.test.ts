@@ -68,13 +68,34 @@ describe('evolution jobs survive a crash of the server', () => {
       return { status: res.status, body: (await res.json()) as any };
     };
     const team = (await api(adminKey, '/v1/teams', { method: 'POST', body: { name: 'dreamers' } })).body;
-    const key = (await api(adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: { name: 'o', role: 'owner' } })).body.key;
-    const ws = (await api(key, '/v1/workspaces', { method: 'POST', body: { name: 'w', settings: { approval: { mode: 'auto' } } } })).body;
+    const key = (
+      await api(adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: { name: 'o', role: 'owner' } })
+    ).body.key;
+    const ws = (
+      await api(key, '/v1/workspaces', {
+        method: 'POST',
+        body: { name: 'w', settings: { approval: { mode: 'auto' } } },
+      })
+    ).body;
     const session = (await api(key, `/v1/workspaces/${ws.id}/sessions`, { method: 'POST', body: {} })).body;
-    expect((await api(key, `/v1/workspaces/${ws.id}/files?path=MEMORY.md`, { method: 'PUT', raw: '# Core memory\n\n- The build uses make.\n' })).status).toBe(200);
+    expect(
+      (
+        await api(key, `/v1/workspaces/${ws.id}/files?path=MEMORY.md`, {
+          method: 'PUT',
+          raw: '# Core memory\n\n- The build uses make.\n',
+        })
+      ).status,
+    ).toBe(200);
     fake.script({ content: '<finish>Noted, we switched to ninja.</finish>' });
-    const posted = (await api(key, `/v1/sessions/${session.id}/messages`, { method: 'POST', body: { content: 'We switched the build from make to ninja.' } })).body;
-    await until('the run to finish', async () => ((await api(key, `/v1/runs/${posted.run.id}`)).body.status === 'completed' ? true : undefined));
+    const posted = (
+      await api(key, `/v1/sessions/${session.id}/messages`, {
+        method: 'POST',
+        body: { content: 'We switched the build from make to ninja.' },
+      })
+    ).body;
+    await until('the run to finish', async () =>
+      (await api(key, `/v1/runs/${posted.run.id}`)).body.status === 'completed' ? true : undefined,
+    );
 
     // The dream gets as far as the consolidation call, which never answers: then kill -9.
     const asked = fake.chats().length;
@@ -87,7 +108,10 @@ describe('evolution jobs survive a crash of the server', () => {
 
     fake.script(
       { content: '<daily_log>\n- The build moved from make to ninja.\n</daily_log>' },
-      { content: '<memory>\n# Core memory\n\n- The build uses ninja (was make).\n</memory><diary>The build tool changed.</diary><summary>Build tool is now ninja</summary>' },
+      {
+        content:
+          '<memory>\n# Core memory\n\n- The build uses ninja (was make).\n</memory><diary>The build tool changed.</diary><summary>Build tool is now ninja</summary>',
+      },
     );
     p = await start();
     const done = await until('the dream to run again', async () => {

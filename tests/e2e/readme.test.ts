@@ -21,8 +21,11 @@ function shellBlock(heading: string): string {
 
 const bash = (script: string, cwd: string) =>
   new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
-    execFile('bash', ['--norc', '--noprofile', '-e', '-o', 'pipefail', '-c', script], { cwd, env: { PATH: process.env.PATH!, HOME: cwd }, timeout: 60_000 }, (err, stdout, stderr) =>
-      resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    execFile(
+      'bash',
+      ['--norc', '--noprofile', '-e', '-o', 'pipefail', '-c', script],
+      { cwd, env: { PATH: process.env.PATH!, HOME: cwd }, timeout: 60_000 },
+      (err, stdout, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
     );
   });
 
@@ -58,7 +61,10 @@ describe('README commands', () => {
 
   it('a body sent the way plain `curl -d` sends it is refused with a message that says what to send', async () => {
     const key = readFileSync(join(dir, 'data', 'admin.key'), 'utf8').trim();
-    const out = await bash(`curl -s -w '\\n%{http_code}' -XPOST ${kiln.url}/v1/teams -H "Authorization: Bearer ${key}" -d '{"name":"acme"}'`, dir);
+    const out = await bash(
+      `curl -s -w '\\n%{http_code}' -XPOST ${kiln.url}/v1/teams -H "Authorization: Bearer ${key}" -d '{"name":"acme"}'`,
+      dir,
+    );
     const [body, status] = out.stdout.split('\n');
     expect(status).toBe('415');
     const err = JSON.parse(body!).error;

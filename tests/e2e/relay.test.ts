@@ -28,7 +28,11 @@ describe('the restart relay', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-relay-'));
     cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
     const src = join(dir, 'src');
-    const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: src, encoding: 'utf8' }).trim();
+    const git = (...args: string[]) =>
+      execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], {
+        cwd: src,
+        encoding: 'utf8',
+      }).trim();
     execFileSync('git', ['init', '-q', '-b', 'main', src]);
     writeFileSync(join(src, 'server.cjs'), SERVER);
     git('add', '.');
@@ -40,7 +44,8 @@ describe('the restart relay', () => {
     git('commit', '-q', '-m', 'update');
     const commit = git('rev-parse', 'HEAD');
 
-    const spawnServer = (): ChildProcess => spawn(process.execPath, [join(src, 'server.cjs')], { cwd: src, stdio: ['ignore', 'pipe', 'inherit'] });
+    const spawnServer = (): ChildProcess =>
+      spawn(process.execPath, [join(src, 'server.cjs')], { cwd: src, stdio: ['ignore', 'pipe', 'inherit'] });
     const old = spawnServer();
     await once(old.stdout!, 'data');
     const plan: RelayPlan = {

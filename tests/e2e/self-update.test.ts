@@ -56,7 +56,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     });
     return { status: res.status, body: await res.json(), headers: res.headers };
   };
-  const submit = (patch: string, reason: string) => api('/v1/system/updates', { method: 'POST', body: JSON.stringify({ patch, reason }) });
+  const submit = (patch: string, reason: string) =>
+    api('/v1/system/updates', { method: 'POST', body: JSON.stringify({ patch, reason }) });
   const settled = (id: string, from: string[]) =>
     waitFor(`update ${id} to leave ${from.join('/')}`, async () => {
       const r = await api(`/v1/system/updates/${id}`);
@@ -110,7 +111,10 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     pids.add(first.child.pid!);
     url = first.url;
     const team = await api('/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'live' }) });
-    const key = await api(`/v1/teams/${team.body.id}/keys`, { method: 'POST', body: JSON.stringify({ name: 'o', role: 'owner' }) });
+    const key = await api(`/v1/teams/${team.body.id}/keys`, {
+      method: 'POST',
+      body: JSON.stringify({ name: 'o', role: 'owner' }),
+    });
     teamKey = key.body.key;
   });
 
@@ -139,15 +143,30 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       'outside the repo': good.replaceAll('README.md', '../outside.md'),
       'into .git': good.replaceAll('a/README.md', 'a/.git/config').replaceAll('b/README.md', 'b/.git/config'),
       'does not apply': good.replace(/^ .*$/m, ' a context line that is not in the file'),
-      'a symbolic link': 'diff --git a/link b/link\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n',
+      'a symbolic link':
+        'diff --git a/link b/link\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n',
     };
     for (const [what, patch] of Object.entries(bad)) {
       const r = await submit(patch, `malformed: ${what}`);
       expect(r.status, what).toBe(400);
-      expect(r.body.error, what).toMatchObject({ type: 'invalid_request_error', code: 'invalid_request', request_id: expect.any(String) });
+      expect(r.body.error, what).toMatchObject({
+        type: 'invalid_request_error',
+        code: 'invalid_request',
+        request_id: expect.any(String),
+      });
     }
-    expect((await api('/v1/system/updates', { method: 'POST', body: JSON.stringify({ patch: '', reason: 'x' }) })).status).toBe(400);
-    expect((await api('/v1/system/updates', { method: 'POST', body: JSON.stringify({ patch: good, reason: 'x' }), key: teamKey })).status).toBe(403);
+    expect(
+      (await api('/v1/system/updates', { method: 'POST', body: JSON.stringify({ patch: '', reason: 'x' }) })).status,
+    ).toBe(400);
+    expect(
+      (
+        await api('/v1/system/updates', {
+          method: 'POST',
+          body: JSON.stringify({ patch: good, reason: 'x' }),
+          key: teamKey,
+        })
+      ).status,
+    ).toBe(403);
     expect((await api('/v1/system/version', { key: teamKey })).status).toBe(403);
 
     expect((await api('/v1/system/updates')).body.data).toEqual([]);
@@ -163,7 +182,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const version = (await api('/v1/system/version')).body;
     expect(version).toMatchObject({ commit: before, pid: first.child.pid, branch: expect.any(String) });
     // The dashboard is type-checked too (its own tsconfig), after the API.
-    const patch = patchOf({ 'apps/dashboard/src/dom.ts': (t) => `${t}\nexport const broken: number = 'not a number';\n` });
+    const patch = patchOf({
+      'apps/dashboard/src/dom.ts': (t) => `${t}\nexport const broken: number = 'not a number';\n`,
+    });
     const r = await submit(patch, 'A change that does not type-check');
     expect(r.status).toBe(202);
     expect(r.body).toMatchObject({ status: 'checking', changed_paths: ['apps/dashboard/src/dom.ts'] });
@@ -189,36 +210,72 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await fetch(`${url}/readyz`)).status).toBe(200);
   });
 
-
   const agentRun = { ws: '', run: '', approval: '' };
 
   it('lets the agent of a workspace an org admin enabled propose a source update, which waits for an org admin even in auto mode', async () => {
-    const ws = (await api('/v1/workspaces', { method: 'POST', key: teamKey, body: JSON.stringify({ name: 'evolver', settings: { approval: { mode: 'auto' } } }) })).body;
+    const ws = (
+      await api('/v1/workspaces', {
+        method: 'POST',
+        key: teamKey,
+        body: JSON.stringify({ name: 'evolver', settings: { approval: { mode: 'auto' } } }),
+      })
+    ).body;
     expect(ws.settings.source_updates).toBe(false);
     // Team keys cannot turn it on, neither through the workspace's settings nor the system route.
-    expect((await api(`/v1/workspaces/${ws.id}`, { method: 'PATCH', key: teamKey, body: JSON.stringify({ settings: { source_updates: true } }) })).status).toBe(400);
-    const enable = (key?: string) => api(`/v1/system/workspaces/${ws.id}/source-updates`, { method: 'PUT', key, body: JSON.stringify({ enabled: true }) });
+    expect(
+      (
+        await api(`/v1/workspaces/${ws.id}`, {
+          method: 'PATCH',
+          key: teamKey,
+          body: JSON.stringify({ settings: { source_updates: true } }),
+        })
+      ).status,
+    ).toBe(400);
+    const enable = (key?: string) =>
+      api(`/v1/system/workspaces/${ws.id}/source-updates`, {
+        method: 'PUT',
+        key,
+        body: JSON.stringify({ enabled: true }),
+      });
     expect((await enable(teamKey)).status).toBe(403);
     expect((await enable()).body).toEqual({ workspace_id: ws.id, enabled: true });
     expect((await api(`/v1/workspaces/${ws.id}`, { key: teamKey })).body.settings.source_updates).toBe(true);
 
-    const patch = patchOf({ 'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const agentBroke: number = 'still not a number';\n` });
+    const patch = patchOf({
+      'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const agentBroke: number = 'still not a number';\n`,
+    });
     fake.script(
-      { content: `<thinking>The id helper needs a constant.</thinking>\n<propose_source_update><reason>Add a constant to the id helper</reason><patch>\n${patch}</patch></propose_source_update>` },
+      {
+        content: `<thinking>The id helper needs a constant.</thinking>\n<propose_source_update><reason>Add a constant to the id helper</reason><patch>\n${patch}</patch></propose_source_update>`,
+      },
       { content: '<thinking>It is submitted.</thinking><finish>I proposed a platform update.</finish>' },
     );
     const ses = (await api(`/v1/workspaces/${ws.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' })).body;
-    const posted = await api(`/v1/sessions/${ses.id}/messages`, { method: 'POST', key: teamKey, body: JSON.stringify({ content: 'Improve the platform' }) });
+    const posted = await api(`/v1/sessions/${ses.id}/messages`, {
+      method: 'POST',
+      key: teamKey,
+      body: JSON.stringify({ content: 'Improve the platform' }),
+    });
     expect(posted.status).toBe(202);
     const runId = posted.body.run.id as string;
-    await waitFor('the run to wait for an approval', async () => ((await api(`/v1/runs/${runId}`, { key: teamKey })).body.status === 'requires_action' ? true : undefined));
+    await waitFor('the run to wait for an approval', async () =>
+      (await api(`/v1/runs/${runId}`, { key: teamKey })).body.status === 'requires_action' ? true : undefined,
+    );
     const pending = (await api('/v1/approvals?status=pending', { key: teamKey })).body.data;
     expect(pending).toHaveLength(1);
     expect(pending[0]).toMatchObject({ run_id: runId, requires_org_admin: true });
-    expect(pending[0].code).toContain('Reason: Add a constant to the id helper\n\ndiff --git a/apps/api/src/lib/ids.ts');
-    const byOwner = await api(`/v1/approvals/${pending[0].id}`, { method: 'POST', key: teamKey, body: JSON.stringify({ decision: 'approve' }) });
+    expect(pending[0].code).toContain(
+      'Reason: Add a constant to the id helper\n\ndiff --git a/apps/api/src/lib/ids.ts',
+    );
+    const byOwner = await api(`/v1/approvals/${pending[0].id}`, {
+      method: 'POST',
+      key: teamKey,
+      body: JSON.stringify({ decision: 'approve' }),
+    });
     expect(byOwner.status).toBe(403);
-    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([pending[0].id]);
+    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([
+      pending[0].id,
+    ]);
     expect((await api('/v1/system/updates')).body.data).toHaveLength(1);
     Object.assign(agentRun, { ws: ws.id, run: runId, approval: pending[0].id });
   });
@@ -229,7 +286,10 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const before = head();
     const patch = patchOf({
       'apps/api/src/routes/health/health.index.ts': (t) =>
-        t.replace(".openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))", ".openapi(healthz, (c) => {\n      c.header('x-kiln-patched', 'yes');\n      return c.json({ status: 'ok' as const }, 200);\n    })"),
+        t.replace(
+          ".openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200))",
+          ".openapi(healthz, (c) => {\n      c.header('x-kiln-patched', 'yes');\n      return c.json({ status: 'ok' as const }, 200);\n    })",
+        ),
       // A dashboard change too: the new server must serve a new build of it.
       'apps/dashboard/index.html': (t) => t.replace('<title>Kiln ops</title>', '<title>Kiln ops (patched)</title>'),
     });
@@ -239,14 +299,23 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(r.status).toBe(202);
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
-    expect(ready.checks.map((c: { name: string }) => c.name)).toEqual(['install', 'typecheck', 'dashboard', 'smoke', 'boot', 'readyz']);
+    expect(ready.checks.map((c: { name: string }) => c.name)).toEqual([
+      'install',
+      'typecheck',
+      'dashboard',
+      'smoke',
+      'boot',
+      'readyz',
+    ]);
     expect(ready.checks.every((c: { ok: boolean }) => c.ok)).toBe(true);
     expect(JSON.stringify(ready.checks)).not.toMatch(/kiln_admin_[A-Za-z0-9_-]{20}/);
     const commit = ready.commit_sha as string;
     expect(head()).toBe(before);
     expect(worktrees()).toBe(1);
 
-    const [a, b] = await Promise.all([1, 2].map(() => api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })));
+    const [a, b] = await Promise.all(
+      [1, 2].map(() => api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })),
+    );
     expect([a!.status, b!.status].sort()).toEqual([202, 409]);
     expect([a, b].find((x) => x!.status === 409)!.body.error.code).toBe('conflict');
     expect([a, b].find((x) => x!.status === 202)!.body.status).toBe('applying');
@@ -256,32 +325,60 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const v = await nextServer(first.child.pid!, commit);
     pids.add(v.pid);
     expect(head()).toBe(commit);
-    expect(git(checkout, 'log', '-1', '--format=%B')).toMatch(new RegExp(`Kiln-Kind: source\\nKiln-Update: ${r.body.id}\\nKiln-Author: user`));
+    expect(git(checkout, 'log', '-1', '--format=%B')).toMatch(
+      new RegExp(`Kiln-Kind: source\\nKiln-Update: ${r.body.id}\\nKiln-Author: user`),
+    );
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBe('yes');
     expect(await (await fetch(`${url}/`)).text()).toContain('<title>Kiln ops (patched)</title>');
     const fin = await settled(r.body.id, ['applying']);
     expect(fin.status).toBe('applied');
     expect(fin.checks.at(-1)).toMatchObject({ name: 'restart', ok: true });
-    expect((await api('/v1/system/updates')).body.data.map((u: { id: string; status: string }) => [u.id, u.status])).toEqual([
+    expect(
+      (await api('/v1/system/updates')).body.data.map((u: { id: string; status: string }) => [u.id, u.status]),
+    ).toEqual([
       [r.body.id, 'applied'],
       [expect.any(String), 'failed'],
     ]);
     const audit = await api('/v1/audit?limit=100');
-    const actions = audit.body.data.filter((e: { resource_id: string }) => e.resource_id === r.body.id).map((e: { action: string }) => e.action);
-    expect(actions).toEqual(expect.arrayContaining(['system.update.submit', 'system.update.check', 'system.update.apply', 'system.update.applied']));
+    const actions = audit.body.data
+      .filter((e: { resource_id: string }) => e.resource_id === r.body.id)
+      .map((e: { action: string }) => e.action);
+    expect(actions).toEqual(
+      expect.arrayContaining([
+        'system.update.submit',
+        'system.update.check',
+        'system.update.apply',
+        'system.update.applied',
+      ]),
+    );
     applied = { id: r.body.id, commit, before };
   });
 
   it('keeps the pending approval across the restart; once an org admin approves, the patch is submitted and self-checked', async () => {
     expect((await api(`/v1/runs/${agentRun.run}`, { key: teamKey })).body.status).toBe('requires_action');
-    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([agentRun.approval]);
-    expect((await api(`/v1/approvals/${agentRun.approval}`, { method: 'POST', body: JSON.stringify({ decision: 'approve' }) })).status).toBe(200);
-    await waitFor('the run to complete', async () => ((await api(`/v1/runs/${agentRun.run}`, { key: teamKey })).body.status === 'completed' ? true : undefined));
+    expect((await api('/v1/approvals?status=pending')).body.data.map((a: { id: string }) => a.id)).toEqual([
+      agentRun.approval,
+    ]);
+    expect(
+      (
+        await api(`/v1/approvals/${agentRun.approval}`, {
+          method: 'POST',
+          body: JSON.stringify({ decision: 'approve' }),
+        })
+      ).status,
+    ).toBe(200);
+    await waitFor('the run to complete', async () =>
+      (await api(`/v1/runs/${agentRun.run}`, { key: teamKey })).body.status === 'completed' ? true : undefined,
+    );
     const told = fake.chats()[1].messages.at(-1).content as string;
     expect(told).toContain('[Source update submitted]');
     const id = /update (evo_[0-9a-z]+)/.exec(told)![1]!;
     const done = await settled(id, ['checking']);
-    expect(done).toMatchObject({ status: 'failed', reason: 'Add a constant to the id helper', changed_paths: ['apps/api/src/lib/ids.ts'] });
+    expect(done).toMatchObject({
+      status: 'failed',
+      reason: 'Add a constant to the id helper',
+      changed_paths: ['apps/api/src/lib/ids.ts'],
+    });
     expect(done.checks.at(-1)).toMatchObject({ name: 'typecheck', ok: false });
     expect(git(checkout, 'log', '-1', '--format=%B', `refs/kiln/updates/${id}`)).toContain('Kiln-Author: agent');
   });
@@ -336,14 +433,23 @@ describe('platform self-update', { timeout: 420_000 }, () => {
 
     // Two runs waiting on the model when the restart begins: one answer comes once the old
     // server has been told to stop (it drains and finishes that run), the other never comes.
-    const ws = (await api('/v1/workspaces', { method: 'POST', key: teamKey, body: JSON.stringify({ name: 'busy' }) })).body;
-    const session = async () => (await api(`/v1/workspaces/${ws.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' })).body.id as string;
+    const ws = (await api('/v1/workspaces', { method: 'POST', key: teamKey, body: JSON.stringify({ name: 'busy' }) }))
+      .body;
+    const session = async () =>
+      (await api(`/v1/workspaces/${ws.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' })).body.id as string;
     const [s1, s2] = [await session(), await session()];
     let release!: () => void;
     const released = new Promise<void>((resolve) => (release = resolve));
     fake.script({ content: '<finish>finished while the server drained</finish>', until: released }, { hang: true });
     const asked = fake.chats().length;
-    const post = async (s: string) => (await api(`/v1/sessions/${s}/messages`, { method: 'POST', key: teamKey, body: JSON.stringify({ content: 'work' }) })).body.run.id as string;
+    const post = async (s: string) =>
+      (
+        await api(`/v1/sessions/${s}/messages`, {
+          method: 'POST',
+          key: teamKey,
+          body: JSON.stringify({ content: 'work' }),
+        })
+      ).body.run.id as string;
     const run1 = await post(s1);
     await fake.chatRequests(asked + 1);
     const run2 = await post(s2);
@@ -351,7 +457,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
 
     expect((await api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })).status).toBe(202);
     const relayLog = join(dataDir, 'self-update', r.body.id, 'relay.log');
-    await waitFor('the relay to send SIGTERM', async () => (existsSync(relayLog) && readFileSync(relayLog, 'utf8').includes(`SIGTERM ${oldPid}`) ? true : undefined));
+    await waitFor('the relay to send SIGTERM', async () =>
+      existsSync(relayLog) && readFileSync(relayLog, 'utf8').includes(`SIGTERM ${oldPid}`) ? true : undefined,
+    );
     release();
 
     const v = await nextServer(oldPid, ready.commit_sha);
@@ -363,12 +471,19 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(git(checkout, 'rev-parse', `${applied.before}^{tree}`));
     // Only the draining old server can have completed run 1: the new one fails what it finds in flight.
     expect((await api(`/v1/runs/${run1}`, { key: teamKey })).body).toMatchObject({ status: 'completed' });
-    expect((await api(`/v1/runs/${run2}`, { key: teamKey })).body).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
+    expect((await api(`/v1/runs/${run2}`, { key: teamKey })).body).toMatchObject({
+      status: 'failed',
+      error: { code: 'interrupted' },
+    });
   });
   it('a patch to the relay takes effect at the next update; a relay that never starts gets that update reverted while the server keeps running', async () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const broken = patchOf({
-      'apps/relay/src/relay.ts': (t) => t.replace('  async main(): Promise<void> {\n', '  async main(): Promise<void> {\n    // Broken on purpose: gone before it stops anything.\n    if (process.pid > 0) process.exit(3);\n'),
+      'apps/relay/src/relay.ts': (t) =>
+        t.replace(
+          '  async main(): Promise<void> {\n',
+          '  async main(): Promise<void> {\n    // Broken on purpose: gone before it stops anything.\n    if (process.pid > 0) process.exit(3);\n',
+        ),
     });
     expect(broken).toContain('process.exit(3)');
     const u1 = await submit(broken, 'Break the relay');
@@ -400,7 +515,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     // A patch that adds a dependency, made the way a person would: npm resolves it into the lockfile.
     const scratch = mkTemp('kiln-patch-dep-');
     execFileSync('git', ['clone', '-q', checkout, scratch]);
-    execFileSync('npm', ['install', '--package-lock-only', '--no-audit', '--no-fund', '--save-dev', 'is-number@7.0.0'], { cwd: scratch, stdio: 'ignore' });
+    execFileSync(
+      'npm',
+      ['install', '--package-lock-only', '--no-audit', '--no-fund', '--save-dev', 'is-number@7.0.0'],
+      { cwd: scratch, stdio: 'ignore' },
+    );
     git(scratch, 'add', '-A');
     const patch = `${git(scratch, 'diff', '--cached')}\n`;
     expect(patch).toContain('package-lock.json');

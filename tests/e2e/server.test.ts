@@ -32,7 +32,10 @@ describe('the server process', () => {
     return p;
   };
   const api = (p: KilnProcess, key: string, path: string, init: RequestInit = {}) =>
-    fetch(`${p.url}${path}`, { ...init, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...init.headers } });
+    fetch(`${p.url}${path}`, {
+      ...init,
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...init.headers },
+    });
 
   it('first start on PGlite prints the URL and a new org-admin key (saved 0600); later starts do not', async () => {
     const dir = dataDir();
@@ -58,8 +61,17 @@ describe('the server process', () => {
     const dir = dataDir();
     const adminKey = generateKey('admin');
     const first = track(await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey }));
-    const team = await (await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'k9' }) })).json();
-    const key = (await (await api(first, adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: JSON.stringify({ name: 'o', role: 'owner' }) })).json()).key;
+    const team = await (
+      await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'k9' }) })
+    ).json();
+    const key = (
+      await (
+        await api(first, adminKey, `/v1/teams/${team.id}/keys`, {
+          method: 'POST',
+          body: JSON.stringify({ name: 'o', role: 'owner' }),
+        })
+      ).json()
+    ).key;
 
     // One request provably mid-flight: the server has parsed its headers (it answered
     // 100 Continue) and is waiting for the rest of the body.
@@ -70,7 +82,9 @@ describe('the server process', () => {
       `POST /v1/workspaces HTTP/1.1\r\nHost: ${host}\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\n` +
         `Content-Length: ${body.length}\r\nExpect: 100-continue\r\n\r\n`,
     );
-    await new Promise<void>((resolve) => socket.once('data', (d) => (String(d).includes('100 Continue') ? resolve() : undefined)));
+    await new Promise<void>((resolve) =>
+      socket.once('data', (d) => (String(d).includes('100 Continue') ? resolve() : undefined)),
+    );
     socket.write(body.slice(0, 5));
     const closed = new Promise<string>((resolve) => {
       let got = '';
@@ -98,7 +112,10 @@ describe('the server process', () => {
     expect(listed.data.length).toBeGreaterThanOrEqual(created);
     expect(listed.data.map((w: { name: string }) => w.name)).not.toContain('half-sent');
     for (const w of listed.data) expect((await api(second, key, `/v1/workspaces/${w.id}`)).status).toBe(200);
-    const again = await api(second, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'after-crash' }) });
+    const again = await api(second, key, '/v1/workspaces', {
+      method: 'POST',
+      body: JSON.stringify({ name: 'after-crash' }),
+    });
     expect(again.status).toBe(201);
   });
 
@@ -129,7 +146,9 @@ describe('the server process', () => {
     expect(await p.exited).toBe(2);
     const lines = p.stderr().trim().split('\n');
     expect(lines[0]).toMatch(/3 problem/);
-    expect(lines.slice(1).map((l) => l.trim().split(':')[0])).toEqual(expect.arrayContaining(['KILN_PORT', 'KILN_LOG_LEVEL', 'KILN_ADMIN_KEY']));
+    expect(lines.slice(1).map((l) => l.trim().split(':')[0])).toEqual(
+      expect.arrayContaining(['KILN_PORT', 'KILN_LOG_LEVEL', 'KILN_ADMIN_KEY']),
+    );
     expect(p.stderr()).not.toContain('short-secret');
   });
 
@@ -137,13 +156,33 @@ describe('the server process', () => {
     const dir = dataDir();
     const adminKey = generateKey('admin');
     const instance = `e2e-${Date.now().toString(36)}`;
-    const env = { KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey, KILN_INSTANCE_ID: instance, KILN_SANDBOX_POOL_SIZE: '1' };
+    const env = {
+      KILN_DATA_DIR: dir,
+      KILN_ADMIN_KEY: adminKey,
+      KILN_INSTANCE_ID: instance,
+      KILN_SANDBOX_POOL_SIZE: '1',
+    };
     const first = track(await startKiln(env));
-    const team = await (await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'reap' }) })).json();
-    const key = (await (await api(first, adminKey, `/v1/teams/${team.id}/keys`, { method: 'POST', body: JSON.stringify({ name: 'o', role: 'owner' }) })).json()).key;
-    const ws = await (await api(first, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'w' }) })).json();
-    const ses = await (await api(first, key, `/v1/workspaces/${ws.id}/sessions`, { method: 'POST', body: '{}' })).json();
-    const result = await (await api(first, key, `/v1/sessions/${ses.id}/exec`, { method: 'POST', body: JSON.stringify({ code: 'x = 1' }) })).json();
+    const team = await (
+      await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'reap' }) })
+    ).json();
+    const key = (
+      await (
+        await api(first, adminKey, `/v1/teams/${team.id}/keys`, {
+          method: 'POST',
+          body: JSON.stringify({ name: 'o', role: 'owner' }),
+        })
+      ).json()
+    ).key;
+    const ws = await (
+      await api(first, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'w' }) })
+    ).json();
+    const ses = await (
+      await api(first, key, `/v1/workspaces/${ws.id}/sessions`, { method: 'POST', body: '{}' })
+    ).json();
+    const result = await (
+      await api(first, key, `/v1/sessions/${ses.id}/exec`, { method: 'POST', body: JSON.stringify({ code: 'x = 1' }) })
+    ).json();
     const mine = () => docker.listContainers({ all: true, filters: { label: [`kiln.owner=${instance}`] } });
     expect((await mine()).map((c) => c.Labels['kiln.sandbox'])).toContain(result.sandbox_id);
     first.child.kill('SIGKILL');
@@ -157,7 +196,12 @@ describe('the server process', () => {
     for (const c of left) expect(c.Labels['kiln.session']).toBe('');
     const listed = await (await api(second, key, '/v1/sandboxes')).json();
     expect(listed.data).toEqual([]);
-    const next = await (await api(second, key, `/v1/sessions/${ses.id}/exec`, { method: 'POST', body: JSON.stringify({ code: '"x" in dir()' }) })).json();
+    const next = await (
+      await api(second, key, `/v1/sessions/${ses.id}/exec`, {
+        method: 'POST',
+        body: JSON.stringify({ code: '"x" in dir()' }),
+      })
+    ).json();
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
     second.child.kill('SIGTERM');
     expect(await second.exited).toBe(0);

@@ -16,7 +16,12 @@ describe('approvals', () => {
   const pending = (session: string) => pendingApproval(ctx.t, ctx.team.key, session);
 
   beforeAll(async () => {
-    member = (await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: ctx.team.key, body: { name: 'm', role: 'member' } })).body.key;
+    member = (
+      await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+        key: ctx.team.key,
+        body: { name: 'm', role: 'member' },
+      })
+    ).body.key;
   });
 
   it('ask: the run waits in requires_action; only a key that may approve decides; approve runs the code', async () => {
@@ -43,10 +48,16 @@ describe('approvals', () => {
 
   it('deny: the code never runs and the model is told a person refused', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team);
-    ctx.fake.script({ content: '<python>open("/tmp/should-not-exist", "w").write("x")</python>' }, { content: '<finish>understood</finish>' });
+    ctx.fake.script(
+      { content: '<python>open("/tmp/should-not-exist", "w").write("x")</python>' },
+      { content: '<finish>understood</finish>' },
+    );
     const first = await converse(ctx.t, ctx.team.key, session, 'do it', paused);
     const a = await pending(session);
-    await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'deny', reason: 'not today' } });
+    await ctx.t.call('POST', `/v1/approvals/${a.id}`, {
+      key: ctx.team.key,
+      body: { decision: 'deny', reason: 'not today' },
+    });
     const events = await eventsUntil(ctx.t, first.run.id, TERMINAL);
     expect(events.map((e) => e.event)).not.toContain('exec.started');
     const told = ctx.fake.chats().at(-1).messages.at(-1).content as string;
@@ -56,7 +67,11 @@ describe('approvals', () => {
 
   it('approve_session stops asking for that session only', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team);
-    ctx.fake.script({ content: '<python>print(1)</python>' }, { content: '<python>print(2)</python>' }, { content: '<finish>two</finish>' });
+    ctx.fake.script(
+      { content: '<python>print(1)</python>' },
+      { content: '<python>print(2)</python>' },
+      { content: '<finish>two</finish>' },
+    );
     const first = await converse(ctx.t, ctx.team.key, session, 'count', paused);
     const a = await pending(session);
     await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'approve_session' } });
@@ -73,7 +88,13 @@ describe('approvals', () => {
 
   it('policy rules: deny first, then ask, then allow, then the mode', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, {
-      approval: { mode: 'ask', rules: [{ match: 'shutil\\.rmtree', behavior: 'deny' }, { match: '^print\\(', behavior: 'allow' }] },
+      approval: {
+        mode: 'ask',
+        rules: [
+          { match: 'shutil\\.rmtree', behavior: 'deny' },
+          { match: '^print\\(', behavior: 'allow' },
+        ],
+      },
     });
     ctx.fake.script(
       { content: '<python>print("allowed by rule")</python>' },
@@ -91,7 +112,10 @@ describe('approvals', () => {
     ctx.fake.script({ content: '<python>print("never")</python>' }, { content: '<finish>will ask later</finish>' });
     const first = await converse(ctx.t, ctx.team.key, session, 'expire', paused);
     const a = await pending(session);
-    await ctx.t.database.db.update(approvals).set({ expiresAt: new Date(Date.now() - 1000) }).where(eq(approvals.id, a.id));
+    await ctx.t.database.db
+      .update(approvals)
+      .set({ expiresAt: new Date(Date.now() - 1000) })
+      .where(eq(approvals.id, a.id));
     expect(await ctx.t.agent.sweepExpired()).toBe(1);
     const events = await eventsUntil(ctx.t, first.run.id, TERMINAL);
     expect(events.at(-1)!.event).toBe('run.completed');
@@ -99,7 +123,10 @@ describe('approvals', () => {
     const told = ctx.fake.chats().at(-1).messages.at(-1).content as string;
     expect(told).toContain('[Approval Expired]');
     expect(told).toContain('not a refusal');
-    const late = await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'approve' } });
+    const late = await ctx.t.call('POST', `/v1/approvals/${a.id}`, {
+      key: ctx.team.key,
+      body: { decision: 'approve' },
+    });
     expect(late.status).toBe(409);
     expect(late.body.error.code).toBe('approval_expired');
   });
@@ -111,14 +138,36 @@ describe('approvals', () => {
     const a = await pending(session);
     // Another run left in_progress by a crash (no process is running it any more).
     const ghost = await sessionIn(ctx.t, ctx.team);
-    await ctx.t.database.db.insert(runs).values({ id: 'run_ghost', teamId: ctx.team.id, workspaceId: ghost.ws, sessionId: ghost.session, status: 'in_progress', model: 'fake-model' });
+    await ctx.t.database.db.insert(runs).values({
+      id: 'run_ghost',
+      teamId: ctx.team.id,
+      workspaceId: ghost.ws,
+      sessionId: ghost.session,
+      status: 'in_progress',
+      model: 'fake-model',
+    });
 
     // A second service on the same database is what a restarted server is.
-    const restarted = new AgentService(ctx.t.database.db, new RunEventLog(ctx.t.database.db), new ModelClient({ baseURL: ctx.fake.url, apiKey: 'k', defaultModel: 'fake-model', maxRetries: 0, timeoutMs: 30_000 }), ctx.t.engine, ctx.t.workspaces, pino({ level: 'silent' }));
+    const restarted = new AgentService(
+      ctx.t.database.db,
+      new RunEventLog(ctx.t.database.db),
+      new ModelClient({
+        baseURL: ctx.fake.url,
+        apiKey: 'k',
+        defaultModel: 'fake-model',
+        maxRetries: 0,
+        timeoutMs: 30_000,
+      }),
+      ctx.t.engine,
+      ctx.t.workspaces,
+      pino({ level: 'silent' }),
+    );
     await restarted.startup();
     const [ghostRun] = await ctx.t.database.db.select().from(runs).where(eq(runs.id, 'run_ghost'));
     expect(ghostRun).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });
-    expect((await ctx.t.call('GET', `/v1/runs/${first.run.id}`, { key: ctx.team.key })).body.status).toBe('requires_action');
+    expect((await ctx.t.call('GET', `/v1/runs/${first.run.id}`, { key: ctx.team.key })).body.status).toBe(
+      'requires_action',
+    );
     const principal = { keyId: 'key_x', role: 'owner' as const, teamId: ctx.team.id, canApprove: true };
     const done = eventsUntil({ agent: restarted }, first.run.id, TERMINAL);
     await restarted.decide(principal, a.id, 'approve');
@@ -135,11 +184,16 @@ describe('approvals', () => {
     const a = await pending(session);
     const other = await ctx.t.team('approvals-other');
     expect((await ctx.t.call('GET', '/v1/approvals', { key: other.key })).body.data).toEqual([]);
-    expect((await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: other.key, body: { decision: 'approve' } })).status).toBe(404);
+    expect(
+      (await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: other.key, body: { decision: 'approve' } })).status,
+    ).toBe(404);
     expect((await ctx.t.call('GET', `/v1/runs/${first.run.id}`, { key: other.key })).status).toBe(404);
     expect((await ctx.t.call('GET', `/v1/runs/${first.run.id}/events`, { key: other.key })).status).toBe(404);
     expect((await ctx.t.call('POST', `/v1/runs/${first.run.id}/cancel`, { key: other.key })).status).toBe(404);
-    expect((await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: other.key, body: { content: 'hi' } })).status).toBe(404);
+    expect(
+      (await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: other.key, body: { content: 'hi' } }))
+        .status,
+    ).toBe(404);
     await ctx.t.call('POST', `/v1/runs/${first.run.id}/cancel`, { key: ctx.team.key });
   });
 });

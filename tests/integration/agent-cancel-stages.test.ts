@@ -9,7 +9,8 @@ import { exec, sessionIn } from '../support/sandbox.ts';
 const docker = connectDocker(process.env.DOCKER_HOST);
 /** Code that leaves a marker: if the marker is there, the cancelled code ran. */
 const MARKER = 'open("/tmp/cancelled-code-ran", "w").write("x")\nprint("ran")';
-const ran = (t: TestApp, team: { key: string }, session: string) => exec(t, team.key, session, 'import os; print(os.path.exists("/tmp/cancelled-code-ran"))').then((r) => r.stdout);
+const ran = (t: TestApp, team: { key: string }, session: string) =>
+  exec(t, team.key, session, 'import os; print(os.path.exists("/tmp/cancelled-code-ran"))').then((r) => r.stdout);
 
 /**
  * A cancel that lands before the code reaches the runner (while the sandbox is claimed and
@@ -19,7 +20,6 @@ const ran = (t: TestApp, team: { key: string }, session: string) => exec(t, team
 describe('a cancel at each stage of an execution', () => {
   const ctx = useAgentApp('cancel-stages');
   const auto = { approval: { mode: 'auto' } };
-
 
   it('while the session\u2019s sandbox is being claimed: the code never runs, the run ends cancelled', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, auto);
@@ -32,20 +32,30 @@ describe('a cancel at each stage of an execution', () => {
     await conn`begin`;
     await conn`lock table sandboxes in exclusive mode`;
     try {
-      const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'go' } });
+      const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+        key: ctx.team.key,
+        body: { content: 'go' },
+      });
       await eventsUntil(ctx.t, r.body.run.id, ['exec.started']);
       // The claim is waiting for the lock (a state, not a guess about timing).
       for (;;) {
-        const [w] = await sql`select count(*)::int as n from pg_locks l join pg_class c on c.oid = l.relation where c.relname = 'sandboxes' and not l.granted`;
+        const [w] =
+          await sql`select count(*)::int as n from pg_locks l join pg_class c on c.oid = l.relation where c.relname = 'sandboxes' and not l.granted`;
         if (w!.n > 0) break;
       }
-      expect((await ctx.t.call("POST", `/v1/runs/${r.body.run.id}/cancel`, { key: ctx.team.key })).status).toBeLessThan(300);
+      expect((await ctx.t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: ctx.team.key })).status).toBeLessThan(
+        300,
+      );
       await conn`commit`;
       const events = await eventsUntil(ctx.t, r.body.run.id, TERMINAL);
       expect(events.at(-1)!.event).toBe('run.cancelled');
-      const completed = events.find((e) => e.event === 'exec.completed')?.data as { error: { type: string } } | undefined;
+      const completed = events.find((e) => e.event === 'exec.completed')?.data as
+        | { error: { type: string } }
+        | undefined;
       if (completed) expect(completed.error.type).toBe('Cancelled');
-      expect((await ctx.t.call('GET', `/v1/runs/${r.body.run.id}`, { key: ctx.team.key })).body.status).toBe('cancelled');
+      expect((await ctx.t.call('GET', `/v1/runs/${r.body.run.id}`, { key: ctx.team.key })).body.status).toBe(
+        'cancelled',
+      );
     } finally {
       conn.release();
       await sql.end();
@@ -59,14 +69,22 @@ describe('a cancel at each stage of an execution', () => {
     // An execution that runs until the test lets it go (a file made from outside the sandbox).
     const first = ctx.t.call('POST', `/v1/sessions/${session}/exec`, {
       key: ctx.team.key,
-      body: { code: 'import os, time\nprint("holding", flush=True)\nwhile not os.path.exists("/tmp/go"): time.sleep(0.02)', timeout_s: 60 },
+      body: {
+        code: 'import os, time\nprint("holding", flush=True)\nwhile not os.path.exists("/tmp/go"): time.sleep(0.02)',
+        timeout_s: 60,
+      },
     });
     const [container] = await docker.listContainers({ filters: { label: [`kiln.session=${session}`] } });
     // One reply only: the cancelled run never asks the model again.
     ctx.fake.script({ content: `<python>${MARKER}</python>` });
-    const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'go' } });
+    const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'go' },
+    });
     await eventsUntil(ctx.t, r.body.run.id, ['exec.started']);
-    expect((await ctx.t.call("POST", `/v1/runs/${r.body.run.id}/cancel`, { key: ctx.team.key })).status).toBeLessThan(300);
+    expect((await ctx.t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: ctx.team.key })).status).toBeLessThan(
+      300,
+    );
     const go = await docker.getContainer(container!.Id).exec({ Cmd: ['touch', '/tmp/go'], User: '10001:10001' });
     await go.start({ hijack: true, stdin: false });
     expect((await first).status).toBe(200);

@@ -6,24 +6,34 @@ import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
-const SUMMARY = '<daily_log>\n- Computed the totals for ACME-42.\n</daily_log>\n<project_state>\n## Progress\nTotals done.\n## Todo\nChart.\n## Key identifiers\nACME-42, /workspace/data/totals.csv\n## Environment\nsandbox\n</project_state>';
+const SUMMARY =
+  '<daily_log>\n- Computed the totals for ACME-42.\n</daily_log>\n<project_state>\n## Progress\nTotals done.\n## Todo\nChart.\n## Key identifiers\nACME-42, /workspace/data/totals.csv\n## Environment\nsandbox\n</project_state>';
 
 /** The four levels of context condensation, each observed in the request the model receives. */
 describe('context management', () => {
   const ctx = useAgentApp('context');
-  const lastRequest = () => ctx.fake.chats().at(-1).messages as { role: string; content: string | null; tool_calls?: unknown[] }[];
+  const lastRequest = () =>
+    ctx.fake.chats().at(-1).messages as { role: string; content: string | null; tool_calls?: unknown[] }[];
   const condensed = (events: { event: string; data: unknown }[]) =>
-    events.filter((e) => e.event === 'context.condensed').map((e) => e.data as { levels: number[]; before_tokens: number; after_tokens: number; budget: number });
-
+    events
+      .filter((e) => e.event === 'context.condensed')
+      .map((e) => e.data as { levels: number[]; before_tokens: number; after_tokens: number; budget: number });
 
   it('level 1: a long result of an earlier turn keeps its head and tail; the current turn is untouched', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
-    ctx.fake.script({ content: '<python>print("HEAD" + "lorem ipsum " * 1500 + "TAIL")</python>' }, { content: '<finish>printed</finish>' });
+    ctx.fake.script(
+      { content: '<python>print("HEAD" + "lorem ipsum " * 1500 + "TAIL")</python>' },
+      { content: '<finish>printed</finish>' },
+    );
     await converse(ctx.t, ctx.team.key, session, 'print a lot');
-    ctx.fake.script({ content: '<python>print("NOW" + "dolor " * 1500)</python>' }, { content: '<finish>again</finish>' });
+    ctx.fake.script(
+      { content: '<python>print("NOW" + "dolor " * 1500)</python>' },
+      { content: '<finish>again</finish>' },
+    );
     const { events } = await converse(ctx.t, ctx.team.key, session, 'and now');
     const request = lastRequest();
-    const result = (marker: string) => request.find((m) => m.role === 'user' && m.content?.startsWith('Kiln System') && m.content.includes(marker))!;
+    const result = (marker: string) =>
+      request.find((m) => m.role === 'user' && m.content?.startsWith('Kiln System') && m.content.includes(marker))!;
     const old = result('HEAD');
     expect(old.content).toContain('omitted by Kiln');
     expect(old.content).toContain('TAIL');
@@ -53,15 +63,23 @@ describe('context management', () => {
     expect(condensed(events)[0]!.levels).toContain(2);
     const day = new Date().toISOString().slice(0, 10);
     const dir = ctx.t.workspaces.dirOf(ws);
-    expect(execFileSync('git', ['-C', dir, 'show', `HEAD:memory/${day}.md`], { encoding: 'utf8' })).toContain('- Computed the totals for ACME-42.');
-    expect(execFileSync('git', ['-C', dir, 'log', '-1', '--format=%B'], { encoding: 'utf8' })).toContain('Kiln-Kind: memory');
+    expect(execFileSync('git', ['-C', dir, 'show', `HEAD:memory/${day}.md`], { encoding: 'utf8' })).toContain(
+      '- Computed the totals for ACME-42.',
+    );
+    expect(execFileSync('git', ['-C', dir, 'log', '-1', '--format=%B'], { encoding: 'utf8' })).toContain(
+      'Kiln-Kind: memory',
+    );
     const [row] = await ctx.t.database.db.select().from(sessions).where(eq(sessions.id, session));
     expect(row!.stateSnapshot).toContain('## Todo');
   });
 
   it('level 3: over the token limit with few turns, earlier turns shrink to their first message and last answer', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' }, context: { max_tokens: 1000 } });
-    ctx.fake.script({ content: '<python>print("step one output")</python>' }, { content: '<python>print("step two output")</python>' }, { content: '<finish>the old answer</finish>' });
+    ctx.fake.script(
+      { content: '<python>print("step one output")</python>' },
+      { content: '<python>print("step two output")</python>' },
+      { content: '<finish>the old answer</finish>' },
+    );
     await converse(ctx.t, ctx.team.key, session, 'the old question');
     ctx.fake.script({ content: '<finish>new answer</finish>' });
     const { events } = await converse(ctx.t, ctx.team.key, session, 'a new question');
@@ -79,7 +97,14 @@ describe('context management', () => {
     ctx.fake.script({ content: '<finish>earlier</finish>' });
     await converse(ctx.t, ctx.team.key, session, 'an earlier turn about ACME-42');
     ctx.fake.script(
-      { status: 400, error: { message: "This model's maximum context length is 3000 tokens. However, your messages resulted in 9000 tokens.", code: 'context_length_exceeded' } },
+      {
+        status: 400,
+        error: {
+          message:
+            "This model's maximum context length is 3000 tokens. However, your messages resulted in 9000 tokens.",
+          code: 'context_length_exceeded',
+        },
+      },
       { content: SUMMARY },
       { content: '<finish>fits now</finish>' },
     );
@@ -95,7 +120,10 @@ describe('context management', () => {
 
   it('a second context-length error ends the run clearly', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
-    const overflow = { status: 400, error: { message: 'maximum context length is 2000 tokens', code: 'context_length_exceeded' } };
+    const overflow = {
+      status: 400,
+      error: { message: 'maximum context length is 2000 tokens', code: 'context_length_exceeded' },
+    };
     ctx.fake.script(overflow, overflow);
     const { run } = await converse(ctx.t, ctx.team.key, session, 'too big');
     expect(run).toMatchObject({ status: 'failed', error: { code: 'context_overflow' } });

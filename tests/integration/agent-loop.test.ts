@@ -18,12 +18,17 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
   const ctx = useAgentApp('agent');
   const auto = { approval: { mode: 'auto' } };
 
-
   it('thinks, runs Python, searches memory, observes and finishes (XML protocol)', async () => {
     const { session, ws } = await sessionIn(ctx.t, ctx.team, auto);
-    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: ctx.team.key, raw: '# Core memory\n\n- The answer is usually 42.\n' });
+    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, {
+      key: ctx.team.key,
+      raw: '# Core memory\n\n- The answer is usually 42.\n',
+    });
     ctx.fake.script(
-      { content: '<thinking>I will compute it.</thinking>\n<python>\n```python\nx = 6 * 7\nprint(f"x={x}")\n```\n</python>' },
+      {
+        content:
+          '<thinking>I will compute it.</thinking>\n<python>\n```python\nx = 6 * 7\nprint(f"x={x}")\n```\n</python>',
+      },
       { content: '<thinking>Check memory.</thinking><memory_search>answer usually</memory_search>' },
       { content: '<thinking>Variables persist.</thinking><python>print(x + 1)</python>' },
       { content: '<thinking>Done.</thinking><finish>The answer is 42.</finish>' },
@@ -31,11 +36,29 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     const { run, names, events } = await converse(ctx.t, ctx.team.key, session, 'What is six times seven?');
     expect(run).toMatchObject({ status: 'completed', steps: 4, model: 'fake-model' });
     expect(run.usage.prompt_tokens).toBe(400);
-    expect(names.slice(0, 5)).toEqual(['run.created', 'message.created', 'run.in_progress', 'step.created', 'thinking']);
-    expect(names).toEqual(expect.arrayContaining(['code.proposed', 'exec.started', 'exec.output', 'exec.completed', 'memory.searched', 'run.completed']));
+    expect(names.slice(0, 5)).toEqual([
+      'run.created',
+      'message.created',
+      'run.in_progress',
+      'step.created',
+      'thinking',
+    ]);
+    expect(names).toEqual(
+      expect.arrayContaining([
+        'code.proposed',
+        'exec.started',
+        'exec.output',
+        'exec.completed',
+        'memory.searched',
+        'run.completed',
+      ]),
+    );
     expect(names.at(-2)).toBe('message.created');
     expect(events.map((e) => e.seq)).toEqual(events.map((_, i) => i + 1));
-    const outputs = events.filter((e) => e.event === 'exec.output').map((e) => (e.data as { data: string }).data).join('');
+    const outputs = events
+      .filter((e) => e.event === 'exec.output')
+      .map((e) => (e.data as { data: string }).data)
+      .join('');
     expect(outputs).toBe('x=42\n43\n');
 
     const chats = ctx.fake.chats();
@@ -59,11 +82,19 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     // The agent's variables are the session's: direct exec sees them too.
     expect((await exec(ctx.t, ctx.team.key, session, 'x')).stdout).toBe('42\n');
     const usage = await ctx.t.call('GET', '/v1/usage?group_by=model', { key: ctx.team.key });
-    expect(usage.body.data.find((u: { key: string }) => u.key === 'fake-model')).toMatchObject({ calls: 4, prompt_tokens: 400 });
+    expect(usage.body.data.find((u: { key: string }) => u.key === 'fake-model')).toMatchObject({
+      calls: 4,
+      prompt_tokens: 400,
+    });
     // The message's audit event is written with the run (one commit), by the key that sent it.
     const audit = await ctx.t.call('GET', '/v1/audit?action=session.message&limit=100', { key: ctx.team.key });
     const [posted] = audit.body.data.filter((e: { resource_id: string }) => e.resource_id === run.id);
-    expect(posted).toMatchObject({ team_id: ctx.team.id, resource_type: 'run', actor_role: 'owner', after: { session_id: session } });
+    expect(posted).toMatchObject({
+      team_id: ctx.team.id,
+      resource_type: 'run',
+      actor_role: 'owner',
+      after: { session_id: session },
+    });
     expect(posted.actor).toMatch(/^key_/);
     expect(posted.request_id).toBeTruthy();
     expect(audit.body.data.filter((e: { resource_id: string }) => e.resource_id === run.id)).toHaveLength(1);
@@ -93,10 +124,18 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     expect(run.status).toBe('completed');
     const chats = ctx.fake.chats();
     const second = chats.at(-1);
-    expect(second.tools.map((x: { function: { name: string } }) => x.function.name)).toEqual(['python', 'memory_search', 'undo_evolution', 'finish']);
+    expect(second.tools.map((x: { function: { name: string } }) => x.function.name)).toEqual([
+      'python',
+      'memory_search',
+      'undo_evolution',
+      'finish',
+    ]);
     const assistant = second.messages.at(-2);
     const tool = second.messages.at(-1);
-    expect(assistant.tool_calls[0].function).toMatchObject({ name: 'python', arguments: '{"code":"print(sum(range(5)))"}' });
+    expect(assistant.tool_calls[0].function).toMatchObject({
+      name: 'python',
+      arguments: '{"code":"print(sum(range(5)))"}',
+    });
     expect(tool).toMatchObject({ role: 'tool', tool_call_id: assistant.tool_calls[0].id });
     expect(tool.content).toContain('10');
     const transcript = await ctx.t.call('GET', `/v1/sessions/${session}/messages`, { key: ctx.team.key });
@@ -131,21 +170,34 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     const { session } = await sessionIn(ctx.t, ctx.team, auto);
     ctx.fake.script({ hang: true });
     const before = ctx.fake.chats().length;
-    const first = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'wait' } });
+    const first = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'wait' },
+    });
     await ctx.fake.chatRequests(before + 1);
-    const second = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'me too' } });
+    const second = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'me too' },
+    });
     expect(second.status).toBe(409);
     expect(second.body.error).toMatchObject({ code: 'session_busy', run_id: first.body.run.id });
     await ctx.t.call('POST', `/v1/runs/${first.body.run.id}/cancel`, { key: ctx.team.key });
     const events = await eventsUntil(ctx.t, first.body.run.id, ['run.cancelled', 'run.failed', 'run.completed']);
     expect(events.at(-1)!.event).toBe('run.cancelled');
-    expect((await ctx.t.call('GET', `/v1/runs/${first.body.run.id}`, { key: ctx.team.key })).body.status).toBe('cancelled');
+    expect((await ctx.t.call('GET', `/v1/runs/${first.body.run.id}`, { key: ctx.team.key })).body.status).toBe(
+      'cancelled',
+    );
   });
 
   it('cancel during a long execution kills the code; the sandbox keeps working', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, auto);
-    ctx.fake.script({ content: '<python>import time\nprint("started", flush=True)\nwhile True:\n    time.sleep(0.05)</python>' });
-    const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'spin' } });
+    ctx.fake.script({
+      content: '<python>import time\nprint("started", flush=True)\nwhile True:\n    time.sleep(0.05)</python>',
+    });
+    const r = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'spin' },
+    });
     await eventsUntil(ctx.t, r.body.run.id, ['exec.output']);
     await ctx.t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: ctx.team.key });
     const events = await eventsUntil(ctx.t, r.body.run.id, ['run.cancelled', 'run.failed', 'run.completed']);
@@ -169,16 +221,24 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     expect(frames.map((f) => f.id)).toEqual(frames.map((_, i) => i + 1));
     expect(frames.at(-1)!.event).toBe('run.completed');
     const runId = JSON.parse(frames.find((f) => f.event === 'run.created')!.data).run_id;
-    const resumed = await ctx.t.app.request(`/v1/runs/${runId}/events`, { headers: { authorization: `Bearer ${ctx.team.key}`, 'last-event-id': '4' } });
+    const resumed = await ctx.t.app.request(`/v1/runs/${runId}/events`, {
+      headers: { authorization: `Bearer ${ctx.team.key}`, 'last-event-id': '4' },
+    });
     const rest = parseSse(await resumed.text()).map((f) => f.id);
     expect(rest).toEqual(frames.filter((f) => f.id > 4).map((f) => f.id));
-    const json = await ctx.t.call('GET', `/v1/runs/${runId}/events?after=2`, { key: ctx.team.key, headers: { accept: 'application/json' } });
+    const json = await ctx.t.call('GET', `/v1/runs/${runId}/events?after=2`, {
+      key: ctx.team.key,
+      headers: { accept: 'application/json' },
+    });
     expect(json.body.data.map((e: { id: number }) => e.id)).toEqual(frames.filter((f) => f.id > 2).map((f) => f.id));
   });
 
   it('a client that disconnects mid-run and reconnects with Last-Event-ID gets the rest, nothing twice', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team);
-    ctx.fake.script({ content: '<thinking>needs approval</thinking><python>print("later")</python>' }, { content: '<finish>resumed fine</finish>' });
+    ctx.fake.script(
+      { content: '<thinking>needs approval</thinking><python>print("later")</python>' },
+      { content: '<finish>resumed fine</finish>' },
+    );
     const abort = new AbortController();
     const res = await ctx.t.app.request(`/v1/sessions/${session}/messages?stream=true`, {
       method: 'POST',
@@ -194,15 +254,22 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
     const first = parseSse(text.slice(0, text.lastIndexOf('\n\n') + 2));
     const lastSeen = first.at(-1)!.id;
     const runId = JSON.parse(first.find((f) => f.event === 'run.created')!.data).run_id;
-    const approval = (await ctx.t.call('GET', '/v1/approvals?status=pending', { key: ctx.team.key })).body.data.find((a: { run_id: string }) => a.run_id === runId);
+    const approval = (await ctx.t.call('GET', '/v1/approvals?status=pending', { key: ctx.team.key })).body.data.find(
+      (a: { run_id: string }) => a.run_id === runId,
+    );
     await ctx.t.call('POST', `/v1/approvals/${approval.id}`, { key: ctx.team.key, body: { decision: 'approve' } });
-    const resumed = await ctx.t.app.request(`/v1/runs/${runId}/events`, { headers: { authorization: `Bearer ${ctx.team.key}`, 'last-event-id': String(lastSeen) } });
+    const resumed = await ctx.t.app.request(`/v1/runs/${runId}/events`, {
+      headers: { authorization: `Bearer ${ctx.team.key}`, 'last-event-id': String(lastSeen) },
+    });
     const rest = parseSse(await resumed.text());
     const all = [...first, ...rest];
     expect(all.map((f) => f.id)).toEqual(all.map((_, i) => i + 1));
     expect(rest[0]!.event).toBe('approval.resolved');
     expect(rest.at(-1)!.event).toBe('run.completed');
-    const stored = await ctx.t.call('GET', `/v1/runs/${runId}/events`, { key: ctx.team.key, headers: { accept: 'application/json' } });
+    const stored = await ctx.t.call('GET', `/v1/runs/${runId}/events`, {
+      key: ctx.team.key,
+      headers: { accept: 'application/json' },
+    });
     expect(stored.body.data.map((e: { event: string }) => e.event)).toEqual(all.map((f) => f.event));
   });
 

@@ -8,18 +8,27 @@ const day = (offset: number) => new Date(Date.now() - offset * 86_400_000).toISO
 /** The tool messages answering the last assistant message with tool calls in a chat request. */
 const toolAnswers = (chat: any): string[] => {
   const i = chat.messages.findLastIndex((m: any) => m.role === 'assistant' && m.tool_calls);
-  return chat.messages.slice(i + 1).filter((m: any) => m.role === 'tool').map((m: any) => m.content as string);
+  return chat.messages
+    .slice(i + 1)
+    .filter((m: any) => m.role === 'tool')
+    .map((m: any) => m.content as string);
 };
 
 describe('the agent recalls through memory_search', () => {
   const ctx = useAgentApp('recall');
 
-
   it('gets the matching lines with file:line and date, can filter by path and dates, and is told when a filter is bad', async () => {
-    const { session, ws } = await sessionIn(ctx.t, ctx.team, { protocol: 'tools', approval: { mode: 'auto', rules: [] } });
+    const { session, ws } = await sessionIn(ctx.t, ctx.team, {
+      protocol: 'tools',
+      approval: { mode: 'auto', rules: [] },
+    });
     const old = day(150);
-    const put = (path: string, raw: string) => ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: ctx.team.key, raw });
-    await put(`memory/${old}.md`, `# ${old}\n\n## Conversation\n\n- 10:00 Maya: Good morning.\n- 10:02 Leo: What did the vet say about Biscuit?\n- 10:03 Maya: Biscuit needs the booster vaccine in March.\n- 10:05 Leo: Good to know.\n`);
+    const put = (path: string, raw: string) =>
+      ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: ctx.team.key, raw });
+    await put(
+      `memory/${old}.md`,
+      `# ${old}\n\n## Conversation\n\n- 10:00 Maya: Good morning.\n- 10:02 Leo: What did the vet say about Biscuit?\n- 10:03 Maya: Biscuit needs the booster vaccine in March.\n- 10:05 Leo: Good to know.\n`,
+    );
     await put('knowledge/vet.md', '# Vet\n\nThe vet clinic is on Rua Augusta.\n');
     ctx.fake.script(
       {
@@ -49,7 +58,9 @@ describe('the agent recalls through memory_search', () => {
     expect(byPath).not.toContain('memory/');
     expect(byDate).toContain('nothing found');
     expect(bad).toContain('not run: since must be a date');
-    const searched = events.filter((e) => e.event === 'memory.searched').map((e) => e.data as { query: string; path?: string; hits: unknown[] });
+    const searched = events
+      .filter((e) => e.event === 'memory.searched')
+      .map((e) => e.data as { query: string; path?: string; hits: unknown[] });
     expect(searched.map((s) => [s.query, s.path ?? null, s.hits.length > 0])).toEqual([
       ['Biscuit vet vaccine', null, true],
       ['vet', 'knowledge/', true],

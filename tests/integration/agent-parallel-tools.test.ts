@@ -4,7 +4,11 @@ import { converse, eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../sup
 import { sessionIn } from '../support/sandbox.ts';
 
 /** The assistant message with tool calls last in a chat request, and the tool messages after it. */
-function lastCalls(chat: any): { ids: string[]; names: string[]; answers: { tool_call_id: string; content: string }[] } {
+function lastCalls(chat: any): {
+  ids: string[];
+  names: string[];
+  answers: { tool_call_id: string; content: string }[];
+} {
   const i = chat.messages.findLastIndex((m: any) => m.role === 'assistant' && m.tool_calls);
   const calls = chat.messages[i].tool_calls as { id: string; function: { name: string } }[];
   const answers = chat.messages.slice(i + 1).filter((m: any) => m.role === 'tool');
@@ -15,17 +19,31 @@ const python = (code: string) => ({ name: 'python', arguments: { code } });
 
 describe('parallel tool calls: every call of a message is carried out and answered, in order', () => {
   const ctx = useAgentApp('parallel');
-  const tools = (rules: { match: string; behavior: string }[] = []) => ({ protocol: 'tools', approval: { mode: 'auto', rules } });
+  const tools = (rules: { match: string; behavior: string }[] = []) => ({
+    protocol: 'tools',
+    approval: { mode: 'auto', rules },
+  });
   const paused = PAUSED;
   const pending = (session: string) => pendingApproval(ctx.t, ctx.team.key, session);
 
-
   it('two calls (python + memory_search), then three: each answered in order, and the run completes', async () => {
     const { session, ws } = await sessionIn(ctx.t, ctx.team, tools());
-    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: ctx.team.key, raw: '# Core memory\n\n- The kiln fires at 1200 degrees.\n' });
+    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, {
+      key: ctx.team.key,
+      raw: '# Core memory\n\n- The kiln fires at 1200 degrees.\n',
+    });
     ctx.fake.script(
-      { content: 'Both at once.', tool_calls: [python('print(6 * 7)'), { name: 'memory_search', arguments: { query: 'kiln degrees' } }] },
-      { tool_calls: [python('x = 2'), { name: 'memory_search', arguments: { query: 'fires' } }, python('print(x + 40)')] },
+      {
+        content: 'Both at once.',
+        tool_calls: [python('print(6 * 7)'), { name: 'memory_search', arguments: { query: 'kiln degrees' } }],
+      },
+      {
+        tool_calls: [
+          python('x = 2'),
+          { name: 'memory_search', arguments: { query: 'fires' } },
+          python('print(x + 40)'),
+        ],
+      },
       { tool_calls: [{ name: 'finish', arguments: { summary: 'Done.' } }] },
     );
     const before = ctx.fake.chats().length;
@@ -46,14 +64,19 @@ describe('parallel tool calls: every call of a message is carried out and answer
 
   it('an ask-rule call in the middle pauses the run; once approved, it and the rest run in order', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, tools([{ match: 'NEEDS_OK', behavior: 'ask' }]));
-    ctx.fake.script({ tool_calls: [python('print("one")'), python('# NEEDS_OK\nprint("two")'), python('print("three")')] }, { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' } }] });
+    ctx.fake.script(
+      { tool_calls: [python('print("one")'), python('# NEEDS_OK\nprint("two")'), python('print("three")')] },
+      { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' } }] },
+    );
     const before = ctx.fake.chats().length;
     const first = await converse(ctx.t, ctx.team.key, session, 'three steps', paused);
     expect(first.run.status).toBe('requires_action');
     expect(first.names.filter((n) => n === 'exec.completed')).toHaveLength(1);
     const a = await pending(session);
     expect(a.code).toContain('NEEDS_OK');
-    expect((await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'approve' } })).status).toBe(200);
+    expect(
+      (await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'approve' } })).status,
+    ).toBe(200);
     const events = await eventsUntil(ctx.t, first.run.id, TERMINAL);
     expect(events.at(-1)!.event).toBe('run.completed');
     expect(events.filter((e) => e.event === 'exec.completed')).toHaveLength(3);
@@ -65,16 +88,37 @@ describe('parallel tool calls: every call of a message is carried out and answer
   });
 
   it('a denied call is answered with the denial, and the next call goes on', async () => {
-    const { session } = await sessionIn(ctx.t, ctx.team, tools([{ match: 'FORBIDDEN', behavior: 'deny' }, { match: 'ASK_ME', behavior: 'ask' }]));
+    const { session } = await sessionIn(
+      ctx.t,
+      ctx.team,
+      tools([
+        { match: 'FORBIDDEN', behavior: 'deny' },
+        { match: 'ASK_ME', behavior: 'ask' },
+      ]),
+    );
     ctx.fake.script(
-      { tool_calls: [python('print("FORBIDDEN")'), python('print("allowed")'), python('# ASK_ME\nprint("refused by a person")'), python('print("last")')] },
+      {
+        tool_calls: [
+          python('print("FORBIDDEN")'),
+          python('print("allowed")'),
+          python('# ASK_ME\nprint("refused by a person")'),
+          python('print("last")'),
+        ],
+      },
       { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' } }] },
     );
     const before = ctx.fake.chats().length;
     const first = await converse(ctx.t, ctx.team.key, session, 'try', paused);
     expect(first.run.status).toBe('requires_action');
     const a = await pending(session);
-    expect((await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'deny', reason: 'not today' } })).status).toBe(200);
+    expect(
+      (
+        await ctx.t.call('POST', `/v1/approvals/${a.id}`, {
+          key: ctx.team.key,
+          body: { decision: 'deny', reason: 'not today' },
+        })
+      ).status,
+    ).toBe(200);
     const events = await eventsUntil(ctx.t, first.run.id, TERMINAL);
     expect(events.at(-1)!.event).toBe('run.completed');
     const { ids, answers } = lastCalls(ctx.fake.chats().slice(before)[1]);
@@ -88,7 +132,14 @@ describe('parallel tool calls: every call of a message is carried out and answer
 
   it('finish alongside calls: the calls before it run, every call is answered, and the run completes', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, tools());
-    ctx.fake.script({ content: 'Wrapping up.', tool_calls: [python('print("before")'), { name: 'finish', arguments: { summary: 'All done.' } }, python('print("after")')] });
+    ctx.fake.script({
+      content: 'Wrapping up.',
+      tool_calls: [
+        python('print("before")'),
+        { name: 'finish', arguments: { summary: 'All done.' } },
+        python('print("after")'),
+      ],
+    });
     const { run, names } = await converse(ctx.t, ctx.team.key, session, 'finish it');
     expect(run.status).toBe('completed');
     expect(names.filter((n) => n === 'exec.completed')).toHaveLength(1);
@@ -107,7 +158,10 @@ describe('parallel tool calls: every call of a message is carried out and answer
 
   it('a call with invalid arguments is answered with the violation; the others run', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, tools());
-    ctx.fake.script({ tool_calls: [{ name: 'python', arguments: '{"code": ' }, python('print("fine")')] }, { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' } }] });
+    ctx.fake.script(
+      { tool_calls: [{ name: 'python', arguments: '{"code": ' }, python('print("fine")')] },
+      { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' } }] },
+    );
     const before = ctx.fake.chats().length;
     const { run } = await converse(ctx.t, ctx.team.key, session, 'go');
     expect(run.status).toBe('completed');
@@ -122,7 +176,9 @@ describe('parallel tool calls: every call of a message is carried out and answer
     ctx.fake.script({ tool_calls: [python('print("one")'), python('# WAIT\nprint("two")'), python('print("three")')] });
     const first = await converse(ctx.t, ctx.team.key, session, 'start', paused);
     expect(first.run.status).toBe('requires_action');
-    expect((await ctx.t.call('POST', `/v1/runs/${first.run.id}/cancel`, { key: ctx.team.key })).body.status).toBe('cancelled');
+    expect((await ctx.t.call('POST', `/v1/runs/${first.run.id}/cancel`, { key: ctx.team.key })).body.status).toBe(
+      'cancelled',
+    );
     ctx.fake.script({ content: 'Fresh start.' });
     const before = ctx.fake.chats().length;
     const next = await converse(ctx.t, ctx.team.key, session, 'start over');
@@ -136,8 +192,18 @@ describe('parallel tool calls: every call of a message is carried out and answer
   it('a server that numbers its call ids from 0 in every message (or sends none) still gets one answer per call', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, tools());
     ctx.fake.script(
-      { tool_calls: [{ ...python('print("a")'), id: 'call_0' }, { ...python('print("b")'), id: '' }] },
-      { tool_calls: [{ ...python('print("c")'), id: 'call_0' }, { ...python('print("d")'), id: '' }] },
+      {
+        tool_calls: [
+          { ...python('print("a")'), id: 'call_0' },
+          { ...python('print("b")'), id: '' },
+        ],
+      },
+      {
+        tool_calls: [
+          { ...python('print("c")'), id: 'call_0' },
+          { ...python('print("d")'), id: '' },
+        ],
+      },
       { tool_calls: [{ name: 'finish', arguments: { summary: 'ok' }, id: 'call_0' }] },
     );
     const before = ctx.fake.chats().length;

@@ -22,7 +22,10 @@ describe('agent runs across replicas', () => {
     const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
     ctx.fake.script({ hang: true });
     const asked = ctx.fake.chats().length;
-    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'think forever' } });
+    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'think forever' },
+    });
     expect(posted.status).toBe(202);
     const runId = posted.body.run.id as string;
     await ctx.fake.chatRequests(asked + 1);
@@ -37,13 +40,17 @@ describe('agent runs across replicas', () => {
 
     // The session is free again, on either replica.
     ctx.fake.script({ content: '<finish>ok</finish>' });
-    const next = await b.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'again' } });
+    const next = await b.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'again' },
+    });
     expect(next.status).toBe(202);
     await eventsUntil(b, next.body.run.id, ['run.completed']);
   });
 
   /** Another replica of `a` (with a short run lease when given). */
-  const replica = (runLeaseMs?: number) => createTestApp({ model: { baseURL: ctx.fake.url, model: 'fake-model' }, replicaOf: ctx.t, runLeaseMs });
+  const replica = (runLeaseMs?: number) =>
+    createTestApp({ model: { baseURL: ctx.fake.url, model: 'fake-model' }, replicaOf: ctx.t, runLeaseMs });
 
   /** Posts a message on `app` whose model answer is held until `answer()`; resolves once the model was asked. */
   async function heldRun(app: TestApp, content = '<finish>held</finish>') {
@@ -51,13 +58,18 @@ describe('agent runs across replicas', () => {
     let answer!: () => void;
     ctx.fake.script({ content, until: new Promise<void>((r) => (answer = r)) });
     const asked = ctx.fake.chats().length;
-    const posted = await app.call('POST', `/v1/sessions/${session}/messages`, { key: ctx.team.key, body: { content: 'slow' } });
+    const posted = await app.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'slow' },
+    });
     expect(posted.status).toBe(202);
     await ctx.fake.chatRequests(asked + 1);
     return { session, runId: posted.body.run.id as string, answer };
   }
   const terminals = async (app: TestApp, runId: string) =>
-    (await app.agent.events.list(runId)).map((e) => e.event).filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e));
+    (await app.agent.events.list(runId))
+      .map((e) => e.event)
+      .filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e));
 
   it('a replica that starts leaves alone the runs another live replica is running', async () => {
     const { runId, answer } = await heldRun(ctx.t);
@@ -81,7 +93,9 @@ describe('agent runs across replicas', () => {
     await b.agent.events.append(runId, 'run.cancelled', { status: 'cancelled', error: null });
     answer();
     // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
-    await expect.poll(async () => (await ctx.t.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.usage.prompt_tokens).toBe(100);
+    await expect
+      .poll(async () => (await ctx.t.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.usage.prompt_tokens)
+      .toBe(100);
     expect((await ctx.t.call('GET', `/v1/runs/${runId}`, { key: ctx.team.key })).body.status).toBe('cancelled');
     expect(await terminals(ctx.t, runId)).toEqual(['run.cancelled']);
     // Its final message was still stored: nothing the run said is lost.
@@ -100,8 +114,14 @@ describe('agent runs across replicas', () => {
     // A replica with a short lease looks for orphans every 200 ms.
     const d = await replica(600);
     try {
-      await expect.poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.status, { timeout: 15_000 }).toBe('failed');
-      expect((await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.error).toMatchObject({ code: 'interrupted' });
+      await expect
+        .poll(async () => (await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.status, {
+          timeout: 15_000,
+        })
+        .toBe('failed');
+      expect((await d.call('GET', '/v1/runs/run_deadserver', { key: ctx.team.key })).body.error).toMatchObject({
+        code: 'interrupted',
+      });
       expect(await terminals(d, 'run_deadserver')).toEqual(['run.failed']);
       expect((await d.call('GET', '/v1/runs/run_liveserver', { key: ctx.team.key })).body.status).toBe('in_progress');
     } finally {
@@ -115,7 +135,8 @@ describe('agent runs across replicas', () => {
     const e = await replica(600);
     try {
       const { runId, answer } = await heldRun(d);
-      const leaseOf = async () => (await d.database.db.select({ l: runs.leaseUntil }).from(runs).where(eq(runs.id, runId)))[0]!.l!.getTime();
+      const leaseOf = async () =>
+        (await d.database.db.select({ l: runs.leaseUntil }).from(runs).where(eq(runs.id, runId)))[0]!.l!.getTime();
       const first = await leaseOf();
       // Renewed three times over (each lease 600 ms, renewed every 200 ms) while E sweeps for orphans.
       await expect.poll(leaseOf, { timeout: 15_000 }).toBeGreaterThan(first + 1200);

@@ -6,11 +6,36 @@ import { isUniqueViolation } from '../../apps/api/src/db/errors.ts';
 import * as schema from '../../apps/api/src/db/schema/index.ts';
 import { createWorkspace, deleteWorkspace, getWorkspace } from '../../apps/api/src/workspace/workspaces.ts';
 import { createTeam } from '../../apps/api/src/auth/teams.ts';
-import { createPgDatabase, createTestDatabase, dropPgDatabase, DRIVERS, rowsOf, type TestDatabase } from '../support/db.ts';
+import {
+  createPgDatabase,
+  createTestDatabase,
+  dropPgDatabase,
+  DRIVERS,
+  rowsOf,
+  type TestDatabase,
+} from '../support/db.ts';
 
 const TABLES = [
-  'teams', 'api_keys', 'workspaces', 'sessions', 'messages', 'runs', 'run_events', 'approvals', 'sandboxes',
-  'executions', 'commits', 'evolutions', 'platform_updates', 'jobs', 'memory_chunks', 'memory_index', 'memory_terms', 'audit_events', 'usage', 'idempotency_keys',
+  'teams',
+  'api_keys',
+  'workspaces',
+  'sessions',
+  'messages',
+  'runs',
+  'run_events',
+  'approvals',
+  'sandboxes',
+  'executions',
+  'commits',
+  'evolutions',
+  'platform_updates',
+  'jobs',
+  'memory_chunks',
+  'memory_index',
+  'memory_terms',
+  'audit_events',
+  'usage',
+  'idempotency_keys',
 ];
 
 describe.each(DRIVERS)('database layer on %s', (driver) => {
@@ -53,7 +78,10 @@ describe.each(DRIVERS)('database layer on %s', (driver) => {
     await t.db.insert(schema.sessions).values({ id: 'ses_1', teamId: team.id, workspaceId: ws.id });
     await t.db.insert(schema.runs).values({ id: 'run_1', teamId: team.id, workspaceId: ws.id, sessionId: 'ses_1' });
     await t.db.insert(schema.runEvents).values({ runId: 'run_1', seq: 1, event: 'run.created', data: {} });
-    const dup = await t.db.insert(schema.runEvents).values({ runId: 'run_1', seq: 1, event: 'run.created', data: {} }).catch((e) => e);
+    const dup = await t.db
+      .insert(schema.runEvents)
+      .values({ runId: 'run_1', seq: 1, event: 'run.created', data: {} })
+      .catch((e) => e);
     expect(isUniqueViolation(dup)).toBe(true);
   });
 
@@ -70,11 +98,15 @@ describe('migrations', () => {
     const t = await createTestDatabase('postgres');
     try {
       const again = await openDatabase({ url: t.url });
-      const applied = await again.db.execute<{ n: number }>(sql`select count(*)::int as n from drizzle.__drizzle_migrations`);
+      const applied = await again.db.execute<{ n: number }>(
+        sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
+      );
       await again.close();
       const count = rowsOf<{ n: number }>(applied)[0]!.n;
       expect(count).toBeGreaterThan(0);
-      const migrationFiles = readdirSync(new URL('../../apps/api/drizzle', import.meta.url)).filter((f) => f.endsWith('.sql'));
+      const migrationFiles = readdirSync(new URL('../../apps/api/drizzle', import.meta.url)).filter((f) =>
+        f.endsWith('.sql'),
+      );
       expect(count).toBe(migrationFiles.length);
     } finally {
       await t.drop();

@@ -26,7 +26,9 @@ describe('run events across replicas', () => {
     const team = await createTeam(a.db, 'replicas');
     const ws = await createWorkspace(a.db, team.id, { name: 'w' });
     await a.db.insert(schema.sessions).values({ id: 'ses_replicas', teamId: team.id, workspaceId: ws.id });
-    await a.db.insert(schema.runs).values({ id: runId, teamId: team.id, workspaceId: ws.id, sessionId: 'ses_replicas' });
+    await a.db
+      .insert(schema.runs)
+      .values({ id: runId, teamId: team.id, workspaceId: ws.id, sessionId: 'ses_replicas' });
   });
   afterAll(async () => {
     await logA.disconnect();
@@ -51,7 +53,10 @@ describe('run events across replicas', () => {
       );
     });
     await logA.append(runId, 'run.created', {});
-    await logA.appendMany(runId, [['step.created', { step: 1 }], ['thinking', { text: 'hi' }]]);
+    await logA.appendMany(runId, [
+      ['step.created', { step: 1 }],
+      ['thinking', { text: 'hi' }],
+    ]);
     // An approval decided on B appends there; B's sequence numbers must follow A's.
     await logB.append(runId, 'approval.resolved', { status: 'approved' });
     await logA.append(runId, 'run.completed', {});

@@ -15,17 +15,24 @@ const MEMORY = [
   '',
 ].join('\n');
 
-const DISTILLED = ['# Core memory', '', '- The user prefers tabs for indentation.', '- Deployments go to staging-2 (since today).', '- The team lead is Ada.'].join('\n');
+const DISTILLED = [
+  '# Core memory',
+  '',
+  '- The user prefers tabs for indentation.',
+  '- Deployments go to staging-2 (since today).',
+  '- The team lead is Ada.',
+].join('\n');
 
 describe('deep dream (memory consolidation as a durable job, with a scripted model)', () => {
   const ctx = useAgentApp('dreamers');
   const auto = { approval: { mode: 'auto' } };
   const today = dayIn(new Date(), 'UTC');
 
-
-  const git = (ws: string, ...args: string[]) => execFileSync('git', args, { cwd: ctx.t.workspaces.dirOf(ws), encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) =>
+    execFileSync('git', args, { cwd: ctx.t.workspaces.dirOf(ws), encoding: 'utf8' });
   const show = (ws: string, path: string) => git(ws, 'show', `HEAD:${path}`);
-  const evolution = async (ws: string, id: string) => (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${id}`, { key: ctx.team.key })).body;
+  const evolution = async (ws: string, id: string) =>
+    (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${id}`, { key: ctx.team.key })).body;
   const dream = async (ws: string, days?: number) => {
     const r = await ctx.t.call('POST', `/v1/workspaces/${ws}/dream`, { key: ctx.team.key, body: days ? { days } : {} });
     expect(r.status).toBe(202);
@@ -36,14 +43,19 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
 
   async function workspaceWithMemory(settings: object = auto) {
     const { ws, session } = await sessionIn(ctx.t, ctx.team, settings);
-    expect((await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: ctx.team.key, raw: MEMORY })).status).toBe(200);
+    expect(
+      (await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: ctx.team.key, raw: MEMORY })).status,
+    ).toBe(200);
     return { ws, session };
   }
 
   // First: the schedule looks at every workspace of the database, and this one is the only one yet.
   it('runs nightly on dream_cron in the workspace time zone, once', async () => {
-    const { ws } = await sessionIn(ctx.t, ctx.team, { evolution: { dream_cron: '55 23 * * *', timezone: 'Asia/Shanghai' } });
-    const dreams = async () => (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions?kind=dream`, { key: ctx.team.key })).body.data as any[];
+    const { ws } = await sessionIn(ctx.t, ctx.team, {
+      evolution: { dream_cron: '55 23 * * *', timezone: 'Asia/Shanghai' },
+    });
+    const dreams = async () =>
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions?kind=dream`, { key: ctx.team.key })).body.data as any[];
     // 23:55 in Shanghai is 15:55 UTC: the first such moment after the workspace was created.
     const fire = new Date();
     fire.setUTCHours(15, 55, 0, 0);
@@ -69,12 +81,17 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     const asked = ctx.fake.chats().length;
     ctx.fake.script(
       { content: '<daily_log>\n- The user moved deployments from staging-1 to staging-2.\n</daily_log>' },
-      { content: `<memory>\n${DISTILLED}\n</memory>\n<diary>Two entries said the same about tabs; I merged them. The deploy target changed to staging-2, so the old staging-1 entry was replaced.</diary>\n<summary>Merged 2 tab entries, replaced the deploy target</summary>` },
+      {
+        content: `<memory>\n${DISTILLED}\n</memory>\n<diary>Two entries said the same about tabs; I merged them. The deploy target changed to staging-2, so the old staging-1 entry was replaced.</diary>\n<summary>Merged 2 tab entries, replaced the deploy target</summary>`,
+      },
     );
     const evo = await dream(ws);
 
     // (1) the day's conversation went to the model for the daily log…
-    const logRequest = ctx.fake.chats()[asked].messages.map((m: any) => m.content).join('\n');
+    const logRequest = ctx.fake
+      .chats()
+      [asked].messages.map((m: any) => m.content)
+      .join('\n');
     expect(logRequest).toContain('From today we deploy to staging-2');
     // (2) …and the consolidation saw the old memory (both duplicates, the old fact) and the day's log.
     const distil = ctx.fake.chats()[asked + 1].messages;
@@ -112,14 +129,25 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     const asked = ctx.fake.chats().length;
     ctx.fake.script(
       // A model that answers in prose and nested bullets all the same.
-      { content: '<daily_log>\n### Session\nThe user said the boiler in the Leith flat was serviced by Hamish.\n  * Next service due in a year.\n</daily_log>' },
-      { content: `<memory>\n${DISTILLED}\n</memory>\n<diary>Nothing to merge.</diary>\n<summary>Logged the boiler service</summary>` },
+      {
+        content:
+          '<daily_log>\n### Session\nThe user said the boiler in the Leith flat was serviced by Hamish.\n  * Next service due in a year.\n</daily_log>',
+      },
+      {
+        content: `<memory>\n${DISTILLED}\n</memory>\n<diary>Nothing to merge.</diary>\n<summary>Logged the boiler service</summary>`,
+      },
     );
     await dream(ws);
     expect(ctx.fake.chats()[asked].messages[0].content).toContain('One line per fact or turn');
     const log = show(ws, `memory/${today}.md`);
-    expect(log).toContain('### Session\n- The user said the boiler in the Leith flat was serviced by Hamish.\n- Next service due in a year.');
-    const r = await ctx.t.call('GET', `/v1/workspaces/${ws}/memory/search?q=${encodeURIComponent('who serviced the boiler')}&path=memory/`, { key: ctx.team.key });
+    expect(log).toContain(
+      '### Session\n- The user said the boiler in the Leith flat was serviced by Hamish.\n- Next service due in a year.',
+    );
+    const r = await ctx.t.call(
+      'GET',
+      `/v1/workspaces/${ws}/memory/search?q=${encodeURIComponent('who serviced the boiler')}&path=memory/`,
+      { key: ctx.team.key },
+    );
     expect(r.body.data[0]).toMatchObject({ path: `memory/${today}.md`, date: today, heading: 'Session' });
     expect(r.body.data[0].snippet).toContain('serviced by Hamish');
   });
@@ -130,7 +158,9 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     await converse(ctx.t, ctx.team.key, session, 'Remember that reports are due on Fridays.');
     ctx.fake.script(
       { content: '<daily_log>\n- Reports are due on Fridays.\n</daily_log>' },
-      { content: `<memory>\n${MEMORY.trim()}\n- Reports are due on Fridays.\n</memory><diary>Added the report deadline.</diary><summary>Added 1</summary>` },
+      {
+        content: `<memory>\n${MEMORY.trim()}\n- Reports are due on Fridays.\n</memory><diary>Added the report deadline.</diary><summary>Added 1</summary>`,
+      },
     );
     expect((await dream(ws)).status).toBe('committed');
 
@@ -148,7 +178,9 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     await converse(ctx.t, ctx.team.key, session, 'Also: the standup moved to 10:00.');
     ctx.fake.script(
       { content: '<daily_log>\n- The standup moved to 10:00.\n</daily_log>' },
-      { content: `<memory>\n${MEMORY.trim()}\n- Reports are due on Fridays.\n- Standup is at 10:00.\n</memory><diary>Added the standup time.</diary><summary>Added 1</summary>` },
+      {
+        content: `<memory>\n${MEMORY.trim()}\n- Reports are due on Fridays.\n- Standup is at 10:00.\n</memory><diary>Added the standup time.</diary><summary>Added 1</summary>`,
+      },
     );
     const before = ctx.fake.chats().length;
     expect((await dream(ws)).status).toBe('committed');
@@ -168,7 +200,10 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     const asked = ctx.fake.chats().length;
     ctx.fake.script(
       { content: '<daily_log>\n- Favourite colour: green.\n</daily_log>' },
-      { content: '<memory>\n# Core memory\n\n- a\n- b\n- c\n- d\n- e\n</memory><diary>Kept everything.</diary><summary>x</summary>' },
+      {
+        content:
+          '<memory>\n# Core memory\n\n- a\n- b\n- c\n- d\n- e\n</memory><diary>Kept everything.</diary><summary>x</summary>',
+      },
       { content: '<memory>\n# Core memory\n</memory><diary>Dropped everything.</diary>' },
     );
     const failed = await dream(ws);
@@ -184,11 +219,13 @@ describe('deep dream (memory consolidation as a durable job, with a scripted mod
     ctx.fake.script(
       { content: '<daily_log>\n- Favourite colour: green.\n</daily_log>' },
       { content: '<memory>\n# Core memory\n\n- The user prefers tabs.\n- Deploy' },
-      { content: '<memory>\n# Core memory\n\n- The user prefers tabs.\n- Favourite colour: green.\n</memory><diary>Merged and added.</diary><summary>ok</summary>' },
+      {
+        content:
+          '<memory>\n# Core memory\n\n- The user prefers tabs.\n- Favourite colour: green.\n</memory><diary>Merged and added.</diary><summary>ok</summary>',
+      },
     );
     const second = await dream(ws);
     expect(second.status).toBe('committed');
     expect(show(ws, 'MEMORY.md')).toBe('# Core memory\n\n- The user prefers tabs.\n- Favourite colour: green.\n');
   });
-
 });

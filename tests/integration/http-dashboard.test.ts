@@ -62,7 +62,14 @@ describe('dashboard served by the API', () => {
   });
 
   it('never serves anything outside assets/, and unknown paths keep the 404 envelope', async () => {
-    for (const path of ['/assets/..%2Findex.html', '/assets/..%2F..%2F..%2Fpackage.json', '/assets/.hidden.js', '/assets/nope.js', '/assets/index.html', '/nothing']) {
+    for (const path of [
+      '/assets/..%2Findex.html',
+      '/assets/..%2F..%2F..%2Fpackage.json',
+      '/assets/.hidden.js',
+      '/assets/nope.js',
+      '/assets/index.html',
+      '/nothing',
+    ]) {
       const r = await ctx.t.app.request(path);
       expect(r.status, path).toBe(404);
       expect(((await r.json()) as { error: { code: string } }).error.code, path).toBe('not_found');
@@ -79,7 +86,8 @@ describe('dashboard served by the API', () => {
   });
 
   it('parses SSE split anywhere, with CRLF, comments and multi-line data', () => {
-    const wire = ': hello\r\nid: 1\r\nevent: a\r\ndata: {"x":\r\ndata: 1}\r\n\r\nevent: ping\ndata: {}\n\nid: 2\nevent: b\ndata: two\n\n';
+    const wire =
+      ': hello\r\nid: 1\r\nevent: a\r\ndata: {"x":\r\ndata: 1}\r\n\r\nevent: ping\ndata: {}\n\nid: 2\nevent: b\ndata: two\n\n';
     for (const size of [1, 2, 3, 7, wire.length]) {
       const p = new SseParser();
       const frames = [];
@@ -95,7 +103,11 @@ describe('dashboard served by the API', () => {
   it('follows a run through a dropped connection with Last-Event-ID: every event once, in order', async () => {
     const team = await ctx.t.team('sse');
     const { session } = await sessionIn(ctx.t, team, { approval: { mode: 'auto' } });
-    ctx.fake.script({ content: '<python>print("a")</python>' }, { content: '<python>print("b")</python>' }, { content: '<finish>done</finish>' });
+    ctx.fake.script(
+      { content: '<python>print("a")</python>' },
+      { content: '<python>print("b")</python>' },
+      { content: '<finish>done</finish>' },
+    );
     const { run } = await converse(ctx.t, team.key, session, 'go');
     const asked: (string | null)[] = [];
     // The first connection is cut after its second frame, mid-stream.
@@ -120,18 +132,37 @@ describe('dashboard served by the API', () => {
       return new Response(body, { status: res.status, headers: res.headers });
     };
     const seen: RunEvent[] = [];
-    await followRun({ url: `/v1/runs/${run.id}/events`, headers: { authorization: `Bearer ${team.key}` }, signal: new AbortController().signal, terminal: TERMINAL, onEvent: (e) => seen.push(e), fetch: cutting, retryMs: 0 });
+    await followRun({
+      url: `/v1/runs/${run.id}/events`,
+      headers: { authorization: `Bearer ${team.key}` },
+      signal: new AbortController().signal,
+      terminal: TERMINAL,
+      onEvent: (e) => seen.push(e),
+      fetch: cutting,
+      retryMs: 0,
+    });
     expect(asked.length).toBeGreaterThanOrEqual(2);
     expect(asked[0]).toBeNull();
     expect(Number(asked[1])).toBe(seen[Number(asked[1]) - 1]!.id);
-    const stored = await ctx.t.call('GET', `/v1/runs/${run.id}/events`, { key: team.key, headers: { accept: 'application/json' } });
+    const stored = await ctx.t.call('GET', `/v1/runs/${run.id}/events`, {
+      key: team.key,
+      headers: { accept: 'application/json' },
+    });
     expect(seen.map((e) => e.id)).toEqual(stored.body.data.map((e: { id: number }) => e.id));
     expect(seen.at(-1)!.event).toBe('run.completed');
   });
 
   it('a refused stream (unknown run) ends with the API\u2019s message instead of retrying', async () => {
     const team = await ctx.t.team('sse-refused');
-    const follow = followRun({ url: '/v1/runs/run_nope/events', headers: { authorization: `Bearer ${team.key}` }, signal: new AbortController().signal, terminal: TERMINAL, onEvent: () => undefined, fetch: (u, i) => Promise.resolve(ctx.t.app.request(u, i)), retryMs: 0 });
+    const follow = followRun({
+      url: '/v1/runs/run_nope/events',
+      headers: { authorization: `Bearer ${team.key}` },
+      signal: new AbortController().signal,
+      terminal: TERMINAL,
+      onEvent: () => undefined,
+      fetch: (u, i) => Promise.resolve(ctx.t.app.request(u, i)),
+      retryMs: 0,
+    });
     await expect(follow).rejects.toBeInstanceOf(StreamRefused);
     await expect(follow).rejects.toThrow(/run/);
   });

@@ -49,7 +49,12 @@ describe('bad input', () => {
     ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 'two' } }],
     ['team', 'POST', '/v1/workspaces/{ws}/dream', { body: { days: 1, now: true } }],
     ['team', 'POST', '/v1/workspaces/{ws}/review', { body: { session_id: 'not an id' } }],
-    ['team', 'POST', '/v1/workspaces/{ws}/review', { raw: '{"session_id"', headers: { 'content-type': 'application/json' } }],
+    [
+      'team',
+      'POST',
+      '/v1/workspaces/{ws}/review',
+      { raw: '{"session_id"', headers: { 'content-type': 'application/json' } },
+    ],
     ['team', 'GET', '/v1/workspaces/{ws}/evolutions?kind=self_update', {}],
     ['team', 'POST', '/v1/workspaces/{ws}/evolutions/evo!/undo', {}],
     ['team', 'POST', '/v1/workspaces', { body: { name: 'n' }, headers: { 'idempotency-key': 'x'.repeat(300) } }],
@@ -73,7 +78,10 @@ describe('bad input', () => {
   });
 
   it('names the offending field in the message and in details', async () => {
-    const r = await t.call('PATCH', `/v1/workspaces/${ws}`, { key: team.key, body: { settings: { sandbox: { memory_mb: 10, pids: 'x' } } } });
+    const r = await t.call('PATCH', `/v1/workspaces/${ws}`, {
+      key: team.key,
+      body: { settings: { sandbox: { memory_mb: 10, pids: 'x' } } },
+    });
     expect(r.status).toBe(400);
     expect(r.body.error.message).toContain('body.settings.sandbox.memory_mb');
     expect(r.body.error.details.map((d: { path: string }) => d.path)).toEqual(
@@ -83,14 +91,20 @@ describe('bad input', () => {
 
   it('refuses an oversized body with 413 and the envelope, writing nothing', async () => {
     const before = await tableCounts(t.database.db);
-    const r = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'big', pad: 'x'.repeat(70 * 1024) } });
+    const r = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'big', pad: 'x'.repeat(70 * 1024) },
+    });
     expect(r.status).toBe(413);
     expect(r.body.error.code).toBe('payload_too_large');
     expect(await tableCounts(t.database.db)).toEqual(before);
   });
 
   it('inside a workspace, checks the input first, then the key, then the workspace', async () => {
-    const created = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body: { name: 'v', role: 'viewer' } });
+    const created = await t.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: team.key,
+      body: { name: 'v', role: 'viewer' },
+    });
     const viewer = created.body.key as string;
     const other = await t.team('input-other');
     const cases: [string, string, unknown, number, string][] = [
@@ -110,7 +124,11 @@ describe('bad input', () => {
   });
 
   it('answers unknown routes with a 404 envelope, authenticated or not', async () => {
-    for (const [method, path] of [['GET', '/nope'], ['POST', '/v1/nothing-here'], ['PUT', '/v1/workspaces']] as const) {
+    for (const [method, path] of [
+      ['GET', '/nope'],
+      ['POST', '/v1/nothing-here'],
+      ['PUT', '/v1/workspaces'],
+    ] as const) {
       const r = await t.call(method, path, { key: team.key });
       expect(r.status, path).toBe(404);
       expect(r.body.error.code).toBe('not_found');

@@ -19,7 +19,14 @@ describe('ops endpoints and documentation', () => {
   it('/openapi.json documents every route with its security scheme; /docs serves the reference offline', async () => {
     const doc = await t.call('GET', '/openapi.json');
     expect(doc.body.openapi).toBe('3.1.0');
-    for (const path of ['/v1/teams', '/v1/teams/{team}/keys', '/v1/workspaces', '/v1/workspaces/{workspace}', '/v1/audit', '/readyz']) {
+    for (const path of [
+      '/v1/teams',
+      '/v1/teams/{team}/keys',
+      '/v1/workspaces',
+      '/v1/workspaces/{workspace}',
+      '/v1/audit',
+      '/readyz',
+    ]) {
       expect(Object.keys(doc.body.paths)).toContain(path);
     }
     expect(doc.body.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });
@@ -74,7 +81,10 @@ describe('idempotency', () => {
   });
 
   it('scopes keys to the caller: another key with the same Idempotency-Key is a new request', async () => {
-    const other = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body: { name: 'm', role: 'member' } });
+    const other = await t.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: team.key,
+      body: { name: 'm', role: 'member' },
+    });
     const headers = { 'idempotency-key': 'shared-key' };
     const a = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'sa' }, headers });
     const b = await t.call('POST', '/v1/workspaces', { key: other.body.key, body: { name: 'sb' }, headers });
@@ -86,7 +96,9 @@ describe('idempotency', () => {
   it('concurrent duplicates create one resource: the loser gets the replay or 409', async () => {
     const headers = { 'idempotency-key': 'race-1' };
     const results = await Promise.all(
-      Array.from({ length: 5 }, () => t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'raced' }, headers })),
+      Array.from({ length: 5 }, () =>
+        t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'raced' }, headers }),
+      ),
     );
     const created = new Set(results.filter((r) => r.status === 201).map((r) => r.body.id));
     expect(created.size).toBe(1);
@@ -131,11 +143,17 @@ describe('audit', () => {
     await t.call('PATCH', `/v1/workspaces/${ws.id}`, { key: team.key, body: { settings: { max_steps: 5 } } });
     await t.call('DELETE', `/v1/workspaces/${ws.id}`, { key: team.key });
     const r = await t.call('GET', `/v1/audit?order=asc&limit=100`, { key: team.key });
-    const byAction = (a: string) => r.body.data.filter((e: { action: string; resource_id: string }) => e.action === a && e.resource_id === ws.id);
+    const byAction = (a: string) =>
+      r.body.data.filter((e: { action: string; resource_id: string }) => e.action === a && e.resource_id === ws.id);
     const [created] = byAction('workspace.create');
     const [updated] = byAction('workspace.update');
     const [deleted] = byAction('workspace.delete');
-    expect(created).toMatchObject({ team_id: team.id, resource_type: 'workspace', before: null, after: { name: 'a1' } });
+    expect(created).toMatchObject({
+      team_id: team.id,
+      resource_type: 'workspace',
+      before: null,
+      after: { name: 'a1' },
+    });
     expect(created.actor).toMatch(/^key_/);
     expect(updated.before.settings.max_steps).toBe(30);
     expect(updated.after.settings.max_steps).toBe(5);
@@ -144,7 +162,10 @@ describe('audit', () => {
   });
 
   it('records key creation without the secret, and filters by action and actor', async () => {
-    const k = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: t.adminKey, body: { name: 'audited-key', role: 'member' } });
+    const k = await t.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: t.adminKey,
+      body: { name: 'audited-key', role: 'member' },
+    });
     const r = await t.call('GET', `/v1/audit?action=key.create&limit=100`, { key: t.adminKey });
     const event = r.body.data.find((e: { resource_id: string }) => e.resource_id === k.body.id);
     expect(event.actor_role).toBe('org_admin');

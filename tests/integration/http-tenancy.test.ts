@@ -20,7 +20,10 @@ describe('auth and tenancy', () => {
     b = await ctx.t.team('beta');
     const ws = await ctx.t.call('POST', '/v1/workspaces', { key: ctx.team.key, body: { name: 'alpha-ws' } });
     wsA = ws.body.id;
-    const k = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: ctx.team.key, body: { name: 'second', role: 'member' } });
+    const k = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key: ctx.team.key,
+      body: { name: 'second', role: 'member' },
+    });
     keyA = k.body.id;
     const s = await ctx.t.call('POST', `/v1/workspaces/${wsA}/sessions`, { key: ctx.team.key, body: {} });
     ctx.fake.script({ content: '<finish>hello</finish>' });
@@ -28,7 +31,10 @@ describe('auth and tenancy', () => {
   });
 
   it('refuses requests without a key, with a malformed header, or with an unknown key', async () => {
-    for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }] as Record<string, string>[]) {
+    for (const headers of [{}, { authorization: 'Basic abc' }, { authorization: 'Bearer kiln_nope' }] as Record<
+      string,
+      string
+    >[]) {
       const r = await ctx.t.call('GET', '/v1/workspaces', { headers });
       expect(r.status).toBe(401);
       expect(r.body.error).toMatchObject({ type: 'authentication_error', code: 'unauthorized' });
@@ -46,11 +52,15 @@ describe('auth and tenancy', () => {
   it('never logs a key, even a wrong one', async () => {
     await ctx.t.call('GET', '/v1/workspaces', { key: 'kiln_wrong_but_secret_value' });
     const log = ctx.t.logText();
-    for (const secret of [ctx.t.adminKey, ctx.team.key, b.key, 'kiln_wrong_but_secret_value']) expect(log).not.toContain(secret);
+    for (const secret of [ctx.t.adminKey, ctx.team.key, b.key, 'kiln_wrong_but_secret_value'])
+      expect(log).not.toContain(secret);
   });
 
   it('a revoked key stops working at once', async () => {
-    const k = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: ctx.t.adminKey, body: { name: 'temp', role: 'member' } });
+    const k = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key: ctx.t.adminKey,
+      body: { name: 'temp', role: 'member' },
+    });
     expect((await ctx.t.call('GET', '/v1/workspaces', { key: k.body.key })).status).toBe(200);
     const del = await ctx.t.call('DELETE', `/v1/teams/${ctx.team.id}/keys/${k.body.id}`, { key: ctx.team.key });
     expect(del.status).toBe(200);
@@ -68,8 +78,14 @@ describe('auth and tenancy', () => {
   });
 
   it('viewer keys read but never write; members cannot manage keys', async () => {
-    const viewer = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: ctx.team.key, body: { name: 'v', role: 'viewer' } });
-    const member = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: ctx.team.key, body: { name: 'm', role: 'member' } });
+    const viewer = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key: ctx.team.key,
+      body: { name: 'v', role: 'viewer' },
+    });
+    const member = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key: ctx.team.key,
+      body: { name: 'm', role: 'member' },
+    });
     expect((await ctx.t.call('GET', `/v1/workspaces/${wsA}`, { key: viewer.body.key })).status).toBe(200);
     for (const [method, path, body] of [
       ['POST', '/v1/workspaces', { name: 'x' }],
@@ -79,7 +95,10 @@ describe('auth and tenancy', () => {
       const r = await ctx.t.call(method, path, { key: viewer.body.key, body });
       expect(r.status, `${method} ${path}`).toBe(403);
     }
-    const r = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, { key: member.body.key, body: { name: 'x', role: 'owner' } });
+    const r = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key: member.body.key,
+      body: { name: 'x', role: 'owner' },
+    });
     expect(r.status).toBe(403);
   });
 
@@ -92,7 +111,8 @@ describe('auth and tenancy', () => {
 
   it('answers 404, never 403, for every resource route on another team\u2019s resource, and changes nothing', async () => {
     const keysBefore = await ctx.t.database.db.select({ n: count() }).from(apiKeys);
-    const evo = (await ctx.t.call('POST', `/v1/workspaces/${wsA}/dream`, { key: ctx.team.key, body: {} })).body.id as string;
+    const evo = (await ctx.t.call('POST', `/v1/workspaces/${wsA}/dream`, { key: ctx.team.key, body: {} })).body
+      .id as string;
     const evolutionsBefore = await ctx.t.database.db.select({ n: count() }).from(evolutions);
     const routes: [string, string, unknown?][] = [
       ['GET', `/v1/teams/${ctx.team.id}`],
@@ -136,8 +156,14 @@ describe('auth and tenancy', () => {
       expect(other.status, q).toBe(200);
       expect(other.body, q).toEqual({ data: [], has_more: false, last_id: null });
     }
-    expect((await ctx.t.call('GET', '/v1/runs?status=completed,failed', { key: ctx.team.key })).body.data.map((r: { id: string }) => r.id)).toEqual([runA]);
-    expect((await ctx.t.call('GET', '/v1/runs?status=queued,in_progress,requires_action', { key: ctx.team.key })).body.data).toEqual([]);
+    expect(
+      (await ctx.t.call('GET', '/v1/runs?status=completed,failed', { key: ctx.team.key })).body.data.map(
+        (r: { id: string }) => r.id,
+      ),
+    ).toEqual([runA]);
+    expect(
+      (await ctx.t.call('GET', '/v1/runs?status=queued,in_progress,requires_action', { key: ctx.team.key })).body.data,
+    ).toEqual([]);
     expect((await ctx.t.call('GET', '/v1/runs?workspace=ws_other', { key: ctx.team.key })).body.data).toEqual([]);
     const admin = await ctx.t.call('GET', '/v1/runs', { key: ctx.t.adminKey });
     expect(admin.status).toBe(403);

@@ -19,7 +19,10 @@ describe('workspaces CRUD', () => {
     expect(plain.body.id).toMatch(/^ws_/);
     const tuned = await t.call('POST', '/v1/workspaces', {
       key: team.key,
-      body: { name: 'tuned', settings: { protocol: 'tools', sandbox: { memory_mb: 2048 }, evolution: { timezone: 'Asia/Shanghai' } } },
+      body: {
+        name: 'tuned',
+        settings: { protocol: 'tools', sandbox: { memory_mb: 2048 }, evolution: { timezone: 'Asia/Shanghai' } },
+      },
     });
     expect(tuned.status).toBe(201);
     expect(tuned.body.settings.protocol).toBe('tools');
@@ -51,8 +54,18 @@ describe('workspaces CRUD', () => {
   });
 
   it('rejects an approval rule RE2 cannot compile with a 400 naming the rule, and keeps the stored settings', async () => {
-    const bad = { approval: { rules: [{ match: 'print', behavior: 'allow' }, { match: '(?=.*rm)', behavior: 'deny' }] } };
-    const created = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'lookahead', settings: bad } });
+    const bad = {
+      approval: {
+        rules: [
+          { match: 'print', behavior: 'allow' },
+          { match: '(?=.*rm)', behavior: 'deny' },
+        ],
+      },
+    };
+    const created = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'lookahead', settings: bad },
+    });
     expect(created.status).toBe(400);
     expect(created.body.error.code).toBe('invalid_request');
     expect(created.body.error.message).toContain('approval.rules.1.match');
@@ -61,7 +74,9 @@ describe('workspaces CRUD', () => {
     const patched = await t.call('PATCH', `/v1/workspaces/${ws.id}`, { key: team.key, body: { settings: bad } });
     expect(patched.status).toBe(400);
     expect(patched.body.error.message).toContain('"(?=.*rm)"');
-    expect((await t.call('GET', `/v1/workspaces/${ws.id}`, { key: team.key })).body.settings.approval).toEqual(DEFAULT_SETTINGS.approval);
+    expect((await t.call('GET', `/v1/workspaces/${ws.id}`, { key: team.key })).body.settings.approval).toEqual(
+      DEFAULT_SETTINGS.approval,
+    );
   });
 
   it('deletes: gone from get and list, and its name is free again', async () => {
@@ -78,12 +93,17 @@ describe('workspaces CRUD', () => {
   it('pages through lists with limit/after/order without gaps or repeats', async () => {
     const other = await t.team('pager');
     const ids: string[] = [];
-    for (let i = 0; i < 7; i++) ids.push((await t.call('POST', '/v1/workspaces', { key: other.key, body: { name: `p${i}` } })).body.id);
+    for (let i = 0; i < 7; i++)
+      ids.push((await t.call('POST', '/v1/workspaces', { key: other.key, body: { name: `p${i}` } })).body.id);
     const seen: string[] = [];
     let after: string | null = null;
     for (;;) {
       const q: string = `/v1/workspaces?limit=3&order=asc${after ? `&after=${after}` : ''}`;
-      const page: { body: { data: { id: string }[]; has_more: boolean; last_id: string | null } } = await t.call('GET', q, { key: other.key });
+      const page: { body: { data: { id: string }[]; has_more: boolean; last_id: string | null } } = await t.call(
+        'GET',
+        q,
+        { key: other.key },
+      );
       seen.push(...page.body.data.map((w) => w.id));
       if (!page.body.has_more) break;
       after = page.body.last_id;

@@ -14,7 +14,8 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
   let b: Database;
   let now = Date.now();
   const clock = () => now;
-  const runner = (db: Database, owner: string) => new JobRunner(db.db, { owner, leaseMs: 60_000, pollMs: 60_000, now: clock }, log);
+  const runner = (db: Database, owner: string) =>
+    new JobRunner(db.db, { owner, leaseMs: 60_000, pollMs: 60_000, now: clock }, log);
 
   beforeAll(async () => {
     url = await createPgDatabase();
@@ -50,7 +51,10 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
   it('a dedupe key enqueues once, even from two replicas', async () => {
     const ra = runner(a, 'replica-a');
     const rb = runner(b, 'replica-b');
-    const ids = await Promise.all([ra.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' }), rb.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' })]);
+    const ids = await Promise.all([
+      ra.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' }),
+      rb.enqueue('nightly', {}, { dedupeKey: 'dream:ws_1:2026-11-30' }),
+    ]);
     expect(ids.filter(Boolean)).toHaveLength(1);
   });
 
@@ -116,12 +120,19 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
     expect(await r.drain()).toBe(0); // not due yet: backoff
     now += 2_500;
     await r.drain();
-    expect((await a.db.select().from(jobs).where(eq(jobs.id, flaky)))[0]).toMatchObject({ status: 'succeeded', attempts: 2 });
+    expect((await a.db.select().from(jobs).where(eq(jobs.id, flaky)))[0]).toMatchObject({
+      status: 'succeeded',
+      attempts: 2,
+    });
     const broken = (await r.enqueue('broken', {}, { maxAttempts: 2 }))!;
     await r.drain();
     now += 10_000;
     await r.drain();
-    expect((await a.db.select().from(jobs).where(eq(jobs.id, broken)))[0]).toMatchObject({ status: 'failed', attempts: 2, lastError: 'always broken' });
+    expect((await a.db.select().from(jobs).where(eq(jobs.id, broken)))[0]).toMatchObject({
+      status: 'failed',
+      attempts: 2,
+      lastError: 'always broken',
+    });
   });
 });
 

@@ -22,11 +22,18 @@ async function workspaceOn(t: TestApp, name: string) {
   const team = await t.team(name);
   const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
   const put = async (path: string, content: string) => {
-    const r = await t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw: content });
+    const r = await t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, {
+      key: team.key,
+      raw: content,
+    });
     expect(r.status, `PUT ${path}`).toBeLessThan(300);
   };
   const query = (q: string, params: Record<string, string | number> = {}) =>
-    t.call('GET', `/v1/workspaces/${ws}/memory/search?${new URLSearchParams({ q, ...Object.fromEntries(Object.entries(params).map(([k, v]) => [k, String(v)])) })}`, { key: team.key });
+    t.call(
+      'GET',
+      `/v1/workspaces/${ws}/memory/search?${new URLSearchParams({ q, ...Object.fromEntries(Object.entries(params).map(([k, v]) => [k, String(v)])) })}`,
+      { key: team.key },
+    );
   const search = async (q: string, params: Record<string, string | number> = {}) => {
     const r = await query(q, params);
     expect(r.status, JSON.stringify(r.body)).toBe(200);
@@ -36,7 +43,8 @@ async function workspaceOn(t: TestApp, name: string) {
 }
 
 /** A conversation log of one day: one line per turn, as the dream and the condensation write them. */
-const chat = (d: string, turns: string[]) => `# ${d}\n\n## Conversation\n\n${turns.map((l, i) => `- ${String(9 + Math.floor(i / 6)).padStart(2, '0')}:${String((i * 7) % 60).padStart(2, '0')} ${l}`).join('\n')}\n`;
+const chat = (d: string, turns: string[]) =>
+  `# ${d}\n\n## Conversation\n\n${turns.map((l, i) => `- ${String(9 + Math.floor(i / 6)).padStart(2, '0')}:${String((i * 7) % 60).padStart(2, '0')} ${l}`).join('\n')}\n`;
 const FILLER = [
   'Maya: Good morning! How did the week go?',
   'Leo: Busy, but fine. The weather was nice when we went out.',
@@ -67,7 +75,10 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
   });
 
   it('finds a fact right after the commit that wrote it; start_line and end_line point at the matching line', async () => {
-    await w.put('MEMORY.md', '# Core memory\n\n- The staging database is called orchid.\n- Reports go out on Mondays.\n');
+    await w.put(
+      'MEMORY.md',
+      '# Core memory\n\n- The staging database is called orchid.\n- Reports go out on Mondays.\n',
+    );
     const [hit] = await w.search('staging database');
     expect(hit).toMatchObject({ path: 'MEMORY.md', date: null, heading: 'Core memory' });
     expect(hit!.start_line).toBeLessThanOrEqual(3);
@@ -77,7 +88,14 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
   });
 
   it('stems English and drops stop words: "when did we decide" finds "Decided", not the text that shares only "when", "did", "the"', async () => {
-    await w.put(`memory/${day(200)}.md`, chat(day(200), [...FILLER, 'Maya: We decided the audits happen every quarter, with the blue checklist.', ...FILLER]));
+    await w.put(
+      `memory/${day(200)}.md`,
+      chat(day(200), [
+        ...FILLER,
+        'Maya: We decided the audits happen every quarter, with the blue checklist.',
+        ...FILLER,
+      ]),
+    );
     const hits = await w.search('When did we decide about the audit checklists?');
     expect(hits[0]).toMatchObject({ path: `memory/${day(200)}.md`, date: day(200) });
     expect(hits[0]!.snippet).toContain('decided the audits happen every quarter');
@@ -89,7 +107,10 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
   });
 
   it('finds Chinese text (by character pairs) and code identifiers the full-text parser cannot split', async () => {
-    await w.put('knowledge/deploy.md', '# 部署\n\n我们的部署流程需要先运行冒烟测试，然后再发布。\n\n## Config\n\nCall `load_config()` before `parseConfigFile(path)`.\n');
+    await w.put(
+      'knowledge/deploy.md',
+      '# 部署\n\n我们的部署流程需要先运行冒烟测试，然后再发布。\n\n## Config\n\nCall `load_config()` before `parseConfigFile(path)`.\n',
+    );
     expect((await w.search('部署流程'))[0]!.path).toBe('knowledge/deploy.md');
     // Not a substring of the text, but its pairs are.
     expect((await w.search('部署的流程'))[0]!.path).toBe('knowledge/deploy.md');
@@ -110,13 +131,17 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     const same = 'Maya: The garden shed key hangs behind the kitchen door.';
     await w.put(`memory/${day(400)}.md`, chat(day(400), [...FILLER, same]));
     await w.put(`memory/${day(3)}.md`, chat(day(3), [...FILLER, same]));
-    const pair = (await w.search('garden shed key', { path: 'memory/' })).filter((h) => h.snippet.includes('garden shed'));
+    const pair = (await w.search('garden shed key', { path: 'memory/' })).filter((h) =>
+      h.snippet.includes('garden shed'),
+    );
     expect(pair.map((h) => h.date)).toEqual([day(3), day(400)]);
     expect(pair[0]!.score / pair[1]!.score).toBeLessThanOrEqual(1.1);
   });
 
   it('cuts long logs into small overlapping windows; a hit is the matching line and its neighbours, never repeated', async () => {
-    const turns = Array.from({ length: 200 }, (_, i) => (i === 150 ? 'Maya: The spare key code for the bike lock is marmalade.' : FILLER[i % FILLER.length]!));
+    const turns = Array.from({ length: 200 }, (_, i) =>
+      i === 150 ? 'Maya: The spare key code for the bike lock is marmalade.' : FILLER[i % FILLER.length]!,
+    );
     await w.put(`memory/${day(40)}.md`, chat(day(40), turns));
     const hits = await w.search('bike lock key code');
     expect(hits[0]!.path).toBe(`memory/${day(40)}.md`);
@@ -125,12 +150,21 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect(hits[0]!.start_line).toBeGreaterThanOrEqual(line - 1);
     expect(hits[0]!.end_line).toBeLessThanOrEqual(line + 1);
     expect(hits[0]!.snippet.split('\n').length).toBeLessThanOrEqual(3);
-    const rows = await t.database.db.select().from(memoryChunks).where(and(eq(memoryChunks.workspaceId, w.ws), eq(memoryChunks.path, `memory/${day(40)}.md`)));
+    const rows = await t.database.db
+      .select()
+      .from(memoryChunks)
+      .where(and(eq(memoryChunks.workspaceId, w.ws), eq(memoryChunks.path, `memory/${day(40)}.md`)));
     expect(rows.length).toBeGreaterThanOrEqual(99);
     expect(Math.max(...rows.map((r) => r.endLine - r.startLine))).toBeLessThanOrEqual(3);
     // Windows overlap, results do not: no two hits of a file share a line.
     const all = await w.search('marmalade key', { k: 50 });
-    for (const a of all) for (const b of all) if (a !== b && a.path === b.path) expect(a.end_line < b.start_line || b.end_line < a.start_line, `${a.path}:${a.start_line}-${a.end_line} vs ${b.start_line}-${b.end_line}`).toBe(true);
+    for (const a of all)
+      for (const b of all)
+        if (a !== b && a.path === b.path)
+          expect(
+            a.end_line < b.start_line || b.end_line < a.start_line,
+            `${a.path}:${a.start_line}-${a.end_line} vs ${b.start_line}-${b.end_line}`,
+          ).toBe(true);
   });
 
   it('bounds what a hostile file costs: one huge line gives a short snippet', async () => {
@@ -146,14 +180,19 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     await w.put('knowledge/lighthouse.md', `# Lighthouse\n\n${everywhere}\n`);
     await w.put(`memory/${day(100)}.md`, chat(day(100), [`Leo: ${everywhere}`]));
     await w.put(`memory/${day(10)}.md`, chat(day(10), [`Maya: ${everywhere}`]));
-    const paths = async (params: Record<string, string>) => (await w.search('lighthouse inspection', params)).map((h) => h.path);
+    const paths = async (params: Record<string, string>) =>
+      (await w.search('lighthouse inspection', params)).map((h) => h.path);
     expect(await paths({ path: 'knowledge/' })).toEqual(['knowledge/lighthouse.md']);
-    expect(new Set(await paths({ path: 'memory/' }))).toEqual(new Set([`memory/${day(100)}.md`, `memory/${day(10)}.md`]));
+    expect(new Set(await paths({ path: 'memory/' }))).toEqual(
+      new Set([`memory/${day(100)}.md`, `memory/${day(10)}.md`]),
+    );
     expect(await paths({ since: day(50) })).toEqual([`memory/${day(10)}.md`]);
     expect(await paths({ until: day(50) })).toEqual([`memory/${day(100)}.md`]);
     expect(await paths({ since: day(101), until: day(99) })).toEqual([`memory/${day(100)}.md`]);
     // An explicit path still finds the built-in skills.
-    expect((await w.search('consolidate budget', { path: 'skills/builtin/' }))[0]!.path).toBe('skills/builtin/memory-keeping/SKILL.md');
+    expect((await w.search('consolidate budget', { path: 'skills/builtin/' }))[0]!.path).toBe(
+      'skills/builtin/memory-keeping/SKILL.md',
+    );
   });
 
   it('pages with a cursor: the pages together are the first page of a larger k, with no repeats', async () => {
@@ -202,7 +241,9 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect(many.bm25).toBeLessThan(many.terms[0]!.idf * 2.2);
     expect(await bm25('quokka', 'knowledge/bm25/long.md')).toBeLessThan(once);
     // "zyzzogeton" is in one chunk, "mascot" in five: the rare word weighs more in the same chunk.
-    expect(await bm25('zyzzogeton', 'knowledge/bm25/rare.md')).toBeGreaterThan(await bm25('mascot', 'knowledge/bm25/rare.md'));
+    expect(await bm25('zyzzogeton', 'knowledge/bm25/rare.md')).toBeGreaterThan(
+      await bm25('mascot', 'knowledge/bm25/rare.md'),
+    );
   });
 
   it('answers bad parameters with 400 and the error envelope', async () => {
@@ -239,7 +280,11 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
 
   it('keeps the statistics BM25 needs (chunks, length, document frequencies) exact through inserts and deletes', async () => {
     const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
-    const [actual] = rowsOf<{ n: number; l: number }>(await t.database.db.execute(sql`select count(*)::int as n, coalesce(sum(len), 0)::int as l from memory_chunks where workspace_id = ${w.ws}`));
+    const [actual] = rowsOf<{ n: number; l: number }>(
+      await t.database.db.execute(
+        sql`select count(*)::int as n, coalesce(sum(len), 0)::int as l from memory_chunks where workspace_id = ${w.ws}`,
+      ),
+    );
     expect(stats).toMatchObject({ chunks: actual!.n, totalLen: actual!.l, version: INDEX_VERSION });
     // Each term's document frequency, as the triggers kept it, against a recount (zero rows aside).
     const wrong = rowsOf<{ term: string }>(
@@ -248,7 +293,11 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
         select coalesce(r.term, k.term) as term from real r full join kept k on k.term = r.term where r.df is distinct from k.df`),
     );
     expect(wrong).toEqual([]);
-    const [{ terms }] = rowsOf<{ terms: number }>(await t.database.db.execute(sql`select count(*)::int as terms from memory_terms where workspace_id = ${w.ws} and df > 0`)) as [{ terms: number }];
+    const [{ terms }] = rowsOf<{ terms: number }>(
+      await t.database.db.execute(
+        sql`select count(*)::int as terms from memory_terms where workspace_id = ${w.ws} and df > 0`,
+      ),
+    ) as [{ terms: number }];
     expect(terms).toBeGreaterThan(50);
   });
 });
@@ -265,7 +314,13 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
     const answerDay = day(290);
     for (let d = 360; d >= 0; d -= 6) {
       const turns = FILLER.map((_l, i) => FILLER[(i + d) % FILLER.length]!);
-      if (d === 288) turns.splice(4, 0, 'Leo: Did you end up getting the puppy?', 'Maya: Yes! We adopted him on Saturday and named him Biscuit.');
+      if (d === 288)
+        turns.splice(
+          4,
+          0,
+          'Leo: Did you end up getting the puppy?',
+          'Maya: Yes! We adopted him on Saturday and named him Biscuit.',
+        );
       await w.put(`memory/${day(d)}.md`, chat(day(d), turns));
     }
     expect(answerDay).toBe(day(290));
@@ -285,10 +340,21 @@ describe('the same answers on PGlite and on Postgres', () => {
       const t = await createTestApp({ driver });
       try {
         const w = await workspaceOn(t, `same-${driver}`);
-        for (let d = 0; d < 6; d++) await w.put(`memory/2026-0${d + 1}-15.md`, chat(`2026-0${d + 1}-15`, FILLER.map((_l, i) => FILLER[(i * (d + 1)) % FILLER.length]!)));
-        await w.put('knowledge/trains.md', '# Trains\n\nThe trains to work are slow in winter; take the 7:40 `rb_12` instead.\n');
+        for (let d = 0; d < 6; d++)
+          await w.put(
+            `memory/2026-0${d + 1}-15.md`,
+            chat(
+              `2026-0${d + 1}-15`,
+              FILLER.map((_l, i) => FILLER[(i * (d + 1)) % FILLER.length]!),
+            ),
+          );
+        await w.put(
+          'knowledge/trains.md',
+          '# Trains\n\nThe trains to work are slow in winter; take the 7:40 `rb_12` instead.\n',
+        );
         const out = [];
-        for (const q of ['slow trains to work', 'weekend cooking at home', 'rb_12', 'weather', '部署']) out.push(await w.search(q, { k: 10, debug: 'true' }));
+        for (const q of ['slow trains to work', 'weekend cooking at home', 'rb_12', 'weather', '部署'])
+          out.push(await w.search(q, { k: 10, debug: 'true' }));
         results[driver] = out;
       } finally {
         await t.close();
@@ -303,7 +369,10 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
   let t: TestApp;
   beforeAll(async () => {
     fake = await startFakeOpenAI();
-    t = await createTestApp({ driver, embedder: openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' }) });
+    t = await createTestApp({
+      driver,
+      embedder: openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' }),
+    });
   });
   afterAll(async () => {
     await t.close();
@@ -323,7 +392,11 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     expect(both[0]).toMatchObject({ path: 'knowledge/garage.md', debug: { lexical_rank: 1, vector_rank: 1 } });
     // pgvector ranks in the database where it is installed: PGlite always loads it; a Postgres
     // server has it when its package is there (else the vectors are compared in the API).
-    const [avail] = rowsOf<{ ok: boolean }>(await t.database.db.execute(sql`select exists(select 1 from pg_available_extensions where name = 'vector') as ok`));
+    const [avail] = rowsOf<{ ok: boolean }>(
+      await t.database.db.execute(
+        sql`select exists(select 1 from pg_available_extensions where name = 'vector') as ok`,
+      ),
+    );
     expect(await hasPgvector(t.database.db)).toBe(driver === 'pglite' || avail!.ok);
     if (driver === 'pglite') expect(avail!.ok).toBe(true);
   });
@@ -383,7 +456,17 @@ describe('start-up repair after a crash', () => {
       // A commit that reached git but not the database (crash between the two)...
       writeFileSync(join(dir, 'MEMORY.md'), '# Core memory\n\n- committed before the crash\n');
       git('add', '-A');
-      git('-c', 'user.name=k', '-c', 'user.email=k@k', 'commit', '-qm', 'Agent step', '-m', 'Kiln-Kind: memory\nKiln-Author: agent\nKiln-Run: run_crash');
+      git(
+        '-c',
+        'user.name=k',
+        '-c',
+        'user.email=k@k',
+        'commit',
+        '-qm',
+        'Agent step',
+        '-m',
+        'Kiln-Kind: memory\nKiln-Author: agent\nKiln-Run: run_crash',
+      );
       // ...then a write that never got committed, and git's lock left behind.
       writeFileSync(join(dir, 'knowledge/stranded.md'), '# Stranded\n\nwritten just before the crash\n');
       writeFileSync(join(dir, '.git/index.lock'), '');
@@ -392,11 +475,19 @@ describe('start-up repair after a crash', () => {
       expect(repaired).toBe(1);
       expect(git('status', '--porcelain')).toBe('');
       const log = await t.call('GET', `/v1/workspaces/${ws}/commits`, { key: team.key });
-      expect(log.body.data[0]).toMatchObject({ author: 'system', summary: 'Recover uncommitted changes found at start-up', paths: ['knowledge/stranded.md'] });
+      expect(log.body.data[0]).toMatchObject({
+        author: 'system',
+        summary: 'Recover uncommitted changes found at start-up',
+        paths: ['knowledge/stranded.md'],
+      });
       expect(log.body.data[1]).toMatchObject({ author: 'agent', kind: 'memory', run_id: 'run_crash' });
-      expect((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.head).toBe(git('rev-parse', 'HEAD').trim());
+      expect((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.head).toBe(
+        git('rev-parse', 'HEAD').trim(),
+      );
       const hits = await t.call('GET', `/v1/workspaces/${ws}/memory/search?q=crash`, { key: team.key });
-      expect(hits.body.data.map((h: { path: string }) => h.path)).toEqual(expect.arrayContaining(['MEMORY.md', 'knowledge/stranded.md']));
+      expect(hits.body.data.map((h: { path: string }) => h.path)).toEqual(
+        expect.arrayContaining(['MEMORY.md', 'knowledge/stranded.md']),
+      );
       expect((await t.workspaces.repairAll()).repaired).toBe(0);
       git('fsck', '--no-progress');
     } finally {

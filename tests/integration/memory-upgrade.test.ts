@@ -30,7 +30,9 @@ describe('upgrading a database indexed by the search before this one (migration 
     await migrate(db, { migrationsFolder: old });
     // ...with an old-style chunk (its whole text, no window, no date).
     await db.execute(sql`insert into teams (id, name) values ('team_old', 'old')`);
-    await db.execute(sql`insert into workspaces (id, team_id, name, settings) values ('ws_old', 'team_old', 'w', '{}'::jsonb)`);
+    await db.execute(
+      sql`insert into workspaces (id, team_id, name, settings) values ('ws_old', 'team_old', 'w', '{}'::jsonb)`,
+    );
     await db.execute(sql`insert into memory_chunks (team_id, workspace_id, path, start_line, end_line, heading, content, content_hash)
       values ('team_old', 'ws_old', 'memory/2025-03-04.md', 1, 5, '2025-03-04', ${'- 10:00 Maya: Good morning.\n- 10:01 Maya: We adopted a puppy called Biscuit.'}, 'x')`);
     await pg.close();
@@ -42,9 +44,13 @@ describe('upgrading a database indexed by the search before this one (migration 
       expect(hits).toHaveLength(1);
       expect(hits[0]).toMatchObject({ path: 'memory/2025-03-04.md', start_line: 1, end_line: 2, date: null });
       expect(hits[0]!.snippet).toContain('adopted a puppy');
-      const [index] = rowsOf<{ chunks: number; version: number }>(await database.db.execute(sql`select chunks, version from memory_index where workspace_id = 'ws_old'`));
+      const [index] = rowsOf<{ chunks: number; version: number }>(
+        await database.db.execute(sql`select chunks, version from memory_index where workspace_id = 'ws_old'`),
+      );
       expect(index).toEqual({ chunks: 1, version: 0 });
-      const terms = rowsOf<{ term: string; df: number }>(await database.db.execute(sql`select term, df from memory_terms where workspace_id = 'ws_old' order by term`));
+      const terms = rowsOf<{ term: string; df: number }>(
+        await database.db.execute(sql`select term, df from memory_terms where workspace_id = 'ws_old' order by term`),
+      );
       expect(terms.find((t) => t.term === 'puppi')).toEqual({ term: 'puppi', df: 1 });
     } finally {
       await database.close();

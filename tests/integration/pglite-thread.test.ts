@@ -26,7 +26,9 @@ describe('PGlite in its own thread', () => {
 
   it('keeps the event loop running while a statement executes', async () => {
     // A statement long enough to span many turns of the loop if the loop were free.
-    const { value: rows, ticks: during } = await ticksDuring(async () => rowsOf<{ n: string }>(await d.db.execute(sql`select count(*)::text as n from generate_series(1, 3000000)`)));
+    const { value: rows, ticks: during } = await ticksDuring(async () =>
+      rowsOf<{ n: string }>(await d.db.execute(sql`select count(*)::text as n from generate_series(1, 3000000)`)),
+    );
     expect(rows[0]!.n).toBe('3000000');
     // In-thread, PGlite would have held the loop for the whole statement: no tick in between.
     expect(during).toBeGreaterThan(10);
@@ -73,7 +75,10 @@ describe('PGlite in its own thread', () => {
 
   it('carries Postgres error fields across the thread (unique violations are recognised)', async () => {
     const team = await createTeam(d.db, 'dup-team');
-    const err = await d.db.insert(schema.teams).values({ id: `${team.id}-2`, name: 'dup-team' }).catch((e) => e);
+    const err = await d.db
+      .insert(schema.teams)
+      .values({ id: `${team.id}-2`, name: 'dup-team' })
+      .catch((e) => e);
     expect(isUniqueViolation(err)).toBe(true);
     const raw = await d.db.execute(sql`select * from no_such_table`).catch((e) => e);
     let e = raw as { code?: string; cause?: unknown } | undefined;

@@ -26,7 +26,9 @@ describe.each(DRIVERS)('the run event log on %s', (driver) => {
 
   const newRun = async () => {
     const id = `run_events${++runs}`;
-    await t.db.insert(schema.runs).values({ id, teamId, workspaceId: wsId, sessionId: 'ses_events', status: 'completed' });
+    await t.db
+      .insert(schema.runs)
+      .values({ id, teamId, workspaceId: wsId, sessionId: 'ses_events', status: 'completed' });
     return id;
   };
 
@@ -36,15 +38,21 @@ describe.each(DRIVERS)('the run event log on %s', (driver) => {
     const abort = new AbortController();
     await log.follow(runId, 0, (ev) => seen.push(ev), abort.signal);
     // The first append starts at once; the 49 made meanwhile wait for it, and join.
-    const calls = Array.from({ length: 50 }, (_, i) => log.append(runId, 'exec.output', { stream: 'stdout', data: `${i}\n` }));
+    const calls = Array.from({ length: 50 }, (_, i) =>
+      log.append(runId, 'exec.output', { stream: 'stdout', data: `${i}\n` }),
+    );
     const results = await Promise.all(calls);
     abort.abort();
     expect(results.map((e) => e.seq)).toEqual(Array.from({ length: 50 }, (_, i) => i + 1));
-    expect(results.map((e) => (e.data as { data: string }).data)).toEqual(Array.from({ length: 50 }, (_, i) => `${i}\n`));
+    expect(results.map((e) => (e.data as { data: string }).data)).toEqual(
+      Array.from({ length: 50 }, (_, i) => `${i}\n`),
+    );
     // Live followers got them all, once, in order.
     expect(seen.map((e) => e.seq)).toEqual(results.map((e) => e.seq));
     // Stored by two statements: each is its own transaction, so its rows share one xmin.
-    const stamps = rowsOf<{ n: number }>(await t.db.execute(sql`select count(distinct xmin::text)::int as n from run_events where run_id = ${runId}`));
+    const stamps = rowsOf<{ n: number }>(
+      await t.db.execute(sql`select count(distinct xmin::text)::int as n from run_events where run_id = ${runId}`),
+    );
     expect(stamps[0]!.n).toBe(2);
   });
 
@@ -55,10 +63,17 @@ describe.each(DRIVERS)('the run event log on %s', (driver) => {
     const withWrite = log.appendMany(runId, [['c', {}]], [sql`update runs set steps = 7 where id = ${runId}`]);
     const after = log.append(runId, 'd', {});
     const got = await Promise.all([first, plain, withWrite, after]);
-    expect(got.flat().map((e) => [e.seq, e.event])).toEqual([[1, 'a'], [2, 'b'], [3, 'c'], [4, 'd']]);
+    expect(got.flat().map((e) => [e.seq, e.event])).toEqual([
+      [1, 'a'],
+      [2, 'b'],
+      [3, 'c'],
+      [4, 'd'],
+    ]);
     const stored = await log.list(runId);
     expect(stored.map((e) => e.event)).toEqual(['a', 'b', 'c', 'd']);
-    const stamps = rowsOf<{ n: number }>(await t.db.execute(sql`select count(distinct xmin::text)::int as n from run_events where run_id = ${runId}`));
+    const stamps = rowsOf<{ n: number }>(
+      await t.db.execute(sql`select count(distinct xmin::text)::int as n from run_events where run_id = ${runId}`),
+    );
     expect(stamps[0]!.n).toBe(4);
   });
 });

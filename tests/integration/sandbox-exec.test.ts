@@ -36,7 +36,12 @@ describe('stateful execution through the API', () => {
   });
 
   it('returns matplotlib figures as PNG artifacts', async () => {
-    const r = await exec(t, team.key, session, 'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("squares");');
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("squares");',
+    );
     expect(r.artifacts).toHaveLength(1);
     expect(r.artifacts[0]).toMatchObject({ name: 'figure-1.png', mime: 'image/png' });
     expect(Buffer.from(r.artifacts[0]!.base64, 'base64').subarray(0, 4).toString('latin1')).toBe('\x89PNG');
@@ -60,7 +65,9 @@ describe('stateful execution through the API', () => {
       const events = [...text.matchAll(/event: (\S+)\ndata: (.*)\n/g)].map((m) => `${m[1]} ${m[2]}`);
       seen.splice(0, seen.length, ...events);
     }
-    const outputs = seen.filter((e) => e.startsWith('exec.output ')).map((e) => JSON.parse(e.slice('exec.output '.length)).data as string);
+    const outputs = seen
+      .filter((e) => e.startsWith('exec.output '))
+      .map((e) => JSON.parse(e.slice('exec.output '.length)).data as string);
     // "first" arrived in its own event(s), before "second" was even printed.
     expect(outputs[0]).toContain('first');
     expect(outputs[0]).not.toContain('second');
@@ -78,13 +85,23 @@ describe('stateful execution through the API', () => {
     });
     expect(put.status).toBe(200);
     expect(put.body).toEqual({ path: '/workspace/data/in.csv', size: 12 });
-    const sum = await exec(t, team.key, session, 'import pandas as pd\ndf = pd.read_csv("data/in.csv")\ndf.to_csv("/tmp/out.csv", index=False)\nint(df.b.sum())');
+    const sum = await exec(
+      t,
+      team.key,
+      session,
+      'import pandas as pd\ndf = pd.read_csv("data/in.csv")\ndf.to_csv("/tmp/out.csv", index=False)\nint(df.b.sum())',
+    );
     expect(sum.stdout).toBe('6\n');
-    const got = await t.app.request(`/v1/sessions/${session}/files?path=/tmp/out.csv`, { headers: { authorization: `Bearer ${team.key}` } });
+    const got = await t.app.request(`/v1/sessions/${session}/files?path=/tmp/out.csv`, {
+      headers: { authorization: `Bearer ${team.key}` },
+    });
     expect(got.status).toBe(200);
     expect(await got.text()).toBe('a,b\n1,2\n3,4\n');
     for (const bad of ['relative.txt', '/workspace/../etc/passwd', '/etc/passwd', '/workspace', '/tmp//x']) {
-      const r = await t.call('PUT', `/v1/sessions/${session}/files?path=${encodeURIComponent(bad)}`, { key: team.key, raw: 'x' });
+      const r = await t.call('PUT', `/v1/sessions/${session}/files?path=${encodeURIComponent(bad)}`, {
+        key: team.key,
+        raw: 'x',
+      });
       expect(r.status, bad).toBe(400);
     }
     const missing = await t.call('GET', `/v1/sessions/${session}/files?path=/tmp/nope`, { key: team.key });
@@ -94,14 +111,21 @@ describe('stateful execution through the API', () => {
   it('cancelling a running execution interrupts it and keeps the variables', async () => {
     const ws = (await t.call('GET', `/v1/sessions/${session}`, { key: team.key })).body.workspace_id;
     const ctx = { teamId: team.id, workspaceId: ws, sessionId: session };
-    const limits = t.engine.limitsFor((await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox);
+    const limits = t.engine.limitsFor(
+      (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox,
+    );
     const abort = new AbortController();
-    const result = await t.engine.exec(ctx, limits, 'import time\nprint("looping", flush=True)\nwhile True:\n    time.sleep(0.01)', {
-      signal: abort.signal,
-      onOutput: (_stream, data) => {
-        if (data.includes('looping')) abort.abort();
+    const result = await t.engine.exec(
+      ctx,
+      limits,
+      'import time\nprint("looping", flush=True)\nwhile True:\n    time.sleep(0.01)',
+      {
+        signal: abort.signal,
+        onOutput: (_stream, data) => {
+          if (data.includes('looping')) abort.abort();
+        },
       },
-    });
+    );
     expect(result.error).toMatchObject({ type: 'Cancelled' });
     expect(result.exit_code).toBe(130);
     expect(result.restarted).toBe(false);

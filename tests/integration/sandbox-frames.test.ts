@@ -45,7 +45,11 @@ describe('runner frames (a real docker exec stream)', () => {
   };
 
   beforeAll(async () => {
-    container = await docker.createContainer({ Image: 'kiln-sandbox:latest', Cmd: ['sleep', 'infinity'], HostConfig: { NetworkMode: 'none', AutoRemove: true } });
+    container = await docker.createContainer({
+      Image: 'kiln-sandbox:latest',
+      Cmd: ['sleep', 'infinity'],
+      HostConfig: { NetworkMode: 'none', AutoRemove: true },
+    });
     await container.start();
   });
   afterAll(async () => {
@@ -66,7 +70,9 @@ describe('runner frames (a real docker exec stream)', () => {
     const concat = vi.spyOn(Buffer, 'concat');
     const parse = vi.spyOn(JSON, 'parse');
     try {
-      const { value: result, ticks } = await ticksDuring(() => client.exec('pass', { timeoutMs: 30_000, maxOutputBytes: 65_536, sync: true }));
+      const { value: result, ticks } = await ticksDuring(() =>
+        client.exec('pass', { timeoutMs: 30_000, maxOutputBytes: 65_536, sync: true }),
+      );
       const data = Buffer.from(result.changes!.changed[0]!.data, 'base64');
       expect(data.length).toBe(16 * MiB);
       expect([data[0], data[255], data[256], data.at(-1)]).toEqual([0, 255, 0, 255]);

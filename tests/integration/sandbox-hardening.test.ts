@@ -18,10 +18,14 @@ describe('sandbox hardening (inspected on the real container)', () => {
   let inspect: Awaited<ReturnType<ReturnType<typeof docker.getContainer>['inspect']>>;
 
   beforeAll(async () => {
-    t = await createTestApp({ sandbox: { maxLimits: { memoryMb: 384, cpus: 0.5, pids: 64, timeoutS: 30, diskMb: 32 } } });
+    t = await createTestApp({
+      sandbox: { maxLimits: { memoryMb: 384, cpus: 0.5, pids: 64, timeoutS: 30, diskMb: 32 } },
+    });
     team = await t.team('hardening');
     // The workspace asks for more than the server allows: every limit must be capped.
-    ({ session } = await sessionIn(t, team, { sandbox: { memory_mb: 8192, cpus: 4, pids: 4096, timeout_s: 600, disk_mb: 4096 } }));
+    ({ session } = await sessionIn(t, team, {
+      sandbox: { memory_mb: 8192, cpus: 4, pids: 4096, timeout_s: 600, disk_mb: 4096 },
+    }));
     const r = await exec(t, team.key, session, 'print("up")');
     const [c] = await docker.listContainers({ filters: { label: [`kiln.sandbox=${r.sandbox_id}`] } });
     inspect = await docker.getContainer(c!.Id).inspect();
@@ -73,27 +77,37 @@ describe('sandbox hardening (inspected on the real container)', () => {
   });
 
   it('inside, the code runs as the sandbox\u2019s own uid (its label) with no effective capabilities and NoNewPrivs set', async () => {
-    const r = await exec(t, team.key, session, [
-      'import os',
-      'st = dict(l.split(":\\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)',
-      'print(os.getuid(), os.getgid(), st["CapEff"].strip(), st["NoNewPrivs"].strip(), os.stat("/workspace").st_uid, os.stat("/tmp").st_uid, os.stat(os.environ["HOME"]).st_uid)',
-    ].join('\n'));
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      [
+        'import os',
+        'st = dict(l.split(":\\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\\t" in l)',
+        'print(os.getuid(), os.getgid(), st["CapEff"].strip(), st["NoNewPrivs"].strip(), os.stat("/workspace").st_uid, os.stat("/tmp").st_uid, os.stat(os.environ["HOME"]).st_uid)',
+      ].join('\n'),
+    );
     const uid = inspect.Config.Labels['kiln.uid'];
     expect(Number(uid)).toBeGreaterThanOrEqual(2_000_000_000);
     expect(r.stdout.trim()).toBe(`${uid} ${uid} 0000000000000000 1 ${uid} ${uid} ${uid}`);
   });
 
   it('io_uring is denied (Docker\u2019s default profile allows it) while Python, numpy, pandas and matplotlib work', async () => {
-    const r = await exec(t, team.key, session, [
-      'import ctypes, os, io, numpy, pandas, matplotlib.pyplot as plt',
-      'libc = ctypes.CDLL(None, use_errno=True)',
-      'params = ctypes.create_string_buffer(120)',
-      'fd = libc.syscall(425, 8, params)',
-      'print(fd, os.strerror(ctypes.get_errno()) if fd < 0 else "io_uring ring created")',
-      'df = pandas.DataFrame({"x": numpy.arange(5)})',
-      'plt.plot(df.x, df.x ** 2); buf = io.BytesIO(); plt.savefig(buf, format="png"); plt.close("all")',
-      'print(int(df.x.sum()), buf.getvalue()[:4] == b"\\x89PNG")',
-    ].join('\n'));
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      [
+        'import ctypes, os, io, numpy, pandas, matplotlib.pyplot as plt',
+        'libc = ctypes.CDLL(None, use_errno=True)',
+        'params = ctypes.create_string_buffer(120)',
+        'fd = libc.syscall(425, 8, params)',
+        'print(fd, os.strerror(ctypes.get_errno()) if fd < 0 else "io_uring ring created")',
+        'df = pandas.DataFrame({"x": numpy.arange(5)})',
+        'plt.plot(df.x, df.x ** 2); buf = io.BytesIO(); plt.savefig(buf, format="png"); plt.close("all")',
+        'print(int(df.x.sum()), buf.getvalue()[:4] == b"\\x89PNG")',
+      ].join('\n'),
+    );
     expect(r.stdout).toBe('-1 Operation not permitted\n10 True\n');
     expect(r.restarted).toBe(false);
   });
@@ -152,13 +166,15 @@ describe('hostile code is contained, reported clearly, and the sandbox stays usa
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const port = (server.address() as { port: number }).port;
     try {
-      const r = await run([
-        'import os, socket',
-        'print(sorted(os.listdir("/sys/class/net")))',
-        's = socket.socket()',
-        's.settimeout(2)',
-        `try:\n    s.connect(("127.0.0.1", ${port}))\n    print("connected", s.recv(100))\nexcept OSError as e:\n    print("refused", type(e).__name__)`,
-      ].join('\n'));
+      const r = await run(
+        [
+          'import os, socket',
+          'print(sorted(os.listdir("/sys/class/net")))',
+          's = socket.socket()',
+          's.settimeout(2)',
+          `try:\n    s.connect(("127.0.0.1", ${port}))\n    print("connected", s.recv(100))\nexcept OSError as e:\n    print("refused", type(e).__name__)`,
+        ].join('\n'),
+      );
       expect(r.stdout).toBe("['lo']\nrefused ConnectionRefusedError\n");
     } finally {
       server.close();
@@ -176,12 +192,15 @@ describe('hostile code is contained, reported clearly, and the sandbox stays usa
   });
 
   it('code that ignores interrupts and a child that ignores SIGTERM are killed; the interpreter restarts', async () => {
-    const r = await run([
-      'import signal, subprocess',
-      'child = subprocess.Popen(["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])',
-      'signal.signal(signal.SIGINT, signal.SIG_IGN)',
-      'while True: pass',
-    ].join('\n'), 1);
+    const r = await run(
+      [
+        'import signal, subprocess',
+        'child = subprocess.Popen(["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])',
+        'signal.signal(signal.SIGINT, signal.SIG_IGN)',
+        'while True: pass',
+      ].join('\n'),
+      1,
+    );
     expect(r.error!.type).toBe('Timeout');
     expect(r.error!.message).toMatch(/did not stop when interrupted.*restarted/);
     expect(r.restarted).toBe(true);
@@ -206,11 +225,13 @@ describe('hostile code is contained, reported clearly, and the sandbox stays usa
     const marker = `/tmp/kiln-host-secret-${randomBytes(6).toString('hex')}`;
     writeFileSync(marker, 'top secret');
     try {
-      const r = await run([
-        'import os',
-        `print(os.path.exists(${JSON.stringify(marker)}), os.path.exists("/var/run/docker.sock"), os.path.exists("/run/docker.sock"))`,
-        'try:\n    open("/etc/shadow").read()\n    print("read shadow")\nexcept PermissionError:\n    print("denied")',
-      ].join('\n'));
+      const r = await run(
+        [
+          'import os',
+          `print(os.path.exists(${JSON.stringify(marker)}), os.path.exists("/var/run/docker.sock"), os.path.exists("/run/docker.sock"))`,
+          'try:\n    open("/etc/shadow").read()\n    print("read shadow")\nexcept PermissionError:\n    print("denied")',
+        ].join('\n'),
+      );
       expect(r.stdout).toBe('False False False\ndenied\n');
     } finally {
       rmSync(marker);
@@ -238,20 +259,25 @@ describe('the host does not trust what comes out of the sandbox', () => {
       await exec(t, team.key, session, 'x = 1');
       // The forged frame is a complete, well-formed result: before the runner was made
       // non-dumpable the host recorded it as the answer (exit 0, invented stdout).
-      const forged = await exec(t, team.key, session, [
-        'import json, os, struct',
-        'runner = os.getppid()',
-        'def attempt(what, fn):',
-        '    try:',
-        '        fn()',
-        '        print(what, "open")',
-        '    except OSError as e:',
-        '        print(what, type(e).__name__)',
-        'frame = json.dumps({"ev": "result", "id": "forged", "ok": True, "exit_code": 0, "stdout": "forged"}).encode()',
-        'attempt("stdout", lambda: os.write(os.open(f"/proc/{runner}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
-        'attempt("stdin", lambda: os.open(f"/proc/{runner}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
-        'attempt("mem", lambda: open(f"/proc/{runner}/mem", "rb").close())',
-      ].join('\n'));
+      const forged = await exec(
+        t,
+        team.key,
+        session,
+        [
+          'import json, os, struct',
+          'runner = os.getppid()',
+          'def attempt(what, fn):',
+          '    try:',
+          '        fn()',
+          '        print(what, "open")',
+          '    except OSError as e:',
+          '        print(what, type(e).__name__)',
+          'frame = json.dumps({"ev": "result", "id": "forged", "ok": True, "exit_code": 0, "stdout": "forged"}).encode()',
+          'attempt("stdout", lambda: os.write(os.open(f"/proc/{runner}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
+          'attempt("stdin", lambda: os.open(f"/proc/{runner}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
+          'attempt("mem", lambda: open(f"/proc/{runner}/mem", "rb").close())',
+        ].join('\n'),
+      );
       expect(forged.stdout).toBe('stdout PermissionError\nstdin PermissionError\nmem PermissionError\n');
       expect(forged.error).toBeUndefined();
       expect((await exec(t, team.key, session, 'x')).stdout).toBe('1\n');
@@ -267,22 +293,32 @@ describe('the host does not trust what comes out of the sandbox', () => {
       const { session } = await sessionIn(t, team);
       // The thread waits for the next cell's code on the interpreter's request pipe and
       // swaps in its own: approved code would not be the code that runs.
-      const r = await exec(t, team.key, session, [
-        'import json, sys, threading',
-        'worker = sys.modules["__main__"]',
-        'def steal():',
-        '    json.loads(worker.REQ.readline())',
-        '    worker.send({"ok": True, "exit_code": 0, "error": None, "artifacts": []})',
-        'threading.Thread(target=steal, daemon=True).start()',
-        'keep = 1',
-      ].join('\n'));
+      const r = await exec(
+        t,
+        team.key,
+        session,
+        [
+          'import json, sys, threading',
+          'worker = sys.modules["__main__"]',
+          'def steal():',
+          '    json.loads(worker.REQ.readline())',
+          '    worker.send({"ok": True, "exit_code": 0, "error": None, "artifacts": []})',
+          'threading.Thread(target=steal, daemon=True).start()',
+          'keep = 1',
+        ].join('\n'),
+      );
       expect(r.restarted).toBe(true);
       expect(r.stderr).toMatch(/left 1 thread\(s\) running.*interpreter was restarted and its variables are lost/);
       const next = await exec(t, team.key, session, 'print("approved")\n"keep" in dir()');
       expect(next.stdout).toBe('approved\nFalse\n');
       expect(next.restarted).toBe(false);
       // Threads the cell joined are gone: no restart.
-      const joined = await exec(t, team.key, session, 'import threading\nth = threading.Thread(target=lambda: None)\nth.start(); th.join()\nkeep = 2');
+      const joined = await exec(
+        t,
+        team.key,
+        session,
+        'import threading\nth = threading.Thread(target=lambda: None)\nth.start(); th.join()\nkeep = 2',
+      );
       expect(joined.restarted).toBe(false);
       expect((await exec(t, team.key, session, 'keep')).stdout).toBe('2\n');
     } finally {
@@ -295,12 +331,21 @@ describe('the host does not trust what comes out of the sandbox', () => {
     try {
       const team = await t.team('big-writer');
       const { session } = await sessionIn(t, team);
-      const r = (await exec(t, team.key, session, 'open("/workspace/big.bin", "wb").write(b"0" * 100_000)\nopen("/workspace/small.txt", "w").write("ok")')) as unknown as {
+      const r = (await exec(
+        t,
+        team.key,
+        session,
+        'open("/workspace/big.bin", "wb").write(b"0" * 100_000)\nopen("/workspace/small.txt", "w").write("ok")',
+      )) as unknown as {
         workspace: { commit: { paths: string[] }; refused: { path: string; reason: string }[] };
       };
       expect(r.workspace.commit.paths).toEqual(['small.txt']);
-      expect(r.workspace.refused).toEqual([{ path: 'big.bin', reason: expect.stringMatching(/100000 bytes is over the 65536-byte file limit/) }]);
-      expect((await exec(t, team.key, session, 'import os\nos.path.getsize("/workspace/big.bin")')).stdout).toBe('100000\n');
+      expect(r.workspace.refused).toEqual([
+        { path: 'big.bin', reason: expect.stringMatching(/100000 bytes is over the 65536-byte file limit/) },
+      ]);
+      expect((await exec(t, team.key, session, 'import os\nos.path.getsize("/workspace/big.bin")')).stdout).toBe(
+        '100000\n',
+      );
     } finally {
       await t.close();
     }
@@ -331,7 +376,12 @@ describe('one sandbox cannot starve another, or its own runner', () => {
   ].join('\n');
 
   it('every sandbox has its own uid, so exhausting a per-uid kernel limit (inotify) in one leaves the other able to use it', async () => {
-    const a = await exec(t, teams[0]!.key, sessions[0]!, `${inotify}\nheld = []\nwhile (fd := one()) >= 0:\n    held.append(fd)\nprint(len(held) > 0, fd == -24, os.getuid())`);
+    const a = await exec(
+      t,
+      teams[0]!.key,
+      sessions[0]!,
+      `${inotify}\nheld = []\nwhile (fd := one()) >= 0:\n    held.append(fd)\nprint(len(held) > 0, fd == -24, os.getuid())`,
+    );
     const b = await exec(t, teams[1]!.key, sessions[1]!, `${inotify}\nprint(one() >= 0, os.getuid())`);
     const [aOk, aFull, aUid] = a.stdout.trim().split(' ');
     const [bOk, bUid] = b.stdout.trim().split(' ');
@@ -343,19 +393,24 @@ describe('one sandbox cannot starve another, or its own runner', () => {
   it('filling every writable directory gives ENOSPC and the interpreter (and its variables) survive', async () => {
     const [team, session] = [teams[1]!, sessions[1]!];
     await exec(t, team.key, session, 'v = 42');
-    const r = await exec(t, team.key, session, [
-      'import errno, os',
-      'chunk = b"0" * (1024 * 1024)',
-      'for d in ("/tmp", "/workspace", os.environ["HOME"]):',
-      '    try:',
-      '        with open(f"{d}/fill.bin", "wb") as f:',
-      '            while True:',
-      '                f.write(chunk)',
-      '                f.flush()',
-      '    except OSError as e:',
-      '        print(d, errno.errorcode[e.errno])',
-      '    os.remove(f"{d}/fill.bin")',
-    ].join('\n'));
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      [
+        'import errno, os',
+        'chunk = b"0" * (1024 * 1024)',
+        'for d in ("/tmp", "/workspace", os.environ["HOME"]):',
+        '    try:',
+        '        with open(f"{d}/fill.bin", "wb") as f:',
+        '            while True:',
+        '                f.write(chunk)',
+        '                f.flush()',
+        '    except OSError as e:',
+        '        print(d, errno.errorcode[e.errno])',
+        '    os.remove(f"{d}/fill.bin")',
+      ].join('\n'),
+    );
     expect(r.stdout).toBe('/tmp ENOSPC\n/workspace ENOSPC\n/home/sandbox ENOSPC\n');
     expect(r.restarted).toBe(false);
     expect((await exec(t, team.key, session, 'v')).stdout).toBe('42\n');
@@ -364,7 +419,12 @@ describe('one sandbox cannot starve another, or its own runner', () => {
   it('1,200 nested directories in /workspace are synced without ending the runner', async () => {
     const [team, session] = [teams[0]!, sessions[0]!];
     await exec(t, team.key, session, 'v = 7');
-    const r = await exec(t, team.key, session, 'import os\np = "/workspace"\nfor _ in range(1200):\n    p += "/d"\n    os.mkdir(p)\nopen(p + "/deep.txt", "w").write("deep")');
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      'import os\np = "/workspace"\nfor _ in range(1200):\n    p += "/d"\n    os.mkdir(p)\nopen(p + "/deep.txt", "w").write("deep")',
+    );
     expect(r.error).toBeUndefined();
     const after = await exec(t, team.key, session, 'v');
     expect(after).toMatchObject({ stdout: '7\n', restarted: false, sandbox_id: r.sandbox_id });
@@ -373,7 +433,11 @@ describe('one sandbox cannot starve another, or its own runner', () => {
   it('GET of a session file that is a FIFO, a directory or a device is a clear 400 (not a hang), and PUT onto a FIFO is refused', async () => {
     const [team, session] = [teams[0]!, sessions[0]!];
     await exec(t, team.key, session, 'import os\nos.mkfifo("/tmp/pipe")\nos.mkdir("/tmp/dir")');
-    for (const [path, kind] of [['/tmp/pipe', 'a FIFO'], ['/tmp/dir', 'a directory'], ['/tmp/null', 'a character device']] as const) {
+    for (const [path, kind] of [
+      ['/tmp/pipe', 'a FIFO'],
+      ['/tmp/dir', 'a directory'],
+      ['/tmp/null', 'a character device'],
+    ] as const) {
       if (path === '/tmp/null') await exec(t, team.key, session, 'import os\nos.symlink("/dev/null", "/tmp/null")');
       const r = await t.call('GET', `/v1/sessions/${session}/files?path=${path}`, { key: team.key });
       expect(r.status, path).toBe(400);
@@ -387,28 +451,41 @@ describe('one sandbox cannot starve another, or its own runner', () => {
 
 describe('the host accepts only answers that match what it asked', () => {
   // A stand-in runner in a real container that answers each request wrongly in one way.
-  const fake = (answer: string) => [
-    'import json, struct, sys',
-    'out, inp = sys.stdout.buffer, sys.stdin.buffer',
-    'def send(m):',
-    '    b = json.dumps(m).encode()',
-    '    out.write(struct.pack(">I", len(b)) + b); out.flush()',
-    'send({"ev": "ready"})',
-    'n = struct.unpack(">I", inp.read(4))[0]',
-    'msg = json.loads(inp.read(n))',
-    `send(${answer})`,
-    'inp.read()',
-  ].join('\n');
+  const fake = (answer: string) =>
+    [
+      'import json, struct, sys',
+      'out, inp = sys.stdout.buffer, sys.stdin.buffer',
+      'def send(m):',
+      '    b = json.dumps(m).encode()',
+      '    out.write(struct.pack(">I", len(b)) + b); out.flush()',
+      'send({"ev": "ready"})',
+      'n = struct.unpack(">I", inp.read(4))[0]',
+      'msg = json.loads(inp.read(n))',
+      `send(${answer})`,
+      'inp.read()',
+    ].join('\n');
   const cases: [string, string, RegExp][] = [
     ['no pending request', '{"ev": "result", "id": "someone-else", "ok": True}', /result frame for no pending request/],
     ['the wrong kind', '{"ev": "file", "id": msg["id"], "data": ""}', /expecting result with file/],
-    ['other code', '{"ev": "result", "id": msg["id"], "ok": True, "exit_code": 0, "stdout": "forged", "code_sha256": "0" * 64}', /result for code other than what was sent/],
-    ['unasked changes', '{"ev": "result", "id": msg["id"], "ok": True, "code_sha256": __import__("hashlib").sha256(msg["code"].encode()).hexdigest(), "changes": {"changed": [], "deleted": ["README.md"], "skipped": []}}', /changes that were not asked for/],
+    [
+      'other code',
+      '{"ev": "result", "id": msg["id"], "ok": True, "exit_code": 0, "stdout": "forged", "code_sha256": "0" * 64}',
+      /result for code other than what was sent/,
+    ],
+    [
+      'unasked changes',
+      '{"ev": "result", "id": msg["id"], "ok": True, "code_sha256": __import__("hashlib").sha256(msg["code"].encode()).hexdigest(), "changes": {"changed": [], "deleted": ["README.md"], "skipped": []}}',
+      /changes that were not asked for/,
+    ],
   ];
   for (const [name, answer, reason] of cases) {
     it(`an answer for ${name} ends the runner instead of being recorded`, async () => {
       const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
-      const container = await docker.createContainer({ Image: image, Cmd: ['sleep', 'infinity'], HostConfig: { NetworkMode: 'none' } });
+      const container = await docker.createContainer({
+        Image: image,
+        Cmd: ['sleep', 'infinity'],
+        HostConfig: { NetworkMode: 'none' },
+      });
       try {
         await container.start();
         const client = await startRunner(docker, container, '65534:65534', 30_000, ['python3', '-c', fake(answer)]);

@@ -3,7 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { baseHash, ensureSandboxImage, mirrorFromSources, runnerHash, SANDBOX_REPO } from '../../sandbox-image/build.ts';
+import {
+  baseHash,
+  ensureSandboxImage,
+  mirrorFromSources,
+  runnerHash,
+  SANDBOX_REPO,
+} from '../../sandbox-image/build.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
@@ -11,7 +17,12 @@ const imageDir = fileURLToPath(new URL('../../sandbox-image', import.meta.url));
 
 /** Runs a command in a throwaway container of the image, with no network, and returns its output. */
 async function runInImage(image: string, cmd: string[], user?: string): Promise<{ code: number; out: string }> {
-  const container = await docker.createContainer({ Image: image, Cmd: cmd, User: user, HostConfig: { NetworkMode: 'none', AutoRemove: false } });
+  const container = await docker.createContainer({
+    Image: image,
+    Cmd: cmd,
+    User: user,
+    HostConfig: { NetworkMode: 'none', AutoRemove: false },
+  });
   try {
     await container.start();
     const { StatusCode } = await container.wait();
@@ -89,9 +100,11 @@ describe('sandbox image', () => {
   });
 
   it('finds the Debian mirror in both apt source formats, skipping the security archive', () => {
-    const deb822 = 'Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\nTypes: deb\nURIs: http://mirror.example/debian\n';
+    const deb822 =
+      'Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\nTypes: deb\nURIs: http://mirror.example/debian\n';
     expect(mirrorFromSources(deb822)).toBe('http://mirror.example/debian');
-    const classic = '# comment\ndeb [arch=amd64] http://mirror.example/debian bookworm main\ndeb http://mirror.example/debian-security bookworm-security main\n';
+    const classic =
+      '# comment\ndeb [arch=amd64] http://mirror.example/debian bookworm main\ndeb http://mirror.example/debian-security bookworm-security main\n';
     expect(mirrorFromSources(classic)).toBe('http://mirror.example/debian');
     expect(mirrorFromSources('# nothing here\n')).toBeUndefined();
   });

@@ -58,10 +58,18 @@ describe('sandbox lifecycle', () => {
     const { session } = await sessionIn(t, team);
     const r = await exec(t, team.key, session, 'print("audited")');
     const [row] = await t.database.db.select().from(executions).where(eq(executions.id, r.execution_id));
-    expect(row).toMatchObject({ sessionId: session, sandboxId: r.sandbox_id, exitCode: 0, truncated: false, stdoutBytes: 8 });
+    expect(row).toMatchObject({
+      sessionId: session,
+      sandboxId: r.sandbox_id,
+      exitCode: 0,
+      truncated: false,
+      stdoutBytes: 8,
+    });
     expect(row!.codeHash).toMatch(/^[0-9a-f]{64}$/);
     const audit = await t.call('GET', '/v1/audit?action=session.exec&limit=100', { key: team.key });
-    const event = audit.body.data.find((e: { after: { execution_id: string } }) => e.after.execution_id === r.execution_id);
+    const event = audit.body.data.find(
+      (e: { after: { execution_id: string } }) => e.after.execution_id === r.execution_id,
+    );
     expect(event).toMatchObject({ resource_id: session, after: { exit_code: 0, sandbox_id: r.sandbox_id } });
   });
 
@@ -138,7 +146,6 @@ describe('sandbox lifecycle', () => {
     const next = await exec(t, team.key, session, '"kept" in dir()');
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
   });
-
 });
 
 describe('hard lifetime', () => {
@@ -172,9 +179,15 @@ describe('concurrency and caps', () => {
       const team = await t.team('sixteen');
       const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'many' } })).body.id;
       const sessions = await Promise.all(
-        Array.from({ length: 16 }, async () => (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id as string),
+        Array.from(
+          { length: 16 },
+          async () =>
+            (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id as string,
+        ),
       );
-      const results = await Promise.all(sessions.map((s, i) => exec(t, team.key, s, `n = ${i}\nsum(range(100_000)) + n`)));
+      const results = await Promise.all(
+        sessions.map((s, i) => exec(t, team.key, s, `n = ${i}\nsum(range(100_000)) + n`)),
+      );
       for (const [i, r] of results.entries()) expect(r.stdout).toBe(`${4999950000 + i}\n`);
       expect(new Set(results.map((r) => r.sandbox_id)).size).toBe(16);
       const again = await Promise.all(sessions.map((s) => exec(t, team.key, s, 'n')));
@@ -193,11 +206,17 @@ describe('concurrency and caps', () => {
       const c = await sessionIn(t, team);
       await exec(t, team.key, a.session, 'print(1)');
       await exec(t, team.key, b.session, 'print(1)');
-      const over = await t.call('POST', `/v1/sessions/${c.session}/exec`, { key: team.key, body: { code: 'print(1)' } });
+      const over = await t.call('POST', `/v1/sessions/${c.session}/exec`, {
+        key: team.key,
+        body: { code: 'print(1)' },
+      });
       expect(over.status).toBe(429);
       expect(over.body.error.code).toBe('sandbox_unavailable');
       expect(over.headers.get('retry-after')).toBeTruthy();
-      const rows = await t.database.db.select().from(sandboxes).where(and(eq(sandboxes.teamId, team.id)));
+      const rows = await t.database.db
+        .select()
+        .from(sandboxes)
+        .where(and(eq(sandboxes.teamId, team.id)));
       expect(rows.filter((r) => r.state !== 'removed')).toHaveLength(2);
       // Another team is not affected by this team's cap.
       const other = await t.team('uncapped');

@@ -10,7 +10,8 @@ import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
-const exists = async (sandboxId: string) => (await docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${sandboxId}`] } })).length > 0;
+const exists = async (sandboxId: string) =>
+  (await docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${sandboxId}`] } })).length > 0;
 
 /** Two installations (two databases) on one Docker host never reap each other's sandboxes. */
 describe('sandbox ownership between installations', () => {

@@ -12,7 +12,8 @@ import { exec, sessionIn } from '../support/sandbox.ts';
 describe('workspace quotas', () => {
   let t: TestApp;
   let team: { id: string; key: string };
-  const git = (ws: string, ...args: string[]) => execFileSync('git', ['-C', t.workspaces.dirOf(ws), ...args], { encoding: 'utf8' });
+  const git = (ws: string, ...args: string[]) =>
+    execFileSync('git', ['-C', t.workspaces.dirOf(ws), ...args], { encoding: 'utf8' });
 
   beforeAll(async () => {
     t = await createTestApp();
@@ -23,19 +24,29 @@ describe('workspace quotas', () => {
   it('25,000 empty files in one step fail the step with a clear error and commit nothing; the sandbox copy is put back', async () => {
     const { session, ws } = await sessionIn(t, team, { sandbox: { max_files_per_step: 100 } });
     const head = git(ws, 'rev-parse', 'HEAD');
-    const r = await exec(t, team.key, session, [
-      'import os',
-      'os.makedirs("/workspace/many")',
-      'for i in range(25000): open(f"/workspace/many/{i}", "w").close()',
-      'open("/workspace/note.md", "w").write("kept?")',
-      'print("done")',
-    ].join('\n'));
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      [
+        'import os',
+        'os.makedirs("/workspace/many")',
+        'for i in range(25000): open(f"/workspace/many/{i}", "w").close()',
+        'open("/workspace/note.md", "w").write("kept?")',
+        'print("done")',
+      ].join('\n'),
+    );
     expect(r.stdout).toBe('done\n');
     expect(r.error).toMatchObject({ type: 'QuotaExceeded' });
     expect(r.error!.message).toContain('100 files');
     expect(git(ws, 'rev-parse', 'HEAD')).toBe(head);
     expect(git(ws, 'status', '--porcelain')).toBe('');
-    const after = await exec(t, team.key, session, 'import os; print(os.path.exists("/workspace/many"), os.path.exists("/workspace/note.md"))');
+    const after = await exec(
+      t,
+      team.key,
+      session,
+      'import os; print(os.path.exists("/workspace/many"), os.path.exists("/workspace/note.md"))',
+    );
     expect(after.stdout).toBe('False False\n');
     // Within the quota, steps commit as before.
     const ok = await exec(t, team.key, session, 'open("/workspace/small.md", "w").write("fine")');
@@ -46,7 +57,12 @@ describe('workspace quotas', () => {
   it('a step over its byte quota commits nothing, even though every file is under the file size limit', async () => {
     const { session, ws } = await sessionIn(t, team, { sandbox: { max_bytes_per_step: 1000 } });
     const head = git(ws, 'rev-parse', 'HEAD');
-    const r = await exec(t, team.key, session, 'for n in ("a", "b"): open(f"/workspace/{n}.txt", "w").write("x" * 600)');
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      'for n in ("a", "b"): open(f"/workspace/{n}.txt", "w").write("x" * 600)',
+    );
     expect(r.error).toMatchObject({ type: 'QuotaExceeded' });
     expect(r.error!.message).toContain('1000 bytes');
     expect(git(ws, 'rev-parse', 'HEAD')).toBe(head);
@@ -54,7 +70,13 @@ describe('workspace quotas', () => {
 
   it('a workspace over its total byte quota takes no more: from the sandbox or the files API', async () => {
     const { session, ws } = await sessionIn(t, team, { quota: { max_bytes: 60_000 } });
-    const used = Number(execFileSync('sh', ['-c', `find . -path ./.git -prune -o -type f -printf '%s\\n' | awk '{s+=$1} END {print s}'`], { cwd: t.workspaces.dirOf(ws), encoding: 'utf8' }));
+    const used = Number(
+      execFileSync(
+        'sh',
+        ['-c', `find . -path ./.git -prune -o -type f -printf '%s\\n' | awk '{s+=$1} END {print s}'`],
+        { cwd: t.workspaces.dirOf(ws), encoding: 'utf8' },
+      ),
+    );
     const room = 60_000 - used;
     expect(room).toBeGreaterThan(1000);
     const first = await exec(t, team.key, session, `open("/workspace/one.bin", "w").write("x" * ${room - 500})`);
@@ -64,7 +86,11 @@ describe('workspace quotas', () => {
     expect(second.error).toMatchObject({ type: 'QuotaExceeded' });
     expect(second.error!.message).toContain('60000 bytes');
     expect(git(ws, 'rev-parse', 'HEAD')).toBe(head);
-    const put = await t.call('PUT', `/v1/workspaces/${ws}/files?path=three.bin`, { key: team.key, raw: 'y'.repeat(1000), headers: { 'content-type': 'application/octet-stream' } });
+    const put = await t.call('PUT', `/v1/workspaces/${ws}/files?path=three.bin`, {
+      key: team.key,
+      raw: 'y'.repeat(1000),
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     expect(put.status).toBe(413);
     expect(put.body.error.message).toContain('60000 bytes');
     // Replacing a file with a smaller one still fits.
@@ -74,9 +100,15 @@ describe('workspace quotas', () => {
   });
 
   it('settings cannot raise a quota past the server-wide maximum', async () => {
-    const res = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'too-big', settings: { quota: { max_files: 0 } } } });
+    const res = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'too-big', settings: { quota: { max_files: 0 } } },
+    });
     expect(res.status).toBe(400);
-    const { ws } = await sessionIn(t, team, { sandbox: { max_files_per_step: 1_000_000 }, quota: { max_files: 10_000_000 } });
+    const { ws } = await sessionIn(t, team, {
+      sandbox: { max_files_per_step: 1_000_000 },
+      quota: { max_files: 10_000_000 },
+    });
     const row = (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body;
     const q = t.workspaces.quotaOf(row);
     expect(q.filesPerStep).toBeLessThan(1_000_000);
@@ -90,7 +122,10 @@ describe('reading committed files for the sandbox copies', () => {
     try {
       writeFileSync(join(dir, 'kept.txt'), 'kept');
       mkdirSync(join(dir, 'now-a-dir'));
-      const files = await readForSandboxes((p) => import('node:fs/promises').then((fs) => fs.readFile(join(dir, p))), ['kept.txt', 'now-a-dir', 'gone.txt']);
+      const files = await readForSandboxes(
+        (p) => import('node:fs/promises').then((fs) => fs.readFile(join(dir, p))),
+        ['kept.txt', 'now-a-dir', 'gone.txt'],
+      );
       expect(files).toEqual([
         { path: 'kept.txt', data: Buffer.from('kept') },
         { path: 'gone.txt', data: null },
@@ -104,7 +139,10 @@ describe('reading committed files for the sandbox copies', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-tar-'));
     try {
       writeFileSync(join(dir, 'big.bin'), Buffer.alloc(64 * 1024));
-      await expect(tarWorkspace(dir, 16 * 1024)).rejects.toMatchObject({ code: 'payload_too_large', message: expect.stringContaining('too large to copy into a sandbox') });
+      await expect(tarWorkspace(dir, 16 * 1024)).rejects.toMatchObject({
+        code: 'payload_too_large',
+        message: expect.stringContaining('too large to copy into a sandbox'),
+      });
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -21,20 +21,41 @@ describe('workspaces are git repositories', () => {
   beforeAll(async () => {
     t = await createTestApp({ maxFileBytes: 64 * 1024 });
     team = await t.team('repo');
-    ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'repo', settings: { evolution: { memory_max_entries: 5, memory_max_bytes: 2000 } } } })).body.id;
+    ws = (
+      await t.call('POST', '/v1/workspaces', {
+        key: team.key,
+        body: { name: 'repo', settings: { evolution: { memory_max_entries: 5, memory_max_bytes: 2000 } } },
+      })
+    ).body.id;
     dir = t.workspaces.dirOf(ws);
   });
   afterAll(() => t.close());
 
   it('starts from the template with one system commit', async () => {
-    for (const f of ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md', 'tools/README.md', 'skills/builtin/memory-keeping/SKILL.md']) {
+    for (const f of [
+      'AGENT.md',
+      'RULE.md',
+      'USER.md',
+      'MEMORY.md',
+      'SPEC.md',
+      'PYTHON.md',
+      'knowledge/index.md',
+      'tools/README.md',
+      'skills/builtin/memory-keeping/SKILL.md',
+    ]) {
       expect(existsSync(join(dir, f)), f).toBe(true);
     }
     const log = await t.call('GET', `/v1/workspaces/${ws}/commits`, { key: team.key });
     expect(log.body.data).toHaveLength(1);
-    expect(log.body.data[0]).toMatchObject({ kind: 'system', author: 'system', summary: 'Create workspace from template' });
+    expect(log.body.data[0]).toMatchObject({
+      kind: 'system',
+      author: 'system',
+      summary: 'Create workspace from template',
+    });
     const listing = await t.call('GET', `/v1/workspaces/${ws}/files`, { key: team.key });
-    expect(listing.body.entries.map((e: { name: string }) => e.name)).toEqual(expect.arrayContaining(['AGENT.md', 'knowledge', 'skills']));
+    expect(listing.body.entries.map((e: { name: string }) => e.name)).toEqual(
+      expect.arrayContaining(['AGENT.md', 'knowledge', 'skills']),
+    );
     expect(listing.body.entries.map((e: { name: string }) => e.name)).not.toContain('.git');
   });
 
@@ -46,7 +67,13 @@ describe('workspaces are git repositories', () => {
     expect(body).toContain('Kiln-Kind: memory');
     expect(body).toContain('Kiln-Author: user');
     expect(git(dir, 'log', '-1', '--format=%(trailers:key=Kiln-Actor,valueonly)').trim()).toMatch(/^key_/);
-    for (const [path, kind] of [['skills/report/SKILL.md', 'skill'], ['knowledge/pricing.md', 'knowledge'], ['AGENT.md', 'prompt'], ['tools/util.py', 'source'], ['data/raw.csv', 'user']] as const) {
+    for (const [path, kind] of [
+      ['skills/report/SKILL.md', 'skill'],
+      ['knowledge/pricing.md', 'knowledge'],
+      ['AGENT.md', 'prompt'],
+      ['tools/util.py', 'source'],
+      ['data/raw.csv', 'user'],
+    ] as const) {
       const c = await put(path, `content of ${path}\n`);
       expect(c.body.commit.kind, path).toBe(kind);
     }
@@ -59,7 +86,11 @@ describe('workspaces are git repositories', () => {
     const one = await t.call('GET', `/v1/workspaces/${ws}/commits/${r.body.commit.sha}`, { key: team.key });
     expect(one.body.diff).toContain('+- Deploys happen on Fridays.');
     const content = await t.call('GET', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: team.key });
-    expect(content.body).toMatchObject({ type: 'file', encoding: 'utf-8', content: '# Core memory\n\n- Deploys happen on Fridays.\n' });
+    expect(content.body).toMatchObject({
+      type: 'file',
+      encoding: 'utf-8',
+      content: '# Core memory\n\n- Deploys happen on Fridays.\n',
+    });
     const same = await put('MEMORY.md', '# Core memory\n\n- Deploys happen on Fridays.\n');
     expect(same.body.commit).toBeNull();
   });
@@ -79,9 +110,15 @@ describe('workspaces are git repositories', () => {
   it('reverts with a new commit; reverting a memory commit restores MEMORY.md byte for byte', async () => {
     const before = readFileSync(join(dir, 'MEMORY.md'));
     const change = await put('MEMORY.md', `${before.toString()}- Staging runs on port 8080.\n`);
-    const rev = await t.call('POST', `/v1/workspaces/${ws}/commits/${change.body.commit.sha}/revert`, { key: team.key });
+    const rev = await t.call('POST', `/v1/workspaces/${ws}/commits/${change.body.commit.sha}/revert`, {
+      key: team.key,
+    });
     expect(rev.status).toBe(201);
-    expect(rev.body.commit).toMatchObject({ kind: 'memory', author: 'user', summary: expect.stringMatching(/^Revert "/) });
+    expect(rev.body.commit).toMatchObject({
+      kind: 'memory',
+      author: 'user',
+      summary: expect.stringMatching(/^Revert "/),
+    });
     expect(readFileSync(join(dir, 'MEMORY.md')).equals(before)).toBe(true);
     expect(git(dir, 'log', '-1', '--format=%B')).toContain(`Kiln-Reverts: ${change.body.commit.sha}`);
     // History is never rewritten: the reverted commit is still there.
@@ -110,7 +147,16 @@ describe('workspaces are git repositories', () => {
     git(dir, 'add', '-A');
     git(dir, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'test link');
     const head = git(dir, 'rev-parse', 'HEAD');
-    for (const bad of ['../escape.md', '/etc/passwd', '.git/config', 'a/.git/x', 'a/../../b', 'links/out/passwd', 'a//b', '']) {
+    for (const bad of [
+      '../escape.md',
+      '/etc/passwd',
+      '.git/config',
+      'a/.git/x',
+      'a/../../b',
+      'links/out/passwd',
+      'a//b',
+      '',
+    ]) {
       const r = await put(bad, 'x');
       expect(r.status, bad).toBe(400);
       expect(r.body.error.code).toBe('invalid_request');
@@ -134,9 +180,15 @@ describe('workspaces are git repositories', () => {
     writeFileSync(join(dir, 'skills/builtin/new-one.md'), 'sneaky');
     writeFileSync(join(dir, 'ok.md'), 'fine\n');
     const row = (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body;
-    const outcome = await t.workspaces.commitPending({ ...row, teamId: team.id, createdAt: new Date(), updatedAt: new Date(), deletedAt: null }, { author: 'agent', sessionId: 'ses_x', runId: 'run_y' });
+    const outcome = await t.workspaces.commitPending(
+      { ...row, teamId: team.id, createdAt: new Date(), updatedAt: new Date(), deletedAt: null },
+      { author: 'agent', sessionId: 'ses_x', runId: 'run_y' },
+    );
     expect(outcome.commit!.paths).toEqual(['ok.md']);
-    expect(outcome.refused.map((r) => r.path).sort()).toEqual(['skills/builtin/memory-keeping/SKILL.md', 'skills/builtin/new-one.md']);
+    expect(outcome.refused.map((r) => r.path).sort()).toEqual([
+      'skills/builtin/memory-keeping/SKILL.md',
+      'skills/builtin/new-one.md',
+    ]);
     expect(readFileSync(file, 'utf8')).toBe(original);
     expect(existsSync(join(dir, 'skills/builtin/new-one.md'))).toBe(false);
     const msg = git(dir, 'log', '-1', '--format=%B');
@@ -149,9 +201,16 @@ describe('workspaces are git repositories', () => {
     const fakeAws = ['AKIA', 'ABCDEFGHIJKLMNOP'].join('');
     const fakeGh = `ghp_${'a1B2'.repeat(9)}`;
     const pem = ['-----BEGIN RSA PRIVATE KEY-----', 'MIIEowIBAAKCAQEAx', '-----END RSA PRIVATE KEY-----'].join('\n');
-    const r = await put('knowledge/creds.md', `# Creds\naws: ${fakeAws}\ntoken = "${fakeGh}"\n${pem}\nnothing secret here\n`);
+    const r = await put(
+      'knowledge/creds.md',
+      `# Creds\naws: ${fakeAws}\ntoken = "${fakeGh}"\n${pem}\nnothing secret here\n`,
+    );
     expect(r.status).toBe(200);
-    expect(r.body.redactions.map((x: { type: string }) => x.type).sort()).toEqual(['aws_access_key', 'github_token', 'private_key']);
+    expect(r.body.redactions.map((x: { type: string }) => x.type).sort()).toEqual([
+      'aws_access_key',
+      'github_token',
+      'private_key',
+    ]);
     expect(r.body.redactions.find((x: { type: string }) => x.type === 'aws_access_key').line).toBe(2);
     const onDisk = readFileSync(join(dir, 'knowledge/creds.md'), 'utf8');
     const committed = git(dir, 'show', 'HEAD:knowledge/creds.md');
@@ -207,10 +266,17 @@ describe('names git refuses never reach git; git never fails on a name we accept
     team = await t.team('names');
   });
   afterAll(() => t.close());
-  const newWs = async (name: string) => (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
+  const newWs = async (name: string) =>
+    (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
   const put = (ws: string, path: string, content: string) =>
     t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, { key: team.key, raw: content });
-  const row = async (ws: string) => ({ ...(await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body, teamId: team.id, createdAt: new Date(), updatedAt: new Date(), deletedAt: null });
+  const row = async (ws: string) => ({
+    ...(await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body,
+    teamId: team.id,
+    createdAt: new Date(),
+    updatedAt: new Date(),
+    deletedAt: null,
+  });
 
   it('every hostile name, at the top and nested, is refused with a 400 or committed; commits keep working', async () => {
     const ws = await newWs('hostile');
@@ -229,7 +295,18 @@ describe('names git refuses never reach git; git never fails on a name we accept
         expect(git(dir, 'cat-file', '-p', `HEAD:${path}`)).toBe('* working-tree-encoding=UTF-16\n');
       }
     }
-    for (const refused of ['.git.', '.git ', 'git~1', 'GIT~1', '.git::$INDEX_ALLOCATION', '.g\u200cit', '.gitattributes', '.gitignore', '.gitmodules', 'line\nbreak']) {
+    for (const refused of [
+      '.git.',
+      '.git ',
+      'git~1',
+      'GIT~1',
+      '.git::$INDEX_ALLOCATION',
+      '.g\u200cit',
+      '.gitattributes',
+      '.gitignore',
+      '.gitmodules',
+      'line\nbreak',
+    ]) {
       expect((await put(ws, `d/${refused}`, 'x')).status, JSON.stringify(refused)).toBe(400);
     }
     expect(accepted).toBeGreaterThan(40);
@@ -249,7 +326,10 @@ describe('names git refuses never reach git; git never fails on a name we accept
     writeFileSync(join(dir, '.gitignore'), '*.md\nhidden/\n');
     mkdirSync(join(dir, 'knowledge/deep'), { recursive: true });
     writeFileSync(join(dir, 'knowledge/deep/.gitignore'), '*\n');
-    writeFileSync(join(dir, '.gitattributes'), '* working-tree-encoding=UTF-16\n* filter=evil diff=evil merge=evil text eol=crlf ident\n');
+    writeFileSync(
+      join(dir, '.gitattributes'),
+      '* working-tree-encoding=UTF-16\n* filter=evil diff=evil merge=evil text eol=crlf ident\n',
+    );
     mkdirSync(join(dir, 'hidden'));
     const token = `ghp_${'Qq7'.repeat(12)}`;
     writeFileSync(join(dir, 'hidden/creds.txt'), `token: ${token}\n`);
@@ -258,7 +338,12 @@ describe('names git refuses never reach git; git never fails on a name we accept
     writeFileSync(join(dir, '.git. /config'), 'x');
     const outcome = await t.workspaces.commitPending(await row(ws), { author: 'agent' });
     expect(outcome.commit!.paths).toEqual(['hidden/creds.txt', 'knowledge/deep/notes.md']);
-    expect(outcome.refused.map((r) => r.path).sort()).toEqual(['.git. ', '.gitattributes', '.gitignore', 'knowledge/deep/.gitignore']);
+    expect(outcome.refused.map((r) => r.path).sort()).toEqual([
+      '.git. ',
+      '.gitattributes',
+      '.gitignore',
+      'knowledge/deep/.gitignore',
+    ]);
     expect(outcome.redactions.map((r) => r.path)).toEqual(['hidden/creds.txt']);
     expect(git(dir, 'show', 'HEAD:hidden/creds.txt')).not.toContain(token);
     // Stored byte for byte: no attribute converted anything.
@@ -267,7 +352,10 @@ describe('names git refuses never reach git; git never fails on a name we accept
     expect(git(dir, 'ls-files', '-z', '--others', '--modified')).toBe('');
     expect((await put(ws, 'knowledge/after.md', 'fine\n')).body.commit.paths).toEqual(['knowledge/after.md']);
     // One an older version committed stays in the tree, and still changes nothing.
-    writeFileSync(join(dir, '.gitattributes'), '[attr]evil filter=evil text\n* working-tree-encoding=UTF-16 evil ident eol=crlf diff=evil merge=evil\n');
+    writeFileSync(
+      join(dir, '.gitattributes'),
+      '[attr]evil filter=evil text\n* working-tree-encoding=UTF-16 evil ident eol=crlf diff=evil merge=evil\n',
+    );
     const blob = git(dir, 'hash-object', '-w', '--no-filters', '.gitattributes').trim();
     git(dir, 'update-index', '--add', '--cacheinfo', `100644,${blob},.gitattributes`);
     git(dir, '-c', 'user.name=old', '-c', 'user.email=old@old', 'commit', '-qm', 'committed by an older version');
@@ -328,7 +416,10 @@ describe('names git refuses never reach git; git never fails on a name we accept
 
     execFileSync('rm', ['-rf', join(brokenDir, 'embedded')]);
     await t.workspaces.repairAll();
-    expect((await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body).toMatchObject({ repair_error: null, repair_failed_at: null });
+    expect((await t.call('GET', `/v1/workspaces/${broken}`, { key: team.key })).body).toMatchObject({
+      repair_error: null,
+      repair_failed_at: null,
+    });
     expect(git(brokenDir, 'show', '--name-only', '--format=', 'HEAD').trim()).toBe('kept.md');
   });
 });

@@ -20,9 +20,14 @@ describe('smoke', () => {
     const ready = await t.call('GET', '/readyz');
     expect(ready.status).toBe(503);
     expect(ready.body.checks.database).toEqual({ ok: true });
-    expect(ready.body.checks.docker).toEqual({ ok: false, error: expect.stringContaining('without a container runtime') });
+    expect(ready.body.checks.docker).toEqual({
+      ok: false,
+      error: expect.stringContaining('without a container runtime'),
+    });
     const doc = await t.call('GET', '/openapi.json');
-    expect(Object.keys(doc.body.paths)).toEqual(expect.arrayContaining(['/v1/teams', '/v1/workspaces', '/v1/sessions/{session}/messages']));
+    expect(Object.keys(doc.body.paths)).toEqual(
+      expect.arrayContaining(['/v1/teams', '/v1/workspaces', '/v1/sessions/{session}/messages']),
+    );
   });
 
   it('authenticates, validates and serves a team, a workspace and a session', async () => {
@@ -40,7 +45,10 @@ describe('smoke', () => {
     // Running code needs a sandbox: a clear 503 in the error envelope, and nothing left behind.
     const run = await t.call('POST', `/v1/sessions/${ses.body.id}/exec`, { key: team.key, body: { code: 'print(1)' } });
     expect(run.status).toBe(503);
-    expect(run.body.error).toMatchObject({ code: 'unavailable', message: expect.stringContaining('sandboxes are off') });
+    expect(run.body.error).toMatchObject({
+      code: 'unavailable',
+      message: expect.stringContaining('sandboxes are off'),
+    });
     expect((await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data).toEqual([]);
   });
 });

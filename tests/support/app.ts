@@ -96,7 +96,9 @@ export async function createTestApp(
     KILN_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes ?? 1024 * 1024),
     KILN_RATE_LIMIT_PER_MINUTE: String(opts.rateLimit?.perMinute ?? 1_000_000),
     KILN_RATE_LIMIT_BURST: String(opts.rateLimit?.burst ?? 1_000_000),
-    ...(opts.model ? { OPENAI_BASE_URL: opts.model.baseURL, OPENAI_API_KEY: 'test-key', KILN_MODEL: opts.model.model } : {}),
+    ...(opts.model
+      ? { OPENAI_BASE_URL: opts.model.baseURL, OPENAI_API_KEY: 'test-key', KILN_MODEL: opts.model.model }
+      : {}),
     KILN_MODEL_MAX_RETRIES: String(opts.model?.maxRetries ?? 0),
     KILN_MODEL_TIMEOUT_S: '30',
     // Jobs are run by the tests (evolution.jobs.drain()), not by a poller.
@@ -129,7 +131,11 @@ export async function createTestApp(
     }
     const res = await app.request(path, { method, headers, body });
     const ct = res.headers.get('content-type') ?? '';
-    return { status: res.status, headers: res.headers, body: ct.includes('json') ? await res.json() : await res.text() };
+    return {
+      status: res.status,
+      headers: res.headers,
+      body: ct.includes('json') ? await res.json() : await res.text(),
+    };
   };
 
   return {
@@ -143,7 +149,10 @@ export async function createTestApp(
     async team(name, role = 'owner') {
       const t = await call('POST', '/v1/teams', { key: adminKey, body: { name } });
       if (t.status !== 201) throw new Error(`team create failed: ${JSON.stringify(t.body)}`);
-      const k = await call('POST', `/v1/teams/${t.body.id}/keys`, { key: adminKey, body: { name: `${role} key`, role } });
+      const k = await call('POST', `/v1/teams/${t.body.id}/keys`, {
+        key: adminKey,
+        body: { name: `${role} key`, role },
+      });
       if (k.status !== 201) throw new Error(`key create failed: ${JSON.stringify(k.body)}`);
       return { id: t.body.id, key: k.body.key };
     },

@@ -4,7 +4,9 @@ import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 
 export const gitSync = (dir: string, ...args: string[]) =>
-  execFileSync('git', ['-C', dir, '-c', 'user.name=test', '-c', 'user.email=test@kiln.invalid', ...args], { encoding: 'utf8' }).trim();
+  execFileSync('git', ['-C', dir, '-c', 'user.name=test', '-c', 'user.email=test@kiln.invalid', ...args], {
+    encoding: 'utf8',
+  }).trim();
 
 /**
  * A git checkout of the project as it is in `root` now, uncommitted changes included (committed
@@ -12,7 +14,10 @@ export const gitSync = (dir: string, ...args: string[]) =>
  */
 export function cloneProject(root: string, dest: string): void {
   execFileSync('git', ['clone', '-q', root, dest]);
-  const list = (...args: string[]) => execFileSync('git', ['-C', root, 'ls-files', '-z', ...args], { encoding: 'utf8' }).split('\0').filter(Boolean);
+  const list = (...args: string[]) =>
+    execFileSync('git', ['-C', root, 'ls-files', '-z', ...args], { encoding: 'utf8' })
+      .split('\0')
+      .filter(Boolean);
   for (const f of list('--cached', '--others', '--exclude-standard')) {
     if (!existsSync(join(root, f))) continue;
     mkdirSync(dirname(join(dest, f)), { recursive: true });

@@ -9,7 +9,9 @@ export async function tableCounts(db: Db): Promise<Record<string, number>> {
   );
   const out: Record<string, number> = {};
   for (const { table_name } of tables) {
-    out[table_name] = rowsOf<{ n: number }>(await db.execute(sql`select count(*)::int as n from ${sql.identifier(table_name)}`))[0]!.n;
+    out[table_name] = rowsOf<{ n: number }>(
+      await db.execute(sql`select count(*)::int as n from ${sql.identifier(table_name)}`),
+    )[0]!.n;
   }
   return out;
 }

@@ -70,12 +70,18 @@ export interface Refusal {
   code: string | null;
 }
 
-const refuse = (message: string, param: string | null, code: string | null = null): Refusal => ({ message, type: 'invalid_request_error', param, code });
+const refuse = (message: string, param: string | null, code: string | null = null): Refusal => ({
+  message,
+  type: 'invalid_request_error',
+  param,
+  code,
+});
 const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
 const TOOL_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
 const SCHEMA_TYPES = new Set(['object', 'string', 'number', 'integer', 'boolean', 'array', 'null']);
 const isObject = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v);
-const filled = (content: unknown) => (typeof content === 'string' ? content.length > 0 : Array.isArray(content) && content.length > 0);
+const filled = (content: unknown) =>
+  typeof content === 'string' ? content.length > 0 : Array.isArray(content) && content.length > 0;
 
 /** What is wrong with a JSON schema, as far as function parameters go (null: nothing). */
 function schemaProblem(s: unknown, at: string): string | null {
@@ -89,7 +95,11 @@ function schemaProblem(s: unknown, at: string): string | null {
       if (p) return p;
     }
   }
-  if (s.required !== undefined && (!Array.isArray(s.required) || s.required.some((r: unknown) => typeof r !== 'string'))) return `${at}.required must be an array of strings`;
+  if (
+    s.required !== undefined &&
+    (!Array.isArray(s.required) || s.required.some((r: unknown) => typeof r !== 'string'))
+  )
+    return `${at}.required must be an array of strings`;
   if (s.items !== undefined) return schemaProblem(s.items, `${at}.items`);
   if (s.enum !== undefined && (!Array.isArray(s.enum) || !s.enum.length)) return `${at}.enum must be a non-empty array`;
   return null;
@@ -104,24 +114,55 @@ function schemaProblem(s: unknown, at: string): string | null {
  */
 export function refusal(body: any): Refusal | null {
   if (!isObject(body)) return refuse('We could not parse the JSON body of your request.', null);
-  if (typeof body.model !== 'string' || !body.model) return refuse("Missing required parameter: 'model'.", 'model', 'missing_required_parameter');
-  if (!Array.isArray(body.messages)) return refuse("Missing required parameter: 'messages'.", 'messages', 'missing_required_parameter');
-  if (!body.messages.length) return refuse("Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", 'messages', 'empty_array');
+  if (typeof body.model !== 'string' || !body.model)
+    return refuse("Missing required parameter: 'model'.", 'model', 'missing_required_parameter');
+  if (!Array.isArray(body.messages))
+    return refuse("Missing required parameter: 'messages'.", 'messages', 'missing_required_parameter');
+  if (!body.messages.length)
+    return refuse(
+      "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+      'messages',
+      'empty_array',
+    );
   if (body.tools !== undefined) {
-    if (!Array.isArray(body.tools) || !body.tools.length) return refuse("Invalid 'tools': empty array. Expected an array with minimum length 1.", 'tools', 'empty_array');
+    if (!Array.isArray(body.tools) || !body.tools.length)
+      return refuse("Invalid 'tools': empty array. Expected an array with minimum length 1.", 'tools', 'empty_array');
     const names = new Set<string>();
     for (const [i, tool] of body.tools.entries()) {
       const fn = isObject(tool) ? tool.function : undefined;
-      if (!isObject(tool) || tool.type !== 'function' || !isObject(fn)) return refuse(`Invalid 'tools[${i}]': expected {type: 'function', function: {...}}.`, `tools[${i}]`, 'invalid_type');
+      if (!isObject(tool) || tool.type !== 'function' || !isObject(fn))
+        return refuse(
+          `Invalid 'tools[${i}]': expected {type: 'function', function: {...}}.`,
+          `tools[${i}]`,
+          'invalid_type',
+        );
       if (typeof fn.name !== 'string' || !TOOL_NAME.test(fn.name)) {
-        return refuse(`Invalid 'tools[${i}].function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.`, `tools[${i}].function.name`, 'invalid_value');
+        return refuse(
+          `Invalid 'tools[${i}].function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.`,
+          `tools[${i}].function.name`,
+          'invalid_value',
+        );
       }
-      if (names.has(fn.name)) return refuse(`Invalid 'tools': duplicate function name '${fn.name}'.`, 'tools', 'invalid_value');
+      if (names.has(fn.name))
+        return refuse(`Invalid 'tools': duplicate function name '${fn.name}'.`, 'tools', 'invalid_value');
       names.add(fn.name);
-      if (fn.description !== undefined && typeof fn.description !== 'string') return refuse(`Invalid type for 'tools[${i}].function.description'.`, `tools[${i}].function.description`, 'invalid_type');
+      if (fn.description !== undefined && typeof fn.description !== 'string')
+        return refuse(
+          `Invalid type for 'tools[${i}].function.description'.`,
+          `tools[${i}].function.description`,
+          'invalid_type',
+        );
       if (fn.parameters !== undefined) {
-        const problem = isObject(fn.parameters) && fn.parameters.type !== 'object' ? `schema must be a JSON Schema of 'type: "object"'` : schemaProblem(fn.parameters, 'parameters');
-        if (problem) return refuse(`Invalid schema for function '${fn.name}': ${problem}.`, `tools[${i}].function.parameters`, 'invalid_function_parameters');
+        const problem =
+          isObject(fn.parameters) && fn.parameters.type !== 'object'
+            ? `schema must be a JSON Schema of 'type: "object"'`
+            : schemaProblem(fn.parameters, 'parameters');
+        if (problem)
+          return refuse(
+            `Invalid schema for function '${fn.name}': ${problem}.`,
+            `tools[${i}].function.parameters`,
+            'invalid_function_parameters',
+          );
       }
     }
   }
@@ -129,16 +170,34 @@ export function refusal(body: any): Refusal | null {
   /** Ids of the last assistant message's calls still waiting for their tool message. */
   const open = new Set<string>();
   for (const [i, m] of body.messages.entries()) {
-    if (!isObject(m)) return refuse(`Invalid type for 'messages[${i}]': expected an object.`, `messages[${i}]`, 'invalid_type');
+    if (!isObject(m))
+      return refuse(`Invalid type for 'messages[${i}]': expected an object.`, `messages[${i}]`, 'invalid_type');
     if (!ROLES.includes(m.role)) {
-      return refuse(`Invalid value: '${m.role}'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'.`, `messages[${i}].role`, 'invalid_value');
+      return refuse(
+        `Invalid value: '${m.role}'. Supported values are: 'system', 'assistant', 'user', 'tool', and 'developer'.`,
+        `messages[${i}].role`,
+        'invalid_value',
+      );
     }
     if (m.role === 'tool') {
-      if (typeof m.tool_call_id !== 'string' || !m.tool_call_id) return refuse(`Missing required parameter: 'messages[${i}].tool_call_id'.`, `messages[${i}].tool_call_id`, 'missing_required_parameter');
+      if (typeof m.tool_call_id !== 'string' || !m.tool_call_id)
+        return refuse(
+          `Missing required parameter: 'messages[${i}].tool_call_id'.`,
+          `messages[${i}].tool_call_id`,
+          'missing_required_parameter',
+        );
       if (!open.delete(m.tool_call_id)) {
-        return refuse("Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.", `messages.[${i}].role`);
+        return refuse(
+          "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+          `messages.[${i}].role`,
+        );
       }
-      if (!filled(m.content)) return refuse(`Invalid 'messages[${i}].content': a tool message needs content.`, `messages[${i}].content`, 'invalid_value');
+      if (!filled(m.content))
+        return refuse(
+          `Invalid 'messages[${i}].content': a tool message needs content.`,
+          `messages[${i}].content`,
+          'invalid_value',
+        );
       continue;
     }
     if (open.size) {
@@ -148,23 +207,51 @@ export function refusal(body: any): Refusal | null {
       );
     }
     if (m.role !== 'assistant') {
-      if (!filled(m.content)) return refuse(`Invalid value for 'messages[${i}].content': expected a non-empty string or array of content parts.`, `messages[${i}].content`, 'invalid_value');
+      if (!filled(m.content))
+        return refuse(
+          `Invalid value for 'messages[${i}].content': expected a non-empty string or array of content parts.`,
+          `messages[${i}].content`,
+          'invalid_value',
+        );
       continue;
     }
     if (m.tool_calls === undefined || m.tool_calls === null) {
-      if (!filled(m.content)) return refuse(`Invalid value for 'messages[${i}].content': expected a string, got ${JSON.stringify(m.content ?? null)}.`, `messages[${i}].content`, 'invalid_value');
+      if (!filled(m.content))
+        return refuse(
+          `Invalid value for 'messages[${i}].content': expected a string, got ${JSON.stringify(m.content ?? null)}.`,
+          `messages[${i}].content`,
+          'invalid_value',
+        );
       continue;
     }
-    if (!Array.isArray(m.tool_calls) || !m.tool_calls.length) return refuse(`Invalid 'messages[${i}].tool_calls': empty array. Expected an array with minimum length 1.`, `messages[${i}].tool_calls`, 'empty_array');
+    if (!Array.isArray(m.tool_calls) || !m.tool_calls.length)
+      return refuse(
+        `Invalid 'messages[${i}].tool_calls': empty array. Expected an array with minimum length 1.`,
+        `messages[${i}].tool_calls`,
+        'empty_array',
+      );
     if (m.content !== null && m.content !== undefined && typeof m.content !== 'string' && !Array.isArray(m.content)) {
       return refuse(`Invalid type for 'messages[${i}].content'.`, `messages[${i}].content`, 'invalid_type');
     }
     for (const [j, c] of m.tool_calls.entries()) {
       const at = `messages[${i}].tool_calls[${j}]`;
-      if (!isObject(c) || typeof c.id !== 'string' || !c.id || c.type !== 'function' || !isObject(c.function) || typeof c.function.name !== 'string' || typeof c.function.arguments !== 'string') {
-        return refuse(`Invalid '${at}': expected {id, type: 'function', function: {name, arguments: string}}.`, at, 'invalid_value');
+      if (
+        !isObject(c) ||
+        typeof c.id !== 'string' ||
+        !c.id ||
+        c.type !== 'function' ||
+        !isObject(c.function) ||
+        typeof c.function.name !== 'string' ||
+        typeof c.function.arguments !== 'string'
+      ) {
+        return refuse(
+          `Invalid '${at}': expected {id, type: 'function', function: {name, arguments: string}}.`,
+          at,
+          'invalid_value',
+        );
       }
-      if (called.has(c.id)) return refuse(`Invalid '${at}.id': duplicate tool call id '${c.id}'.`, `${at}.id`, 'invalid_value');
+      if (called.has(c.id))
+        return refuse(`Invalid '${at}.id': duplicate tool call id '${c.id}'.`, `${at}.id`, 'invalid_value');
       called.add(c.id);
       open.add(c.id);
     }
@@ -186,17 +273,31 @@ function chatChunks(reply: Reply, model: string, includeUsage: boolean): string[
   const out = [frame({ role: 'assistant', content: '' })];
   const text = reply.content ?? '';
   // Split the text into a few pieces so clients really have to assemble deltas.
-  for (let i = 0; i < text.length; i += Math.max(1, Math.ceil(text.length / 4))) out.push(frame({ content: text.slice(i, i + Math.ceil(text.length / 4)) }));
+  for (let i = 0; i < text.length; i += Math.max(1, Math.ceil(text.length / 4)))
+    out.push(frame({ content: text.slice(i, i + Math.ceil(text.length / 4)) }));
   (reply.tool_calls ?? []).forEach((call, index) => {
     const args = typeof call.arguments === 'string' ? call.arguments : JSON.stringify(call.arguments);
     const half = Math.ceil(args.length / 2);
-    out.push(frame({ tool_calls: [{ index, id: call.id ?? `call_${index}_${id.slice(-6)}`, type: 'function', function: { name: call.name, arguments: args.slice(0, half) } }] }));
+    out.push(
+      frame({
+        tool_calls: [
+          {
+            index,
+            id: call.id ?? `call_${index}_${id.slice(-6)}`,
+            type: 'function',
+            function: { name: call.name, arguments: args.slice(0, half) },
+          },
+        ],
+      }),
+    );
     out.push(frame({ tool_calls: [{ index, function: { arguments: args.slice(half) } }] }));
   });
   out.push(frame({}, reply.tool_calls?.length ? 'tool_calls' : 'stop'));
   if (includeUsage) {
     const usage = reply.usage ?? { prompt_tokens: 100, completion_tokens: Math.max(1, Math.ceil(text.length / 4)) };
-    out.push(`data: ${JSON.stringify({ ...base, choices: [], usage: { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens } })}\n\n`);
+    out.push(
+      `data: ${JSON.stringify({ ...base, choices: [], usage: { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens } })}\n\n`,
+    );
   }
   out.push('data: [DONE]\n\n');
   return out;
@@ -224,7 +325,8 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
         return send(400, { error: refused });
       }
       const reply = queue.shift();
-      if (!reply) return send(500, { error: { message: 'the fake model has no scripted answer left', type: 'server_error' } });
+      if (!reply)
+        return send(500, { error: { message: 'the fake model has no scripted answer left', type: 'server_error' } });
       if (reply.hang) {
         req.socket.on('close', () => {
           res.destroy();
@@ -234,11 +336,16 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
         return;
       }
       if (reply.until) await reply.until;
-      if (reply.status) return send(reply.status, { error: { type: 'invalid_request_error', code: null, ...reply.error } });
-      const usage = reply.usage ?? { prompt_tokens: 100, completion_tokens: Math.max(1, Math.ceil((reply.content ?? '').length / 4)) };
+      if (reply.status)
+        return send(reply.status, { error: { type: 'invalid_request_error', code: null, ...reply.error } });
+      const usage = reply.usage ?? {
+        prompt_tokens: 100,
+        completion_tokens: Math.max(1, Math.ceil((reply.content ?? '').length / 4)),
+      };
       if (body.stream) {
         res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-        for (const chunk of chatChunks(reply, body.model, Boolean(body.stream_options?.include_usage))) res.write(chunk);
+        for (const chunk of chatChunks(reply, body.model, Boolean(body.stream_options?.include_usage)))
+          res.write(chunk);
         return res.end();
       }
       return send(200, {
@@ -253,7 +360,14 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
             message: {
               role: 'assistant',
               content: reply.content ?? null,
-              tool_calls: reply.tool_calls?.map((c, i) => ({ id: c.id ?? `call_${i}_${Math.random().toString(36).slice(2, 8)}`, type: 'function', function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } })),
+              tool_calls: reply.tool_calls?.map((c, i) => ({
+                id: c.id ?? `call_${i}_${Math.random().toString(36).slice(2, 8)}`,
+                type: 'function',
+                function: {
+                  name: c.name,
+                  arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments),
+                },
+              })),
             },
           },
         ],
@@ -268,7 +382,8 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
         // The SDK asks for base64-encoded float32 unless told otherwise, as the real API allows.
         data: inputs.map((t, index) => {
           const v = fakeEmbedding(t);
-          const embedding = body.encoding_format === 'base64' ? Buffer.from(new Float32Array(v).buffer).toString('base64') : v;
+          const embedding =
+            body.encoding_format === 'base64' ? Buffer.from(new Float32Array(v).buffer).toString('base64') : v;
           return { object: 'embedding', index, embedding };
         }),
         usage: { prompt_tokens: inputs.join(' ').length, total_tokens: inputs.join(' ').length },
@@ -311,7 +426,15 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
     close: () =>
       new Promise((resolve, reject) => {
         server.closeAllConnections();
-        server.close(() => (refusals.length ? reject(new Error(`the fake refused ${refusals.length} request(s) as a real endpoint would: ${JSON.stringify(refusals)}`)) : resolve()));
+        server.close(() =>
+          refusals.length
+            ? reject(
+                new Error(
+                  `the fake refused ${refusals.length} request(s) as a real endpoint would: ${JSON.stringify(refusals)}`,
+                ),
+              )
+            : resolve(),
+        );
       }),
   };
 }

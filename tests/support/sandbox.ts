@@ -1,8 +1,15 @@
 import type { TestApp } from './app.ts';
 
 /** A team, a workspace (with optional settings) and an active session in it. */
-export async function sessionIn(t: TestApp, team: { key: string }, settings?: unknown): Promise<{ ws: string; session: string }> {
-  const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: `ws-${Math.random().toString(36).slice(2, 10)}`, settings } });
+export async function sessionIn(
+  t: TestApp,
+  team: { key: string },
+  settings?: unknown,
+): Promise<{ ws: string; session: string }> {
+  const ws = await t.call('POST', '/v1/workspaces', {
+    key: team.key,
+    body: { name: `ws-${Math.random().toString(36).slice(2, 10)}`, settings },
+  });
   if (ws.status !== 201) throw new Error(`workspace: ${JSON.stringify(ws.body)}`);
   const s = await t.call('POST', `/v1/workspaces/${ws.body.id}/sessions`, { key: team.key, body: {} });
   if (s.status !== 201) throw new Error(`session: ${JSON.stringify(s.body)}`);

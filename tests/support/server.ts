@@ -25,7 +25,9 @@ export async function startKiln(env: Record<string, string>, cwd = ROOT): Promis
       }
     };
     proc.child.stdout!.on('data', onData);
-    proc.exited.then((code) => reject(new Error(`kiln exited (${code}) before listening:\n${proc.stderr()}\n${proc.stdout()}`)));
+    proc.exited.then((code) =>
+      reject(new Error(`kiln exited (${code}) before listening:\n${proc.stderr()}\n${proc.stdout()}`)),
+    );
   });
   return { ...proc, url };
 }
@@ -51,6 +53,8 @@ export function launchKiln(env: Record<string, string>, cwd = ROOT): Omit<KilnPr
   let err = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (err += d));
-  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+  const exited = new Promise<number | string>((resolve) =>
+    child.on('exit', (code, signal) => resolve(code ?? signal ?? -1)),
+  );
   return { child, stdout: () => out, stderr: () => err, exited };
 }

@@ -76,9 +76,21 @@ describe('config', () => {
       stopTimeoutMs: 60_000,
       readyTimeoutMs: 60_000,
     });
-    const c = loadConfig({ KILN_SOURCE_DIR: '/srv/kiln', KILN_SELF_CHECK_TIMEOUT_S: '120', KILN_RESTART_STOP_TIMEOUT_S: '5', KILN_RESTART_READY_TIMEOUT_S: '7' });
-    expect(c.selfUpdate).toEqual({ sourceDir: '/srv/kiln', checkTimeoutMs: 120_000, stopTimeoutMs: 5000, readyTimeoutMs: 7000 });
-    expect(problems({ KILN_SELF_CHECK_TIMEOUT_S: '1', KILN_RESTART_READY_TIMEOUT_S: 'soon' }).map((l) => l.split(':')[0])).toEqual(['KILN_SELF_CHECK_TIMEOUT_S', 'KILN_RESTART_READY_TIMEOUT_S']);
+    const c = loadConfig({
+      KILN_SOURCE_DIR: '/srv/kiln',
+      KILN_SELF_CHECK_TIMEOUT_S: '120',
+      KILN_RESTART_STOP_TIMEOUT_S: '5',
+      KILN_RESTART_READY_TIMEOUT_S: '7',
+    });
+    expect(c.selfUpdate).toEqual({
+      sourceDir: '/srv/kiln',
+      checkTimeoutMs: 120_000,
+      stopTimeoutMs: 5000,
+      readyTimeoutMs: 7000,
+    });
+    expect(
+      problems({ KILN_SELF_CHECK_TIMEOUT_S: '1', KILN_RESTART_READY_TIMEOUT_S: 'soon' }).map((l) => l.split(':')[0]),
+    ).toEqual(['KILN_SELF_CHECK_TIMEOUT_S', 'KILN_RESTART_READY_TIMEOUT_S']);
   });
 
   it('treats empty strings as unset', () => {

@@ -218,10 +218,15 @@ describe('level 1: old tool results keep their head and tail', () => {
   });
 
   it('makes a dense result (hex: few characters per token) shorter, about the cap, never longer', async () => {
-    const hex = Array.from({ length: 3000 }, (_, i) => (i * 2654435761 % 65536).toString(16).padStart(4, '0')).join('');
+    const hex = Array.from({ length: 3000 }, (_, i) => ((i * 2654435761) % 65536).toString(16).padStart(4, '0')).join(
+      '',
+    );
     const cap = 2000;
     expect(await countTokens(hex)).toBeGreaterThan(cap);
-    const { turns, changed } = await truncateOldResults([[person('p'), calls('a'), result('a', hex)], [person('now')]], cap);
+    const { turns, changed } = await truncateOldResults(
+      [[person('p'), calls('a'), result('a', hex)], [person('now')]],
+      cap,
+    );
     expect(changed).toBe(1);
     const cut = turns[0]![2]!.message.content as string;
     expect(cut.length).toBeLessThan(hex.length);

@@ -17,7 +17,15 @@ describe('token counting', () => {
 
   it('bounds every shape of long run: separators, blank space, progress bars, zero-filled dumps', async () => {
     const letters = Array.from({ length: 20_000 }, (_, i) => String.fromCharCode(97 + ((i * 7919) % 26))).join('');
-    const texts = ['='.repeat(40_000), ' '.repeat(40_000), `[${'#'.repeat(40_000)}]`, '0'.repeat(40_000), `${'é'.repeat(20_000)}\n${'\u{1F600}'.repeat(10_000)}`, letters, '.\n/'.repeat(10_000)];
+    const texts = [
+      '='.repeat(40_000),
+      ' '.repeat(40_000),
+      `[${'#'.repeat(40_000)}]`,
+      '0'.repeat(40_000),
+      `${'é'.repeat(20_000)}\n${'\u{1F600}'.repeat(10_000)}`,
+      letters,
+      '.\n/'.repeat(10_000),
+    ];
     const { value, ticks } = await ticksDuring(() => Promise.all(texts.map((t) => countTokens(t))));
     value.forEach((n, i) => {
       expect(n).toBeGreaterThan(0);
@@ -28,9 +36,11 @@ describe('token counting', () => {
 
   it('counts ordinary text exactly as o200k_base does', async () => {
     const enc = getEncoding('o200k_base');
-    const prose = 'The quick brown fox jumps over the lazy dog. Ça coûte 12,50 € — 大丈夫です。\n\tdef f(x):\n        return x ** 2\n';
+    const prose =
+      'The quick brown fox jumps over the lazy dog. Ça coûte 12,50 € — 大丈夫です。\n\tdef f(x):\n        return x ** 2\n';
     const b64 = Buffer.from(Array.from({ length: 6000 }, (_, i) => (i * 7919) % 251)).toString('base64');
-    for (const text of [prose, prose.repeat(50), b64, `say <|endoftext|> twice`]) expect(await countTokens(text)).toBe(enc.encode(text, 'all').length);
+    for (const text of [prose, prose.repeat(50), b64, `say <|endoftext|> twice`])
+      expect(await countTokens(text)).toBe(enc.encode(text, 'all').length);
   });
 
   it('answers from the byte bound without tokenizing when it can, and tokenizes when it must', async () => {

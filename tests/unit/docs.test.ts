@@ -13,11 +13,13 @@ const read = (path: string) => readFileSync(join(ROOT, path), 'utf8');
 function configEnvVars(): string[] {
   const src = read('apps/api/src/config.ts');
   const start = src.indexOf('const schema = z.object({');
-  if (start < 0) throw new Error('apps/api/src/config.ts no longer declares `const schema = z.object({`: update this test');
+  if (start < 0)
+    throw new Error('apps/api/src/config.ts no longer declares `const schema = z.object({`: update this test');
   const end = src.indexOf('\n});', start);
   const body = src.slice(start, end);
   const names = new Set([...body.matchAll(/^\s*([A-Z][A-Z0-9_]*)\s*:/gm)].map((m) => m[1]!));
-  for (const m of src.matchAll(/\benv(?:\.([A-Z][A-Z0-9_]*)|\[['"]([A-Z][A-Z0-9_]*)['"]\])/g)) names.add((m[1] ?? m[2])!);
+  for (const m of src.matchAll(/\benv(?:\.([A-Z][A-Z0-9_]*)|\[['"]([A-Z][A-Z0-9_]*)['"]\])/g))
+    names.add((m[1] ?? m[2])!);
   return [...names].sort();
 }
 
@@ -32,7 +34,10 @@ function headingSlugs(md: string): Set<string> {
   const seen = new Map<string, number>();
   for (const m of withoutCodeBlocks(md).matchAll(/^#{1,6}[ \t]+(.+?)[ \t#]*$/gm)) {
     const text = m[1]!.replace(/`/g, '').replace(/\[([^\]]*)\]\([^)]*\)/g, '$1');
-    const base = text.toLowerCase().replace(/[^\p{L}\p{N}\p{M} _-]/gu, '').replace(/ /g, '-');
+    const base = text
+      .toLowerCase()
+      .replace(/[^\p{L}\p{N}\p{M} _-]/gu, '')
+      .replace(/ /g, '-');
     const n = seen.get(base) ?? 0;
     seen.set(base, n + 1);
     slugs.add(n === 0 ? base : `${base}-${n}`);
@@ -101,8 +106,15 @@ describe('documentation', () => {
 
   it('the link checker itself catches a missing file, a missing heading and a link out of the repository', () => {
     // Guards the guard: the checks above pass vacuously if link extraction breaks.
-    expect(headingSlugs('# Data flow of one message\n## The `kiln` CLI\n## A\n## A\n')).toEqual(new Set(['data-flow-of-one-message', 'the-kiln-cli', 'a', 'a-1']));
-    const sample = '[a](nope.md) [b](architecture.md#nope) [c](../../outside.md) [d](architecture.md#layout) `[e](nope.md)` [f](https://example.com)';
-    expect(checkLinks('docs/sample.md', sample).map((p) => p.link)).toEqual(['nope.md', 'architecture.md#nope', '../../outside.md']);
+    expect(headingSlugs('# Data flow of one message\n## The `kiln` CLI\n## A\n## A\n')).toEqual(
+      new Set(['data-flow-of-one-message', 'the-kiln-cli', 'a', 'a-1']),
+    );
+    const sample =
+      '[a](nope.md) [b](architecture.md#nope) [c](../../outside.md) [d](architecture.md#layout) `[e](nope.md)` [f](https://example.com)';
+    expect(checkLinks('docs/sample.md', sample).map((p) => p.link)).toEqual([
+      'nope.md',
+      'architecture.md#nope',
+      '../../outside.md',
+    ]);
   });
 });

@@ -11,7 +11,9 @@ function memoryWorkspace(files: Record<string, string>) {
     listDir: async (dir) => {
       const prefix = dir ? `${dir}/` : '';
       const names = new Map<string, 'file' | 'dir'>();
-      for (const p of store.keys()) if (p.startsWith(prefix)) names.set(p.slice(prefix.length).split('/')[0]!, p.slice(prefix.length).includes('/') ? 'dir' : 'file');
+      for (const p of store.keys())
+        if (p.startsWith(prefix))
+          names.set(p.slice(prefix.length).split('/')[0]!, p.slice(prefix.length).includes('/') ? 'dir' : 'file');
       return [...names].map(([name, type]) => ({ name, path: `${prefix}${name}`, type, size: 0 }));
     },
   };
@@ -29,8 +31,16 @@ const limits = { maxFileBytes: 1000, budget: { maxEntries: 2, maxBytes: 500 } };
 
 describe('the write guard of self-evolution', () => {
   it('allows memory, skills, knowledge and prompt files; refuses built-in skills, the rest and escapes', () => {
-    for (const ok of ['MEMORY.md', 'memory/2025-01-01.md', 'skills/x/SKILL.md', 'knowledge/a.md', 'AGENT.md']) expect(checkEvolutionPath(ok)).toBe(ok);
-    for (const bad of ['skills/builtin/memory-keeping/SKILL.md', 'tools/run.py', 'README.md', '../etc/passwd', '.git/config', 'memory/'])
+    for (const ok of ['MEMORY.md', 'memory/2025-01-01.md', 'skills/x/SKILL.md', 'knowledge/a.md', 'AGENT.md'])
+      expect(checkEvolutionPath(ok)).toBe(ok);
+    for (const bad of [
+      'skills/builtin/memory-keeping/SKILL.md',
+      'tools/run.py',
+      'README.md',
+      '../etc/passwd',
+      '.git/config',
+      'memory/',
+    ])
       expect(() => checkEvolutionPath(bad), bad).toThrow(GuardError);
   });
 

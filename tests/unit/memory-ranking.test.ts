@@ -1,12 +1,33 @@
 import { describe, expect, it } from 'vitest';
 import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
-import { BUILTIN_FACTOR, fuseRanks, idf, mergeHits, RECENCY_MAX, recencyFactor, snippetLines, snippetText, SNIPPET_CHARS, type Hit } from '../../apps/api/src/memory/rank.ts';
-import { decodeCursor, encodeCursor, filterProblem, isPathPrefix, lineScore } from '../../apps/api/src/memory/search.ts';
+import {
+  BUILTIN_FACTOR,
+  fuseRanks,
+  idf,
+  mergeHits,
+  RECENCY_MAX,
+  recencyFactor,
+  snippetLines,
+  snippetText,
+  SNIPPET_CHARS,
+  type Hit,
+} from '../../apps/api/src/memory/rank.ts';
+import {
+  decodeCursor,
+  encodeCursor,
+  filterProblem,
+  isPathPrefix,
+  lineScore,
+} from '../../apps/api/src/memory/search.ts';
 
 describe('query terms', () => {
   it('sends words to full-text search and identifiers and CJK text to substring search', () => {
-    expect(parseQuery('When did Maya adopt the puppy?')).toEqual({ words: ['when', 'did', 'maya', 'adopt', 'the', 'puppy'], cjk: [], substrings: [] });
+    expect(parseQuery('When did Maya adopt the puppy?')).toEqual({
+      words: ['when', 'did', 'maya', 'adopt', 'the', 'puppy'],
+      cjk: [],
+      substrings: [],
+    });
     expect(parseQuery('call load_config() and parseConfigFile, v2.3.1')).toEqual({
       words: ['call', 'load', 'config', 'and', 'parseconfigfile', 'v2', '3', '1'],
       cjk: [],
@@ -17,7 +38,9 @@ describe('query terms', () => {
   });
 
   it('bounds what a long query costs', () => {
-    const q = parseQuery(`${Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ')} ${'漢字'.repeat(50)}`);
+    const q = parseQuery(
+      `${Array.from({ length: 100 }, (_, i) => `word${'x'.repeat(i % 7)}${String.fromCharCode(97 + (i % 26))}`).join(' ')} ${'漢字'.repeat(50)}`,
+    );
     expect(q.words.length).toBeLessThanOrEqual(16);
     expect(q.cjk.length).toBeLessThanOrEqual(12);
   });
@@ -30,7 +53,8 @@ describe('query terms', () => {
 });
 
 describe('chunking', () => {
-  const log = (n: number) => `# 2025-03-04\n\n## Conversation\n\n${Array.from({ length: n }, (_, i) => `- 10:${String(i).padStart(2, '0')} turn ${i + 1}`).join('\n')}\n`;
+  const log = (n: number) =>
+    `# 2025-03-04\n\n## Conversation\n\n${Array.from({ length: n }, (_, i) => `- 10:${String(i).padStart(2, '0')} turn ${i + 1}`).join('\n')}\n`;
 
   it('cuts logs into small windows overlapping by half, with exact line numbers, the date and the heading', () => {
     const chunks = chunkFile('memory/2025-03-04.md', log(9));
@@ -47,7 +71,9 @@ describe('chunking', () => {
       expect(c.content).toBe(lines.slice(c.startLine - 1, c.endLine).join('\n'));
     }
     // Every line is in some window, and the windows overlap.
-    const covered = new Set(chunks.flatMap((c) => Array.from({ length: c.endLine - c.startLine + 1 }, (_, i) => c.startLine + i)));
+    const covered = new Set(
+      chunks.flatMap((c) => Array.from({ length: c.endLine - c.startLine + 1 }, (_, i) => c.startLine + i)),
+    );
     expect([...covered].sort((a, b) => a - b)).toEqual([5, 6, 7, 8, 9, 10, 11, 12, 13]);
   });
 
@@ -57,16 +83,26 @@ describe('chunking', () => {
     expect(chunks[0]).toMatchObject({ heading: 'Page', startLine: 3, endLine: 3, day: null });
     expect(chunks.slice(1).every((c) => c.heading === 'Setup')).toBe(true);
     expect(chunks[1]!.content).toContain('# not a heading');
-    expect(Math.max(...chunks.map((c) => c.content.split('\n').filter((l) => l.trim()).length))).toBe(WINDOWS.prose.size);
+    expect(Math.max(...chunks.map((c) => c.content.split('\n').filter((l) => l.trim()).length))).toBe(
+      WINDOWS.prose.size,
+    );
   });
 
   it('shows template boilerplate but does not search it; built-in skills are searched whole', () => {
     const boiler = boilerplateLines(['# Core memory\n\nShort, factual bullets that stay true.\n']);
-    const [c] = chunkFile('MEMORY.md', '# Core memory\n\nShort, factual bullets that stay true.\n- The staging database is orchid.\n', boiler);
+    const [c] = chunkFile(
+      'MEMORY.md',
+      '# Core memory\n\nShort, factual bullets that stay true.\n- The staging database is orchid.\n',
+      boiler,
+    );
     expect(c!.content).toContain('Short, factual bullets');
     expect(c!.searchText).toBe('- The staging database is orchid.');
     expect(chunkFile('MEMORY.md', '# Core memory\n\nShort, factual bullets that stay true.\n', boiler)).toEqual([]);
-    const [s] = chunkFile('skills/builtin/x/SKILL.md', '# Core memory\n\nShort, factual bullets that stay true.\n', boiler);
+    const [s] = chunkFile(
+      'skills/builtin/x/SKILL.md',
+      '# Core memory\n\nShort, factual bullets that stay true.\n',
+      boiler,
+    );
     expect(s).toMatchObject({ builtin: true, searchText: 'Core memory\nShort, factual bullets that stay true.' });
   });
 
@@ -79,7 +115,11 @@ describe('chunking', () => {
   });
 
   it('turns a model\u2019s daily log into one bullet per line', () => {
-    expect(toLogLines('### Session a\n\nMaya asked for the report.\nIt was sent.\n  - nested detail\n1. numbered\n\n<!-- kiln-logged: ab -->')).toBe(
+    expect(
+      toLogLines(
+        '### Session a\n\nMaya asked for the report.\nIt was sent.\n  - nested detail\n1. numbered\n\n<!-- kiln-logged: ab -->',
+      ),
+    ).toBe(
       '### Session a\n- Maya asked for the report.\n- It was sent.\n- nested detail\n- numbered\n<!-- kiln-logged: ab -->',
     );
   });
@@ -113,12 +153,16 @@ describe('ranking', () => {
   });
 
   it('merges hits that overlap or touch in a file, keeps apart what does not, and never repeats a line', () => {
-    const h = (path: string, from: number, to: number, score: number): Hit<null> => ({ path, from, to, score, extra: null });
-    expect(mergeHits([h('a', 10, 11, 3), h('a', 11, 12, 2), h('b', 11, 12, 1), h('a', 30, 30, 1), h('a', 10, 10, 0.5)])).toEqual([
-      h('a', 10, 12, 3),
-      h('b', 11, 12, 1),
-      h('a', 30, 30, 1),
-    ]);
+    const h = (path: string, from: number, to: number, score: number): Hit<null> => ({
+      path,
+      from,
+      to,
+      score,
+      extra: null,
+    });
+    expect(
+      mergeHits([h('a', 10, 11, 3), h('a', 11, 12, 2), h('b', 11, 12, 1), h('a', 30, 30, 1), h('a', 10, 10, 0.5)]),
+    ).toEqual([h('a', 10, 12, 3), h('b', 11, 12, 1), h('a', 30, 30, 1)]);
     // Too long to merge: the weaker hit keeps only the lines the better one does not show.
     expect(mergeHits([h('a', 10, 15, 3), h('a', 14, 19, 2)])).toEqual([h('a', 10, 15, 3), h('a', 16, 19, 2)]);
   });

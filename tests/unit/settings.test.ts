@@ -1,5 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { applySettingsPatch, DEFAULT_SETTINGS, SettingsPatch, WorkspaceSettings } from '../../apps/api/src/workspace/settings.ts';
+import {
+  applySettingsPatch,
+  DEFAULT_SETTINGS,
+  SettingsPatch,
+  WorkspaceSettings,
+} from '../../apps/api/src/workspace/settings.ts';
 
 describe('workspace settings', () => {
   it('defaults are themselves valid', () => {
@@ -7,7 +12,11 @@ describe('workspace settings', () => {
   });
 
   it('a patch changes only the fields it names, section by section', () => {
-    const next = applySettingsPatch(DEFAULT_SETTINGS, { protocol: 'tools', sandbox: { memory_mb: 1024 }, approval: { rules: [{ match: 'rm -rf', behavior: 'deny' }] } });
+    const next = applySettingsPatch(DEFAULT_SETTINGS, {
+      protocol: 'tools',
+      sandbox: { memory_mb: 1024 },
+      approval: { rules: [{ match: 'rm -rf', behavior: 'deny' }] },
+    });
     expect(next.protocol).toBe('tools');
     expect(next.sandbox).toEqual({ ...DEFAULT_SETTINGS.sandbox, memory_mb: 1024 });
     expect(next.approval).toEqual({ ...DEFAULT_SETTINGS.approval, rules: [{ match: 'rm -rf', behavior: 'deny' }] });
@@ -31,15 +40,34 @@ describe('workspace settings', () => {
 });
 
 describe('approval rules in settings', () => {
-  it.each(['(a)\\1', '(?=x)', '(?<=a)b', '(?!rm)'])('rejects %s, which RE2 cannot compile, naming the rule and why', (match) => {
-    const r = SettingsPatch.safeParse({ approval: { rules: [{ match: 'print', behavior: 'allow' }, { match, behavior: 'deny' }] } });
-    expect(r.success).toBe(false);
-    const issue = r.error!.issues.find((i) => i.path.join('.') === 'approval.rules.1.match');
-    expect(issue?.message).toContain(JSON.stringify(match));
-    expect(issue?.message).toMatch(/RE2/);
-  });
+  it.each(['(a)\\1', '(?=x)', '(?<=a)b', '(?!rm)'])(
+    'rejects %s, which RE2 cannot compile, naming the rule and why',
+    (match) => {
+      const r = SettingsPatch.safeParse({
+        approval: {
+          rules: [
+            { match: 'print', behavior: 'allow' },
+            { match, behavior: 'deny' },
+          ],
+        },
+      });
+      expect(r.success).toBe(false);
+      const issue = r.error!.issues.find((i) => i.path.join('.') === 'approval.rules.1.match');
+      expect(issue?.message).toContain(JSON.stringify(match));
+      expect(issue?.message).toMatch(/RE2/);
+    },
+  );
 
   it('accepts what RE2 compiles, named groups and multiline anchors included', () => {
-    expect(SettingsPatch.safeParse({ approval: { rules: [{ match: '^(?<call>os\\.system)\\(', behavior: 'ask' }, { match: '(?i)rm\\s+-rf$', behavior: 'deny' }] } }).success).toBe(true);
+    expect(
+      SettingsPatch.safeParse({
+        approval: {
+          rules: [
+            { match: '^(?<call>os\\.system)\\(', behavior: 'ask' },
+            { match: '(?i)rm\\s+-rf$', behavior: 'deny' },
+          ],
+        },
+      }).success,
+    ).toBe(true);
   });
 });

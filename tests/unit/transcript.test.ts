@@ -8,8 +8,18 @@ let nextId = 0;
 function row(role: 'user' | 'assistant' | 'tool', content: string, extra: Partial<MessageRow> = {}): MessageRow {
   const id = `msg_${String(++nextId).padStart(6, '0')}`;
   return {
-    id, teamId: 'team_1', sessionId: 'ses_1', runId: 'run_1', role, content, toolCalls: null, toolCallId: null,
-    contentHash: id, createdAt: new Date(0), summarizedAt: null, ...extra,
+    id,
+    teamId: 'team_1',
+    sessionId: 'ses_1',
+    runId: 'run_1',
+    role,
+    content,
+    toolCalls: null,
+    toolCallId: null,
+    contentHash: id,
+    createdAt: new Date(0),
+    summarizedAt: null,
+    ...extra,
   };
 }
 
@@ -24,7 +34,9 @@ function turn(ask: string, result = 'ok', answer = `done: ${ask}`): MessageRow[]
   ];
 }
 
-const system = (content = 'the system prompt') => async (): Promise<ChatMessage> => ({ role: 'system', content });
+const system =
+  (content = 'the system prompt') =>
+  async (): Promise<ChatMessage> => ({ role: 'system', content });
 const texts = (ms: ChatMessage[]) => ms.map((m) => (typeof m.content === 'string' ? m.content : null));
 const roomy = { max_tokens: 64_000, max_turns: 40 };
 
@@ -45,10 +57,13 @@ describe('the transcript as the model gets it', () => {
   it('within its limits: the system prompt and every message, nothing summarised, no condensation', async () => {
     const rows = [...turn('one'), ...turn('two')];
     let summarised = 0;
-    const out = await fitTranscript(rows, roomy, { system: system(), summarise: async () => {
+    const out = await fitTranscript(rows, roomy, {
+      system: system(),
+      summarise: async () => {
         summarised++;
         return true;
-      } });
+      },
+    });
     expect(out.condensed).toBeNull();
     expect(summarised).toBe(0);
     expect(texts(out.messages)).toEqual(['the system prompt', ...rows.map((r) => r.content || null)]);
@@ -67,14 +82,18 @@ describe('the transcript as the model gets it', () => {
     const turns = [1, 2, 3, 4, 5].map((i) => turn(`ask ${i}`));
     const asked: string[][] = [];
     let state = 'before';
-    const out = await fitTranscript(turns.flat(), { max_tokens: 64_000, max_turns: 4 }, {
-      system: async () => ({ role: 'system', content: `state: ${state}` }),
-      summarise: async (ts) => {
-        asked.push(ts.map((t) => t[0]!.id));
-        state = 'after';
-        return true;
+    const out = await fitTranscript(
+      turns.flat(),
+      { max_tokens: 64_000, max_turns: 4 },
+      {
+        system: async () => ({ role: 'system', content: `state: ${state}` }),
+        summarise: async (ts) => {
+          asked.push(ts.map((t) => t[0]!.id));
+          state = 'after';
+          return true;
+        },
       },
-    });
+    );
     expect(asked).toEqual([[turns[0]![0]!.id, turns[1]![0]!.id]]);
     expect(texts(out.messages)[0]).toBe('state: after');
     expect(out.messages).toHaveLength(1 + 3 * 4);
@@ -106,13 +125,17 @@ describe('the transcript as the model gets it', () => {
   it('level 3: few turns over the token limit, earlier turns keep their first message and last answer', async () => {
     const rows = [...turn('one', 'x '.repeat(400)), ...turn('two', 'y '.repeat(400)), ...turn('three')];
     let summarised = 0;
-    const out = await fitTranscript(rows, { max_tokens: 300, max_turns: 40 }, {
-      system: system(),
-      summarise: async () => {
-        summarised++;
-        return true;
+    const out = await fitTranscript(
+      rows,
+      { max_tokens: 300, max_turns: 40 },
+      {
+        system: system(),
+        summarise: async () => {
+          summarised++;
+          return true;
+        },
       },
-    });
+    );
     expect(summarised).toBe(0);
     const current = texts(rows.slice(8).map((r) => toEntry(r).message));
     expect(texts(out.messages)).toEqual(['the system prompt', 'one', 'done: one', 'two', 'done: two', ...current]);
@@ -122,13 +145,17 @@ describe('the transcript as the model gets it', () => {
   it('level 2 before 3: over the token limit with many turns, the oldest half is summarised first', async () => {
     const rows = [1, 2, 3, 4, 5, 6].flatMap((i) => turn(`ask ${i}`, 'z '.repeat(200)));
     const asked: number[] = [];
-    const out = await fitTranscript(rows, { max_tokens: 600, max_turns: 40 }, {
-      system: system(),
-      summarise: async (ts) => {
-        asked.push(ts.length);
-        return true;
+    const out = await fitTranscript(
+      rows,
+      { max_tokens: 600, max_turns: 40 },
+      {
+        system: system(),
+        summarise: async (ts) => {
+          asked.push(ts.length);
+          return true;
+        },
       },
-    });
+    );
     expect(asked).toEqual([3]);
     expect(texts(out.messages)[1]).toBe('ask 4');
     expect(out.condensed?.levels).toContain(2);
@@ -169,8 +196,11 @@ describe('trimming the current turn', () => {
   it('drops whole exchanges from the oldest until it fits, keeping the person’s message', async () => {
     const current = [
       entry('ask', 'user', true),
-      entry('a1', 'assistant'), entry('r1', 'tool'), entry('r1b', 'tool'),
-      entry('a2', 'assistant'), entry('r2', 'tool'),
+      entry('a1', 'assistant'),
+      entry('r1', 'tool'),
+      entry('r1b', 'tool'),
+      entry('a2', 'assistant'),
+      entry('r2', 'tool'),
       entry('a3', 'assistant'),
     ];
     const older = [[entry('old', 'user', true)]];

@@ -17,7 +17,9 @@ describe('workspace paths git would refuse or obey', () => {
   });
 
   it('refuses the 8.3 short names of reserved files, and only those', () => {
-    for (const p of ['GITMOD~4', 'gi7eba~9', 'gi7eb~12', '~1234567', 'gi250a~1 .', 'gi7d29~3:$DATA']) expect(refused(p), p).toBe(true);
-    for (const p of ['gitmod~5', 'gi7eba~0', 'gi7ebx~1', 'gi7eb~1', '~0123456', 'gitignore~1']) expect(refused(p), p).toBe(false);
+    for (const p of ['GITMOD~4', 'gi7eba~9', 'gi7eb~12', '~1234567', 'gi250a~1 .', 'gi7d29~3:$DATA'])
+      expect(refused(p), p).toBe(true);
+    for (const p of ['gitmod~5', 'gi7eba~0', 'gi7ebx~1', 'gi7eb~1', '~0123456', 'gitignore~1'])
+      expect(refused(p), p).toBe(false);
   });
 });

@@ -57,7 +57,10 @@ function toApiError(err: Error, contentType: string | undefined): ApiError {
     // curl -d sends a form content type: say what to send instead of just "unsupported".
     if (err.status === 415) {
       const sent = contentType ? `Content-Type ${contentType.split(';')[0]!.trim().slice(0, 100)}` : 'no Content-Type';
-      return new ApiError('unsupported_media_type', `the body must be JSON sent with the header "Content-Type: application/json" (this request had ${sent})`);
+      return new ApiError(
+        'unsupported_media_type',
+        `the body must be JSON sent with the header "Content-Type: application/json" (this request had ${sent})`,
+      );
     }
     if (err.status < 500) return new ApiError('invalid_request', err.message || 'invalid request');
   }
@@ -82,16 +85,34 @@ const PAGE_CSP = {
   frameAncestors: ["'none'"],
 };
 const headers = (styleSrc: string[]) =>
-  secureHeaders({ contentSecurityPolicy: { ...PAGE_CSP, styleSrc }, xFrameOptions: 'DENY', referrerPolicy: 'no-referrer', strictTransportSecurity: false });
+  secureHeaders({
+    contentSecurityPolicy: { ...PAGE_CSP, styleSrc },
+    xFrameOptions: 'DENY',
+    referrerPolicy: 'no-referrer',
+    strictTransportSecurity: false,
+  });
 const pageHeaders = headers(PAGE_CSP.styleSrc);
 // Swagger UI sets inline style attributes; its scripts are still only this server's files.
 const docsHeaders = headers(["'self'", "'unsafe-inline'"]);
 
-export function createApp({ config, db, engine, workspaces, agent, evolution, updates, logger, now, dashboardDir }: AppDeps) {
+export function createApp({
+  config,
+  db,
+  engine,
+  workspaces,
+  agent,
+  evolution,
+  updates,
+  logger,
+  now,
+  dashboardDir,
+}: AppDeps) {
   const app = createRouter();
 
   app.use('*', requestLog(logger));
-  app.use('*', (c, next) => (c.req.path === '/docs' || c.req.path.startsWith('/docs/') ? docsHeaders : pageHeaders)(c, next));
+  app.use('*', (c, next) =>
+    (c.req.path === '/docs' || c.req.path.startsWith('/docs/') ? docsHeaders : pageHeaders)(c, next),
+  );
   app.use(
     '*',
     bodyLimit({
@@ -119,15 +140,25 @@ export function createApp({ config, db, engine, workspaces, agent, evolution, up
   app.route('/', auditRouter(db));
   if (updates) app.route('/', systemRouter(db, updates));
 
-  app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', { type: 'http', scheme: 'bearer', description: 'A Kiln API key' });
+  app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', {
+    type: 'http',
+    scheme: 'bearer',
+    description: 'A Kiln API key',
+  });
   app.doc31('/openapi.json', {
     openapi: '3.1.0',
-    info: { title: 'Kiln API', version: '1', description: 'Self-hosted AI agents with hardened Python sandboxes and git-backed self-evolution.' },
+    info: {
+      title: 'Kiln API',
+      version: '1',
+      description: 'Self-hosted AI agents with hardened Python sandboxes and git-backed self-evolution.',
+    },
   });
   app.route('/', docsRouter());
   app.route('/', dashboardRouter(dashboardDir));
 
-  app.notFound((c) => c.json(errorBody(new ApiError('not_found', `no route for ${c.req.method} ${c.req.path}`), c.get('requestId')), 404));
+  app.notFound((c) =>
+    c.json(errorBody(new ApiError('not_found', `no route for ${c.req.method} ${c.req.path}`), c.get('requestId')), 404),
+  );
   app.onError((err, c) => {
     const e = toApiError(err, c.req.header('content-type'));
     if (e.status >= 500) c.get('log').error({ err }, 'request failed');
@@ -136,4 +167,3 @@ export function createApp({ config, db, engine, workspaces, agent, evolution, up
   });
   return app;
 }
-

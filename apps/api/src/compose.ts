@@ -70,10 +70,16 @@ function engineOptions(config: Config): EngineOptions {
 /** The one place the parts are built and wired: `server.ts` and the tests' in-process apps call it. */
 export function compose(o: ComposeOptions): Kiln {
   const { config, db, logger } = o;
-  const engine = new SandboxEngine(db, o.sandboxes ?? new NoSandboxes(), { ...engineOptions(config), ...o.engine }, logger);
+  const engine = new SandboxEngine(
+    db,
+    o.sandboxes ?? new NoSandboxes(),
+    { ...engineOptions(config), ...o.engine },
+    logger,
+  );
 
   const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
-  const embedder = o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
+  const embedder =
+    o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
   const limits = { maxFileBytes: config.workspaces.maxFileBytes, maxQuota: config.workspaces.maxQuota, embedder };
   const workspaces = new WorkspaceService(db, repos, limits, logger);

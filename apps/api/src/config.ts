@@ -17,7 +17,10 @@ const schema = z.object({
     .optional(),
   KILN_ADMIN_KEY: z
     .string()
-    .regex(/^kiln_admin_[A-Za-z0-9_-]{24,}$/, 'must look like kiln_admin_ followed by at least 24 letters, digits, _ or -')
+    .regex(
+      /^kiln_admin_[A-Za-z0-9_-]{24,}$/,
+      'must look like kiln_admin_ followed by at least 24 letters, digits, _ or -',
+    )
     .optional(),
   KILN_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   KILN_BODY_LIMIT_BYTES: int(1024, 100 * 1024 * 1024).default(5 * 1024 * 1024),
@@ -26,7 +29,10 @@ const schema = z.object({
   KILN_SANDBOX_IMAGE: z.string().min(1).default('kiln-sandbox:latest'),
   DOCKER_HOST: z.string().optional(),
   KILN_SHUTDOWN_GRACE_MS: int(0, 600_000).default(10_000),
-  KILN_INSTANCE_ID: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/, 'letters, digits, . _ - only (max 64)').optional(),
+  KILN_INSTANCE_ID: z
+    .string()
+    .regex(/^[A-Za-z0-9._-]{1,64}$/, 'letters, digits, . _ - only (max 64)')
+    .optional(),
   KILN_SANDBOX_POOL_SIZE: int(0, 64).default(2),
   KILN_SANDBOX_IDLE_S: int(10, 7 * 86_400).default(900),
   KILN_SANDBOX_MAX_LIFETIME_S: int(60, 30 * 86_400).default(43_200),
@@ -84,7 +90,14 @@ export type Config = {
    */
   instanceId: string;
   workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
-  openai: { baseURL?: string; apiKey?: string; embeddingsModel?: string; model?: string; maxRetries: number; timeoutMs: number };
+  openai: {
+    baseURL?: string;
+    apiKey?: string;
+    embeddingsModel?: string;
+    model?: string;
+    maxRetries: number;
+    timeoutMs: number;
+  };
   /** Durable jobs (reviews, dreams): how often to look for due ones, how long a claim lasts without a heartbeat. */
   jobs: { pollMs: number; leaseMs: number };
   /** How long a run is its server's without renewal (renewed every third of it). */
@@ -160,7 +173,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     workspaces: {
       dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),
-      template: resolve(e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url))),
+      template: resolve(
+        e.KILN_WORKSPACE_TEMPLATE ?? fileURLToPath(new URL('../../../workspace-template', import.meta.url)),
+      ),
       maxFileBytes: e.KILN_WORKSPACE_MAX_FILE_BYTES,
       maxQuota: {
         filesPerStep: e.KILN_SANDBOX_MAX_FILES_PER_STEP,

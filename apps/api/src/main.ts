@@ -19,7 +19,12 @@ const server = await startServer(config, logger).catch((err: Error) => {
   process.exit(1);
 });
 
-const lines = [`Kiln is listening on ${server.url}`, `  dashboard: ${server.url}/ (paste a key)`, `  API reference: ${server.url}/docs`, `  database: ${server.database.driver}`];
+const lines = [
+  `Kiln is listening on ${server.url}`,
+  `  dashboard: ${server.url}/ (paste a key)`,
+  `  API reference: ${server.url}/docs`,
+  `  database: ${server.database.driver}`,
+];
 if (server.bootstrap.createdKey) {
   lines.push(
     `  org-admin key (shown once, also saved to ${server.bootstrap.keyFile}):`,
@@ -31,6 +36,9 @@ process.stdout.write(`\n${lines.join('\n')}\n\n`);
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => {
     logger.info({ signal }, 'shutting down');
-    server.close().then(() => process.exit(0), () => process.exit(1));
+    server.close().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
   });
 }

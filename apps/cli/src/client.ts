@@ -9,7 +9,10 @@ export class KilnClient {
   async call<T = unknown>(method: string, path: string, body?: unknown): Promise<T> {
     const res = await fetch(`${this.baseUrl}${path}`, {
       method,
-      headers: { authorization: `Bearer ${this.key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      headers: {
+        authorization: `Bearer ${this.key}`,
+        ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+      },
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const text = await res.text();
@@ -19,8 +22,15 @@ export class KilnClient {
   }
 
   /** Follows a run's SSE stream, yielding events until the run ends or `signal` aborts. */
-  async *events(runId: string, signal: AbortSignal, after = 0): AsyncGenerator<{ id: number; event: string; data: EventData }> {
-    const res = await fetch(`${this.baseUrl}/v1/runs/${runId}/events?after=${after}`, { headers: { authorization: `Bearer ${this.key}` }, signal });
+  async *events(
+    runId: string,
+    signal: AbortSignal,
+    after = 0,
+  ): AsyncGenerator<{ id: number; event: string; data: EventData }> {
+    const res = await fetch(`${this.baseUrl}/v1/runs/${runId}/events?after=${after}`, {
+      headers: { authorization: `Bearer ${this.key}` },
+      signal,
+    });
     if (!res.ok || !res.body) throw new Error(`events: HTTP ${res.status}`);
     const decoder = new TextDecoder();
     let buf = '';
@@ -30,8 +40,11 @@ export class KilnClient {
       while ((end = buf.indexOf('\n\n')) >= 0) {
         const frame = buf.slice(0, end);
         buf = buf.slice(end + 2);
-        const fields = Object.fromEntries(frame.split('\n').map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 2)]));
-        if (fields.event && fields.event !== 'ping') yield { id: Number(fields.id), event: fields.event, data: JSON.parse(fields.data ?? '{}') };
+        const fields = Object.fromEntries(
+          frame.split('\n').map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 2)]),
+        );
+        if (fields.event && fields.event !== 'ping')
+          yield { id: Number(fields.id), event: fields.event, data: JSON.parse(fields.data ?? '{}') };
       }
     }
   }

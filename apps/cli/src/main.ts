@@ -34,7 +34,8 @@ async function main(argv: string[]): Promise<number> {
     return 2;
   }
   const client = new KilnClient((process.env.KILN_URL ?? 'http://127.0.0.1:7700').replace(/\/$/, ''), key);
-  const print = (value: unknown, table: () => string) => process.stdout.write(`${json ? JSON.stringify(value, null, 2) : table()}\n`);
+  const print = (value: unknown, table: () => string) =>
+    process.stdout.write(`${json ? JSON.stringify(value, null, 2) : table()}\n`);
   const need = (n: number, what: string) => {
     if (rest.length < n) throw new Error(`usage: kiln ${cmd} ${what}`);
   };
@@ -48,25 +49,48 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'workspaces': {
       const r = await client.call<Page<Workspace>>('GET', '/v1/workspaces?limit=100');
-      print(r, () => r.data.map((w) => `${w.id}  ${w.name}  head ${w.head?.slice(0, 10) ?? '-'}  ${w.settings.protocol}/${w.settings.approval.mode}`).join('\n'));
+      print(r, () =>
+        r.data
+          .map(
+            (w) =>
+              `${w.id}  ${w.name}  head ${w.head?.slice(0, 10) ?? '-'}  ${w.settings.protocol}/${w.settings.approval.mode}`,
+          )
+          .join('\n'),
+      );
       return 0;
     }
     case 'sessions': {
       need(1, 'WORKSPACE');
       const ws = await client.workspace(rest[0]!);
       const r = await client.call<Page<Session>>('GET', `/v1/workspaces/${ws.id}/sessions?limit=100`);
-      print(r, () => r.data.map((s) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'));
+      print(r, () =>
+        r.data.map((s) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'),
+      );
       return 0;
     }
     case 'runs': {
       need(1, 'RUN');
       const r = await client.call<Run>('GET', `/v1/runs/${rest[0]}`);
-      print(r, () => `${r.id}  ${r.status}  steps ${r.steps}  tokens ${r.usage.prompt_tokens}+${r.usage.completion_tokens}${r.error ? `  ${r.error.code}: ${r.error.message}` : ''}`);
+      print(
+        r,
+        () =>
+          `${r.id}  ${r.status}  steps ${r.steps}  tokens ${r.usage.prompt_tokens}+${r.usage.completion_tokens}${r.error ? `  ${r.error.code}: ${r.error.message}` : ''}`,
+      );
       return 0;
     }
     case 'approvals': {
-      const r = await client.call<Page<Approval>>('GET', `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`);
-      print(r, () => r.data.map((a) => `${a.id}  ${a.status}  run ${a.run_id}  expires ${a.expires_at}\n    ${a.code.split('\n').join('\n    ')}`).join('\n'));
+      const r = await client.call<Page<Approval>>(
+        'GET',
+        `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`,
+      );
+      print(r, () =>
+        r.data
+          .map(
+            (a) =>
+              `${a.id}  ${a.status}  run ${a.run_id}  expires ${a.expires_at}\n    ${a.code.split('\n').join('\n    ')}`,
+          )
+          .join('\n'),
+      );
       return 0;
     }
     case 'log': {
@@ -74,7 +98,9 @@ async function main(argv: string[]): Promise<number> {
       const ws = await client.workspace(rest[0]!);
       const kind = rest.indexOf('--kind') >= 0 ? `&kind=${rest[rest.indexOf('--kind') + 1]}` : '';
       const r = await client.call<Page<Commit>>('GET', `/v1/workspaces/${ws.id}/commits?limit=50${kind}`);
-      print(r, () => r.data.map((c) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'));
+      print(r, () =>
+        r.data.map((c) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'),
+      );
       return 0;
     }
     case 'revert': {
@@ -86,7 +112,9 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'exec': {
       need(2, 'SESSION CODE');
-      const r = await client.call<ExecResult>('POST', `/v1/sessions/${rest[0]}/exec`, { code: rest.slice(1).join(' ') });
+      const r = await client.call<ExecResult>('POST', `/v1/sessions/${rest[0]}/exec`, {
+        code: rest.slice(1).join(' '),
+      });
       print(r, () => `${r.stdout}${r.stderr}${r.error ? `[${r.error.type}] ${r.error.message}` : ''}`.trimEnd());
       return r.error ? 1 : 0;
     }
@@ -96,7 +124,10 @@ async function main(argv: string[]): Promise<number> {
       const r = await client.call<Page<Evolution>>('GET', `/v1/workspaces/${ws.id}/evolutions?limit=50`);
       print(r, () =>
         r.data
-          .map((e) => `${e.id}  ${e.kind.padEnd(6)} ${e.status.padEnd(9)} ${e.commit_sha?.slice(0, 10) ?? '-'.padEnd(10)}  ${e.summary ?? e.error ?? ''}${e.changed_paths.length ? `\n    ${e.changed_paths.join(', ')}` : ''}`)
+          .map(
+            (e) =>
+              `${e.id}  ${e.kind.padEnd(6)} ${e.status.padEnd(9)} ${e.commit_sha?.slice(0, 10) ?? '-'.padEnd(10)}  ${e.summary ?? e.error ?? ''}${e.changed_paths.length ? `\n    ${e.changed_paths.join(', ')}` : ''}`,
+          )
           .join('\n'),
       );
       return 0;
@@ -114,8 +145,15 @@ async function main(argv: string[]): Promise<number> {
     case 'undo': {
       need(2, 'WORKSPACE EVOLUTION');
       const ws = await client.workspace(rest[0]!);
-      const r = await client.call<{ evolution: Evolution; commit_sha: string }>('POST', `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`);
-      print(r, () => `undone: ${r.evolution.id} reverted by commit ${r.commit_sha.slice(0, 10)} (${r.evolution.changed_paths.join(', ')})`);
+      const r = await client.call<{ evolution: Evolution; commit_sha: string }>(
+        'POST',
+        `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`,
+      );
+      print(
+        r,
+        () =>
+          `undone: ${r.evolution.id} reverted by commit ${r.commit_sha.slice(0, 10)} (${r.evolution.changed_paths.join(', ')})`,
+      );
       return 0;
     }
     default:

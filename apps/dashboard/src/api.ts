@@ -20,7 +20,11 @@ class ApiFailure extends Error {
 /** The API error envelope's message, or what can be said without one. */
 async function failureOf(res: Response): Promise<ApiFailure> {
   const body = (await res.json().catch(() => null)) as { error?: { code?: string; message?: string } } | null;
-  return new ApiFailure(res.status, body?.error?.code ?? 'http_error', body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`);
+  return new ApiFailure(
+    res.status,
+    body?.error?.code ?? 'http_error',
+    body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`,
+  );
 }
 
 export function authHeaders(key = getKey()): Record<string, string> {

@@ -3,7 +3,11 @@ export type Child = Node | string | number | null | undefined | false;
 type Props = Record<string, string | number | boolean | undefined | ((ev: Event) => void)>;
 
 /** Builds an element; `on…` props are listeners, the rest attributes. API data only ever becomes text nodes. */
-export function h<K extends keyof HTMLElementTagNameMap>(tag: K, props: Props = {}, ...children: Child[]): HTMLElementTagNameMap[K] {
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  props: Props = {},
+  ...children: Child[]
+): HTMLElementTagNameMap[K] {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (typeof v === 'function') el.addEventListener(k.slice(2), v);

@@ -12,7 +12,15 @@ let dispose: Dispose[] = [];
 
 /** The first screen: the key is checked against the API before it is kept (in this tab only). */
 function signIn(): HTMLElement {
-  const input = h('input', { id: 'key', type: 'password', name: 'key', autocomplete: 'off', placeholder: 'kiln_…', required: true, size: 60 });
+  const input = h('input', {
+    id: 'key',
+    type: 'password',
+    name: 'key',
+    autocomplete: 'off',
+    placeholder: 'kiln_…',
+    required: true,
+    size: 60,
+  });
   const error = h('p', { class: 'error', role: 'alert' });
   const form = h(
     'form',
@@ -65,14 +73,27 @@ function render(): void {
     h('a', { href: '#/audit' }, 'Audit'),
     h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),
-    h('button', { type: 'button', id: 'signout', onclick: () => {
-        clearKey();
-        location.hash = '#/';
-        render();
+    h(
+      'button',
+      {
+        type: 'button',
+        id: 'signout',
+        onclick: () => {
+          clearKey();
+          location.hash = '#/';
+          render();
+        },
       },
-    }, 'Sign out'),
+      'Sign out',
+    ),
   );
-  const hint = isOrgAdminKey(key) ? h('p', { class: 'hint' }, 'An org-admin key manages teams and platform updates; runs, approvals, sandboxes and workspaces need a team key.') : null;
+  const hint = isOrgAdminKey(key)
+    ? h(
+        'p',
+        { class: 'hint' },
+        'An org-admin key manages teams and platform updates; runs, approvals, sandboxes and workspaces need a team key.',
+      )
+    : null;
   replace(flash);
   replace(root, nav, hint, flash, h('main', {}, viewFor(location.hash)));
 }

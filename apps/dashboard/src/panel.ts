@@ -52,7 +52,11 @@ function say(text: string, ok: boolean) {
 }
 
 /** A button that runs an API action, reports its outcome (or the API's error) in `flash`, then reloads. */
-export function action(label: string, run: () => Promise<string | undefined>, opts: { confirm?: string; after?: () => Promise<void>; className?: string } = {}): HTMLElement {
+export function action(
+  label: string,
+  run: () => Promise<string | undefined>,
+  opts: { confirm?: string; after?: () => Promise<void>; className?: string } = {},
+): HTMLElement {
   const button = h(
     'button',
     {

@@ -25,7 +25,11 @@ export class SseParser {
       this.buffer = this.buffer.slice(nl.index + nl[0].length);
       if (line === '') {
         if (this.frame.data.length > 0 || this.frame.event !== undefined) {
-          out.push({ ...(this.frame.id !== undefined ? { id: this.frame.id } : {}), event: this.frame.event ?? 'message', data: this.frame.data.join('\n') });
+          out.push({
+            ...(this.frame.id !== undefined ? { id: this.frame.id } : {}),
+            event: this.frame.event ?? 'message',
+            data: this.frame.data.join('\n'),
+          });
         }
         this.frame = { data: [] };
         continue;

@@ -118,16 +118,30 @@ class Relay {
 
   run(cmd: string, args: string[]): Promise<string> {
     return new Promise((resolve, reject) => {
-      execFile(cmd, args, { cwd: this.plan.sourceDir, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
-        this.log(`$ ${cmd} ${args.join(' ')}\n${stdout}${stderr}`);
-        if (err) reject(new Error(`${cmd} ${args[0]} failed: ${(stderr || err.message).trim().slice(-2000)}`));
-        else resolve(stdout.trim());
-      });
+      execFile(
+        cmd,
+        args,
+        { cwd: this.plan.sourceDir, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 },
+        (err, stdout, stderr) => {
+          this.log(`$ ${cmd} ${args.join(' ')}\n${stdout}${stderr}`);
+          if (err) reject(new Error(`${cmd} ${args[0]} failed: ${(stderr || err.message).trim().slice(-2000)}`));
+          else resolve(stdout.trim());
+        },
+      );
     });
   }
 
   git(args: string[]): Promise<string> {
-    const identity = ['-c', 'user.name=Kiln', '-c', 'user.email=system@kiln.invalid', '-c', 'core.hooksPath=/dev/null', '-c', 'commit.gpgsign=false'];
+    const identity = [
+      '-c',
+      'user.name=Kiln',
+      '-c',
+      'user.email=system@kiln.invalid',
+      '-c',
+      'core.hooksPath=/dev/null',
+      '-c',
+      'commit.gpgsign=false',
+    ];
     return this.run('git', [...identity, ...args]);
   }
 
@@ -153,7 +167,12 @@ class Relay {
       }
     })();
     const out = openSync(this.plan.serverLogFile, 'a');
-    const child = spawn(this.plan.command, this.plan.args, { cwd: this.plan.cwd, env: process.env, detached: true, stdio: ['ignore', out, out] });
+    const child = spawn(this.plan.command, this.plan.args, {
+      cwd: this.plan.cwd,
+      env: process.env,
+      detached: true,
+      stdio: ['ignore', out, out],
+    });
     closeSync(out);
     child.unref();
     let exited = false;
@@ -188,16 +207,32 @@ class Relay {
     this.write({ phase: 'starting' });
     const next = await this.startAndProbe();
     if (next.ready) {
-      this.write({ phase: 'done', outcome: 'applied', pid: next.child?.pid, url: next.url, head: p.commit, downtimeMs: Date.now() - this.stopSentAt });
+      this.write({
+        phase: 'done',
+        outcome: 'applied',
+        pid: next.child?.pid,
+        url: next.url,
+        head: p.commit,
+        downtimeMs: Date.now() - this.stopSentAt,
+      });
       return;
     }
-    const why = next.why ?? (next.url ? `the new version did not answer /readyz 200 within ${p.readyTimeoutMs} ms` : 'the new version did not start listening');
+    const why =
+      next.why ??
+      (next.url
+        ? `the new version did not answer /readyz 200 within ${p.readyTimeoutMs} ms`
+        : 'the new version did not start listening');
     this.write({ phase: 'reverting', error: why });
     if (next.child?.pid) await this.stop(next.child.pid);
     let head: string;
     try {
       await this.git(['revert', '--no-commit', p.commit]);
-      await this.git(['commit', '-q', '-m', `Revert platform update ${p.updateId}: ${why}\n\nKiln-Kind: source\nKiln-Update: ${p.updateId}\nKiln-Author: system`]);
+      await this.git([
+        'commit',
+        '-q',
+        '-m',
+        `Revert platform update ${p.updateId}: ${why}\n\nKiln-Kind: source\nKiln-Update: ${p.updateId}\nKiln-Author: system`,
+      ]);
       head = await this.git(['rev-parse', 'HEAD']);
     } catch (err) {
       await this.git(['revert', '--abort']).catch(() => undefined);

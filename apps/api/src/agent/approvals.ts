@@ -154,10 +154,13 @@ export class Approvals {
 
   private scheduleExpiry(a: ApprovalRow): void {
     const ms = Math.max(0, a.expiresAt.getTime() - Date.now());
-    const timer = setTimeout(() => {
-      this.expiries.delete(a.id);
-      this.expire(a).catch((err) => this.deps.log.error({ err, approval: a.id }, 'could not expire approval'));
-    }, Math.min(ms, 2 ** 31 - 1));
+    const timer = setTimeout(
+      () => {
+        this.expiries.delete(a.id);
+        this.expire(a).catch((err) => this.deps.log.error({ err, approval: a.id }, 'could not expire approval'));
+      },
+      Math.min(ms, 2 ** 31 - 1),
+    );
     timer.unref();
     this.expiries.set(a.id, timer);
   }

@@ -3,7 +3,10 @@ import { LOG_LINE_RULES, toLogLines } from '../memory/chunker.ts';
 import type { ChatMessage } from './llm.ts';
 
 /** The tokenizer runs in its own thread: a tenant's output decides how long it takes. */
-const tokenizer = new OffThread<{ texts: string[] }, number[]>(new URL('./tokenizer.worker.mjs', import.meta.url), 'tokenizer');
+const tokenizer = new OffThread<{ texts: string[] }, number[]>(
+  new URL('./tokenizer.worker.mjs', import.meta.url),
+  'tokenizer',
+);
 const counted = new Map<string, number>();
 const MAX_CACHED = 50_000;
 
@@ -43,7 +46,8 @@ const maxTokens = (text: string) => Buffer.byteLength(text);
 /** The texts of a chat request that count: content, and the name and arguments of tool calls. */
 function textsOf(m: ChatMessage): string[] {
   const texts = typeof m.content === 'string' ? [m.content] : [];
-  if (m.role === 'assistant' && m.tool_calls) for (const c of m.tool_calls) if (c.type === 'function') texts.push(c.function.name, c.function.arguments);
+  if (m.role === 'assistant' && m.tool_calls)
+    for (const c of m.tool_calls) if (c.type === 'function') texts.push(c.function.name, c.function.arguments);
   return texts;
 }
 
@@ -73,7 +77,12 @@ export function answerEveryCall(entries: TranscriptEntry[], notRun: string): Tra
   const out: TranscriptEntry[] = [];
   let open: { id: string; calls: string[] } | undefined;
   const close = () => {
-    for (const call of open?.calls ?? []) out.push({ id: `${open!.id}:${call}`, person: false, message: { role: 'tool', tool_call_id: call, content: notRun } });
+    for (const call of open?.calls ?? [])
+      out.push({
+        id: `${open!.id}:${call}`,
+        person: false,
+        message: { role: 'tool', tool_call_id: call, content: notRun },
+      });
     open = undefined;
   };
   for (const e of entries) {
@@ -106,7 +115,10 @@ export function splitTurns(entries: TranscriptEntry[]): TranscriptEntry[][] {
 }
 
 /** Level 1: tool results of earlier turns over `capTokens` keep their head and tail with a note. */
-export async function truncateOldResults(turns: TranscriptEntry[][], capTokens: number): Promise<{ turns: TranscriptEntry[][]; changed: number }> {
+export async function truncateOldResults(
+  turns: TranscriptEntry[][],
+  capTokens: number,
+): Promise<{ turns: TranscriptEntry[][]; changed: number }> {
   const textOf = (e: TranscriptEntry) => (typeof e.message.content === 'string' ? e.message.content : '');
   const isResult = (e: TranscriptEntry) => e.message.role === 'tool' || (e.message.role === 'user' && !e.person);
   const older = turns.slice(0, -1).flat(); // the current turn stays whole
@@ -123,7 +135,10 @@ export async function truncateOldResults(turns: TranscriptEntry[][], capTokens: 
       const text = textOf(e);
       // About half the cap at each end, in this text's own characters per token (dense text such
       // as hex has fewer than English), at least 200 characters, and always less than the whole.
-      const keep = Math.min(Math.max(200, Math.floor((text.length * capTokens) / (2 * tokens))), Math.floor(text.length / 4));
+      const keep = Math.min(
+        Math.max(200, Math.floor((text.length * capTokens) / (2 * tokens))),
+        Math.floor(text.length / 4),
+      );
       const omitted = text.length - 2 * keep;
       const content = `${text.slice(0, keep)}\n[... ${omitted} characters of this old result omitted by Kiln to save context ...]\n${text.slice(-keep)}`;
       return { ...e, message: { ...e.message, content } as ChatMessage };
@@ -140,7 +155,15 @@ export function reduceOldTurns(turns: TranscriptEntry[][]): TranscriptEntry[][] 
   return turns.map((turn, i) => {
     if (i === turns.length - 1 || turn.length <= 2) return turn;
     const first = turn[0]!;
-    const lastAnswer = [...turn].reverse().find((e) => e.message.role === 'assistant' && typeof e.message.content === 'string' && e.message.content && !('tool_calls' in e.message && e.message.tool_calls));
+    const lastAnswer = [...turn]
+      .reverse()
+      .find(
+        (e) =>
+          e.message.role === 'assistant' &&
+          typeof e.message.content === 'string' &&
+          e.message.content &&
+          !('tool_calls' in e.message && e.message.tool_calls),
+      );
     return lastAnswer ? [first, lastAnswer] : [first];
   });
 }
@@ -172,7 +195,12 @@ export function renderTurns(turns: TranscriptEntry[][]): string {
     .flat()
     .map((e) => {
       const m = e.message;
-      const calls = m.role === 'assistant' && m.tool_calls ? m.tool_calls.map((c) => (c.type === 'function' ? ` [calls ${c.function.name}(${c.function.arguments})]` : '')).join('') : '';
+      const calls =
+        m.role === 'assistant' && m.tool_calls
+          ? m.tool_calls
+              .map((c) => (c.type === 'function' ? ` [calls ${c.function.name}(${c.function.arguments})]` : ''))
+              .join('')
+          : '';
       return `### ${e.person ? 'user' : m.role}\n${typeof m.content === 'string' ? m.content : ''}${calls}`;
     })
     .join('\n\n');

@@ -96,7 +96,12 @@ export class RunEventLog {
    * flight join into one statement: a burst of output chunks costs one round trip per write
    * the database can do, not one per chunk. Each caller still gets its own events.
    */
-  appendMany(runId: string, items: [event: string, data: unknown][], writes: SQL[] = [], guarded?: GuardedEvents): Promise<RunEvent[]> {
+  appendMany(
+    runId: string,
+    items: [event: string, data: unknown][],
+    writes: SQL[] = [],
+    guarded?: GuardedEvents,
+  ): Promise<RunEvent[]> {
     const open = this.joinable.get(runId);
     if (open && !writes.length && !guarded && items.length) {
       const from = open.items.length;
@@ -132,23 +137,35 @@ export class RunEventLog {
     return done;
   }
 
-  private write(runId: string, items: [event: string, data: unknown][], writes: SQL[], guarded?: GuardedEvents): Promise<RunEvent[]> {
+  private write(
+    runId: string,
+    items: [event: string, data: unknown][],
+    writes: SQL[],
+    guarded?: GuardedEvents,
+  ): Promise<RunEvent[]> {
     return (async () => {
       let seq = this.next.get(runId);
       if (seq === undefined) {
-        const [row] = await this.db.select({ m: max(runEvents.seq) }).from(runEvents).where(eq(runEvents.runId, runId));
+        const [row] = await this.db
+          .select({ m: max(runEvents.seq) })
+          .from(runEvents)
+          .where(eq(runEvents.runId, runId));
         seq = (row?.m ?? 0) + 1;
       }
       const createdAt = new Date();
       const at = createdAt.toISOString();
       const evs = items.map(([event, data], i) => ({ seq: seq! + i, event, data, createdAt }));
       // Typed, so that the rows can also be a VALUES list in a UNION.
-      const row = (e: { seq: number; event: string; data: unknown }) => sql`(${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb, ${at}::timestamptz)`;
+      const row = (e: { seq: number; event: string; data: unknown }) =>
+        sql`(${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb, ${at}::timestamptz)`;
       let statement: SQL;
       let ifWritten: RunEvent[] = [];
       if (!guarded) {
-        const insert = evs.length ? sql`insert into run_events (run_id, seq, event, data, created_at) values ${sql.join(evs.map(row), sql`, `)}` : undefined;
-        const notify = this.remote && insert ? sql`select pg_notify(${CHANNEL}, ${`${runId}:${evs.at(-1)!.seq}`})` : undefined;
+        const insert = evs.length
+          ? sql`insert into run_events (run_id, seq, event, data, created_at) values ${sql.join(evs.map(row), sql`, `)}`
+          : undefined;
+        const notify =
+          this.remote && insert ? sql`select pg_notify(${CHANNEL}, ${`${runId}:${evs.at(-1)!.seq}`})` : undefined;
         statement = notify ? combine([...writes, insert!], notify) : combine(writes, insert);
       } else {
         // The guard is the CTE after the writes; its events are selected from it, so they exist
@@ -156,14 +173,20 @@ export class RunEventLog {
         ifWritten = guarded.events.map(([event, data], i) => ({ seq: seq! + evs.length + i, event, data, createdAt }));
         const guard = sql.raw(`w${writes.length}`);
         const conditional = ifWritten.map(
-          (e) => sql`select ${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb || ${guard}.data, ${at}::timestamptz from ${guard}`,
+          (e) =>
+            sql`select ${runId}::text, ${e.seq}::int, ${e.event}::text, ${JSON.stringify(e.data ?? {})}::jsonb || ${guard}.data, ${at}::timestamptz from ${guard}`,
         );
-        const selects = evs.length ? [sql`select * from (values ${sql.join(evs.map(row), sql`, `)}) v`, ...conditional] : conditional;
+        const selects = evs.length
+          ? [sql`select * from (values ${sql.join(evs.map(row), sql`, `)}) v`, ...conditional]
+          : conditional;
         const insert = sql`insert into run_events (run_id, seq, event, data, created_at) ${sql.join(selects, sql` union all `)} returning seq, data`;
         const inserted = sql.raw(`w${writes.length + 1}`);
         const last = ifWritten.at(-1)?.seq ?? seq + evs.length - 1;
         const notify = this.remote ? sql`, pg_notify(${CHANNEL}, ${`${runId}:${last}`})` : sql``;
-        statement = combine([...writes, guarded.write, insert], sql`select (select json_agg(json_build_object('seq', seq, 'data', data)) from ${inserted}) as inserted${notify}`);
+        statement = combine(
+          [...writes, guarded.write, insert],
+          sql`select (select json_agg(json_build_object('seq', seq, 'data', data)) from ${inserted}) as inserted${notify}`,
+        );
       }
       const result = await this.db.execute(statement);
       if (guarded) {

@@ -3,7 +3,10 @@ import type { CommitOutcome } from '../workspace/repo.ts';
 import type { SearchHit } from '../memory/search.ts';
 
 /** What the model reads after running code: the `Kiln System: [Execution …]` format, plus what Kiln did with the result. */
-export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?: { path: string; reason: string }[] }) | null): string {
+export function execFeedback(
+  r: ExecOutcome,
+  commit: (CommitOutcome & { ignored?: { path: string; reason: string }[] }) | null,
+): string {
   const out = r.stdout.trimEnd() || '(no output)';
   const lines: string[] = [];
   if (!r.error) {
@@ -14,12 +17,19 @@ export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?
     if (r.stderr.trim()) lines.push('Standard Error:', r.stderr.trimEnd());
     lines.push('Standard Output:', out);
   }
-  if (r.truncated) lines.push(`[Note] Output was cut to its head and tail (stdout ${r.stdout_bytes} bytes, stderr ${r.stderr_bytes} bytes in full).`);
+  if (r.truncated)
+    lines.push(
+      `[Note] Output was cut to its head and tail (stdout ${r.stdout_bytes} bytes, stderr ${r.stderr_bytes} bytes in full).`,
+    );
   if (r.restarted) lines.push('[Note] The interpreter was restarted: variables from earlier steps are gone.');
   if (r.artifacts.length) lines.push(`[Note] ${r.artifacts.length} figure(s) were shown to the user.`);
   if (commit?.commit) lines.push(`[Committed] ${commit.commit.sha.slice(0, 12)}: ${commit.commit.paths.join(', ')}`);
-  for (const red of commit?.redactions ?? []) lines.push(`[Redacted] a ${red.type} in ${red.path}:${red.line} was replaced before the commit. Never write secrets to files.`);
-  for (const ref of [...(commit?.refused ?? []), ...(commit?.ignored ?? [])]) lines.push(`[Not committed] ${ref.path}: ${ref.reason}`);
+  for (const red of commit?.redactions ?? [])
+    lines.push(
+      `[Redacted] a ${red.type} in ${red.path}:${red.line} was replaced before the commit. Never write secrets to files.`,
+    );
+  for (const ref of [...(commit?.refused ?? []), ...(commit?.ignored ?? [])])
+    lines.push(`[Not committed] ${ref.path}: ${ref.reason}`);
   return lines.join('\n');
 }
 
@@ -28,7 +38,8 @@ export function execFeedback(r: ExecOutcome, commit: (CommitOutcome & { ignored?
  * file for more), its date and heading, and the matching lines themselves.
  */
 export function searchFeedback(query: string, hits: SearchHit[]): string {
-  if (!hits.length) return `Kiln System: [Memory Search] nothing found for "${query}". Try other words (names, things, identifiers), fewer words, or no filters.`;
+  if (!hits.length)
+    return `Kiln System: [Memory Search] nothing found for "${query}". Try other words (names, things, identifiers), fewer words, or no filters.`;
   return [
     `Kiln System: [Memory Search] ${hits.length} result(s) for "${query}", best first:`,
     ...hits.map((h) => {
@@ -39,7 +50,8 @@ export function searchFeedback(query: string, hits: SearchHit[]): string {
   ].join('\n');
 }
 
-export const SEARCH_REFUSED = (problem: string) => `Kiln System: [Memory Search] not run: ${problem}. Call it again with valid arguments.`;
+export const SEARCH_REFUSED = (problem: string) =>
+  `Kiln System: [Memory Search] not run: ${problem}. Call it again with valid arguments.`;
 
 export const DENIED_BY_POLICY = (rule?: string) =>
   `Kiln System: [Denied by policy] This code was not run: the workspace's approval policy does not allow it${rule ? ` (rule ${JSON.stringify(rule)})` : ''}. Find another way, or finish and explain what you need.`;
@@ -52,6 +64,8 @@ export const APPROVAL_EXPIRED = (seconds: number) =>
 
 export const FINISHED = 'Kiln System: [Finished]';
 
-export const NOT_RUN_AFTER_FINISH = 'Kiln System: [Not run] An earlier call of the same message finished the task, so this call was not carried out.';
+export const NOT_RUN_AFTER_FINISH =
+  'Kiln System: [Not run] An earlier call of the same message finished the task, so this call was not carried out.';
 
-export const NOT_RUN_RUN_ENDED = 'Kiln System: [Not run] The run ended (cancelled, failed or interrupted) before this call was carried out.';
+export const NOT_RUN_RUN_ENDED =
+  'Kiln System: [Not run] The run ended (cancelled, failed or interrupted) before this call was carried out.';

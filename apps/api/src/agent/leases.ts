@@ -49,9 +49,12 @@ export class Leases {
 
   /** Renews this server's leases, and interrupts orphaned runs, every third of the lease. */
   startTending(): void {
-    this.timer = setInterval(() => {
-      this.tend().catch((err) => this.deps.log.warn({ err }, 'run lease upkeep failed'));
-    }, Math.max(50, Math.floor(this.lease.leaseMs / 3)));
+    this.timer = setInterval(
+      () => {
+        this.tend().catch((err) => this.deps.log.warn({ err }, 'run lease upkeep failed'));
+      },
+      Math.max(50, Math.floor(this.lease.leaseMs / 3)),
+    );
     this.timer.unref();
   }
 
@@ -63,7 +66,10 @@ export class Leases {
   private async tend(): Promise<void> {
     if (this.active.size) {
       await this.deps.db.execute(sql`update runs set lease_until = ${this.until()}
-        where runner = ${this.lease.owner} and status in (${sql.join(LOOPING.map((st) => sql`${st}`), sql`, `)})`);
+        where runner = ${this.lease.owner} and status in (${sql.join(
+          LOOPING.map((st) => sql`${st}`),
+          sql`, `,
+        )})`);
     }
     await this.interruptOrphans(false);
   }
@@ -77,7 +83,10 @@ export class Leases {
     const { db } = this.deps;
     const own = atStartup ? eq(runs.runner, this.lease.owner) : undefined;
     const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), own);
-    const inFlight = await db.select().from(runs).where(and(inArray(runs.status, [...LOOPING]), orphaned));
+    const inFlight = await db
+      .select()
+      .from(runs)
+      .where(and(inArray(runs.status, [...LOOPING]), orphaned));
     for (const run of inFlight) {
       if (this.active.has(run.id)) continue;
       await finishRun(this.deps, run, 'failed', INTERRUPTED);

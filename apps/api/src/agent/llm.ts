@@ -41,7 +41,15 @@ export class ModelClient {
   private readonly client: OpenAI | undefined;
 
   constructor(readonly opts: ModelClientOptions) {
-    this.client = opts.baseURL || opts.apiKey ? new OpenAI({ baseURL: opts.baseURL, apiKey: opts.apiKey ?? 'unused', maxRetries: opts.maxRetries, timeout: opts.timeoutMs }) : undefined;
+    this.client =
+      opts.baseURL || opts.apiKey
+        ? new OpenAI({
+            baseURL: opts.baseURL,
+            apiKey: opts.apiKey ?? 'unused',
+            maxRetries: opts.maxRetries,
+            timeout: opts.timeoutMs,
+          })
+        : undefined;
   }
 
   /** The model a workspace will use, or null when none is configured anywhere. */
@@ -50,18 +58,34 @@ export class ModelClient {
     return workspaceModel ?? this.opts.defaultModel ?? null;
   }
 
-  async complete(req: { model: string; messages: ChatMessage[]; tools?: ChatCompletionTool[]; signal?: AbortSignal }): Promise<ModelTurn> {
-    if (!this.client) throw new ModelError('model_not_configured', 'no model endpoint is configured: set OPENAI_BASE_URL / OPENAI_API_KEY and KILN_MODEL');
+  async complete(req: {
+    model: string;
+    messages: ChatMessage[];
+    tools?: ChatCompletionTool[];
+    signal?: AbortSignal;
+  }): Promise<ModelTurn> {
+    if (!this.client)
+      throw new ModelError(
+        'model_not_configured',
+        'no model endpoint is configured: set OPENAI_BASE_URL / OPENAI_API_KEY and KILN_MODEL',
+      );
     try {
       const stream = await this.client.chat.completions.create(
-        { model: req.model, messages: req.messages, tools: req.tools, stream: true, stream_options: { include_usage: true } },
+        {
+          model: req.model,
+          messages: req.messages,
+          tools: req.tools,
+          stream: true,
+          stream_options: { include_usage: true },
+        },
         { signal: req.signal },
       );
       let content = '';
       const calls: ToolCall[] = [];
       let usage = { promptTokens: 0, completionTokens: 0 };
       for await (const chunk of stream) {
-        if (chunk.usage) usage = { promptTokens: chunk.usage.prompt_tokens, completionTokens: chunk.usage.completion_tokens };
+        if (chunk.usage)
+          usage = { promptTokens: chunk.usage.prompt_tokens, completionTokens: chunk.usage.completion_tokens };
         const delta = chunk.choices[0]?.delta;
         if (!delta) continue;
         if (delta.content) content += delta.content;
@@ -81,14 +105,21 @@ export class ModelClient {
 
 function toModelError(err: unknown, signal?: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
-  if (signal?.aborted || err instanceof OpenAI.APIUserAbortError) return new ModelError('cancelled', 'the model call was cancelled');
+  if (signal?.aborted || err instanceof OpenAI.APIUserAbortError)
+    return new ModelError('cancelled', 'the model call was cancelled');
   if (err instanceof OpenAI.APIError) {
     const text = `${err.message} ${JSON.stringify(err.error ?? {})}`;
-    if (err.status === 400 && /context_length_exceeded|maximum context length|context window|too many tokens/i.test(text)) {
+    if (
+      err.status === 400 &&
+      /context_length_exceeded|maximum context length|context window|too many tokens/i.test(text)
+    ) {
       const limit = /maximum context length is (\d+)/i.exec(text)?.[1] ?? /(\d{3,})\s*tokens/i.exec(text)?.[1];
       return new ModelError('context_overflow', err.message, limit ? Number(limit) : undefined);
     }
-    return new ModelError('model_unavailable', `the model endpoint answered ${err.status ?? 'with an error'}: ${err.message}`);
+    return new ModelError(
+      'model_unavailable',
+      `the model endpoint answered ${err.status ?? 'with an error'}: ${err.message}`,
+    );
   }
   return new ModelError('model_unavailable', `the model endpoint could not be reached: ${(err as Error).message}`);
 }

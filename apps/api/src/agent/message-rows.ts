@@ -5,7 +5,12 @@ import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { ToolCall } from './llm.ts';
 
-export type NewMessage = { role: 'user' | 'assistant' | 'tool'; content: string; toolCalls?: ToolCall[]; toolCallId?: string };
+export type NewMessage = {
+  role: 'user' | 'assistant' | 'tool';
+  content: string;
+  toolCalls?: ToolCall[];
+  toolCallId?: string;
+};
 
 const hash = (s: string) => createHash('sha256').update(s).digest('hex');
 
@@ -27,7 +32,10 @@ export function messageRow(session: SessionRow, runId: string, m: NewMessage): M
 }
 
 /** One model call's tokens, by team, workspace, run (none for reviews and dreams) and model. */
-export function insertUsage(by: { teamId: string; workspaceId: string; runId: string | null; model: string }, u: { promptTokens: number; completionTokens: number }): SQL {
+export function insertUsage(
+  by: { teamId: string; workspaceId: string; runId: string | null; model: string },
+  u: { promptTokens: number; completionTokens: number },
+): SQL {
   return sql`insert into usage (id, team_id, workspace_id, run_id, model, prompt_tokens, completion_tokens)
     values (${newId('use')}, ${by.teamId}, ${by.workspaceId}, ${by.runId}, ${by.model}, ${u.promptTokens}, ${u.completionTokens})`;
 }
@@ -38,4 +46,3 @@ export function insertMessage(row: MessageRow): SQL {
     values (${row.id}, ${row.teamId}, ${row.sessionId}, ${row.runId}, ${row.role}, ${row.content}, ${row.toolCalls === null ? null : JSON.stringify(row.toolCalls)}::jsonb,
       ${row.toolCallId}, ${row.contentHash}, ${row.createdAt.toISOString()}::timestamptz)`;
 }
-

@@ -14,7 +14,9 @@ export type Decision = 'allow' | 'ask' | 'deny';
 export function decideCode(policy: WorkspaceSettings['approval'], code: string): { decision: Decision; rule?: string } {
   const lines = code.replace(/\r\n?/g, '\n');
   for (const behavior of ['deny', 'ask', 'allow'] as const) {
-    const rule = policy.rules.find((r) => r.behavior === behavior && (ruleMatches(r.match, lines) ?? behavior !== 'allow'));
+    const rule = policy.rules.find(
+      (r) => r.behavior === behavior && (ruleMatches(r.match, lines) ?? behavior !== 'allow'),
+    );
     if (rule) return { decision: behavior, rule: rule.match };
   }
   return { decision: policy.mode === 'auto' ? 'allow' : policy.mode };

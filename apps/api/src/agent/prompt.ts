@@ -39,7 +39,11 @@ export async function listSkills(dir: string): Promise<SkillInfo[]> {
         const text = await readFile(join(dir, p), 'utf8');
         const front = /^---\n([\s\S]*?)\n---/.exec(text)?.[1] ?? '';
         const field = (k: string) => frontField(front, k);
-        out.push({ name: field('name') ?? rel.split('/').pop()!, description: field('description') ?? '(no description)', path: `/workspace/${p}` });
+        out.push({
+          name: field('name') ?? rel.split('/').pop()!,
+          description: field('description') ?? '(no description)',
+          path: `/workspace/${p}`,
+        });
       }
     }
   };
@@ -49,7 +53,15 @@ export async function listSkills(dir: string): Promise<SkillInfo[]> {
 
 const read = (dir: string, path: string) => readFile(join(dir, path), 'utf8').catch(() => '');
 
-const PROMPT_FILES = ['AGENT.md', 'RULE.md', 'USER.md', 'MEMORY.md', 'SPEC.md', 'PYTHON.md', 'knowledge/index.md'] as const;
+const PROMPT_FILES = [
+  'AGENT.md',
+  'RULE.md',
+  'USER.md',
+  'MEMORY.md',
+  'SPEC.md',
+  'PYTHON.md',
+  'knowledge/index.md',
+] as const;
 type Files = { texts: string[]; skills: SkillInfo[] };
 const fileCache = new Map<string, { head: string; files: Files }>();
 
@@ -87,7 +99,11 @@ the user refers to something you do not see here. Search with the key words (nam
 identifiers) rather than the whole question; each result gives the file, lines and date.`;
 
 const sourceUpdates = (s: WorkspaceSettings) =>
-  !s.source_updates ? '' : s.protocol === 'xml' ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}` : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
+  !s.source_updates
+    ? ''
+    : s.protocol === 'xml'
+      ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}`
+      : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
 
 export interface PromptInput {
   dir: string;
@@ -103,7 +119,15 @@ export interface PromptInput {
 export async function buildSystemPrompt(input: PromptInput): Promise<string> {
   const { dir, settings } = input;
   const { texts, skills } = await workspaceFiles(dir);
-  const [agent, rules, user, memory, spec, python, knowledge] = texts as [string, string, string, string, string, string, string];
+  const [agent, rules, user, memory, spec, python, knowledge] = texts as [
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+  ];
   const ev = settings.evolution;
   const used = `${memoryEntries(memory).length}/${ev.memory_max_entries} entries, ${Buffer.byteLength(memory)}/${ev.memory_max_bytes} bytes`;
   const l = input.limits;
@@ -118,7 +142,10 @@ export async function buildSystemPrompt(input: PromptInput): Promise<string> {
     `<Knowledge_Index>\n${knowledge.trim()}\n</Knowledge_Index>`,
     input.evolutions?.length
       ? `<Self_Evolution note="changes you made to yourself after earlier sessions; undo one with its id if the user asks">\n${input.evolutions
-          .map((e) => `- ${e.id} (${e.kind}, ${e.at?.toISOString().slice(0, 16).replace('T', ' ') ?? '?'}${e.status === 'reverted' ? ', already undone' : ''}): ${e.summary ?? ''} [${e.paths.join(', ')}]`)
+          .map(
+            (e) =>
+              `- ${e.id} (${e.kind}, ${e.at?.toISOString().slice(0, 16).replace('T', ' ') ?? '?'}${e.status === 'reverted' ? ', already undone' : ''}): ${e.summary ?? ''} [${e.paths.join(', ')}]`,
+          )
           .join('\n')}\n</Self_Evolution>`
       : '',
     input.snapshot ? `<Current_Project_State>\n${input.snapshot.trim()}\n</Current_Project_State>` : '',

@@ -55,8 +55,13 @@ export const TOOLS: ChatCompletionTool[] = [
     type: 'function',
     function: {
       name: 'python',
-      description: 'Run Python in the session sandbox (variables persist between calls). Returns stdout, stderr and any error.',
-      parameters: { type: 'object', properties: { code: { type: 'string', description: 'The Python code to run' } }, required: ['code'] },
+      description:
+        'Run Python in the session sandbox (variables persist between calls). Returns stdout, stderr and any error.',
+      parameters: {
+        type: 'object',
+        properties: { code: { type: 'string', description: 'The Python code to run' } },
+        required: ['code'],
+      },
     },
   },
   {
@@ -68,8 +73,14 @@ export const TOOLS: ChatCompletionTool[] = [
       parameters: {
         type: 'object',
         properties: {
-          query: { type: 'string', description: 'The words to look for: names, things, identifiers (not a whole question)' },
-          path: { type: 'string', description: 'Optional: only files under this path, e.g. memory/ (daily logs), knowledge/, skills/' },
+          query: {
+            type: 'string',
+            description: 'The words to look for: names, things, identifiers (not a whole question)',
+          },
+          path: {
+            type: 'string',
+            description: 'Optional: only files under this path, e.g. memory/ (daily logs), knowledge/, skills/',
+          },
           since: { type: 'string', description: 'Optional: only daily logs of this day or later (YYYY-MM-DD)' },
           until: { type: 'string', description: 'Optional: only daily logs of this day or earlier (YYYY-MM-DD)' },
         },
@@ -81,7 +92,8 @@ export const TOOLS: ChatCompletionTool[] = [
     type: 'function',
     function: {
       name: 'undo_evolution',
-      description: 'Undo a change self-evolution made to the workspace (a review or dream), by its evolution id, when the user asks for it.',
+      description:
+        'Undo a change self-evolution made to the workspace (a review or dream), by its evolution id, when the user asks for it.',
       parameters: { type: 'object', properties: { evolution_id: { type: 'string' } }, required: ['evolution_id'] },
     },
   },
@@ -96,7 +108,8 @@ export const TOOLS: ChatCompletionTool[] = [
 ];
 
 /** The tools offered to the model: `propose_source_update` only where an org admin enabled it. */
-export const toolsFor = (settings: WorkspaceSettings): ChatCompletionTool[] => (settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS);
+export const toolsFor = (settings: WorkspaceSettings): ChatCompletionTool[] =>
+  settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS;
 
 /** One tool call of a model message: the action it asks for, or why it cannot be carried out. */
 export type Call = { toolCallId: string; action: Action } | { toolCallId: string; violation: string };
@@ -118,12 +131,18 @@ export function parseToolCall(call: ToolCall): Call {
   if (call.name === 'python' && str('code')) return { action: { type: 'python', code: str('code') }, toolCallId };
   if (call.name === 'memory_search' && str('query')) {
     const opt = (k: string) => (str(k) ? { [k]: str(k) } : {});
-    return { action: { type: 'memory_search', query: str('query'), ...opt('path'), ...opt('since'), ...opt('until') }, toolCallId };
+    return {
+      action: { type: 'memory_search', query: str('query'), ...opt('path'), ...opt('since'), ...opt('until') },
+      toolCallId,
+    };
   }
-  if (call.name === 'propose_source_update') return { action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId };
-  if (call.name === 'undo_evolution' && str('evolution_id')) return { action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId };
+  if (call.name === 'propose_source_update')
+    return { action: { type: 'source_update', patch: str('patch'), reason: str('reason') }, toolCallId };
+  if (call.name === 'undo_evolution' && str('evolution_id'))
+    return { action: { type: 'undo_evolution', evolutionId: str('evolution_id') }, toolCallId };
   if (call.name === 'finish') return { action: { type: 'finish', summary: str('summary') }, toolCallId };
   return { violation: `unknown tool ${call.name} or missing arguments`, toolCallId };
 }
 
-export const TOOL_CORRECTION = (violation: string) => `Kiln System: [Protocol Violation] ${violation}. Call the tool again with valid JSON arguments.`;
+export const TOOL_CORRECTION = (violation: string) =>
+  `Kiln System: [Protocol Violation] ${violation}. Call the tool again with valid JSON arguments.`;

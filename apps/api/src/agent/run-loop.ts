@@ -28,14 +28,26 @@ import type { Approvals, Resume } from './approvals.ts';
 import type { TranscriptEntry } from './context.ts';
 import type { RunEventLog } from './events.ts';
 import {
-  APPROVAL_EXPIRED, DENIED_BY_POLICY, DENIED_BY_USER, execFeedback, FINISHED, NOT_RUN_AFTER_FINISH, SEARCH_REFUSED,
+  APPROVAL_EXPIRED,
+  DENIED_BY_POLICY,
+  DENIED_BY_USER,
+  execFeedback,
+  FINISHED,
+  NOT_RUN_AFTER_FINISH,
+  SEARCH_REFUSED,
   searchFeedback,
 } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
 import { decideCode } from './policy.ts';
 import {
-  parseToolCall, parseXml, TOOL_CORRECTION, toolsFor, XML_CORRECTION, type Action, type Call,
+  parseToolCall,
+  parseXml,
+  TOOL_CORRECTION,
+  toolsFor,
+  XML_CORRECTION,
+  type Action,
+  type Call,
 } from './protocol.ts';
 import { finishRun, INTERRUPTED, RunWrites, type RunEnd, type RunError } from './run-writes.ts';
 import * as su from './source-update.ts';
@@ -170,9 +182,10 @@ export class RunLoop {
         continue;
       }
       // Without a tool call, a reply under tool calling is the model finishing in prose.
-      const parsed = settings.protocol === 'xml'
-        ? parseXml(turn.content)
-        : { thinking: null, action: { type: 'finish' as const, summary: turn.content.trim() } };
+      const parsed =
+        settings.protocol === 'xml'
+          ? parseXml(turn.content)
+          : { thinking: null, action: { type: 'finish' as const, summary: turn.content.trim() } };
       if (!parsed.action) {
         violations++;
         if (violations > MAX_VIOLATIONS) {
@@ -224,7 +237,9 @@ export class RunLoop {
     while (at >= 0 && !calls(this.rows[at]!).some((c) => c.id === toolCallId)) at--;
     if (at < 0) return [];
     const answered = new Set(this.rows.slice(at + 1).flatMap((r) => (r.role === 'tool' ? [r.toolCallId] : [])));
-    return calls(this.rows[at]!).filter((c) => !answered.has(c.id)).map(parseToolCall);
+    return calls(this.rows[at]!)
+      .filter((c) => !answered.has(c.id))
+      .map(parseToolCall);
   }
 
   /**
@@ -288,9 +303,12 @@ export class RunLoop {
     action: { patch: string; reason: string },
     toolCallId: string | undefined,
   ): Promise<boolean> {
-    const refusal = !this.ws.settings.source_updates || !this.deps.sourceUpdates()
-      ? su.SOURCE_UPDATE_DISABLED
-      : !action.patch || !action.reason.trim() ? su.SOURCE_UPDATE_INCOMPLETE : null;
+    const refusal =
+      !this.ws.settings.source_updates || !this.deps.sourceUpdates()
+        ? su.SOURCE_UPDATE_DISABLED
+        : !action.patch || !action.reason.trim()
+          ? su.SOURCE_UPDATE_INCOMPLETE
+          : null;
     if (refusal) {
       this.reply(toolCallId, refusal);
       await this.writes.flush();
@@ -314,10 +332,9 @@ export class RunLoop {
       const proposal = su.fromApprovalText(approval.code);
       const sink = this.deps.sourceUpdates();
       const answer = sink
-        ? await sink.submit({ ...proposal, author: 'agent' }, undefined).then(
-            su.sourceUpdateSubmitted,
-            (err: Error) => su.sourceUpdateFailed(err.message),
-          )
+        ? await sink
+            .submit({ ...proposal, author: 'agent' }, undefined)
+            .then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
         : su.SOURCE_UPDATE_DISABLED;
       this.reply(toolCallId, answer);
       await this.writes.flush();

@@ -78,10 +78,23 @@ export async function startRun(
   const runId = newId('run');
   const now = new Date();
   const run: RunRow = {
-    id: runId, teamId, workspaceId: workspace.id, sessionId, status: 'queued', model, trigger: 'message',
-    steps: 0, promptTokens: 0, completionTokens: 0, error: null,
-    createdAt: now, startedAt: null, finishedAt: null, cancelRequestedAt: null,
-    runner: lease.owner, leaseUntil: new Date(now.getTime() + lease.leaseMs),
+    id: runId,
+    teamId,
+    workspaceId: workspace.id,
+    sessionId,
+    status: 'queued',
+    model,
+    trigger: 'message',
+    steps: 0,
+    promptTokens: 0,
+    completionTokens: 0,
+    error: null,
+    createdAt: now,
+    startedAt: null,
+    finishedAt: null,
+    cancelRequestedAt: null,
+    runner: lease.owner,
+    leaseUntil: new Date(now.getTime() + lease.leaseMs),
   };
   const message = messageRow(session, runId, { role: 'user', content });
   const writes = [
@@ -202,7 +215,10 @@ export async function finishRun(
   queued: Queue = emptyQueue(),
 ): Promise<void> {
   const patch = queued.run ? sql`, ${runPatchSet(queued.run, true)}` : sql``;
-  const active = sql.join(ACTIVE_RUN_STATUSES.map((a) => sql`${a}`), sql`, `);
+  const active = sql.join(
+    ACTIVE_RUN_STATUSES.map((a) => sql`${a}`),
+    sql`, `,
+  );
   const end = sql`update runs set status = ${status}, error = ${error ? JSON.stringify(error) : null}::jsonb,
       finished_at = ${new Date().toISOString()}::timestamptz,
       steps = greatest(steps, ${Math.max(run.steps, queued.run?.steps ?? 0)})${patch}

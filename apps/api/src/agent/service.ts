@@ -128,7 +128,10 @@ export class AgentService {
   }
 
   async getRun(teamId: string, runId: string): Promise<RunRow> {
-    const [run] = await this.db.select().from(runs).where(and(eq(runs.id, runId), eq(runs.teamId, teamId)));
+    const [run] = await this.db
+      .select()
+      .from(runs)
+      .where(and(eq(runs.id, runId), eq(runs.teamId, teamId)));
     if (!run) throw ApiError.notFound('run');
     return run;
   }

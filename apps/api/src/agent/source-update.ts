@@ -7,17 +7,24 @@ import type { ChatCompletionTool } from 'openai/resources/chat/completions';
  * submitted like an admin's own patch (self-check first; applying stays a separate admin step).
  */
 export interface SourceUpdateSink {
-  submit(input: { patch: string; reason: string; author: 'agent' }, actor: undefined): Promise<{ id: string; status: string }>;
+  submit(
+    input: { patch: string; reason: string; author: 'agent' },
+    actor: undefined,
+  ): Promise<{ id: string; status: string }>;
 }
 
 export const SOURCE_UPDATE_TOOL: ChatCompletionTool = {
   type: 'function',
   function: {
     name: 'propose_source_update',
-    description: 'Propose a change to the Kiln platform source itself (a unified diff). An org admin must approve it; it is then self-checked (type-check, smoke tests, boot) before anyone can apply it.',
+    description:
+      'Propose a change to the Kiln platform source itself (a unified diff). An org admin must approve it; it is then self-checked (type-check, smoke tests, boot) before anyone can apply it.',
     parameters: {
       type: 'object',
-      properties: { reason: { type: 'string', description: 'Why, in a sentence' }, patch: { type: 'string', description: 'git diff of the platform source' } },
+      properties: {
+        reason: { type: 'string', description: 'Why, in a sentence' },
+        patch: { type: 'string', description: 'git diff of the platform source' },
+      },
       required: ['reason', 'patch'],
     },
   },
@@ -30,7 +37,8 @@ export const SOURCE_UPDATE_XML =
 const PREFIX = 'Platform source update proposed by the agent.\nReason: ';
 
 /** What the approval shows the admin (and stores): the reason, then the patch exactly as proposed. */
-export const approvalText = (reason: string, patch: string) => `${PREFIX}${reason.replace(/\s+/g, ' ').trim()}\n\n${patch}`;
+export const approvalText = (reason: string, patch: string) =>
+  `${PREFIX}${reason.replace(/\s+/g, ' ').trim()}\n\n${patch}`;
 
 export function fromApprovalText(text: string): { reason: string; patch: string } {
   const body = text.slice(PREFIX.length);
@@ -41,10 +49,12 @@ export function fromApprovalText(text: string): { reason: string; patch: string 
 export const SOURCE_UPDATE_DISABLED =
   'Kiln System: [Source update refused] This workspace may not propose platform source updates (an org admin enables them per workspace). Nothing was submitted.';
 
-export const SOURCE_UPDATE_INCOMPLETE = 'Kiln System: [Source update refused] A proposal needs a non-empty reason and patch. Nothing was submitted.';
+export const SOURCE_UPDATE_INCOMPLETE =
+  'Kiln System: [Source update refused] A proposal needs a non-empty reason and patch. Nothing was submitted.';
 
 export const sourceUpdateSubmitted = (u: { id: string; status: string }) =>
   `Kiln System: [Source update submitted] An org admin approved your proposal. It is update ${u.id}, status ${u.status}: the self-check ` +
   '(type-check, smoke tests, boot on a spare port) runs now; applying it and restarting the platform is a separate step an org admin takes.';
 
-export const sourceUpdateFailed = (message: string) => `Kiln System: [Source update refused] The approved patch could not be submitted: ${message}`;
+export const sourceUpdateFailed = (message: string) =>
+  `Kiln System: [Source update refused] The approved patch could not be submitted: ${message}`;

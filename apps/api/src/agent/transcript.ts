@@ -19,8 +19,16 @@ import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 import type { recentEvolutions } from '../evolution-log/evolutions.ts';
 import {
-  answerEveryCall, fits, messageTokens, parseSummary, reduceOldTurns, renderTurns, splitTurns, SUMMARY_INSTRUCTIONS,
-  truncateOldResults, type TranscriptEntry,
+  answerEveryCall,
+  fits,
+  messageTokens,
+  parseSummary,
+  reduceOldTurns,
+  renderTurns,
+  splitTurns,
+  SUMMARY_INSTRUCTIONS,
+  truncateOldResults,
+  type TranscriptEntry,
 } from './context.ts';
 import { NOT_RUN_RUN_ENDED } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';

@@ -7,7 +7,11 @@ import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 
 /** The audit row for a draft: the actor's team unless the draft names one. */
-export function auditRow(draft: AuditDraft, actor: Principal | undefined, requestId?: string): typeof auditEvents.$inferInsert {
+export function auditRow(
+  draft: AuditDraft,
+  actor: Principal | undefined,
+  requestId?: string,
+): typeof auditEvents.$inferInsert {
   return {
     id: newId('aud'),
     teamId: draft.teamId === undefined ? (actor?.teamId ?? null) : draft.teamId,
@@ -35,7 +39,12 @@ export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | 
 }
 
 /** Audit events visible to a team (or every event, for org admins: `teamId` null). */
-export async function listAudit(db: Db, teamId: string | null, filter: { action?: string; actor?: string }, p: ListParams) {
+export async function listAudit(
+  db: Db,
+  teamId: string | null,
+  filter: { action?: string; actor?: string },
+  p: ListParams,
+) {
   const c = cursorOn(auditEvents.id, p);
   const conds: (SQL | undefined)[] = [
     teamId ? eq(auditEvents.teamId, teamId) : undefined,
@@ -43,5 +52,10 @@ export async function listAudit(db: Db, teamId: string | null, filter: { action?
     filter.actor ? eq(auditEvents.actorKeyId, filter.actor) : undefined,
     c.where,
   ];
-  return db.select().from(auditEvents).where(and(...conds)).orderBy(c.orderBy).limit(c.limit);
+  return db
+    .select()
+    .from(auditEvents)
+    .where(and(...conds))
+    .orderBy(c.orderBy)
+    .limit(c.limit);
 }

@@ -15,10 +15,23 @@ export interface BootstrapResult {
  * Makes sure an org-admin key exists. `KILN_ADMIN_KEY` is registered as-is; otherwise, on an
  * empty database, a key is generated and written to `<dataDir>/admin.key` with mode 0600.
  */
-export async function bootstrapAdminKey(db: Db, opts: { adminKey?: string; dataDir: string }): Promise<BootstrapResult> {
+export async function bootstrapAdminKey(
+  db: Db,
+  opts: { adminKey?: string; dataDir: string },
+): Promise<BootstrapResult> {
   if (opts.adminKey) {
-    const [known] = await db.select({ id: apiKeys.id }).from(apiKeys).where(eq(apiKeys.keyHash, hashKey(opts.adminKey)));
-    if (!known) await insertKey(db, { teamId: null, name: 'KILN_ADMIN_KEY', role: 'org_admin', canApprove: true, key: opts.adminKey });
+    const [known] = await db
+      .select({ id: apiKeys.id })
+      .from(apiKeys)
+      .where(eq(apiKeys.keyHash, hashKey(opts.adminKey)));
+    if (!known)
+      await insertKey(db, {
+        teamId: null,
+        name: 'KILN_ADMIN_KEY',
+        role: 'org_admin',
+        canApprove: true,
+        key: opts.adminKey,
+      });
     return {};
   }
   const [existing] = await db

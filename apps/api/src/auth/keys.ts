@@ -54,5 +54,10 @@ export async function authenticate(db: Db, key: string): Promise<Principal | nul
       .set({ lastUsedAt: now })
       .where(and(eq(apiKeys.id, row.id), or(isNull(apiKeys.lastUsedAt), lt(apiKeys.lastUsedAt, stale))));
   }
-  return { keyId: row.id, role: row.role, teamId: row.teamId, canApprove: row.canApprove || row.role === 'owner' || row.role === 'admin' };
+  return {
+    keyId: row.id,
+    role: row.role,
+    teamId: row.teamId,
+    canApprove: row.canApprove || row.role === 'owner' || row.role === 'admin',
+  };
 }

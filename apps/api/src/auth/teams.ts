@@ -7,7 +7,11 @@ import { newId } from '../lib/ids.ts';
 import { generateKey, insertKey, type TeamRole } from './keys.ts';
 
 export async function createTeam(db: Db, name: string) {
-  const [row] = await db.insert(teams).values({ id: newId('team'), name }).onConflictDoNothing().returning();
+  const [row] = await db
+    .insert(teams)
+    .values({ id: newId('team'), name })
+    .onConflictDoNothing()
+    .returning();
   if (!row) throw new ApiError('conflict', `a team named ${JSON.stringify(name)} already exists`);
   return row;
 }
@@ -29,7 +33,11 @@ export async function getTeam(db: Db, id: string) {
 }
 
 /** Creates a team key; the secret is returned here and never again. */
-export async function createTeamKey(db: Db, teamId: string, input: { name: string; role: TeamRole; canApprove: boolean }) {
+export async function createTeamKey(
+  db: Db,
+  teamId: string,
+  input: { name: string; role: TeamRole; canApprove: boolean },
+) {
   const key = generateKey('team');
   const row = await insertKey(db, { teamId, ...input, key });
   return { row, key };

@@ -39,13 +39,16 @@ export class PgliteThread {
   constructor(dataDir?: string) {
     this.worker = new Worker(new URL('./pglite-thread.worker.mjs', import.meta.url), { workerData: { dataDir } });
     this.ready = new Promise((resolve, reject) => this.pending.set(0, { resolve: () => resolve(), reject }));
-    this.worker.on('message', (msg: { id: number; ok?: unknown; error?: Record<string, unknown> & { message: string } }) => {
-      const waiting = this.pending.get(msg.id);
-      if (!waiting) return;
-      this.pending.delete(msg.id);
-      if (msg.error) waiting.reject(new PgliteThreadError(msg.error));
-      else waiting.resolve(msg.ok);
-    });
+    this.worker.on(
+      'message',
+      (msg: { id: number; ok?: unknown; error?: Record<string, unknown> & { message: string } }) => {
+        const waiting = this.pending.get(msg.id);
+        if (!waiting) return;
+        this.pending.delete(msg.id);
+        if (msg.error) waiting.reject(new PgliteThreadError(msg.error));
+        else waiting.resolve(msg.ok);
+      },
+    );
     const fail = (err: Error) => {
       this.failure = err;
       for (const waiting of this.pending.values()) waiting.reject(err);

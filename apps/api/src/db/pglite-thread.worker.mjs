@@ -20,7 +20,19 @@ let pg;
 function errorOf(err) {
   const out = { message: err?.message ?? String(err), name: err?.name ?? 'Error' };
   // The fields of a Postgres error (code, detail, constraint, …) are what callers branch on.
-  for (const key of ['code', 'severity', 'detail', 'hint', 'position', 'schema', 'table', 'column', 'dataType', 'constraint', 'where']) {
+  for (const key of [
+    'code',
+    'severity',
+    'detail',
+    'hint',
+    'position',
+    'schema',
+    'table',
+    'column',
+    'dataType',
+    'constraint',
+    'where',
+  ]) {
     if (err?.[key] !== undefined) out[key] = err[key];
   }
   return out;

@@ -16,7 +16,10 @@ export type EvolutionKind = 'review' | 'dream';
 export type EvolutionStatus = 'queued' | 'running' | 'committed' | 'no_change' | 'skipped' | 'failed' | 'reverted';
 
 export async function getEvolution(db: Db, teamId: string, id: string): Promise<EvolutionRow> {
-  const [row] = await db.select().from(evolutions).where(and(eq(evolutions.id, id), eq(evolutions.teamId, teamId)));
+  const [row] = await db
+    .select()
+    .from(evolutions)
+    .where(and(eq(evolutions.id, id), eq(evolutions.teamId, teamId)));
   if (!row) throw ApiError.notFound('evolution');
   return row;
 }
@@ -34,7 +37,15 @@ export async function startEvolution(db: Db, id: string): Promise<EvolutionRow |
 export async function endEvolution(
   db: Db,
   id: string,
-  v: { status: Exclude<EvolutionStatus, 'queued' | 'running'>; summary?: string | null; commitSha?: string | null; changedPaths?: string[]; diary?: string | null; error?: string | null; checks?: unknown },
+  v: {
+    status: Exclude<EvolutionStatus, 'queued' | 'running'>;
+    summary?: string | null;
+    commitSha?: string | null;
+    changedPaths?: string[];
+    diary?: string | null;
+    error?: string | null;
+    checks?: unknown;
+  },
 ): Promise<void> {
   const [row] = await db
     .update(evolutions)
@@ -96,7 +107,14 @@ export async function recentEvolutions(db: Db, workspace: { id: string; dir: str
   const hit = recentCache.get(workspace.id);
   if (head && hit?.head === head) return hit.rows;
   const rows = await db
-    .select({ id: evolutions.id, kind: evolutions.kind, status: evolutions.status, summary: evolutions.summary, paths: evolutions.changedPaths, at: evolutions.finishedAt })
+    .select({
+      id: evolutions.id,
+      kind: evolutions.kind,
+      status: evolutions.status,
+      summary: evolutions.summary,
+      paths: evolutions.changedPaths,
+      at: evolutions.finishedAt,
+    })
     .from(evolutions)
     .where(and(eq(evolutions.workspaceId, workspace.id), inArray(evolutions.status, ['committed', 'reverted'])))
     .orderBy(desc(evolutions.id))

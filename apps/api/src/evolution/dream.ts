@@ -61,15 +61,19 @@ function parseDream(reply: string, cap: { maxEntries: number; maxBytes: number }
   if (memory === undefined) return { invalid: 'the reply has no complete <memory>…</memory> section (cut off?)' };
   if (diary === undefined) return { invalid: 'the reply has no complete <diary>…</diary> section (cut off?)' };
   const entries = memoryEntries(memory);
-  if (!memory || entries.length === 0) return { invalid: 'the new MEMORY.md has no entries; an empty core memory is never written' };
-  if (entries.length > cap.maxEntries) return { invalid: `the new MEMORY.md has ${entries.length} entries; the limit is ${cap.maxEntries}` };
+  if (!memory || entries.length === 0)
+    return { invalid: 'the new MEMORY.md has no entries; an empty core memory is never written' };
+  if (entries.length > cap.maxEntries)
+    return { invalid: `the new MEMORY.md has ${entries.length} entries; the limit is ${cap.maxEntries}` };
   const bytes = Buffer.byteLength(`${memory}\n`);
   if (bytes > cap.maxBytes) return { invalid: `the new MEMORY.md is ${bytes} bytes; the limit is ${cap.maxBytes}` };
   if (!diary) return { invalid: 'the diary is empty' };
   return { memory: `${memory}\n`, diary, summary: section('summary') || 'Consolidated core memory' };
 }
 
-export type DreamOutcome = { status: 'committed'; sha: string; paths: string[]; summary: string } | { status: 'skipped'; summary: string };
+export type DreamOutcome =
+  | { status: 'committed'; sha: string; paths: string[]; summary: string }
+  | { status: 'skipped'; summary: string };
 
 /**
  * Deep dream (nightly memory consolidation) for `days` calendar days ending today in the workspace's time
@@ -78,14 +82,22 @@ export type DreamOutcome = { status: 'committed'; sha: string; paths: string[]; 
  * answer validated before anything is written; (3) a diary goes to memory/dreams/. One commit.
  * Nothing new since the last dream: skipped, and said so.
  */
-export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: WorkspaceRow, days: number, signal: AbortSignal): Promise<DreamOutcome> {
+export async function runDream(
+  deps: EvolutionDeps,
+  evo: EvolutionRow,
+  ws: WorkspaceRow,
+  days: number,
+  signal: AbortSignal,
+): Promise<DreamOutcome> {
   const { db } = deps;
   const ev = ws.settings.evolution;
   const cap = { maxEntries: ev.memory_max_entries, maxBytes: ev.memory_max_bytes };
   const model = deps.model.modelFor(ws.settings.model);
   if (!model) throw new ModelError('model_not_configured', 'no model is configured for this workspace');
   const now = new Date();
-  const window = Array.from({ length: days }, (_, i) => dayIn(new Date(now.getTime() - i * 86_400_000), ev.timezone)).reverse();
+  const window = Array.from({ length: days }, (_, i) =>
+    dayIn(new Date(now.getTime() - i * 86_400_000), ev.timezone),
+  ).reverse();
   const files = new GuardedFiles(deps.workspaces.reader(ws.id), { maxFileBytes: deps.maxFileBytes, budget: cap });
   const ask = async (messages: ChatMessage[]) => {
     const turn = await deps.model.complete({ model, messages, signal });
@@ -100,9 +112,16 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
     .select({ m: messages })
     .from(messages)
     .innerJoin(sessions, eq(sessions.id, messages.sessionId))
-    .where(and(eq(sessions.workspaceId, ws.id), isNull(messages.summarizedAt), gte(messages.createdAt, since), inArray(messages.role, ['user', 'assistant', 'tool'])))
+    .where(
+      and(
+        eq(sessions.workspaceId, ws.id),
+        isNull(messages.summarizedAt),
+        gte(messages.createdAt, since),
+        inArray(messages.role, ['user', 'assistant', 'tool']),
+      ),
+    )
     .orderBy(asc(messages.id));
-  const fresh = new Map<string, typeof rows[number]['m'][]>();
+  const fresh = new Map<string, (typeof rows)[number]['m'][]>();
   for (const { m } of rows) {
     const day = dayIn(m.createdAt, ev.timezone);
     const mark = markOf(m.sessionId, m.contentHash);
@@ -113,7 +132,9 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
   for (const [day, list] of fresh) {
     const bySession = new Map<string, typeof list>();
     for (const m of list) bySession.set(m.sessionId, [...(bySession.get(m.sessionId) ?? []), m]);
-    const text = [...bySession].map(([id, ms]) => `<Session id="${id}">\n${renderSession(ms, { perMessage: 2000, total: 60_000 })}\n</Session>`).join('\n\n');
+    const text = [...bySession]
+      .map(([id, ms]) => `<Session id="${id}">\n${renderSession(ms, { perMessage: 2000, total: 60_000 })}\n</Session>`)
+      .join('\n\n');
     const reply = await ask([
       { role: 'system', content: DAILY_LOG_INSTRUCTIONS },
       { role: 'user', content: `Conversations of ${day}:\n\n${text}` },
@@ -122,33 +143,53 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
     if (!log) throw new Error(`the daily log for ${day} came back empty or malformed; nothing was written`);
     const existing = (await files.read(logPath(day))) ?? `# ${day}\n`;
     const marks = list.map((m) => markOf(m.sessionId, m.contentHash)).join(' ');
-    await files.write(logPath(day), `${existing.trimEnd()}\n\n## Sessions of the day (dream)\n\n${log}\n<!-- kiln-logged: ${marks} -->\n`);
+    await files.write(
+      logPath(day),
+      `${existing.trimEnd()}\n\n## Sessions of the day (dream)\n\n${log}\n<!-- kiln-logged: ${marks} -->\n`,
+    );
     loggedMessages += list.length;
   }
 
   // (2) Distil MEMORY.md with the window's logs — unless nothing changed since the last dream.
-  const logs = (await Promise.all(window.map(async (day) => ({ day, text: await files.read(logPath(day)) })))).filter((l): l is { day: string; text: string } => Boolean(l.text?.trim()));
+  const logs = (await Promise.all(window.map(async (day) => ({ day, text: await files.read(logPath(day)) })))).filter(
+    (l): l is { day: string; text: string } => Boolean(l.text?.trim()),
+  );
   const memory = (await files.read('MEMORY.md')) ?? '';
   const inputHash = sha(JSON.stringify([memory, logs]));
   if (!logs.length) return skip(deps, evo, `no daily log for ${window.join(', ')}: nothing to consolidate`, inputHash);
   const [last] = await db
     .select({ checks: evolutions.checks })
     .from(evolutions)
-    .where(and(eq(evolutions.workspaceId, ws.id), eq(evolutions.kind, 'dream'), inArray(evolutions.status, ['committed', 'skipped'])))
+    .where(
+      and(
+        eq(evolutions.workspaceId, ws.id),
+        eq(evolutions.kind, 'dream'),
+        inArray(evolutions.status, ['committed', 'skipped']),
+      ),
+    )
     .orderBy(sql`${evolutions.finishedAt} desc nulls last`)
     .limit(1);
   if ((last?.checks as { input_hash?: string } | null)?.input_hash === inputHash) {
     return skip(deps, evo, 'nothing new since the last dream: the memory and the daily logs are unchanged', inputHash);
   }
-  const instructions = DREAM_INSTRUCTIONS.replace('{max_entries}', String(cap.maxEntries)).replace('{max_bytes}', String(cap.maxBytes));
+  const instructions = DREAM_INSTRUCTIONS.replace('{max_entries}', String(cap.maxEntries)).replace(
+    '{max_bytes}',
+    String(cap.maxBytes),
+  );
   const chat: ChatMessage[] = [
     { role: 'system', content: instructions },
-    { role: 'user', content: `<Core_Memory>\n${memory.trim()}\n</Core_Memory>\n\n${logs.map((l) => `<Daily_Log day="${l.day}">\n${l.text.replace(MARK, '').trim()}\n</Daily_Log>`).join('\n\n')}` },
+    {
+      role: 'user',
+      content: `<Core_Memory>\n${memory.trim()}\n</Core_Memory>\n\n${logs.map((l) => `<Daily_Log day="${l.day}">\n${l.text.replace(MARK, '').trim()}\n</Daily_Log>`).join('\n\n')}`,
+    },
   ];
   let result = parseDream(await ask(chat), cap);
   if ('invalid' in result) {
     // One more try, told exactly what was wrong; a second bad answer fails the dream and writes nothing.
-    chat.push({ role: 'user', content: `Kiln System: that answer was not used: ${result.invalid}. Reply again with all three sections.` });
+    chat.push({
+      role: 'user',
+      content: `Kiln System: that answer was not used: ${result.invalid}. Reply again with all three sections.`,
+    });
     result = parseDream(await ask(chat), cap);
     if ('invalid' in result) throw new InvalidDream(result.invalid);
   }
@@ -157,12 +198,20 @@ export async function runDream(deps: EvolutionDeps, evo: EvolutionRow, ws: Works
     const today = window.at(-1)!;
     const diaryPath = `memory/dreams/${today}.md`;
     const previous = (await files.read(diaryPath)) ?? `# Dream of ${today}\n`;
-    await files.write(diaryPath, `${previous.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} UTC\n\n${result.diary}\n`);
+    await files.write(
+      diaryPath,
+      `${previous.trimEnd()}\n\n## ${new Date().toISOString().slice(11, 16)} UTC\n\n${result.diary}\n`,
+    );
   } catch (err) {
     if (err instanceof GuardError) throw new InvalidDream(err.message);
     throw err;
   }
-  const outcome = await deps.workspaces.change(ws, { author: 'agent', evolutionId: evo.id }, (tree) => files.apply(tree), { summary: `Dream: ${result.summary}` });
+  const outcome = await deps.workspaces.change(
+    ws,
+    { author: 'agent', evolutionId: evo.id },
+    (tree) => files.apply(tree),
+    { summary: `Dream: ${result.summary}` },
+  );
   if (!outcome.commit) return skip(deps, evo, 'the dream changed nothing', inputHash);
   await endEvolution(db, evo.id, {
     status: 'committed',
@@ -186,7 +235,8 @@ async function loggedMarks(files: GuardedFiles): Promise<Set<string>> {
   const out = new Set<string>();
   for (const path of await files.list('memory')) {
     if (!/^memory\/\d{4}-\d{2}-\d{2}\.md$/.test(path)) continue;
-    for (const m of ((await files.read(path)) ?? '').matchAll(MARK)) for (const h of m[1]!.trim().split(/\s+/)) out.add(h);
+    for (const m of ((await files.read(path)) ?? '').matchAll(MARK))
+      for (const h of m[1]!.trim().split(/\s+/)) out.add(h);
   }
   return out;
 }

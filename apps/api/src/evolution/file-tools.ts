@@ -20,7 +20,12 @@ export interface ParsedActions {
 }
 
 const str = { type: 'string' } as const;
-const fn = (name: string, description: string, properties: Record<string, object>, required: string[]): ChatCompletionTool => ({
+const fn = (
+  name: string,
+  description: string,
+  properties: Record<string, object>,
+  required: string[],
+): ChatCompletionTool => ({
   type: 'function',
   function: { name, description, parameters: { type: 'object', properties, required } },
 });
@@ -28,9 +33,19 @@ const fn = (name: string, description: string, properties: Record<string, object
 export const FILE_TOOLS: ChatCompletionTool[] = [
   fn('read_file', 'Read a workspace file (relative path, e.g. skills/report/SKILL.md).', { path: str }, ['path']),
   fn('list_files', 'List the files under a workspace directory ("" for all).', { path: str }, ['path']),
-  fn('write_file', 'Create or replace a file in MEMORY.md, memory/, skills/, knowledge/ or a prompt file.', { path: str, content: str }, ['path', 'content']),
+  fn(
+    'write_file',
+    'Create or replace a file in MEMORY.md, memory/, skills/, knowledge/ or a prompt file.',
+    { path: str, content: str },
+    ['path', 'content'],
+  ),
   fn('delete_file', 'Delete a file you may write.', { path: str }, ['path']),
-  fn('finish', 'End: a one-line summary of what you changed, or empty when nothing was worth changing.', { summary: str }, ['summary']),
+  fn(
+    'finish',
+    'End: a one-line summary of what you changed, or empty when nothing was worth changing.',
+    { summary: str },
+    ['summary'],
+  ),
 ];
 
 export const FILE_TOOLS_XML = `Act with these tags (several per reply are fine; they run in order):
@@ -43,13 +58,15 @@ the complete new content
 <finish>one line: what you changed, or empty when nothing was worth changing</finish>
 You get the results of reads and writes in the next message. End with <finish>.`;
 
-const TAGS = /<(read_file|list_files|delete_file|finish)>([\s\S]*?)<\/\1>|<write_file\s+path="([^"]*)"\s*>\n?([\s\S]*?)\n?<\/write_file>|<(finish|list_files)\s*\/>/g;
+const TAGS =
+  /<(read_file|list_files|delete_file|finish)>([\s\S]*?)<\/\1>|<write_file\s+path="([^"]*)"\s*>\n?([\s\S]*?)\n?<\/write_file>|<(finish|list_files)\s*\/>/g;
 
 export function parseXmlActions(reply: string): ParsedActions {
   const actions: ParsedActions['actions'] = [];
   for (const m of reply.matchAll(TAGS)) {
     if (m[3] !== undefined) actions.push({ action: { type: 'write_file', path: m[3], content: m[4] ?? '' } });
-    else if (m[5]) actions.push({ action: m[5] === 'finish' ? { type: 'finish', summary: '' } : { type: 'list_files', path: '' } });
+    else if (m[5])
+      actions.push({ action: m[5] === 'finish' ? { type: 'finish', summary: '' } : { type: 'list_files', path: '' } });
     else {
       const body = (m[2] ?? '').trim();
       const name = m[1] as 'read_file' | 'list_files' | 'delete_file' | 'finish';
@@ -76,12 +93,19 @@ export function parseToolActions(turn: ModelTurn): ParsedActions {
     const path = s('path');
     let action: FileAction | undefined;
     if (call.name === 'finish') action = { type: 'finish', summary: s('summary') ?? '' };
-    else if (call.name === 'write_file' && path !== undefined && s('content') !== undefined) action = { type: 'write_file', path, content: s('content')! };
-    else if ((call.name === 'read_file' || call.name === 'list_files' || call.name === 'delete_file') && path !== undefined) action = { type: call.name, path };
+    else if (call.name === 'write_file' && path !== undefined && s('content') !== undefined)
+      action = { type: 'write_file', path, content: s('content')! };
+    else if (
+      (call.name === 'read_file' || call.name === 'list_files' || call.name === 'delete_file') &&
+      path !== undefined
+    )
+      action = { type: call.name, path };
     if (action) actions.push({ action, toolCallId: call.id });
     else unanswered.push(call.id);
   }
-  return unanswered.length ? { actions, unanswered, violation: 'a tool call had arguments that are not valid JSON or miss a field' } : { actions };
+  return unanswered.length
+    ? { actions, unanswered, violation: 'a tool call had arguments that are not valid JSON or miss a field' }
+    : { actions };
 }
 
 /** Carries out one file action against the guarded files; what to tell the model. */

@@ -7,7 +7,8 @@ import type { WorkingTree, WorkspaceReader } from '../workspace/service.ts';
 /** Raised for a write the guard refuses; the reviewer is told why and may try something else. */
 export class GuardError extends Error {}
 
-const WRITABLE = 'MEMORY.md, memory/, skills/ (not skills/builtin/), knowledge/ and the prompt files (AGENT.md, RULE.md, USER.md, SPEC.md, PYTHON.md)';
+const WRITABLE =
+  'MEMORY.md, memory/, skills/ (not skills/builtin/), knowledge/ and the prompt files (AGENT.md, RULE.md, USER.md, SPEC.md, PYTHON.md)';
 
 /**
  * The code-level write guard of an evolution: only memory, skills, knowledge and prompt files,
@@ -33,7 +34,9 @@ function checkSkillFile(path: string, text: string): void {
   const front = /^---\n([\s\S]*?)\n---/.exec(text)?.[1];
   const has = (k: string) => front !== undefined && frontField(front, k) !== undefined;
   if (!has('name') || !has('description')) {
-    throw new GuardError(`${path}: a SKILL.md starts with front matter naming the skill: ---\\nname: …\\ndescription: …\\n---`);
+    throw new GuardError(
+      `${path}: a SKILL.md starts with front matter naming the skill: ---\\nname: …\\ndescription: …\\n---`,
+    );
   }
 }
 
@@ -81,11 +84,17 @@ export class GuardedFiles {
     const path = checkEvolutionPath(raw);
     // Text files end with a newline, whatever the model's formatting left off.
     const data = Buffer.from(content.endsWith('\n') ? content : `${content}\n`, 'utf8');
-    if (data.length > this.limits.maxFileBytes) throw new GuardError(`${path}: ${data.length} bytes is over the ${this.limits.maxFileBytes}-byte file limit`);
-    if (!content.trim()) throw new GuardError(`${path}: refusing to write an empty file (use delete_file to remove one)`);
+    if (data.length > this.limits.maxFileBytes)
+      throw new GuardError(`${path}: ${data.length} bytes is over the ${this.limits.maxFileBytes}-byte file limit`);
+    if (!content.trim())
+      throw new GuardError(`${path}: refusing to write an empty file (use delete_file to remove one)`);
     checkSkillFile(path, content);
     if (path === 'MEMORY.md') {
-      const check = await checkMemoryBudget(data.toString('utf8'), async () => (await this.read('MEMORY.md')) ?? '', this.limits.budget);
+      const check = await checkMemoryBudget(
+        data.toString('utf8'),
+        async () => (await this.read('MEMORY.md')) ?? '',
+        this.limits.budget,
+      );
       if (!check.ok) throw new GuardError(check.message!);
     }
     this.staged.set(path, data);
@@ -107,9 +116,10 @@ export class GuardedFiles {
   /** Writes the staged edits into the working tree (the callback of `WorkspaceService.change`, right before the commit). */
   async apply(tree: WorkingTree): Promise<void> {
     for (const [path, data] of this.staged) {
-      if (data === null) await tree.deleteFile(path).catch((err: NodeJS.ErrnoException) => {
-        if (err.code !== 'ENOENT') throw err;
-      });
+      if (data === null)
+        await tree.deleteFile(path).catch((err: NodeJS.ErrnoException) => {
+          if (err.code !== 'ENOENT') throw err;
+        });
       else await tree.writeFile(path, data);
     }
   }

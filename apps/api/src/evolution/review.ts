@@ -10,7 +10,14 @@ import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import type { WorkspaceRow } from '../workspace/workspaces.ts';
 import { endEvolution, type EvolutionRow } from '../evolution-log/evolutions.ts';
-import { FILE_TOOLS, FILE_TOOLS_XML, parseToolActions, parseXmlActions, runFileAction, type ParsedActions } from './file-tools.ts';
+import {
+  FILE_TOOLS,
+  FILE_TOOLS_XML,
+  parseToolActions,
+  parseXmlActions,
+  runFileAction,
+  type ParsedActions,
+} from './file-tools.ts';
 import { GuardedFiles } from './guarded-files.ts';
 import { renderSession } from './transcript.ts';
 import type { Logger } from 'pino';
@@ -55,7 +62,12 @@ which is read-only), knowledge/ and the prompt files. Everything you write lands
 the user is told about it and can undo it.`;
 
 /** The transcript (with results and errors), the current skills and memory: what the reviewer needs to start. */
-async function reviewBrief(deps: EvolutionDeps, ws: WorkspaceRow, session: SessionRow, rows: (typeof messages.$inferSelect)[]): Promise<string> {
+async function reviewBrief(
+  deps: EvolutionDeps,
+  ws: WorkspaceRow,
+  session: SessionRow,
+  rows: (typeof messages.$inferSelect)[],
+): Promise<string> {
   const dir = deps.workspaces.dirOf(ws.id);
   const skills = await listSkills(dir);
   const memory = (await deps.workspaces.readFile(ws.id, 'MEMORY.md').catch(() => Buffer.from(''))).toString('utf8');
@@ -71,27 +83,52 @@ async function reviewBrief(deps: EvolutionDeps, ws: WorkspaceRow, session: Sessi
     .join('\n\n');
 }
 
-export type ReviewOutcome = { status: 'committed'; sha: string; paths: string[]; summary: string; runId: string } | { status: 'no_change' | 'skipped'; summary: string };
+export type ReviewOutcome =
+  | { status: 'committed'; sha: string; paths: string[]; summary: string; runId: string }
+  | { status: 'no_change' | 'skipped'; summary: string };
 
 /**
  * The post-session review: the same model with a narrow tool set reads the
  * whole session and may improve skills, memory, knowledge and prompt files through the write
  * guard. Its edits land as one commit with `Kiln-Evolution`, and only then is the session told.
  */
-export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: WorkspaceRow, signal: AbortSignal): Promise<ReviewOutcome> {
+export async function runReview(
+  deps: EvolutionDeps,
+  evo: EvolutionRow,
+  ws: WorkspaceRow,
+  signal: AbortSignal,
+): Promise<ReviewOutcome> {
   const { db } = deps;
-  const [session] = (await db.select().from(sessions).where(eq(sessions.id, evo.sessionId!))) as [SessionRow | undefined];
+  const [session] = (await db.select().from(sessions).where(eq(sessions.id, evo.sessionId!))) as [
+    SessionRow | undefined,
+  ];
   if (!session) return done(deps, evo, { status: 'skipped', summary: 'the session no longer exists' });
-  const [active] = await db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
-  if (active) return done(deps, evo, { status: 'skipped', summary: `the session had a run in progress (${active.id}); it is reviewed once it is idle` }, session);
+  const [active] = await db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
+  if (active)
+    return done(
+      deps,
+      evo,
+      {
+        status: 'skipped',
+        summary: `the session had a run in progress (${active.id}); it is reviewed once it is idle`,
+      },
+      session,
+    );
   const rows = await db.select().from(messages).where(eq(messages.sessionId, session.id)).orderBy(asc(messages.id));
-  if (!rows.some((m) => m.role === 'user')) return done(deps, evo, { status: 'skipped', summary: 'the session has no conversation yet' }, session);
+  if (!rows.some((m) => m.role === 'user'))
+    return done(deps, evo, { status: 'skipped', summary: 'the session has no conversation yet' }, session);
   const model = deps.model.modelFor(ws.settings.model);
   if (!model) throw new ModelError('model_not_configured', 'no model is configured for this workspace');
 
   const tools = ws.settings.protocol === 'tools';
   const chat: ChatMessage[] = [
-    { role: 'system', content: `${REVIEW_INSTRUCTIONS}\n\n${tools ? 'Use the tools; call finish when you are done.' : FILE_TOOLS_XML}` },
+    {
+      role: 'system',
+      content: `${REVIEW_INSTRUCTIONS}\n\n${tools ? 'Use the tools; call finish when you are done.' : FILE_TOOLS_XML}`,
+    },
     { role: 'user', content: await reviewBrief(deps, ws, session, rows) },
   ];
   const files = new GuardedFiles(deps.workspaces.reader(ws.id), {
@@ -108,7 +145,15 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
       chat.push({
         role: 'assistant',
         content: turn.content || null,
-        ...(turn.toolCalls.length ? { tool_calls: turn.toolCalls.map((c) => ({ id: c.id, type: 'function' as const, function: { name: c.name, arguments: c.arguments } })) } : {}),
+        ...(turn.toolCalls.length
+          ? {
+              tool_calls: turn.toolCalls.map((c) => ({
+                id: c.id,
+                type: 'function' as const,
+                function: { name: c.name, arguments: c.arguments },
+              })),
+            }
+          : {}),
       });
     }
     const parsed: ParsedActions = tools ? parseToolActions(turn) : parseXmlActions(turn.content);
@@ -119,35 +164,67 @@ export async function runReview(deps: EvolutionDeps, evo: EvolutionRow, ws: Work
       if (toolCallId) chat.push({ role: 'tool', tool_call_id: toolCallId, content: result });
       else results.push(`<result of="${action.type}">\n${result}\n</result>`);
     }
-    for (const id of parsed.unanswered ?? []) chat.push({ role: 'tool', tool_call_id: id, content: 'Kiln System: invalid arguments; call the tool again with valid JSON and every required field.' });
+    for (const id of parsed.unanswered ?? [])
+      chat.push({
+        role: 'tool',
+        tool_call_id: id,
+        content: 'Kiln System: invalid arguments; call the tool again with valid JSON and every required field.',
+      });
     if (parsed.violation && !parsed.actions.length) {
-      if (++violations > MAX_VIOLATIONS) throw new Error(`the reviewer broke the protocol ${violations} times in a row (${parsed.violation})`);
+      if (++violations > MAX_VIOLATIONS)
+        throw new Error(`the reviewer broke the protocol ${violations} times in a row (${parsed.violation})`);
       if (!tools) results.push(`Kiln System: [Protocol Violation] ${parsed.violation}. ${FILE_TOOLS_XML}`);
     } else violations = 0;
     if (results.length && summary === undefined) chat.push({ role: 'user', content: results.join('\n\n') });
   }
-  if (summary === undefined) throw new Error(`the review did not finish within ${MAX_REVIEW_STEPS} model calls; nothing was committed`);
+  if (summary === undefined)
+    throw new Error(`the review did not finish within ${MAX_REVIEW_STEPS} model calls; nothing was committed`);
 
-  if (!files.changed().length) return done(deps, evo, { status: 'no_change', summary: summary || 'nothing worth keeping' }, session);
+  if (!files.changed().length)
+    return done(deps, evo, { status: 'no_change', summary: summary || 'nothing worth keeping' }, session);
   const title = summary || `Review of session ${session.id}`;
-  const outcome = await deps.workspaces.change(ws, { author: 'agent', sessionId: session.id, evolutionId: evo.id }, (tree) => files.apply(tree), { summary: `Review: ${title}` });
-  if (!outcome.commit) return done(deps, evo, { status: 'no_change', summary: summary || 'the edits left every file as it was' }, session);
+  const outcome = await deps.workspaces.change(
+    ws,
+    { author: 'agent', sessionId: session.id, evolutionId: evo.id },
+    (tree) => files.apply(tree),
+    { summary: `Review: ${title}` },
+  );
+  if (!outcome.commit)
+    return done(deps, evo, { status: 'no_change', summary: summary || 'the edits left every file as it was' }, session);
   const runId = await tellSession(deps, ws, session, model, evo, outcome.commit.sha, outcome.commit.paths, title);
-  return done(deps, evo, { status: 'committed', sha: outcome.commit.sha, paths: outcome.commit.paths, summary: title, runId }, session);
+  return done(
+    deps,
+    evo,
+    { status: 'committed', sha: outcome.commit.sha, paths: outcome.commit.paths, summary: title, runId },
+    session,
+  );
 }
 
-async function done(deps: EvolutionDeps, evo: EvolutionRow, outcome: ReviewOutcome, session?: SessionRow): Promise<ReviewOutcome> {
-  if (session && outcome.status !== 'skipped') await deps.db.update(sessions).set({ lastReviewedAt: new Date() }).where(eq(sessions.id, session.id));
+async function done(
+  deps: EvolutionDeps,
+  evo: EvolutionRow,
+  outcome: ReviewOutcome,
+  session?: SessionRow,
+): Promise<ReviewOutcome> {
+  if (session && outcome.status !== 'skipped')
+    await deps.db.update(sessions).set({ lastReviewedAt: new Date() }).where(eq(sessions.id, session.id));
   await endEvolution(deps.db, evo.id, {
     status: outcome.status,
     summary: outcome.summary,
-    ...(outcome.status === 'committed' ? { commitSha: outcome.sha, changedPaths: outcome.paths, checks: { run_id: outcome.runId } } : {}),
+    ...(outcome.status === 'committed'
+      ? { commitSha: outcome.sha, changedPaths: outcome.paths, checks: { run_id: outcome.runId } }
+      : {}),
   });
   return outcome;
 }
 
 /** A review's or dream's model call, counted for the workspace (no run of its own). */
-export async function recordUsage(db: Db, ws: WorkspaceRow, model: string, u: { promptTokens: number; completionTokens: number }): Promise<void> {
+export async function recordUsage(
+  db: Db,
+  ws: WorkspaceRow,
+  model: string,
+  u: { promptTokens: number; completionTokens: number },
+): Promise<void> {
   await db.execute(insertUsage({ teamId: ws.teamId, workspaceId: ws.id, runId: null, model }, u));
 }
 
@@ -158,7 +235,11 @@ const announcementRun = (evo: { id: string }) => `run_${evo.id.slice(evo.id.inde
  * A review that committed but crashed before the session was told (or the record finished):
  * tell the session now, unless it already was, and finish the record.
  */
-export async function finishCommittedReview(deps: EvolutionDeps, evo: EvolutionRow, commit: { sha: string; paths: string[]; summary: string }): Promise<void> {
+export async function finishCommittedReview(
+  deps: EvolutionDeps,
+  evo: EvolutionRow,
+  commit: { sha: string; paths: string[]; summary: string },
+): Promise<void> {
   const runId = announcementRun(evo);
   const [[told], [session], [ws]] = await Promise.all([
     deps.db.select({ id: runs.id }).from(runs).where(eq(runs.id, runId)),
@@ -166,7 +247,17 @@ export async function finishCommittedReview(deps: EvolutionDeps, evo: EvolutionR
     deps.db.select().from(workspaces).where(eq(workspaces.id, evo.workspaceId!)),
   ]);
   const summary = commit.summary.replace(/^Review: /, '');
-  if (!told && session && ws) await tellSession(deps, ws as WorkspaceRow, session, deps.model.modelFor((ws as WorkspaceRow).settings.model) ?? 'unknown', evo, commit.sha, commit.paths, summary);
+  if (!told && session && ws)
+    await tellSession(
+      deps,
+      ws as WorkspaceRow,
+      session,
+      deps.model.modelFor((ws as WorkspaceRow).settings.model) ?? 'unknown',
+      evo,
+      commit.sha,
+      commit.paths,
+      summary,
+    );
   await done(deps, evo, { status: 'committed', sha: commit.sha, paths: commit.paths, summary, runId }, session);
 }
 
@@ -174,7 +265,16 @@ export async function finishCommittedReview(deps: EvolutionDeps, evo: EvolutionR
  * Tells the session what changed: a finished run of its own (trigger `review`) holding the
  * message and the `evolution.committed` event, written in one statement.
  */
-async function tellSession(deps: EvolutionDeps, ws: WorkspaceRow, session: SessionRow, model: string, evo: EvolutionRow, sha: string, paths: string[], summary: string): Promise<string> {
+async function tellSession(
+  deps: EvolutionDeps,
+  ws: WorkspaceRow,
+  session: SessionRow,
+  model: string,
+  evo: EvolutionRow,
+  sha: string,
+  paths: string[],
+  summary: string,
+): Promise<string> {
   const runId = announcementRun(evo);
   const content =
     `I reviewed this conversation and improved the workspace: ${summary}\n` +

@@ -47,7 +47,10 @@ export class EvolutionService {
 
   async start(): Promise<void> {
     await this.jobs.start();
-    this.timer = setInterval(() => void this.tick().catch((err) => this.deps.log.error({ err }, 'evolution tick failed')), this.opts.tickMs);
+    this.timer = setInterval(
+      () => void this.tick().catch((err) => this.deps.log.error({ err }, 'evolution tick failed')),
+      this.opts.tickMs,
+    );
     this.timer.unref();
     void this.tick().catch((err) => this.deps.log.error({ err }, 'evolution tick failed'));
   }
@@ -68,9 +71,20 @@ export class EvolutionService {
       .where(and(eq(sessions.workspaceId, ws.id), sessionId ? eq(sessions.id, sessionId) : undefined))
       .orderBy(desc(sessions.lastActivityAt))
       .limit(1);
-    if (!session) throw sessionId ? ApiError.notFound('session') : new ApiError('conflict', 'this workspace has no session to review');
-    const [active] = await this.deps.db.select({ id: runs.id }).from(runs).where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
-    if (active) throw new ApiError('session_busy', 'the session has a run that has not finished; it is reviewed once it is idle', { run_id: active.id });
+    if (!session)
+      throw sessionId
+        ? ApiError.notFound('session')
+        : new ApiError('conflict', 'this workspace has no session to review');
+    const [active] = await this.deps.db
+      .select({ id: runs.id })
+      .from(runs)
+      .where(and(eq(runs.sessionId, session.id), inArray(runs.status, ACTIVE_RUN_STATUSES)));
+    if (active)
+      throw new ApiError(
+        'session_busy',
+        'the session has a run that has not finished; it is reviewed once it is idle',
+        { run_id: active.id },
+      );
     return (await this.enqueue(ws, 'review', session.id, {}))!;
   }
 
@@ -83,7 +97,13 @@ export class EvolutionService {
    * The job and its evolution row in one statement; with a `dedupeKey` already used, neither is
    * written and the answer is null (a scheduled review or dream already queued by any replica).
    */
-  private async enqueue(ws: { id: string; teamId: string }, kind: EvolutionKind, sessionId: string | null, extra: { days?: number }, dedupeKey?: string): Promise<EvolutionRow | null> {
+  private async enqueue(
+    ws: { id: string; teamId: string },
+    kind: EvolutionKind,
+    sessionId: string | null,
+    extra: { days?: number },
+    dedupeKey?: string,
+  ): Promise<EvolutionRow | null> {
     const id = newId('evo');
     const payload: Payload = { evolution_id: id, ...extra };
     const result = await this.deps.db.execute(sql`
@@ -117,7 +137,10 @@ export class EvolutionService {
   async scheduleReviews(now = new Date()): Promise<number> {
     let queued = 0;
     for (const s of await this.idleSessions(now)) {
-      if (await this.enqueue(s, 'review', s.session_id, {}, `review:${s.session_id}:${new Date(s.active_at).getTime()}`)) queued++;
+      if (
+        await this.enqueue(s, 'review', s.session_id, {}, `review:${s.session_id}:${new Date(s.active_at).getTime()}`)
+      )
+        queued++;
     }
     return queued;
   }
@@ -164,8 +187,17 @@ export class EvolutionService {
     // Committed before a crash, but not recorded: finish the record (and tell the session) instead of evolving twice.
     const [made] = await db.select().from(commits).where(eq(commits.evolutionId, evo.id));
     if (made && kind === 'review') return finishCommittedReview(this.deps, evo, made);
-    if (made) return endEvolution(db, evo.id, { status: 'committed', commitSha: made.sha, changedPaths: made.paths, summary: made.summary });
-    const [ws] = (await db.select().from(workspaces).where(and(eq(workspaces.id, evo.workspaceId!), isNull(workspaces.deletedAt)))) as WorkspaceRow[];
+    if (made)
+      return endEvolution(db, evo.id, {
+        status: 'committed',
+        commitSha: made.sha,
+        changedPaths: made.paths,
+        summary: made.summary,
+      });
+    const [ws] = (await db
+      .select()
+      .from(workspaces)
+      .where(and(eq(workspaces.id, evo.workspaceId!), isNull(workspaces.deletedAt)))) as WorkspaceRow[];
     if (!ws) return endEvolution(db, evo.id, { status: 'skipped', summary: 'the workspace was deleted' });
     const abort = new AbortController();
     this.aborts.add(abort);
@@ -175,7 +207,10 @@ export class EvolutionService {
     } catch (err) {
       // Shutting down: back to the queue untouched; this or another replica takes it again.
       if (abort.signal.aborted) throw new ReleaseJob('shutdown');
-      const final = job.attempts >= job.maxAttempts || err instanceof InvalidDream || (err instanceof ModelError && err.code === 'model_not_configured');
+      const final =
+        job.attempts >= job.maxAttempts ||
+        err instanceof InvalidDream ||
+        (err instanceof ModelError && err.code === 'model_not_configured');
       log.warn({ err, evolution: evo.id, kind, attempt: job.attempts, final }, 'evolution failed');
       if (!final) throw err;
       await endEvolution(db, evo.id, { status: 'failed', error: (err as Error).message });

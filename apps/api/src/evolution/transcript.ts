@@ -13,7 +13,9 @@ function clip(text: string, max: number): string {
  */
 export function renderSession(rows: MessageRow[], opts: { perMessage: number; total: number }): string {
   const parts = rows.map((m) => {
-    const calls = ((m.toolCalls as { name: string; arguments: string }[] | null) ?? []).map((c) => `\n[calls ${c.name}(${clip(c.arguments, opts.perMessage)})]`).join('');
+    const calls = ((m.toolCalls as { name: string; arguments: string }[] | null) ?? [])
+      .map((c) => `\n[calls ${c.name}(${clip(c.arguments, opts.perMessage)})]`)
+      .join('');
     const who = m.role === 'tool' || (m.role === 'user' && m.content.startsWith('Kiln System:')) ? 'result' : m.role;
     return `### ${who} (${m.createdAt.toISOString().slice(0, 16).replace('T', ' ')})\n${clip(m.content, opts.perMessage)}${calls}`;
   });

@@ -44,6 +44,9 @@ export function dashboardRouter(dist = DASHBOARD_DIST) {
       const body = await readOrNull(join(dist, 'assets', name));
       if (!body) return c.notFound();
       // vite puts a content hash in every asset name, so a name never changes meaning.
-      return c.body(new Uint8Array(body), 200, { 'content-type': type, 'cache-control': 'public, max-age=31536000, immutable' });
+      return c.body(new Uint8Array(body), 200, {
+        'content-type': type,
+        'cache-control': 'public, max-age=31536000, immutable',
+      });
     });
 }

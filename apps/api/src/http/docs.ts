@@ -21,7 +21,9 @@ const INIT = `SwaggerUIBundle({ url: '/openapi.json', dom_id: '#ui', persistAuth
 /** The API reference at /docs, served from the installed swagger-ui-dist (no CDN: works offline). */
 export function docsRouter() {
   const dir = getAbsoluteFSPath();
-  const files = new Map(Object.entries(ASSETS).map(([name, type]) => [name, { body: readFileSync(join(dir, name)), type }]));
+  const files = new Map(
+    Object.entries(ASSETS).map(([name, type]) => [name, { body: readFileSync(join(dir, name)), type }]),
+  );
   files.set('init.js', { body: Buffer.from(INIT), type: 'text/javascript; charset=utf-8' });
   return new Hono()
     .get('/docs', (c) => c.html(PAGE))

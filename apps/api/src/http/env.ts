@@ -4,8 +4,6 @@ import type { Principal } from '../auth/principal.ts';
 
 export type { Principal };
 
-
-
 /** Typed per-request context shared by every middleware and handler. */
 export interface AppEnv {
   Variables: {

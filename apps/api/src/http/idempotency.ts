@@ -18,19 +18,26 @@ export const idempotency = (db: Db) =>
   createMiddleware<AppEnv>(async (c, next) => {
     const key = c.req.header('idempotency-key');
     if (c.req.method !== 'POST' || key === undefined) return next();
-    if (!KEY.test(key)) throw new ApiError('invalid_request', 'Idempotency-Key must be 1–255 printable ASCII characters');
+    if (!KEY.test(key))
+      throw new ApiError('invalid_request', 'Idempotency-Key must be 1–255 printable ASCII characters');
     const scope = c.get('principal').keyId;
     const body = await c.req.text();
     const requestHash = createHash('sha256').update(`${c.req.method} ${c.req.path}\n${body}`).digest('hex');
     const where = and(eq(idempotencyKeys.scope, scope), eq(idempotencyKeys.key, key));
 
     await db.delete(idempotencyKeys).where(and(where, lt(idempotencyKeys.createdAt, new Date(Date.now() - TTL_MS))));
-    const inserted = await db.insert(idempotencyKeys).values({ scope, key, requestHash }).onConflictDoNothing().returning();
+    const inserted = await db
+      .insert(idempotencyKeys)
+      .values({ scope, key, requestHash })
+      .onConflictDoNothing()
+      .returning();
     if (inserted.length === 0) {
       const [prior] = await db.select().from(idempotencyKeys).where(where);
       if (!prior) throw new ApiError('conflict', 'Idempotency-Key was released while this request arrived; retry');
-      if (prior.requestHash !== requestHash) throw new ApiError('invalid_request', 'this Idempotency-Key was used with a different request');
-      if (prior.statusCode === null) throw new ApiError('conflict', 'a request with this Idempotency-Key is still being processed');
+      if (prior.requestHash !== requestHash)
+        throw new ApiError('invalid_request', 'this Idempotency-Key was used with a different request');
+      if (prior.statusCode === null)
+        throw new ApiError('conflict', 'a request with this Idempotency-Key is still being processed');
       c.header('Idempotent-Replayed', 'true');
       return c.json(prior.responseBody as object, prior.statusCode as 200);
     }

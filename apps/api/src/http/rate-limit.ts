@@ -24,7 +24,12 @@ export function rateLimit(opts: { perMinute: number; burst: number }, now: () =>
     buckets.set(id, b);
     if (b.tokens < 1) {
       const retryAfter = Math.max(1, Math.ceil((1 - b.tokens) / ratePerMs / 1000));
-      throw new ApiError('rate_limited', `rate limit of ${opts.perMinute} requests per minute exceeded`, {}, { 'Retry-After': String(retryAfter) });
+      throw new ApiError(
+        'rate_limited',
+        `rate limit of ${opts.perMinute} requests per minute exceeded`,
+        {},
+        { 'Retry-After': String(retryAfter) },
+      );
     }
     b.tokens -= 1;
     await next();

@@ -22,7 +22,10 @@ const ErrorSchema = z
   })
   .openapi('Error');
 
-const errorResponse = (description: string) => ({ content: { 'application/json': { schema: ErrorSchema } }, description });
+const errorResponse = (description: string) => ({
+  content: { 'application/json': { schema: ErrorSchema } },
+  description,
+});
 
 /** The error responses every authenticated route can give. */
 export const errorResponses = {
@@ -41,4 +44,9 @@ export const jsonContent = <T extends z.ZodType>(schema: T, description: string)
 });
 
 export const IdParam = (name: string, example: string) =>
-  z.string().min(1).max(64).regex(/^[a-z]+_[0-9a-z]+$/, 'not a valid id').openapi({ param: { name, in: 'path' }, example });
+  z
+    .string()
+    .min(1)
+    .max(64)
+    .regex(/^[a-z]+_[0-9a-z]+$/, 'not a valid id')
+    .openapi({ param: { name, in: 'path' }, example });

@@ -51,10 +51,21 @@ export class JobRunner {
   }
 
   /** Queues a job; with a `dedupeKey` that exists already, nothing is added. Returns the job id, or null for a duplicate. */
-  async enqueue(kind: string, payload: unknown, opts: { runAt?: Date; dedupeKey?: string; maxAttempts?: number } = {}): Promise<string | null> {
+  async enqueue(
+    kind: string,
+    payload: unknown,
+    opts: { runAt?: Date; dedupeKey?: string; maxAttempts?: number } = {},
+  ): Promise<string | null> {
     const [row] = await this.db
       .insert(jobs)
-      .values({ id: newId('job'), kind, payload: payload as object, dedupeKey: opts.dedupeKey ?? null, runAt: opts.runAt ?? new Date(this.now()), maxAttempts: opts.maxAttempts ?? 3 })
+      .values({
+        id: newId('job'),
+        kind,
+        payload: payload as object,
+        dedupeKey: opts.dedupeKey ?? null,
+        runAt: opts.runAt ?? new Date(this.now()),
+        maxAttempts: opts.maxAttempts ?? 3,
+      })
       .onConflictDoNothing()
       .returning({ id: jobs.id });
     if (row && !this.stopped) this.wake();
@@ -121,7 +132,10 @@ export class JobRunner {
       update jobs set status = 'running', locked_by = ${this.opts.owner}, locked_until = ${until}::timestamptz, attempts = attempts + 1
       where id = (
         select id from jobs
-        where kind in (${sql.join(kinds.map((k) => sql`${k}`), sql`, `)})
+        where kind in (${sql.join(
+          kinds.map((k) => sql`${k}`),
+          sql`, `,
+        )})
           and ((status = 'queued' and run_at <= ${now}::timestamptz) or (status = 'running' and locked_until < ${now}::timestamptz))
         order by run_at, id
         limit 1
@@ -136,18 +150,32 @@ export class JobRunner {
   private async execute(job: JobRow): Promise<void> {
     const handler = this.handlers.get(job.kind)!;
     const mine = and(eq(jobs.id, job.id), eq(jobs.lockedBy, this.opts.owner));
-    const heartbeat = setInterval(() => {
-      void this.db.update(jobs).set({ lockedUntil: new Date(this.now() + this.opts.leaseMs) }).where(and(mine, eq(jobs.status, 'running')));
-    }, Math.max(50, this.opts.leaseMs / 3));
+    const heartbeat = setInterval(
+      () => {
+        void this.db
+          .update(jobs)
+          .set({ lockedUntil: new Date(this.now() + this.opts.leaseMs) })
+          .where(and(mine, eq(jobs.status, 'running')));
+      },
+      Math.max(50, this.opts.leaseMs / 3),
+    );
     heartbeat.unref();
     try {
       await handler(job.payload, job);
-      await this.db.update(jobs).set({ status: 'succeeded', finishedAt: new Date(this.now()), lockedUntil: null }).where(mine);
+      await this.db
+        .update(jobs)
+        .set({ status: 'succeeded', finishedAt: new Date(this.now()), lockedUntil: null })
+        .where(mine);
     } catch (err) {
       if (err instanceof ReleaseJob) {
         await this.db
           .update(jobs)
-          .set({ status: 'queued', attempts: sql`greatest(${jobs.attempts} - 1, 0)`, lockedBy: null, lockedUntil: null })
+          .set({
+            status: 'queued',
+            attempts: sql`greatest(${jobs.attempts} - 1, 0)`,
+            lockedBy: null,
+            lockedUntil: null,
+          })
           .where(mine);
         return;
       }
@@ -158,7 +186,13 @@ export class JobRunner {
         .update(jobs)
         .set(
           retry
-            ? { status: 'queued', lastError: message, lockedBy: null, lockedUntil: null, runAt: new Date(this.now() + 1000 * 2 ** job.attempts) }
+            ? {
+                status: 'queued',
+                lastError: message,
+                lockedBy: null,
+                lockedUntil: null,
+                runAt: new Date(this.now() + 1000 * 2 ** job.attempts),
+              }
             : { status: 'failed', lastError: message, finishedAt: new Date(this.now()), lockedUntil: null },
         )
         .where(mine);

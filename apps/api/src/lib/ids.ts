@@ -1,6 +1,20 @@
 import { randomFillSync } from 'node:crypto';
 
-export type IdPrefix = 'team' | 'key' | 'ws' | 'ses' | 'msg' | 'run' | 'apr' | 'sbx' | 'exe' | 'evo' | 'job' | 'aud' | 'use' | 'req';
+export type IdPrefix =
+  | 'team'
+  | 'key'
+  | 'ws'
+  | 'ses'
+  | 'msg'
+  | 'run'
+  | 'apr'
+  | 'sbx'
+  | 'exe'
+  | 'evo'
+  | 'job'
+  | 'aud'
+  | 'use'
+  | 'req';
 
 const ALPHABET = '0123456789abcdefghijklmnopqrstuvwxyz';
 let lastTime = 0;

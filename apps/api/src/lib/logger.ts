@@ -5,6 +5,9 @@ export function createLogger(level: string): Logger {
   return pino({
     level,
     base: { service: 'kiln-api' },
-    redact: { paths: ['*.authorization', '*.Authorization', '*.key', '*.apiKey', 'headers.authorization'], censor: '[redacted]' },
+    redact: {
+      paths: ['*.authorization', '*.Authorization', '*.key', '*.apiKey', 'headers.authorization'],
+      censor: '[redacted]',
+    },
   });
 }

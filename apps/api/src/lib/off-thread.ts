@@ -34,10 +34,12 @@ export class OffThread<Request extends object, Result> {
     const id = this.nextId++;
     return new Promise<Result>((resolve, reject) => {
       let timer: NodeJS.Timeout | undefined;
-      const settle = <T>(fn: (v: T) => void) => (v: T) => {
-        clearTimeout(timer);
-        fn(v);
-      };
+      const settle =
+        <T>(fn: (v: T) => void) =>
+        (v: T) => {
+          clearTimeout(timer);
+          fn(v);
+        };
       this.pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
       if (deadlineMs !== undefined) {
         timer = setTimeout(() => {

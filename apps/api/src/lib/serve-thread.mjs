@@ -25,7 +25,11 @@ export function serve(handle) {
       return;
     }
     // An async handler (a promise) is answered when it settles; answers carry their id.
-    if (typeof out?.then === 'function') out.then((v) => answer(msg.id, v), (err) => refuse(msg.id, err));
+    if (typeof out?.then === 'function')
+      out.then(
+        (v) => answer(msg.id, v),
+        (err) => refuse(msg.id, err),
+      );
     else answer(msg.id, out);
   });
 }

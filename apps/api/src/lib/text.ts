@@ -45,4 +45,3 @@ export function frontField(front: string, key: string): string | undefined {
   }
   return undefined;
 }
-

@@ -23,7 +23,11 @@ export interface BudgetCheck {
  * Checks new MEMORY.md content; when over budget, explains and lists the entries of `current()`
  * (read only then: the common case needs no second read).
  */
-export async function checkMemoryBudget(next: string, current: () => Promise<string>, budget: MemoryBudget): Promise<BudgetCheck> {
+export async function checkMemoryBudget(
+  next: string,
+  current: () => Promise<string>,
+  budget: MemoryBudget,
+): Promise<BudgetCheck> {
   const entries = memoryEntries(next).length;
   const bytes = Buffer.byteLength(next);
   if (entries <= budget.maxEntries && bytes <= budget.maxBytes) return { ok: true, entries, bytes };

@@ -76,7 +76,9 @@ export function chunkFile(path: string, text: string, boilerplate: ReadonlySet<s
   const chunks: Chunk[] = [];
 
   // Sections: the heading and the indexes of its non-blank, non-heading lines.
-  const sections: { heading: string | null; headingSearched: boolean; lines: number[] }[] = [{ heading: null, headingSearched: false, lines: [] }];
+  const sections: { heading: string | null; headingSearched: boolean; lines: number[] }[] = [
+    { heading: null, headingSearched: false, lines: [] },
+  ];
   let inFence = false;
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i]!;

@@ -69,7 +69,9 @@ const valuesOf = (rows: Row[]) =>
     ),
     sql`, `,
   );
-const COLUMNS = sql.raw('(team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, cjk, len, day, builtin, embedding)');
+const COLUMNS = sql.raw(
+  '(team_id, workspace_id, path, start_line, end_line, heading, content, content_hash, search_text, cjk, len, day, builtin, embedding)',
+);
 
 /** Rebuilds the chunks of the given workspace paths (deleted files simply lose theirs). */
 export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {
@@ -97,7 +99,8 @@ export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], emb
 }
 
 async function insertRows(db: Db, rows: Row[]): Promise<void> {
-  for (let i = 0; i < rows.length; i += SMALL) await db.execute(sql`insert into ${memoryChunks} ${COLUMNS} values ${valuesOf(rows.slice(i, i + SMALL))}`);
+  for (let i = 0; i < rows.length; i += SMALL)
+    await db.execute(sql`insert into ${memoryChunks} ${COLUMNS} values ${valuesOf(rows.slice(i, i + SMALL))}`);
 }
 
 /** Every indexed file of a workspace, for a full rebuild. */
@@ -122,20 +125,33 @@ export async function indexedFiles(dir: string): Promise<string[]> {
  * new one, never a half-built one. With `onlyIfStale`, nothing is done when the index is at
  * the current version already or another server holds it (it is re-indexing it): returns null.
  */
-export async function reindexAll(db: Db, ws: IndexTarget, embedder?: Embedder, opts: { onlyIfStale?: boolean } = {}): Promise<number | null> {
+export async function reindexAll(
+  db: Db,
+  ws: IndexTarget,
+  embedder?: Embedder,
+  opts: { onlyIfStale?: boolean } = {},
+): Promise<number | null> {
   const rows = await rowsFor(ws, await indexedFiles(ws.dir), embedder);
   const done = await db.transaction(async (t) => {
     const tx = t as unknown as Db;
     await tx.execute(sql`insert into memory_index (workspace_id) values (${ws.id}) on conflict do nothing`);
     const claimed = rowsOf<{ version: number; embed_model: string }>(
-      await tx.execute(sql`select version, embed_model from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`),
+      await tx.execute(
+        sql`select version, embed_model from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`,
+      ),
     )[0];
-    if (opts.onlyIfStale && (!claimed || (claimed.version >= INDEX_VERSION && claimed.embed_model === (embedder?.model ?? '')))) return false;
+    if (
+      opts.onlyIfStale &&
+      (!claimed || (claimed.version >= INDEX_VERSION && claimed.embed_model === (embedder?.model ?? '')))
+    )
+      return false;
     // Term statistics are rebuilt from nothing by the insert trigger (no zero rows left behind).
     await tx.execute(sql`delete from memory_terms where workspace_id = ${ws.id}`);
     await tx.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
     await insertRows(tx, rows);
-    await tx.execute(sql`update memory_index set version = ${INDEX_VERSION}, embed_model = ${embedder?.model ?? ''}, indexed_at = now() where workspace_id = ${ws.id}`);
+    await tx.execute(
+      sql`update memory_index set version = ${INDEX_VERSION}, embed_model = ${embedder?.model ?? ''}, indexed_at = now() where workspace_id = ${ws.id}`,
+    );
     return true;
   });
   if (!done) return null;

@@ -49,7 +49,11 @@ export function parseQuery(q: string): QueryTerms {
     if (isIdentifier(token) && [...token].length >= 3) addSub(token.toLowerCase());
     for (const w of token.match(WORD) ?? []) if (!CJK.test(w)) addWord(w.toLowerCase());
   }
-  return { words: words.slice(0, MAX_WORDS), cjk: cjk.slice(0, MAX_SUBSTRINGS), substrings: substrings.slice(0, MAX_SUBSTRINGS) };
+  return {
+    words: words.slice(0, MAX_WORDS),
+    cjk: cjk.slice(0, MAX_SUBSTRINGS),
+    substrings: substrings.slice(0, MAX_SUBSTRINGS),
+  };
 }
 
 /**

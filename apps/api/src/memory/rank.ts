@@ -98,6 +98,9 @@ export function snippetLines(lines: string[], scores: number[]): { from: number;
 
 /** The snippet text of lines from..to, cut to SNIPPET_CHARS. */
 export function snippetText(lines: string[], from: number, to: number): string {
-  const text = lines.slice(from, to + 1).filter((l) => l.trim()).join('\n');
+  const text = lines
+    .slice(from, to + 1)
+    .filter((l) => l.trim())
+    .join('\n');
   return text.length > SNIPPET_CHARS ? `${text.slice(0, SNIPPET_CHARS - 1)}…` : text;
 }

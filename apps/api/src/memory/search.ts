@@ -4,7 +4,18 @@ import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { cosine, type Embedder } from './embeddings.ts';
 import { isDay, parseQuery } from './query.ts';
-import { B, BUILTIN_FACTOR, fuseRanks, idf, K1, mergeHits, recencyFactor, snippetLines, snippetText, type Hit } from './rank.ts';
+import {
+  B,
+  BUILTIN_FACTOR,
+  fuseRanks,
+  idf,
+  K1,
+  mergeHits,
+  recencyFactor,
+  snippetLines,
+  snippetText,
+  type Hit,
+} from './rank.ts';
 
 export interface SearchHit {
   path: string;
@@ -74,7 +85,8 @@ interface Term {
 const raw = (v: number) => sql.raw(String(v));
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
 const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
-const textArray = (xs: string[]) => sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
+const textArray = (xs: string[]) =>
+  sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
 
 interface Candidate {
   id: number;
@@ -271,7 +283,13 @@ export function lineScore(line: string, terms: { term: string; kind: string; idf
  * database has the extension, else computed here over the stored vectors. Vectors of another
  * size (made by an earlier model, before the re-index) are left out.
  */
-async function nearest(db: Db, workspaceId: string, qv: number[], limit: number, where: SQL): Promise<{ c: Candidate; similarity: number }[]> {
+async function nearest(
+  db: Db,
+  workspaceId: string,
+  qv: number[],
+  limit: number,
+  where: SQL,
+): Promise<{ c: Candidate; similarity: number }[]> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
   if (await hasPgvector(db)) {
     const vec = `[${qv.join(',')}]`;
@@ -283,7 +301,9 @@ async function nearest(db: Db, workspaceId: string, qv: number[], limit: number,
     return rows.map((r) => ({ c: r, similarity: Number(r.similarity) }));
   }
   const rows = rowsOf<Candidate & { embedding: number[] }>(
-    await db.execute(sql`select ${cols}, c.embedding from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`),
+    await db.execute(
+      sql`select ${cols}, c.embedding from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`,
+    ),
   );
   return rows
     .map((r) => ({ c: r, similarity: cosine(qv, r.embedding.map(Number)) }))
@@ -308,7 +328,10 @@ export function hasPgvector(db: Db): Promise<boolean> {
 
 /** What a cursor belongs to: the query and its filters (a cursor of another query is refused). */
 const fingerprint = (q: string, f: { path?: string; since?: string; until?: string }) =>
-  createHash('sha256').update(JSON.stringify([q, f.path ?? '', f.since ?? '', f.until ?? ''])).digest('base64url').slice(0, 12);
+  createHash('sha256')
+    .update(JSON.stringify([q, f.path ?? '', f.since ?? '', f.until ?? '']))
+    .digest('base64url')
+    .slice(0, 12);
 
 /** The opaque cursor of the page after `offset` hits. */
 export function encodeCursor(offset: number, q: string, f: { path?: string; since?: string; until?: string }): string {
@@ -316,10 +339,15 @@ export function encodeCursor(offset: number, q: string, f: { path?: string; sinc
 }
 
 /** The offset a cursor stands for; null when it is malformed or belongs to another query. */
-export function decodeCursor(cursor: string, q: string, f: { path?: string; since?: string; until?: string }): number | null {
+export function decodeCursor(
+  cursor: string,
+  q: string,
+  f: { path?: string; since?: string; until?: string },
+): number | null {
   try {
     const v = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as { o?: unknown; f?: unknown };
-    if (!Number.isInteger(v.o) || (v.o as number) < 0 || (v.o as number) >= MAX_DEPTH || v.f !== fingerprint(q, f)) return null;
+    if (!Number.isInteger(v.o) || (v.o as number) < 0 || (v.o as number) >= MAX_DEPTH || v.f !== fingerprint(q, f))
+      return null;
     return v.o as number;
   } catch {
     return null;
@@ -335,8 +363,13 @@ export const isPathPrefix = (p: string) =>
 
 /** Why search filters given by a model are unusable, or null. */
 export function filterProblem(f: { path?: string; since?: string; until?: string }): string | null {
-  if (f.path !== undefined && !isPathPrefix(f.path)) return 'path must be a relative path prefix such as memory/ or knowledge/';
-  for (const [name, d] of [['since', f.since], ['until', f.until]] as const) if (d !== undefined && !isDay(d)) return `${name} must be a date, YYYY-MM-DD`;
+  if (f.path !== undefined && !isPathPrefix(f.path))
+    return 'path must be a relative path prefix such as memory/ or knowledge/';
+  for (const [name, d] of [
+    ['since', f.since],
+    ['until', f.until],
+  ] as const)
+    if (d !== undefined && !isDay(d)) return `${name} must be a date, YYYY-MM-DD`;
   if (f.since && f.until && f.since > f.until) return 'since must not be after until';
   return null;
 }

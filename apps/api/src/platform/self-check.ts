@@ -51,7 +51,8 @@ export function capLog(text: string): string {
 export const sourceGit = (dir: string): Git => gitIn(dir, tmpdir());
 
 /** A check's directory (`<tmp>/kiln-self-check-<id>/`) holds its worktree (`src/`), the patch and the boot's data. */
-export const isCheckWorktree = (path: string) => basename(path) === 'src' && basename(dirname(path)).startsWith(WORKTREE_PREFIX);
+export const isCheckWorktree = (path: string) =>
+  basename(path) === 'src' && basename(dirname(path)).startsWith(WORKTREE_PREFIX);
 
 export interface Prepared {
   worktree: string;
@@ -66,14 +67,19 @@ export interface Prepared {
  * worktree, inside `.git` and beyond symbolic links; links themselves are refused here. On any
  * failure the worktree is removed and nothing else was written.
  */
-export async function preparePatch(sourceDir: string, o: { id: string; patch: string; message: string }): Promise<Prepared> {
+export async function preparePatch(
+  sourceDir: string,
+  o: { id: string; patch: string; message: string },
+): Promise<Prepared> {
   if (/^(new file mode|new mode|old mode|deleted file mode|index [0-9a-f]+\.\.[0-9a-f]+) 120000\b/m.test(o.patch)) {
     throw new PatchError('the patch may not create, change or delete symbolic links');
   }
   const git = sourceGit(sourceDir);
-  const base = (await git(['rev-parse', 'HEAD']).catch(() => {
-    throw new SourceError(`the source directory ${sourceDir} is not a git checkout (set KILN_SOURCE_DIR)`);
-  })).trim();
+  const base = (
+    await git(['rev-parse', 'HEAD']).catch(() => {
+      throw new SourceError(`the source directory ${sourceDir} is not a git checkout (set KILN_SOURCE_DIR)`);
+    })
+  ).trim();
   const home = mkdtempSync(join(tmpdir(), `${WORKTREE_PREFIX}${o.id}-`));
   const worktree = join(home, 'src');
   const patchFile = join(home, 'update.patch');
@@ -82,7 +88,9 @@ export async function preparePatch(sourceDir: string, o: { id: string; patch: st
     writeFileSync(patchFile, o.patch);
     const wt = sourceGit(worktree);
     await wt(['apply', '--check', patchFile]).catch((err: Error) => {
-      throw new PatchError(`the patch does not apply to ${base.slice(0, 12)}: ${err.message.replace(/^git apply failed: /, '').replaceAll(patchFile, 'patch')}`);
+      throw new PatchError(
+        `the patch does not apply to ${base.slice(0, 12)}: ${err.message.replace(/^git apply failed: /, '').replaceAll(patchFile, 'patch')}`,
+      );
     });
     await wt(['apply', '--index', patchFile]);
     const paths = (await wt(['diff', '--cached', '--name-only', '-z'])).split('\0').filter(Boolean);
@@ -174,19 +182,28 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
     KILN_LOG_LEVEL: 'warn',
     KILN_SOURCE_DIR: worktree,
   });
-  const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], { cwd: worktree, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], {
+    cwd: worktree,
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   const { output, exited } = track(o, child);
   let gone: number | string | undefined;
   void exited.then((c) => (gone = c));
   try {
     const t0 = performance.now();
     let url: string | undefined;
-    for (const end = Date.now() + o.stepTimeoutMs; !url && gone === undefined && Date.now() < end; await delay(100)) url = BANNER.exec(output())?.[1];
+    for (const end = Date.now() + o.stepTimeoutMs; !url && gone === undefined && Date.now() < end; await delay(100))
+      url = BANNER.exec(output())?.[1];
     const booted: CheckStep = {
       name: 'boot',
       ok: !!url,
       duration_ms: Math.round(performance.now() - t0),
-      log: capLog(url ? `listening on ${url}\n${output()}` : `${output()}\n[${gone === undefined ? `no banner within ${o.stepTimeoutMs} ms` : `exit ${gone}`}]`),
+      log: capLog(
+        url
+          ? `listening on ${url}\n${output()}`
+          : `${output()}\n[${gone === undefined ? `no banner within ${o.stepTimeoutMs} ms` : `exit ${gone}`}]`,
+      ),
     };
     if (!url) return [booted];
     const ready = await timed('readyz', async () => {
@@ -201,7 +218,10 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
       child.kill('SIGTERM');
       const code = await Promise.race([exited, delay(o.stopTimeoutMs).then(() => 'timeout')]);
       const clean = code === 0;
-      return { ok: clean, log: `GET /readyz → ${last}\nSIGTERM → ${code === 'timeout' ? `still running after ${o.stopTimeoutMs} ms` : `exit ${code}`}\n${output()}` };
+      return {
+        ok: clean,
+        log: `GET /readyz → ${last}\nSIGTERM → ${code === 'timeout' ? `still running after ${o.stopTimeoutMs} ms` : `exit ${code}`}\n${output()}`,
+      };
     });
     return [booted, ready];
   } finally {
@@ -217,7 +237,13 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
  * running checkout's; otherwise its node_modules is linked), type-check, the dashboard build,
  * the smoke suite, then boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
  */
-export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o: CheckOptions, onStep: (s: CheckStep) => Promise<void>): Promise<boolean> {
+export async function runSelfCheck(
+  sourceDir: string,
+  p: Prepared,
+  id: string,
+  o: CheckOptions,
+  onStep: (s: CheckStep) => Promise<void>,
+): Promise<boolean> {
   const lock = (dir: string) => {
     try {
       return readFileSync(join(dir, 'package-lock.json'), 'utf8');
@@ -236,15 +262,28 @@ export async function runSelfCheck(sourceDir: string, p: Prepared, id: string, o
     // The API and the dashboard (its own tsconfig, with the DOM library), as `npm test` checks them.
     () =>
       timed('typecheck', async () => {
-        const tsc = (config: string) => command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', config, '--noEmit']);
+        const tsc = (config: string) =>
+          command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', config, '--noEmit']);
         const api = await tsc('tsconfig.json');
         if (!api.ok) return api;
         const dashboard = await tsc('apps/dashboard/tsconfig.json');
         return { ok: dashboard.ok, log: `${api.log}\n${dashboard.log}` };
       }),
     // The dashboard builds (into the worktree), so an update cannot leave it unbuildable.
-    () => timed('dashboard', () => command(o, p.worktree, process.execPath, ['node_modules/vite/bin/vite.js', 'build', 'apps/dashboard', '--logLevel', 'warn'])),
-    () => timed('smoke', () => command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke'])),
+    () =>
+      timed('dashboard', () =>
+        command(o, p.worktree, process.execPath, [
+          'node_modules/vite/bin/vite.js',
+          'build',
+          'apps/dashboard',
+          '--logLevel',
+          'warn',
+        ]),
+      ),
+    () =>
+      timed('smoke', () =>
+        command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke']),
+      ),
     () => boot(o, p.worktree, id),
   ];
   for (const step of steps) {

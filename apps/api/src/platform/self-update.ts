@@ -14,7 +14,18 @@ import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
-import { capLog, IDENTITY, isCheckWorktree, PatchError, preparePatch, SourceError, removeWorktree, runSelfCheck, sourceGit, type CheckStep } from './self-check.ts';
+import {
+  capLog,
+  IDENTITY,
+  isCheckWorktree,
+  PatchError,
+  preparePatch,
+  SourceError,
+  removeWorktree,
+  runSelfCheck,
+  sourceGit,
+  type CheckStep,
+} from './self-check.ts';
 
 export type UpdateRow = typeof platformUpdates.$inferSelect;
 export type UpdateStatus = UpdateRow['status'];
@@ -78,7 +89,11 @@ export class SelfUpdates implements SourceUpdateSink {
    * worktrees, and follows an update being applied until its relay says how it ended.
    */
   async startup(): Promise<void> {
-    const read = (args: string[]) => this.git(args).then((s) => s.trim(), () => null);
+    const read = (args: string[]) =>
+      this.git(args).then(
+        (s) => s.trim(),
+        () => null,
+      );
     this.version = {
       commit: await read(['rev-parse', 'HEAD']),
       tree: await read(['rev-parse', 'HEAD^{tree}']),
@@ -92,7 +107,18 @@ export class SelfUpdates implements SourceUpdateSink {
       .set({ status: 'failed', error: 'the server restarted during the self-check', finishedAt: new Date() })
       .where(eq(platformUpdates.status, 'checking'))
       .returning({ id: platformUpdates.id });
-    for (const { id } of cut) await recordAudit(this.db, { action: 'system.update.check', resourceType: 'system_update', resourceId: id, teamId: null, after: { status: 'failed' } }, undefined);
+    for (const { id } of cut)
+      await recordAudit(
+        this.db,
+        {
+          action: 'system.update.check',
+          resourceType: 'system_update',
+          resourceId: id,
+          teamId: null,
+          after: { status: 'failed' },
+        },
+        undefined,
+      );
     const worktrees = await read(['worktree', 'list', '--porcelain']);
     for (const line of worktrees?.split('\n') ?? []) {
       const path = /^worktree (.+)$/.exec(line)?.[1];
@@ -115,7 +141,11 @@ export class SelfUpdates implements SourceUpdateSink {
 
   /** Takes the one-at-a-time lock, synchronously, so of two requests at once exactly one wins. */
   private lock(id: string): void {
-    if (this.holder) throw new ApiError('conflict', `another platform update (${this.holder}) is being checked or applied; try again when it has finished`);
+    if (this.holder)
+      throw new ApiError(
+        'conflict',
+        `another platform update (${this.holder}) is being checked or applied; try again when it has finished`,
+      );
     this.holder = id;
   }
 
@@ -127,7 +157,11 @@ export class SelfUpdates implements SourceUpdateSink {
    * Commits the patch in a new worktree (a patch that does not apply is a 400 and leaves
    * nothing behind), records the update as `checking` and runs the self-check in the background.
    */
-  async submit(input: { patch: string; reason: string; author: 'user' | 'agent' }, actor: Principal | undefined, requestId?: string): Promise<UpdateRow> {
+  async submit(
+    input: { patch: string; reason: string; author: 'user' | 'agent' },
+    actor: Principal | undefined,
+    requestId?: string,
+  ): Promise<UpdateRow> {
     // The `evo_` prefix of the time updates were evolutions: ids of old and new updates look alike.
     const id = newId('evo');
     this.lock(id);
@@ -144,7 +178,14 @@ export class SelfUpdates implements SourceUpdateSink {
       try {
         [row] = (await this.db
           .insert(platformUpdates)
-          .values({ id, status: 'checking', commitSha: prepared.commit, changedPaths: prepared.paths, reason, checks: [] })
+          .values({
+            id,
+            status: 'checking',
+            commitSha: prepared.commit,
+            changedPaths: prepared.paths,
+            reason,
+            checks: [],
+          })
           .returning()) as [UpdateRow];
         await this.audit({ action: 'system.update.submit', after: updateView(row) }, id, actor, requestId);
       } catch (err) {
@@ -163,9 +204,14 @@ export class SelfUpdates implements SourceUpdateSink {
   /** A revert is an update like any other: the reverse of the update's commit, self-checked. */
   async revert(id: string, actor: Principal | undefined, requestId?: string): Promise<UpdateRow> {
     const row = await this.get(id);
-    if (row.status !== 'applied' || !row.commitSha) throw new ApiError('conflict', `only an applied update can be reverted (this one is ${row.status})`);
+    if (row.status !== 'applied' || !row.commitSha)
+      throw new ApiError('conflict', `only an applied update can be reverted (this one is ${row.status})`);
     const patch = await this.git(['diff', '--binary', row.commitSha, `${row.commitSha}^`]);
-    return this.submit({ patch, reason: `Revert platform update ${id}\n\n${row.reason}`, author: 'user' }, actor, requestId);
+    return this.submit(
+      { patch, reason: `Revert platform update ${id}\n\n${row.reason}`, author: 'user' },
+      actor,
+      requestId,
+    );
   }
 
   private async check(row: UpdateRow, prepared: Awaited<ReturnType<typeof preparePatch>>): Promise<void> {
@@ -176,7 +222,13 @@ export class SelfUpdates implements SourceUpdateSink {
         this.o.sourceDir,
         prepared,
         row.id,
-        { stepTimeoutMs: this.o.checkTimeoutMs, readyTimeoutMs: this.o.readyTimeoutMs, stopTimeoutMs: this.o.stopTimeoutMs, dockerHost: this.o.dockerHost, children: this.children },
+        {
+          stepTimeoutMs: this.o.checkTimeoutMs,
+          readyTimeoutMs: this.o.readyTimeoutMs,
+          stopTimeoutMs: this.o.stopTimeoutMs,
+          dockerHost: this.o.dockerHost,
+          children: this.children,
+        },
         async (s) => {
           steps.push(s);
           await this.db.update(platformUpdates).set({ checks: steps }).where(eq(platformUpdates.id, row.id));
@@ -190,7 +242,9 @@ export class SelfUpdates implements SourceUpdateSink {
     // Whoever sees the outcome may act on it at once: the worktree is gone and the lock free.
     await removeWorktree(this.o.sourceDir, prepared.worktree);
     this.unlock(row.id);
-    await this.settle(row.id, error ? 'failed' : 'ready', error).catch((err) => this.log.error({ err, update: row.id }, 'could not record the self-check'));
+    await this.settle(row.id, error ? 'failed' : 'ready', error).catch((err) =>
+      this.log.error({ err, update: row.id }, 'could not record the self-check'),
+    );
   }
 
   private async settle(id: string, status: 'ready' | 'failed', error: string | null): Promise<void> {
@@ -210,12 +264,24 @@ export class SelfUpdates implements SourceUpdateSink {
     let moved = false;
     try {
       const row = await this.get(id);
-      if (row.status !== 'ready' || !row.commitSha) throw new ApiError('conflict', `only an update that passed its self-check can be applied (this one is ${row.status})`);
+      if (row.status !== 'ready' || !row.commitSha)
+        throw new ApiError(
+          'conflict',
+          `only an update that passed its self-check can be applied (this one is ${row.status})`,
+        );
       const branch = (await this.git(['symbolic-ref', '--short', 'HEAD']).catch(() => '')).trim();
       if (!branch) throw new ApiError('conflict', 'the source checkout is not on a branch');
-      const [head, parent] = await Promise.all([this.git(['rev-parse', 'HEAD']), this.git(['rev-parse', `${row.commitSha}^`])]);
-      if (head.trim() !== parent.trim()) throw new ApiError('conflict', 'the source branch moved since this update was checked: submit the patch again');
-      const changes = (...paths: string[]) => this.git(['diff', '--quiet', head.trim(), row.commitSha!, '--', ...paths]).then(() => false, () => true);
+      const [head, parent] = await Promise.all([
+        this.git(['rev-parse', 'HEAD']),
+        this.git(['rev-parse', `${row.commitSha}^`]),
+      ]);
+      if (head.trim() !== parent.trim())
+        throw new ApiError('conflict', 'the source branch moved since this update was checked: submit the patch again');
+      const changes = (...paths: string[]) =>
+        this.git(['diff', '--quiet', head.trim(), row.commitSha!, '--', ...paths]).then(
+          () => false,
+          () => true,
+        );
       const lockChanged = await changes('package-lock.json');
       // The dashboard is served from its build: a new one for new sources (or a new vite).
       const dashboardChanged = lockChanged || (await changes('apps/dashboard'));
@@ -233,7 +299,10 @@ export class SelfUpdates implements SourceUpdateSink {
         sourceDir: this.o.sourceDir,
         commit: row.commitSha,
         previous: head.trim(),
-        prepare: [...(lockChanged ? [['npm', 'ci', '--no-audit', '--no-fund']] : []), ...(dashboardChanged ? [['npm', 'run', '--silent', 'dashboard:build']] : [])],
+        prepare: [
+          ...(lockChanged ? [['npm', 'ci', '--no-audit', '--no-fund']] : []),
+          ...(dashboardChanged ? [['npm', 'run', '--silent', 'dashboard:build']] : []),
+        ],
         stopTimeoutMs: this.o.stopTimeoutMs,
         readyTimeoutMs: this.o.readyTimeoutMs,
         statusFile: join(dir, 'status.json'),
@@ -251,14 +320,28 @@ export class SelfUpdates implements SourceUpdateSink {
       try {
         await this.git([...IDENTITY, 'merge', '--ff-only', '-q', row.commitSha]);
         moved = true;
-        await this.audit({ action: 'system.update.apply', before: { status: 'ready', commit: plan.previous }, after: { status: 'applying', commit: row.commitSha } }, id, actor, requestId);
+        await this.audit(
+          {
+            action: 'system.update.apply',
+            before: { status: 'ready', commit: plan.previous },
+            after: { status: 'applying', commit: row.commitSha },
+          },
+          id,
+          actor,
+          requestId,
+        );
         this.follow(id, { pid: this.startRelay(relayFile, plan), plan });
       } catch (err) {
         if (moved) await this.git(['reset', '--keep', plan.previous]).catch(() => undefined);
         await this.db.update(platformUpdates).set({ status: 'ready' }).where(eq(platformUpdates.id, id));
-        throw err instanceof ApiError ? err : new ApiError('conflict', `could not move the source branch: ${(err as Error).message}`);
+        throw err instanceof ApiError
+          ? err
+          : new ApiError('conflict', `could not move the source branch: ${(err as Error).message}`);
       }
-      this.log.warn({ update: id, commit: row.commitSha }, 'platform update applied to the source; the relay restarts the server');
+      this.log.warn(
+        { update: id, commit: row.commitSha },
+        'platform update applied to the source; the relay restarts the server',
+      );
       return applying;
     } catch (err) {
       this.unlock(id);
@@ -270,12 +353,16 @@ export class SelfUpdates implements SourceUpdateSink {
   private startRelay(relayFile: string, plan: RelayPlan): number | undefined {
     const out = openSync(plan.logFile, 'a');
     try {
-      const child = spawn(process.execPath, ['--import', 'tsx', relayFile, join(this.dir(plan.updateId), 'plan.json')], {
-        cwd: this.o.sourceDir,
-        env: process.env,
-        detached: true,
-        stdio: ['ignore', out, out],
-      });
+      const child = spawn(
+        process.execPath,
+        ['--import', 'tsx', relayFile, join(this.dir(plan.updateId), 'plan.json')],
+        {
+          cwd: this.o.sourceDir,
+          env: process.env,
+          detached: true,
+          stdio: ['ignore', out, out],
+        },
+      );
       child.on('error', (err) => this.log.error({ err, update: plan.updateId }, 'the relay did not start'));
       child.unref();
       return child.pid;
@@ -298,7 +385,11 @@ export class SelfUpdates implements SourceUpdateSink {
       if (!status && relay) {
         if (relay.pid && alive(relay.pid)) return;
         await this.revertUnstarted(relay.plan);
-        await this.finishApply(id, 'failed', 'the relay did not start: the update was reverted and this server kept running');
+        await this.finishApply(
+          id,
+          'failed',
+          'the relay did not start: the update was reverted and this server kept running',
+        );
       } else if (status?.phase === 'done' && (status.pid === process.pid || !status.pid || !alive(status.pid))) {
         await this.finishApply(id, status.outcome ?? 'failed', status.error ?? null, status.downtimeMs);
       } else if (!status || (status.phase !== 'done' && !alive(status.relayPid))) {
@@ -323,10 +414,22 @@ export class SelfUpdates implements SourceUpdateSink {
   private async revertUnstarted(plan: RelayPlan): Promise<void> {
     if ((await this.git(['rev-parse', 'HEAD'])).trim() !== plan.commit) return;
     await this.git([...IDENTITY, 'revert', '--no-commit', plan.commit]);
-    await this.git([...IDENTITY, 'commit', '-q', '--no-verify', '-m', `Revert platform update ${plan.updateId}: the relay did not start\n\nKiln-Kind: source\nKiln-Update: ${plan.updateId}\nKiln-Author: system`]);
+    await this.git([
+      ...IDENTITY,
+      'commit',
+      '-q',
+      '--no-verify',
+      '-m',
+      `Revert platform update ${plan.updateId}: the relay did not start\n\nKiln-Kind: source\nKiln-Update: ${plan.updateId}\nKiln-Author: system`,
+    ]);
   }
 
-  private async finishApply(id: string, outcome: 'applied' | 'rolled_back' | 'failed', error: string | null, downtimeMs?: number): Promise<void> {
+  private async finishApply(
+    id: string,
+    outcome: 'applied' | 'rolled_back' | 'failed',
+    error: string | null,
+    downtimeMs?: number,
+  ): Promise<void> {
     const [row] = await this.db.select().from(platformUpdates).where(eq(platformUpdates.id, id));
     const relayLog = (() => {
       try {
@@ -335,19 +438,43 @@ export class SelfUpdates implements SourceUpdateSink {
         return '';
       }
     })();
-    const restart: CheckStep = { name: 'restart', ok: outcome === 'applied', duration_ms: downtimeMs ?? 0, log: capLog(relayLog) };
+    const restart: CheckStep = {
+      name: 'restart',
+      ok: outcome === 'applied',
+      duration_ms: downtimeMs ?? 0,
+      log: capLog(relayLog),
+    };
     const checks = [...((row?.checks as CheckStep[] | undefined) ?? []), restart];
     const [done] = await this.db
       .update(platformUpdates)
       .set({ status: outcome, error, checks, finishedAt: new Date() })
       .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'applying')))
       .returning();
-    if (done) await this.audit({ action: `system.update.${outcome}`, before: { status: 'applying' }, after: { status: outcome, error, commit: this.version.commit } }, id, undefined);
+    if (done)
+      await this.audit(
+        {
+          action: `system.update.${outcome}`,
+          before: { status: 'applying' },
+          after: { status: outcome, error, commit: this.version.commit },
+        },
+        id,
+        undefined,
+      );
     this.log.warn({ update: id, outcome }, 'platform update finished');
   }
 
-  private async audit(draft: Omit<AuditDraft, 'resourceType' | 'resourceId' | 'teamId'>, id: string, actor: Principal | undefined, requestId?: string) {
-    await recordAudit(this.db, { ...draft, resourceType: 'system_update', resourceId: id, teamId: null }, actor, requestId);
+  private async audit(
+    draft: Omit<AuditDraft, 'resourceType' | 'resourceId' | 'teamId'>,
+    id: string,
+    actor: Principal | undefined,
+    requestId?: string,
+  ) {
+    await recordAudit(
+      this.db,
+      { ...draft, resourceType: 'system_update', resourceId: id, teamId: null },
+      actor,
+      requestId,
+    );
   }
 
   async get(id: string): Promise<UpdateRow> {
@@ -385,15 +512,25 @@ export function updateView(r: UpdateRow) {
  * Lets (or stops) a workspace's agent propose platform source updates: an org admin's switch,
  * kept in the workspace's settings (`source_updates`), which team keys cannot change.
  */
-export async function setSourceUpdates(db: Db, wsId: string, enabled: boolean): Promise<{ teamId: string; before: boolean }> {
+export async function setSourceUpdates(
+  db: Db,
+  wsId: string,
+  enabled: boolean,
+): Promise<{ teamId: string; before: boolean }> {
   const [before] = await db
-    .select({ teamId: workspaces.teamId, enabled: sql<boolean | null>`(${workspaces.settings}->>'source_updates')::boolean` })
+    .select({
+      teamId: workspaces.teamId,
+      enabled: sql<boolean | null>`(${workspaces.settings}->>'source_updates')::boolean`,
+    })
     .from(workspaces)
     .where(and(eq(workspaces.id, wsId), isNull(workspaces.deletedAt)));
   if (!before) throw ApiError.notFound('workspace');
   await db
     .update(workspaces)
-    .set({ settings: sql`jsonb_set(${workspaces.settings}, '{source_updates}', ${enabled ? 'true' : 'false'}::jsonb)`, updatedAt: new Date() })
+    .set({
+      settings: sql`jsonb_set(${workspaces.settings}, '{source_updates}', ${enabled ? 'true' : 'false'}::jsonb)`,
+      updatedAt: new Date(),
+    })
     .where(eq(workspaces.id, wsId));
   return { teamId: before.teamId, before: before.enabled ?? false };
 }

@@ -13,7 +13,14 @@ import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
 import { WarmPool } from './pool.ts';
 import { Reaper } from './reaper.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
-import { cancelledBeforeStart, notRun, RunnerGoneError, type OutputListener, type RunnerResult, type WorkspaceChanges } from './runner-client.ts';
+import {
+  cancelledBeforeStart,
+  notRun,
+  RunnerGoneError,
+  type OutputListener,
+  type RunnerResult,
+  type WorkspaceChanges,
+} from './runner-client.ts';
 
 export type { ExecContext } from './live.ts';
 
@@ -126,7 +133,12 @@ export class SandboxEngine {
   }
 
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
-  async exec(ctx: ExecContext, limits: SandboxLimits, code: string, opts: ExecOptions = {}): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
+  async exec(
+    ctx: ExecContext,
+    limits: SandboxLimits,
+    code: string,
+    opts: ExecOptions = {},
+  ): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const live = await this.live.acquire(ctx, limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
@@ -135,19 +147,26 @@ export class SandboxEngine {
     return run;
   }
 
-  private async execOn(live: Live, ctx: ExecContext, code: string, opts: ExecOptions): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
+  private async execOn(
+    live: Live,
+    ctx: ExecContext,
+    code: string,
+    opts: ExecOptions,
+  ): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const timeoutS = Math.min(opts.timeoutS ?? live.limits.timeoutS, live.limits.timeoutS);
     live.busy = true;
     let result: RunnerResult;
     try {
-      result = opts.signal?.aborted ? cancelledBeforeStart() : await live.client.exec(code, {
-        timeoutMs: timeoutS * 1000,
-        maxOutputBytes: this.opts.maxOutputBytes,
-        onOutput: opts.onOutput,
-        signal: opts.signal,
-        sync: live.synced,
-        syncCaps: opts.sync,
-      });
+      result = opts.signal?.aborted
+        ? cancelledBeforeStart()
+        : await live.client.exec(code, {
+            timeoutMs: timeoutS * 1000,
+            maxOutputBytes: this.opts.maxOutputBytes,
+            onOutput: opts.onOutput,
+            signal: opts.signal,
+            sync: live.synced,
+            syncCaps: opts.sync,
+          });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
       this.log.warn({ sandbox: live.id, reason: err.message }, 'sandbox runner lost');
@@ -161,18 +180,31 @@ export class SandboxEngine {
       result.restarted = true;
       live.replacesLost = false;
     }
-    const rec = executionWrite({ teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result }, opts.audit);
+    const rec = executionWrite(
+      { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
+      opts.audit,
+    );
     if (!opts.deferRecord) await this.db.execute(combine(rec.writes));
     const executionId = rec.id;
     const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
     delete (rest as { id?: string }).id;
     delete (rest as { code_sha256?: string }).code_sha256;
-    return { ...rest, sandbox_id: live.id, execution_id: executionId, changes, record: opts.deferRecord ? rec.writes : undefined };
+    return {
+      ...rest,
+      sandbox_id: live.id,
+      execution_id: executionId,
+      changes,
+      record: opts.deferRecord ? rec.writes : undefined,
+    };
   }
 
   /** Writes (or, with null, deletes) files in the live sandboxes of a workspace, except one session's. */
-  pushToWorkspace(workspaceId: string, files: { path: string; data: Buffer | null }[], exceptSession?: string): Promise<void> {
+  pushToWorkspace(
+    workspaceId: string,
+    files: { path: string; data: Buffer | null }[],
+    exceptSession?: string,
+  ): Promise<void> {
     return this.live.pushToWorkspace(workspaceId, files, exceptSession);
   }
 
@@ -200,7 +232,10 @@ export class SandboxEngine {
 
   /** DELETE /v1/sandboxes/{id}: the session keeps going and gets a fresh sandbox on its next exec. */
   async removeForTeam(teamId: string, id: string): Promise<void> {
-    const [row] = await this.db.select().from(sandboxes).where(and(eq(sandboxes.id, id), eq(sandboxes.teamId, teamId), ne(sandboxes.state, 'removed')));
+    const [row] = await this.db
+      .select()
+      .from(sandboxes)
+      .where(and(eq(sandboxes.id, id), eq(sandboxes.teamId, teamId), ne(sandboxes.state, 'removed')));
     if (!row) throw ApiError.notFound('sandbox');
     if (row.sessionId && this.live.get(row.sessionId)?.id === id) {
       await this.release(row.sessionId, 'deleted');
@@ -217,7 +252,9 @@ export class SandboxEngine {
       .from(sandboxes)
       .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
       .orderBy(sandboxes.id);
-    const usage = await Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null))));
+    const usage = await Promise.all(
+      rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null))),
+    );
     return rows.map((r, i) => {
       const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
       const state = r.state === 'starting' ? 'starting' : live?.id === r.id && live.busy ? 'busy' : 'idle';
@@ -232,5 +269,9 @@ export class SandboxEngine {
 }
 
 function lostResult(reason: string): RunnerResult {
-  return notRun(137, { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` }, true);
+  return notRun(
+    137,
+    { type: 'SandboxLost', message: `the sandbox stopped responding and was replaced; variables are lost (${reason})` },
+    true,
+  );
 }

@@ -40,7 +40,14 @@ export function executionWrite(rec: ExecutionRecord, audit?: ExecAudit): { id: s
     resourceType: 'session',
     resourceId: rec.sessionId,
     teamId: rec.teamId,
-    after: { execution_id: id, sandbox_id: rec.sandboxId, run_id: rec.runId ?? null, code_sha256: codeHash, exit_code: r.exit_code, error: r.error?.type ?? null },
+    after: {
+      execution_id: id,
+      sandbox_id: rec.sandboxId,
+      run_id: rec.runId ?? null,
+      code_sha256: codeHash,
+      exit_code: r.exit_code,
+      error: r.error?.type ?? null,
+    },
   };
   const a = auditRow(draft, audit.actor, audit.requestId);
   if (audit.role) a.actorRole = audit.role;

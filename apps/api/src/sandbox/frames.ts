@@ -26,7 +26,12 @@ const PER_FILE_BYTES = 6 * 1024 + 64;
 export function frameLimitOf(msg: Record<string, unknown>): number {
   if (msg.op === 'exec') {
     const files = Number(msg.sync_max_files ?? 0);
-    return base64Length(Number(msg.sync_limit ?? SYNC_BYTES)) + 2 * 6 * Number(msg.max_output ?? 65_536) + ALLOWANCE_BYTES + files * PER_FILE_BYTES;
+    return (
+      base64Length(Number(msg.sync_limit ?? SYNC_BYTES)) +
+      2 * 6 * Number(msg.max_output ?? 65_536) +
+      ALLOWANCE_BYTES +
+      files * PER_FILE_BYTES
+    );
   }
   if (msg.op === 'get') return base64Length(MAX_FILE_BYTES) + SMALL_FRAME_BYTES;
   return SMALL_FRAME_BYTES;
@@ -34,7 +39,10 @@ export function frameLimitOf(msg: Record<string, unknown>): number {
 
 /** Frames up to this size are parsed inline; larger ones in the frame thread. */
 const INLINE_PARSE_BYTES = 1024 * 1024;
-const parser = new OffThread<{ body: Uint8Array }, Record<string, unknown>>(new URL('./frames.worker.mjs', import.meta.url), 'runner frames');
+const parser = new OffThread<{ body: Uint8Array }, Record<string, unknown>>(
+  new URL('./frames.worker.mjs', import.meta.url),
+  'runner frames',
+);
 
 /**
  * Reads length-prefixed JSON frames (4-byte big-endian length, then UTF-8 JSON) from a stream's

@@ -42,4 +42,5 @@ export function effectiveLimits(ws: WorkspaceSettings['sandbox'], max: SandboxLi
 }
 
 /** Limits that can only be set when a container is created (tmpfs sizes, which follow disk and memory; ulimits). */
-export const sameShape = (a: SandboxLimits, b: SandboxLimits) => JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b));
+export const sameShape = (a: SandboxLimits, b: SandboxLimits) =>
+  JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b));

@@ -146,7 +146,11 @@ export class LiveSandboxes {
         .where(
           and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')),
         );
-      await markRemoved(db, rows.map((r) => r.id), reason);
+      await markRemoved(
+        db,
+        rows.map((r) => r.id),
+        reason,
+      );
     }
   }
 
@@ -278,8 +282,9 @@ export class LiveSandboxes {
     const rank = active.findIndex((r) => r.id === id);
     if (rank >= this.opts.perTeamMax) {
       await db.delete(sandboxes).where(eq(sandboxes.id, id));
-      const message = `this team already has ${this.opts.perTeamMax} live sandboxes; `
-        + 'end a session or wait for idle ones to be reclaimed';
+      const message =
+        `this team already has ${this.opts.perTeamMax} live sandboxes; ` +
+        'end a session or wait for idle ones to be reclaimed';
       throw new ApiError('sandbox_unavailable', message, {}, { 'Retry-After': '5' });
     }
   }

@@ -60,7 +60,8 @@ interface Pending {
 const ANSWERS = { exec: 'result', put: 'ok', sync_in: 'ok', delete: 'ok', ping: 'ok', get: 'file' } as const;
 
 /** The result of an execution cancelled before its code reached the interpreter. */
-export const cancelledBeforeStart = (): RunnerResult => notRun(130, { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' }, false);
+export const cancelledBeforeStart = (): RunnerResult =>
+  notRun(130, { type: 'Cancelled', message: 'execution cancelled before it started; the code did not run' }, false);
 
 /** The result of an execution whose code never ran (or whose run is lost): no output, only why. */
 export function notRun(exitCode: number, error: ExecError, restarted: boolean): RunnerResult {
@@ -126,7 +127,10 @@ export class RunnerClient {
       });
     });
     channel.stdout.on('data', (chunk: Buffer) => client.onData(chunk));
-    channel.stderr.on('data', (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)));
+    channel.stderr.on(
+      'data',
+      (chunk: Buffer) => (client.stderrTail = (client.stderrTail + chunk.toString()).slice(-2000)),
+    );
     channel.onClose((err) => {
       const tail = client.stderrTail ? `: ${client.stderrTail.trim()}` : '';
       client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
@@ -145,7 +149,17 @@ export class RunnerClient {
   }
 
   /** Runs code in the session's interpreter; output is streamed to `onOutput` as it comes. */
-  exec(code: string, opts: { timeoutMs: number; maxOutputBytes: number; onOutput?: OutputListener; signal?: AbortSignal; sync?: boolean; syncCaps?: { maxFiles: number; maxBytes: number } }): Promise<RunnerResult> {
+  exec(
+    code: string,
+    opts: {
+      timeoutMs: number;
+      maxOutputBytes: number;
+      onOutput?: OutputListener;
+      signal?: AbortSignal;
+      sync?: boolean;
+      syncCaps?: { maxFiles: number; maxBytes: number };
+    },
+  ): Promise<RunnerResult> {
     // A cancel that came before the request (while the sandbox was claimed, synced or queued)
     // never fires again: checked here, at the last hand-off, the code is not sent at all.
     if (opts.signal?.aborted) return Promise.resolve(cancelledBeforeStart());
@@ -153,12 +167,24 @@ export class RunnerClient {
     const onAbort = () => this.send({ op: 'cancel', id });
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     const hostTimer = setTimeout(
-      () => this.markGone(`no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`),
+      () =>
+        this.markGone(
+          `no result ${opts.timeoutMs + HOST_GRACE_MS} ms after an execution with a ${opts.timeoutMs} ms limit`,
+        ),
       opts.timeoutMs + HOST_GRACE_MS,
     );
     const sync = opts.sync ?? false;
     const check = { codeSha256: createHash('sha256').update(code, 'utf8').digest('hex'), sync };
-    const msg = { op: 'exec' as const, id, code, timeout_ms: opts.timeoutMs, max_output: opts.maxOutputBytes, sync, sync_max_files: opts.syncCaps?.maxFiles, sync_limit: opts.syncCaps?.maxBytes };
+    const msg = {
+      op: 'exec' as const,
+      id,
+      code,
+      timeout_ms: opts.timeoutMs,
+      max_output: opts.maxOutputBytes,
+      sync,
+      sync_max_files: opts.syncCaps?.maxFiles,
+      sync_limit: opts.syncCaps?.maxBytes,
+    };
     return this.request(msg, opts.onOutput, check).finally(() => {
       clearTimeout(hostTimer);
       opts.signal?.removeEventListener('abort', onAbort);
@@ -202,7 +228,14 @@ export class RunnerClient {
   ): Promise<Record<string, unknown>> {
     if (this.goneReason !== undefined) return Promise.reject(new RunnerGoneError(this.goneReason));
     return new Promise((resolve, reject) => {
-      this.pending.set(msg.id, { resolve, reject, onOutput, answer: ANSWERS[msg.op], frameLimit: frameLimitOf(msg), ...check });
+      this.pending.set(msg.id, {
+        resolve,
+        reject,
+        onOutput,
+        answer: ANSWERS[msg.op],
+        frameLimit: frameLimitOf(msg),
+        ...check,
+      });
       this.send(msg);
     });
   }

@@ -10,7 +10,9 @@ export interface SessionExecResult extends ExecOutcome {
   /** With `deferRecord`: the statement that records the execution, for the caller to batch. */
   record?: SQL[];
   /** What the code changed in /workspace, as committed (null when it changed nothing). */
-  workspace: (CommitOutcome & { ignored: { path: string; reason: string }[]; skipped: { path: string; reason: string }[] }) | null;
+  workspace:
+    | (CommitOutcome & { ignored: { path: string; reason: string }[]; skipped: { path: string; reason: string }[] })
+    | null;
 }
 
 /**
@@ -23,7 +25,14 @@ export async function execInSession(
   ws: WorkspaceRow,
   ctx: { teamId: string; sessionId: string; runId?: string },
   code: string,
-  opts: { timeoutS?: number; onOutput?: OutputListener; signal?: AbortSignal; audit?: ExecAudit; prov: Provenance; deferRecord?: boolean },
+  opts: {
+    timeoutS?: number;
+    onOutput?: OutputListener;
+    signal?: AbortSignal;
+    audit?: ExecAudit;
+    prov: Provenance;
+    deferRecord?: boolean;
+  },
 ): Promise<SessionExecResult> {
   const limits = deps.engine.limitsFor(ws.settings.sandbox);
   const quota = deps.workspaces.quotaOf(ws);
@@ -41,8 +50,13 @@ export async function execInSession(
       sync: { maxFiles: quota.filesPerStep, maxBytes: quota.bytesPerStep },
     },
   );
-  if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length && !changes.over)) return { ...result, workspace: null };
-  const { outcome, pushBack, ignored, quotaExceeded } = await deps.workspaces.applySandboxChanges(ws, changes, opts.prov);
+  if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length && !changes.over))
+    return { ...result, workspace: null };
+  const { outcome, pushBack, ignored, quotaExceeded } = await deps.workspaces.applySandboxChanges(
+    ws,
+    changes,
+    opts.prov,
+  );
   if (quotaExceeded) {
     // Nothing was committed, and which files the code left may not even be known (the runner
     // stops counting at the cap): the sandbox is replaced by a fresh copy of the repository.
@@ -52,7 +66,11 @@ export async function execInSession(
       ...result,
       error: result.error ?? { type: 'QuotaExceeded', message },
       restarted: true,
-      workspace: { ...outcome, ignored: [{ path: '/workspace', reason: message }, ...ignored], skipped: changes.skipped },
+      workspace: {
+        ...outcome,
+        ignored: [{ path: '/workspace', reason: message }, ...ignored],
+        skipped: changes.skipped,
+      },
     };
   }
   if (pushBack.length) await deps.engine.pushToSession(ctx.sessionId, pushBack);

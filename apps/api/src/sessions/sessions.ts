@@ -9,19 +9,29 @@ import { newId } from '../lib/ids.ts';
 export type SessionRow = typeof sessions.$inferSelect;
 
 export async function createSession(db: Db, teamId: string, workspaceId: string, title?: string): Promise<SessionRow> {
-  const [row] = await db.insert(sessions).values({ id: newId('ses'), teamId, workspaceId, title: title ?? null }).returning();
+  const [row] = await db
+    .insert(sessions)
+    .values({ id: newId('ses'), teamId, workspaceId, title: title ?? null })
+    .returning();
   return row!;
 }
 
 /** A session of this team; anyone else's is 404. */
 export async function getSession(db: Db, teamId: string, id: string): Promise<SessionRow> {
-  const [row] = await db.select().from(sessions).where(and(eq(sessions.id, id), eq(sessions.teamId, teamId)));
+  const [row] = await db
+    .select()
+    .from(sessions)
+    .where(and(eq(sessions.id, id), eq(sessions.teamId, teamId)));
   if (!row) throw ApiError.notFound('session');
   return row;
 }
 
 /** An active session of this team together with its (live) workspace, in one query. */
-export async function getActiveSessionWithWorkspace(db: Db, teamId: string, id: string): Promise<{ session: SessionRow; workspace: WorkspaceRow }> {
+export async function getActiveSessionWithWorkspace(
+  db: Db,
+  teamId: string,
+  id: string,
+): Promise<{ session: SessionRow; workspace: WorkspaceRow }> {
   const [row] = await db
     .select({ session: sessions, workspace: workspaces })
     .from(sessions)

@@ -6,7 +6,16 @@ import { join } from 'node:path';
 export type Git = (args: string[], input?: string) => Promise<string>;
 
 /** Settings every git command runs with: no hooks, no signing, paths printed as-is. */
-const CONFIG = ['-c', 'core.hooksPath=/dev/null', '-c', 'commit.gpgsign=false', '-c', 'core.quotepath=off', '-c', 'gc.auto=0'];
+const CONFIG = [
+  '-c',
+  'core.hooksPath=/dev/null',
+  '-c',
+  'commit.gpgsign=false',
+  '-c',
+  'core.quotepath=off',
+  '-c',
+  'gc.auto=0',
+];
 /**
  * What a tenant's files must never change about git in a workspace: no global or system
  * attributes or ignore files (in-tree ones are neutralised by the repository itself, see
@@ -14,11 +23,16 @@ const CONFIG = ['-c', 'core.hooksPath=/dev/null', '-c', 'commit.gpgsign=false', 
  * conversion, and every path argument taken literally (a file named "*" or ":(top)" is that file).
  */
 const TENANT_CONFIG = [
-  '-c', 'core.attributesFile=/dev/null',
-  '-c', 'core.excludesFile=/dev/null',
-  '-c', 'core.protectNTFS=true',
-  '-c', 'core.protectHFS=true',
-  '-c', 'core.autocrlf=false',
+  '-c',
+  'core.attributesFile=/dev/null',
+  '-c',
+  'core.excludesFile=/dev/null',
+  '-c',
+  'core.protectNTFS=true',
+  '-c',
+  'core.protectHFS=true',
+  '-c',
+  'core.autocrlf=false',
 ];
 const TENANT_ENV = { GIT_ATTR_NOSYSTEM: '1', GIT_LITERAL_PATHSPECS: '1' };
 
@@ -43,10 +57,15 @@ export function gitIn(dir: string, home: string, opts: { tenant?: boolean } = {}
   const config = opts.tenant ? [...CONFIG, ...TENANT_CONFIG] : CONFIG;
   return (args, input) =>
     new Promise((resolve, reject) => {
-      const child = execFile('git', ['-C', dir, ...config, ...args], { env, encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 }, (err, stdout, stderr) => {
-        if (err) reject(new Error(`git ${args[0]} failed: ${(stderr || err.message).trim()}`));
-        else resolve(stdout);
-      });
+      const child = execFile(
+        'git',
+        ['-C', dir, ...config, ...args],
+        { env, encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 },
+        (err, stdout, stderr) => {
+          if (err) reject(new Error(`git ${args[0]} failed: ${(stderr || err.message).trim()}`));
+          else resolve(stdout);
+        },
+      );
       // git may exit before reading its input (it failed): that is reported above, not here.
       child.stdin?.on('error', () => undefined).end(input ?? '');
     });

@@ -21,4 +21,3 @@ export function kindsOf(paths: string[]): { primary: CommitKind; all: CommitKind
   const all = PRECEDENCE.filter((k) => paths.some((p) => kindOfPath(p) === k));
   return { primary: all[0] ?? 'user', all };
 }
-

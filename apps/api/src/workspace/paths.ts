@@ -78,11 +78,15 @@ function segmentRefusal(segment: string): string | null {
   if (Buffer.byteLength(segment) > 255) return 'has a name longer than 255 bytes';
   if (isTempName(segment)) return 'uses the name of a temporary file';
   // NTFS ignores trailing dots and spaces and everything from a stream separator on.
-  const ntfs = segment.replace(/:.*$/s, '').replace(/[. ]+$/, '').toLowerCase();
+  const ntfs = segment
+    .replace(/:.*$/s, '')
+    .replace(/[. ]+$/, '')
+    .toLowerCase();
   const hfs = segment.replace(HFS_IGNORED, '').toLowerCase();
   if (ntfs === '.git' || ntfs === 'git~1' || hfs === '.git') return 'must not touch .git';
   for (const { name, short } of RESERVED) {
-    if (ntfs === `.${name}` || hfs === `.${name}` || short(ntfs)) return `.${name} is reserved: git reads it as configuration`;
+    if (ntfs === `.${name}` || hfs === `.${name}` || short(ntfs))
+      return `.${name} is reserved: git reads it as configuration`;
   }
   return null;
 }
@@ -111,7 +115,10 @@ export async function resolveInside(root: string, path: string): Promise<string>
   const real = await realpath(probe).catch(() => probe);
   const rel = relative(rootReal, real);
   if (rel === '..' || rel.startsWith(`..${sep}`) || rel.startsWith(sep)) {
-    throw new ApiError('invalid_request', `path ${JSON.stringify(path)} leads out of the workspace through a symbolic link`);
+    throw new ApiError(
+      'invalid_request',
+      `path ${JSON.stringify(path)} leads out of the workspace through a symbolic link`,
+    );
   }
   return target;
 }

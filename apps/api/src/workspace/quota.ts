@@ -15,7 +15,12 @@ export interface Quota {
 export type QuotaMax = Quota;
 
 /** The server defaults of the KILN_*_MAX_* variables (see config.ts). */
-export const DEFAULT_QUOTA_MAX: QuotaMax = { filesPerStep: 10_000, bytesPerStep: 32 * 1024 * 1024, files: 50_000, bytes: 200 * 1024 * 1024 };
+export const DEFAULT_QUOTA_MAX: QuotaMax = {
+  filesPerStep: 10_000,
+  bytesPerStep: 32 * 1024 * 1024,
+  files: 50_000,
+  bytes: 200 * 1024 * 1024,
+};
 
 /**
  * File reads one caller has in flight at once: a step that touched tens of thousands of files
@@ -41,11 +46,15 @@ export class QuotaError extends Error {}
 export function checkStep(q: Quota, step: { files: number; bytes: number; over?: 'files' | 'bytes' }): void {
   if (step.over === 'files' || step.files > q.filesPerStep) {
     const n = step.over === 'files' ? `more than ${q.filesPerStep}` : String(step.files);
-    throw new QuotaError(`this step changed ${n} files; a step may change at most ${q.filesPerStep} files (sandbox.max_files_per_step)`);
+    throw new QuotaError(
+      `this step changed ${n} files; a step may change at most ${q.filesPerStep} files (sandbox.max_files_per_step)`,
+    );
   }
   if (step.over === 'bytes' || step.bytes > q.bytesPerStep) {
     const n = step.over === 'bytes' ? `more than ${q.bytesPerStep}` : String(step.bytes);
-    throw new QuotaError(`this step wrote ${n} bytes; a step may write at most ${q.bytesPerStep} bytes (sandbox.max_bytes_per_step)`);
+    throw new QuotaError(
+      `this step wrote ${n} bytes; a step may write at most ${q.bytesPerStep} bytes (sandbox.max_bytes_per_step)`,
+    );
   }
 }
 
@@ -58,8 +67,10 @@ export async function checkTotal(q: Quota, dir: string, sizes: Map<string, numbe
     else now.set(path, size);
   }
   for (const size of now.values()) bytes += size;
-  if (now.size > q.files) throw new QuotaError(`the workspace would hold ${now.size} files; its quota is ${q.files} files (quota.max_files)`);
-  if (bytes > q.bytes) throw new QuotaError(`the workspace would hold ${bytes} bytes; its quota is ${q.bytes} bytes (quota.max_bytes)`);
+  if (now.size > q.files)
+    throw new QuotaError(`the workspace would hold ${now.size} files; its quota is ${q.files} files (quota.max_files)`);
+  if (bytes > q.bytes)
+    throw new QuotaError(`the workspace would hold ${bytes} bytes; its quota is ${q.bytes} bytes (quota.max_bytes)`);
 }
 
 /** path -> size of every regular file of a working tree, without .git and Kiln's temporary files. */

@@ -49,7 +49,8 @@ export interface DirEntry {
  * `.git/info/attributes` of every workspace: it outranks every .gitattributes in the tree, so
  * none of them (an older version let tenants write them) converts, filters or fails a file.
  */
-const NEUTRAL_ATTRIBUTES = '* !text !eol !crlf !working-tree-encoding !filter !ident !diff !merge !conflict-marker-size !whitespace !delta\n';
+const NEUTRAL_ATTRIBUTES =
+  '* !text !eol !crlf !working-tree-encoding !filter !ident !diff !merge !conflict-marker-size !whitespace !delta\n';
 const IDENTITY: Record<CommitAuthor, string> = {
   agent: 'Kiln Agent <agent@kiln.invalid>',
   user: 'Kiln User <user@kiln.invalid>',
@@ -89,7 +90,11 @@ export class WorkspaceRepos {
     const git = this.git(workspaceId);
     await git(['init', '-q', '-b', 'main']);
     await this.protect(dir);
-    const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Create workspace from template', kind: 'system' });
+    const outcome = await this.commitPending(
+      workspaceId,
+      { author: 'system' },
+      { summary: 'Create workspace from template', kind: 'system' },
+    );
     return outcome.commit!;
   }
 
@@ -107,7 +112,13 @@ export class WorkspaceRepos {
   async commitPending(
     workspaceId: string,
     prov: Provenance,
-    opts: { summary?: string; budget?: MemoryBudget; kind?: CommitKind; extraTrailers?: Record<string, string>; body?: string } = {},
+    opts: {
+      summary?: string;
+      budget?: MemoryBudget;
+      kind?: CommitKind;
+      extraTrailers?: Record<string, string>;
+      body?: string;
+    } = {},
   ): Promise<CommitOutcome> {
     const git = this.git(workspaceId);
     const dir = this.dirOf(workspaceId);
@@ -161,7 +172,9 @@ export class WorkspaceRepos {
     const summary = (opts.summary ?? autoSummary(prov.author, paths)).split('\n')[0]!.slice(0, 200);
     const body = [
       opts.body,
-      redactions.length ? `Redacted ${redactions.length} secret(s): ${redactions.map((r) => `${r.type} in ${r.path}:${r.line}`).join(', ')}` : '',
+      redactions.length
+        ? `Redacted ${redactions.length} secret(s): ${redactions.map((r) => `${r.type} in ${r.path}:${r.line}`).join(', ')}`
+        : '',
       refused.length ? `Not committed: ${refused.map((r) => r.path).join(', ')}` : '',
     ]
       .filter(Boolean)
@@ -221,7 +234,9 @@ export class WorkspaceRepos {
     const git = this.git(workspaceId);
     const parents = (await git(['rev-list', '--parents', '-n', '1', full])).trim().split(' ');
     if (parents.length < 2) throw new ApiError('conflict', 'the first commit of a workspace cannot be reverted');
-    const touched = (await git(['diff-tree', '--no-commit-id', '--name-only', '-r', '-z', full])).split('\0').filter(Boolean);
+    const touched = (await git(['diff-tree', '--no-commit-id', '--name-only', '-r', '-z', full]))
+      .split('\0')
+      .filter(Boolean);
     if (prov.author !== 'system' && touched.some(isBuiltinSkillPath)) {
       throw new ApiError('conflict', 'this commit changed built-in skills, which only the system may change');
     }
@@ -230,7 +245,10 @@ export class WorkspaceRepos {
       await git(['revert', '--no-commit', full]);
     } catch {
       await git(['revert', '--abort']).catch(() => git(['reset', '--hard', '-q', 'HEAD']));
-      throw new ApiError('conflict', `commit ${full.slice(0, 12)} cannot be reverted cleanly: later changes touch the same lines. Nothing was changed.`);
+      throw new ApiError(
+        'conflict',
+        `commit ${full.slice(0, 12)} cannot be reverted cleanly: later changes touch the same lines. Nothing was changed.`,
+      );
     }
     const outcome = await this.commitPending(workspaceId, prov, {
       summary: `Revert "${original}"`.slice(0, 200),
@@ -263,7 +281,11 @@ export class WorkspaceRepos {
     if (existsSync(join(gitDir, 'REVERT_HEAD')) || existsSync(join(gitDir, 'sequencer'))) {
       await git(['revert', '--abort']).catch(() => git(['reset', '--merge']));
     }
-    const outcome = await this.commitPending(workspaceId, { author: 'system' }, { summary: 'Recover uncommitted changes found at start-up', kind: 'system' });
+    const outcome = await this.commitPending(
+      workspaceId,
+      { author: 'system' },
+      { summary: 'Recover uncommitted changes found at start-up', kind: 'system' },
+    );
     return { removedLocks, recovered: outcome.commit || outcome.refused.length ? outcome : null };
   }
 
@@ -281,7 +303,10 @@ export class WorkspaceRepos {
       git(['diff-tree', '--root', '--no-commit-id', '--name-only', '-r', '-z', sha]),
     ]);
     const [date, summary, trailerText] = meta.split('\0') as [string, string, string];
-    const trailers = trailerText.split('\n').map((l) => /^([\w-]+):\s*(.*)$/.exec(l.trim())).filter((m): m is RegExpExecArray => !!m);
+    const trailers = trailerText
+      .split('\n')
+      .map((l) => /^([\w-]+):\s*(.*)$/.exec(l.trim()))
+      .filter((m): m is RegExpExecArray => !!m);
     const get = (k: string) => trailers.filter((m) => m[1] === k).map((m) => m[2]!);
     const kinds = get('Kiln-Kind') as CommitKind[];
     const paths = files.split('\0').filter(Boolean).sort();
@@ -305,7 +330,12 @@ export class WorkspaceRepos {
    * (only an older version, or a crash, leaves one) is removed instead, and reported in
    * `refused`: git never sees it, so it can never fail a commit.
    */
-  private async stageAll(git: Git, dir: string, refused: CommitOutcome['refused'], hasHead: () => Promise<boolean>): Promise<void> {
+  private async stageAll(
+    git: Git,
+    dir: string,
+    refused: CommitOutcome['refused'],
+    hasHead: () => Promise<boolean>,
+  ): Promise<void> {
     const listed = (await git(['ls-files', '-z', '--others', '--modified', '--deleted'])).split('\0').filter(Boolean);
     const take: string[] = [];
     for (const path of new Set(listed)) {
@@ -319,7 +349,8 @@ export class WorkspaceRepos {
         refused.push({ path: refusal.upTo, reason: refusal.why });
       }
     }
-    if (take.length) await git(['add', '--all', '--force', '--pathspec-from-file=-', '--pathspec-file-nul'], take.join('\0'));
+    if (take.length)
+      await git(['add', '--all', '--force', '--pathspec-from-file=-', '--pathspec-file-nul'], take.join('\0'));
   }
 
   /**
@@ -374,7 +405,12 @@ export class WorkspaceRepos {
       if (e.name === '.git') continue;
       const rel = path ? `${path}/${e.name}` : e.name;
       const s = await stat(join(dir, e.name)).catch(() => null);
-      out.push({ name: e.name, path: rel, type: e.isDirectory() ? 'dir' : 'file', size: e.isDirectory() ? 0 : (s?.size ?? 0) });
+      out.push({
+        name: e.name,
+        path: rel,
+        type: e.isDirectory() ? 'dir' : 'file',
+        size: e.isDirectory() ? 0 : (s?.size ?? 0),
+      });
     }
     return out.sort((a, b) => (a.type === b.type ? a.name.localeCompare(b.name) : a.type === 'dir' ? -1 : 1));
   }
@@ -383,10 +419,15 @@ export class WorkspaceRepos {
   async writeFile(workspaceId: string, path: string, data: Buffer): Promise<void> {
     const file = await resolveInside(this.dirOf(workspaceId), path);
     const existing = await lstat(file).catch(() => null);
-    if (existing?.isSymbolicLink()) throw new ApiError('invalid_request', `path ${JSON.stringify(path)} is a symbolic link`);
+    if (existing?.isSymbolicLink())
+      throw new ApiError('invalid_request', `path ${JSON.stringify(path)} is a symbolic link`);
     if (existing?.isDirectory()) throw new ApiError('invalid_request', `path ${JSON.stringify(path)} is a directory`);
     await mkdir(dirname(file), { recursive: true }).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOTDIR' || err.code === 'EEXIST') throw new ApiError('invalid_request', `path ${JSON.stringify(path)}: a parent of it is a file, not a directory`);
+      if (err.code === 'ENOTDIR' || err.code === 'EEXIST')
+        throw new ApiError(
+          'invalid_request',
+          `path ${JSON.stringify(path)}: a parent of it is a file, not a directory`,
+        );
       throw err;
     });
     const tmp = join(dirname(file), `.kiln-${randomBytes(6).toString('hex')}.tmp`);

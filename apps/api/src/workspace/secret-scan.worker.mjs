@@ -17,11 +17,15 @@ import { serve } from '../lib/serve-thread.mjs';
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 
 // Names of settings whose values are secrets, in assignments of every common shape.
-const SECRET_NAME = '(?:password|passwd|pwd|secret|client_secret|api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)';
+const SECRET_NAME =
+  '(?:password|passwd|pwd|secret|client_secret|api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)';
 
 /** Kiln's own patterns; `group` names the capture holding the secret (the whole match otherwise). */
 const PATTERNS = [
-  { type: 'private_key', re: /-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----/g },
+  {
+    type: 'private_key',
+    re: /-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----/g,
+  },
   { type: 'aws_access_key', re: /\b(?:AKIA|ASIA)[0-9A-Z]{16}\b/g },
   { type: 'aws_secret_key', re: /aws_secret_access_key\s*[=:]\s*["']?([A-Za-z0-9/+=]{40})\b/gi, group: 1 },
   { type: 'github_token', re: /\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b/g },
@@ -40,17 +44,36 @@ const PATTERNS = [
   { type: 'kiln_key', re: /\bkiln_(?:admin_)?[A-Za-z0-9_-]{32}\b/g },
   { type: 'jwt', re: /\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}/g },
   // scheme://user:password@host — any scheme (postgres, mysql, redis, amqp, https, …)
-  { type: 'url_password', re: /\b[a-z][a-z0-9+.-]{1,20}:\/\/[^\s:/@"'<>]{1,200}:([^\s@/"'<>]{3,200})@[^\s/"'<>]/gi, group: 1 },
+  {
+    type: 'url_password',
+    re: /\b[a-z][a-z0-9+.-]{1,20}:\/\/[^\s:/@"'<>]{1,200}:([^\s@/"'<>]{3,200})@[^\s/"'<>]/gi,
+    group: 1,
+  },
   // password = "x", password: 'x', "password": "x" (JSON), password: x (YAML), PASSWORD=x (env)
-  { type: 'password_assignment', re: new RegExp(String.raw`["']?\b\w*${SECRET_NAME}\b["']?\s*[=:]\s*["']([^"'\s]{6,})["']`, 'gi'), group: 1 },
-  { type: 'password_assignment', re: new RegExp(String.raw`^[ \t]*(?:export[ \t]+)?[\w.-]*${SECRET_NAME}[\w.-]*[ \t]*[=:][ \t]*([^\s"'#][^\s"'#]{5,})`, 'gim'), group: 1 },
+  {
+    type: 'password_assignment',
+    re: new RegExp(String.raw`["']?\b\w*${SECRET_NAME}\b["']?\s*[=:]\s*["']([^"'\s]{6,})["']`, 'gi'),
+    group: 1,
+  },
+  {
+    type: 'password_assignment',
+    re: new RegExp(
+      String.raw`^[ \t]*(?:export[ \t]+)?[\w.-]*${SECRET_NAME}[\w.-]*[ \t]*[=:][ \t]*([^\s"'#][^\s"'#]{5,})`,
+      'gim',
+    ),
+    group: 1,
+  },
 ];
 
 /** A value that names a secret instead of holding one (a reference, a placeholder), kept as it is. */
-const PLACEHOLDER = /^(?:\$\{?[\w.]+\}?|<[^>]*>|\[REDACTED:\w+\]|x{3,}|\*{3,}|changeme|example|(?:your|my)[_-]?\w*|none|null|true|false|os\.environ.*|getenv.*)$/i;
+const PLACEHOLDER =
+  /^(?:\$\{?[\w.]+\}?|<[^>]*>|\[REDACTED:\w+\]|x{3,}|\*{3,}|changeme|example|(?:your|my)[_-]?\w*|none|null|true|false|os\.environ.*|getenv.*)$/i;
 
 // Match indices ('d') give where the secret itself is inside a longer match.
-const COMPILED = PATTERNS.map((p) => ({ ...p, re: new RegExp(p.re.source, p.re.flags.includes('d') ? p.re.flags : `${p.re.flags}d`) }));
+const COMPILED = PATTERNS.map((p) => ({
+  ...p,
+  re: new RegExp(p.re.source, p.re.flags.includes('d') ? p.re.flags : `${p.re.flags}d`),
+}));
 
 function kilnFindings(text) {
   const out = [];
@@ -99,14 +122,16 @@ function fileFindings(path, text) {
       if (eq < 1 || line.trimStart().startsWith('#')) continue;
       let value = line.slice(eq + 1).trim();
       const quote = value[0];
-      if (quote === '"' || quote === "'") value = value.slice(1, value.indexOf(quote, 1) > 0 ? value.indexOf(quote, 1) : undefined);
+      if (quote === '"' || quote === "'")
+        value = value.slice(1, value.indexOf(quote, 1) > 0 ? value.indexOf(quote, 1) : undefined);
       else value = value.split(/\s#/)[0].trim();
       add(at, line, value, 'env_file_value');
     }
   } else if (NETRC.test(path)) {
     for (const [at, line] of lines(text)) {
       const words = line.split(/\s+/);
-      for (let i = 0; i < words.length - 1; i++) if (words[i] === 'password') add(at, line, words[i + 1], 'netrc_password');
+      for (let i = 0; i < words.length - 1; i++)
+        if (words[i] === 'password') add(at, line, words[i + 1], 'netrc_password');
     }
   } else if (PGPASS.test(path)) {
     for (const [at, line] of lines(text)) {
@@ -118,7 +143,10 @@ function fileFindings(path, text) {
 }
 
 async function secretlintFindings(path, text) {
-  const result = await lintSource({ source: { filePath: `/workspace/${path}`, content: text, ext: '', contentType: 'text' }, options: { config: CONFIG } });
+  const result = await lintSource({
+    source: { filePath: `/workspace/${path}`, content: text, ext: '', contentType: 'text' },
+    options: { config: CONFIG },
+  });
   return result.messages.map((m) => ({ start: m.range[0], end: m.range[1], type: m.messageId.toLowerCase() }));
 }
 
@@ -126,12 +154,14 @@ async function secretlintFindings(path, text) {
 function merge(kiln, lint) {
   const taken = [];
   const overlaps = (f) => taken.some((t) => f.start < t.end && t.start < f.end);
-  for (const f of [...kiln.sort((a, b) => a.start - b.start || b.end - a.end), ...lint]) if (!overlaps(f)) taken.push(f);
+  for (const f of [...kiln.sort((a, b) => a.start - b.start || b.end - a.end), ...lint])
+    if (!overlaps(f)) taken.push(f);
   return taken.sort((a, b) => a.start - b.start);
 }
 
 serve(async ({ files }) => {
   const findings = [];
-  for (const { path, text } of files) findings.push(merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)));
+  for (const { path, text } of files)
+    findings.push(merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)));
   return findings;
 });

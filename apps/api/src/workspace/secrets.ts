@@ -22,7 +22,8 @@ const SCAN_DEADLINE_MS = 15_000;
  * Files that hold private keys by their very name (SSH identities, PKCS#12 and Java key stores,
  * password databases): never committed, whatever their content looks like.
  */
-const KEY_STORE = /(?:^|\/)(?:id_(?:rsa|dsa|ecdsa|ed25519|ecdsa_sk|ed25519_sk)|[^/]+\.(?:p12|pfx|jks|keystore|kdbx|ppk|gpg))$/i;
+const KEY_STORE =
+  /(?:^|\/)(?:id_(?:rsa|dsa|ecdsa|ed25519|ecdsa_sk|ed25519_sk)|[^/]+\.(?:p12|pfx|jks|keystore|kdbx|ppk|gpg))$/i;
 
 interface Finding {
   start: number;
@@ -44,7 +45,7 @@ function encodingOf(buf: Buffer): Encoding {
   const sample = buf.subarray(0, 4096);
   let evenNul = 0;
   let oddNul = 0;
-  for (let i = 0; i < sample.length; i++) if (sample[i] === 0) (i % 2 ? oddNul++ : evenNul++);
+  for (let i = 0; i < sample.length; i++) if (sample[i] === 0) i % 2 ? oddNul++ : evenNul++;
   const half = sample.length / 2;
   if (half >= 2 && oddNul > half * 0.6 && evenNul < half * 0.1) return 'utf16le';
   if (half >= 2 && evenNul > half * 0.6 && oddNul < half * 0.1) return 'utf16be';
@@ -53,8 +54,17 @@ function encodingOf(buf: Buffer): Encoding {
 
 const swap16 = (b: Buffer) => Buffer.from(b).swap16();
 const decode = (buf: Buffer, enc: Encoding) =>
-  enc === 'latin1' ? buf.toString('latin1') : enc === 'utf16le' ? buf.toString('utf16le') : swap16(buf.subarray(0, buf.length & ~1)).toString('utf16le');
-const encode = (text: string, enc: Encoding) => (enc === 'latin1' ? Buffer.from(text, 'latin1') : enc === 'utf16le' ? Buffer.from(text, 'utf16le') : swap16(Buffer.from(text, 'utf16le')));
+  enc === 'latin1'
+    ? buf.toString('latin1')
+    : enc === 'utf16le'
+      ? buf.toString('utf16le')
+      : swap16(buf.subarray(0, buf.length & ~1)).toString('utf16le');
+const encode = (text: string, enc: Encoding) =>
+  enc === 'latin1'
+    ? Buffer.from(text, 'latin1')
+    : enc === 'utf16le'
+      ? Buffer.from(text, 'utf16le')
+      : swap16(Buffer.from(text, 'utf16le'));
 
 /**
  * The secret scanner: the rules (secretlint's recommended preset plus Kiln's own patterns, see
@@ -62,7 +72,10 @@ const encode = (text: string, enc: Encoding) => (enc === 'latin1' ? Buffer.from(
  * Content is the tenants', so a pathological file can cost that thread time, never the API's
  * event loop; past the deadline the thread is replaced and the file refused.
  */
-const scanner = new OffThread<{ files: { path: string; text: string }[] }, Finding[][]>(new URL('./secret-scan.worker.mjs', import.meta.url), 'secret scanner');
+const scanner = new OffThread<{ files: { path: string; text: string }[] }, Finding[][]>(
+  new URL('./secret-scan.worker.mjs', import.meta.url),
+  'secret scanner',
+);
 
 /**
  * Findings per file. Only a batch's own deadline refuses it: a batch that failed because the
@@ -72,13 +85,15 @@ async function find(files: { path: string; text: string }[], deadlineMs: number)
   try {
     return await scanner.run({ files }, [], deadlineMs);
   } catch (err) {
-    if (err instanceof DeadlineExceeded) throw new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`);
+    if (err instanceof DeadlineExceeded)
+      throw new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`);
     return scanner.run({ files }, [], deadlineMs).catch((e: Error) => {
-      throw e instanceof DeadlineExceeded ? new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`) : e;
+      throw e instanceof DeadlineExceeded
+        ? new Error(`it could not be scanned for secrets within ${deadlineMs / 1000} s`)
+        : e;
     });
   }
 }
-
 
 /**
  * Decides what of each file may be committed: secrets in text (UTF-8, UTF-16 or anything else
@@ -87,9 +102,20 @@ async function find(files: { path: string; text: string }[], deadlineMs: number)
  * round trip); when they cannot all be scanned in time, each is tried alone under its own
  * deadline, so only the file that is slow to scan is refused.
  */
-export async function scanSecrets(files: { path: string; data: Buffer }[], deadlineMs = SCAN_DEADLINE_MS): Promise<ScanVerdict[]> {
+export async function scanSecrets(
+  files: { path: string; data: Buffer }[],
+  deadlineMs = SCAN_DEADLINE_MS,
+): Promise<ScanVerdict[]> {
   const verdicts: (ScanVerdict | undefined)[] = files.map((f) =>
-    KEY_STORE.test(f.path) ? { kind: 'refused', reason: 'its name marks it as a private key or key store, which is never committed', redactions: [] } : f.data.length === 0 ? { kind: 'clean' } : undefined,
+    KEY_STORE.test(f.path)
+      ? {
+          kind: 'refused',
+          reason: 'its name marks it as a private key or key store, which is never committed',
+          redactions: [],
+        }
+      : f.data.length === 0
+        ? { kind: 'clean' }
+        : undefined,
   );
   const todo = files.flatMap((f, i) => {
     if (verdicts[i]) return [];
@@ -99,16 +125,28 @@ export async function scanSecrets(files: { path: string; data: Buffer }[], deadl
   if (todo.length === 0) return verdicts as ScanVerdict[];
   let found: (Finding[] | Error)[];
   try {
-    found = await find(todo.map(({ path, text }) => ({ path, text })), deadlineMs);
+    found = await find(
+      todo.map(({ path, text }) => ({ path, text })),
+      deadlineMs,
+    );
   } catch (err) {
     found = todo.length === 1 ? [err as Error] : [];
-    for (const t of todo.length === 1 ? [] : todo) found.push(await find([{ path: t.path, text: t.text }], deadlineMs).then((r) => r[0]!, (e: Error) => e));
+    for (const t of todo.length === 1 ? [] : todo)
+      found.push(
+        await find([{ path: t.path, text: t.text }], deadlineMs).then(
+          (r) => r[0]!,
+          (e: Error) => e,
+        ),
+      );
   }
   for (const [k, t] of todo.entries()) verdicts[t.i] = verdictOf(t, found[k]!);
   return verdicts as ScanVerdict[];
 }
 
-function verdictOf(file: { path: string; data: Buffer; enc: Encoding; text: string }, found: Finding[] | Error): ScanVerdict {
+function verdictOf(
+  file: { path: string; data: Buffer; enc: Encoding; text: string },
+  found: Finding[] | Error,
+): ScanVerdict {
   const { path, data, enc, text } = file;
   if (found instanceof Error) return { kind: 'refused', reason: found.message, redactions: [] };
   if (found.length === 0) return { kind: 'clean' };
@@ -116,7 +154,11 @@ function verdictOf(file: { path: string; data: Buffer; enc: Encoding; text: stri
   const redactions = found.map((f) => ({ path, line: lineOf(f.start), type: f.type }));
   // Binary content cannot be redacted without breaking its format: the whole file stays out.
   if (enc === 'latin1' && data.includes(0)) {
-    return { kind: 'refused', reason: `it is a binary file that holds a secret (${[...new Set(redactions.map((r) => r.type))].join(', ')})`, redactions };
+    return {
+      kind: 'refused',
+      reason: `it is a binary file that holds a secret (${[...new Set(redactions.map((r) => r.type))].join(', ')})`,
+      redactions,
+    };
   }
   let out = '';
   let at = 0;

@@ -15,7 +15,16 @@ import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
 import type { WorkspaceRepos, CommitInfo, CommitOutcome, DirEntry, Provenance } from './repo.ts';
 import type { SettingsPatch } from './settings.ts';
-import { checkStep, checkTotal, DEFAULT_QUOTA_MAX, effectiveQuota, QuotaError, readForSandboxes, type Quota, type QuotaMax } from './quota.ts';
+import {
+  checkStep,
+  checkTotal,
+  DEFAULT_QUOTA_MAX,
+  effectiveQuota,
+  QuotaError,
+  readForSandboxes,
+  type Quota,
+  type QuotaMax,
+} from './quota.ts';
 import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
 
 export type CommitRow = typeof commits.$inferSelect;
@@ -54,7 +63,11 @@ export interface WorkspaceReader {
 }
 
 /** Told about every commit, with the session it came from (so its own sandbox is not updated twice). */
-export type CommitListener = (workspaceId: string, files: { path: string; data: Buffer | null }[], originSession?: string) => void;
+export type CommitListener = (
+  workspaceId: string,
+  files: { path: string; data: Buffer | null }[],
+  originSession?: string,
+) => void;
 
 export class WorkspaceService {
   private readonly lock = new KeyedMutex();
@@ -93,8 +106,14 @@ export class WorkspaceService {
 
   /** The current content of paths (null for deleted ones), for updating sandbox copies. */
   private contents(workspaceId: string, paths: string[]) {
-    return readForSandboxes((p) => this.repos.readFile(workspaceId, p), paths, (path, err) =>
-      this.log.warn({ workspace: workspaceId, path, err: err.message }, 'could not read a committed file for the sandbox copies'),
+    return readForSandboxes(
+      (p) => this.repos.readFile(workspaceId, p),
+      paths,
+      (path, err) =>
+        this.log.warn(
+          { workspace: workspaceId, path, err: err.message },
+          'could not read a committed file for the sandbox copies',
+        ),
     );
   }
 
@@ -118,31 +137,64 @@ export class WorkspaceService {
     ws: WorkspaceRow,
     changes: { changed: { path: string; data: string }[]; deleted: string[]; over?: 'files' | 'bytes' },
     prov: Provenance,
-  ): Promise<{ outcome: CommitOutcome; pushBack: { path: string; data: Buffer | null }[]; ignored: { path: string; reason: string }[]; quotaExceeded?: string }> {
+  ): Promise<{
+    outcome: CommitOutcome;
+    pushBack: { path: string; data: Buffer | null }[];
+    ignored: { path: string; reason: string }[];
+    quotaExceeded?: string;
+  }> {
     const ignored: { path: string; reason: string }[] = [];
     const quota = this.quotaOf(ws);
     // Over a quota, nothing of the step is taken: checked before the first write, under the lock.
     const decoded = changes.changed.map((f) => ({ path: f.path, data: Buffer.from(f.data, 'base64') }));
-    const step = { files: changes.changed.length + changes.deleted.length, bytes: decoded.reduce((n, f) => n + f.data.length, 0), over: changes.over };
+    const step = {
+      files: changes.changed.length + changes.deleted.length,
+      bytes: decoded.reduce((n, f) => n + f.data.length, 0),
+      over: changes.over,
+    };
     let outcome: CommitOutcome;
     try {
       checkStep(quota, step);
-      outcome = await this.change(ws, prov, async () => {
-        await this.checkWorkspaceQuota(ws, quota, [...decoded.map((f) => [f.path, f.data.length] as const), ...changes.deleted.map((p) => [p, null] as const)]);
-        await this.applyDecoded(ws, decoded, changes.deleted, ignored);
-      }, { originSession: prov.sessionId });
+      outcome = await this.change(
+        ws,
+        prov,
+        async () => {
+          await this.checkWorkspaceQuota(ws, quota, [
+            ...decoded.map((f) => [f.path, f.data.length] as const),
+            ...changes.deleted.map((p) => [p, null] as const),
+          ]);
+          await this.applyDecoded(ws, decoded, changes.deleted, ignored);
+        },
+        { originSession: prov.sessionId },
+      );
     } catch (err) {
       if (!(err instanceof QuotaError)) throw err;
-      return { outcome: { commit: null, redactions: [], refused: [] }, pushBack: [], ignored, quotaExceeded: err.message };
+      return {
+        outcome: { commit: null, redactions: [], refused: [] },
+        pushBack: [],
+        ignored,
+        quotaExceeded: err.message,
+      };
     }
     // Refused and redacted files are put back as the repository has them; files that were not
     // taken at all (too large) stay in the sandbox as they are, uncommitted.
     const fix = [...outcome.refused.map((r) => r.path), ...outcome.redactions.map((r) => r.path)];
-    return { outcome, pushBack: await this.contents(ws.id, [...new Set(fix)].filter((p) => !p.includes('..'))), ignored };
+    return {
+      outcome,
+      pushBack: await this.contents(
+        ws.id,
+        [...new Set(fix)].filter((p) => !p.includes('..')),
+      ),
+      ignored,
+    };
   }
 
   /** The working tree after writing (size) or deleting (null) paths must stay within the workspace quota. */
-  private async checkWorkspaceQuota(ws: WorkspaceRow, quota: Quota, writes: (readonly [string, number | null])[]): Promise<void> {
+  private async checkWorkspaceQuota(
+    ws: WorkspaceRow,
+    quota: Quota,
+    writes: (readonly [string, number | null])[],
+  ): Promise<void> {
     const sizes = new Map<string, number | null>();
     for (const [path, size] of writes) {
       // An unusable path is refused file by file when it is applied; it adds nothing here.
@@ -158,23 +210,29 @@ export class WorkspaceService {
     await checkTotal(quota, this.repos.dirOf(ws.id), sizes);
   }
 
-  private async applyDecoded(ws: WorkspaceRow, changed: { path: string; data: Buffer }[], deleted: string[], ignored: { path: string; reason: string }[]): Promise<void> {
-      // What the sandbox reports is untrusted: the same checks as the files API, and its size cap.
-      for (const { path, data } of changed) {
-        try {
-          if (data.length > this.opts.maxFileBytes) throw new Error(`${data.length} bytes is over the ${this.opts.maxFileBytes}-byte file limit`);
-          await this.repos.writeFile(ws.id, checkRelativePath(path), data);
-        } catch (err) {
-          ignored.push({ path, reason: (err as Error).message });
-        }
+  private async applyDecoded(
+    ws: WorkspaceRow,
+    changed: { path: string; data: Buffer }[],
+    deleted: string[],
+    ignored: { path: string; reason: string }[],
+  ): Promise<void> {
+    // What the sandbox reports is untrusted: the same checks as the files API, and its size cap.
+    for (const { path, data } of changed) {
+      try {
+        if (data.length > this.opts.maxFileBytes)
+          throw new Error(`${data.length} bytes is over the ${this.opts.maxFileBytes}-byte file limit`);
+        await this.repos.writeFile(ws.id, checkRelativePath(path), data);
+      } catch (err) {
+        ignored.push({ path, reason: (err as Error).message });
       }
-      for (const p of deleted) {
-        try {
-          await this.repos.deleteFile(ws.id, checkRelativePath(p));
-        } catch (err) {
-          if ((err as { code?: string }).code !== 'ENOENT') ignored.push({ path: p, reason: (err as Error).message });
-        }
+    }
+    for (const p of deleted) {
+      try {
+        await this.repos.deleteFile(ws.id, checkRelativePath(p));
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'ENOENT') ignored.push({ path: p, reason: (err as Error).message });
       }
+    }
   }
 
   /** Where a workspace's working tree is on disk (sandboxes mount it; the prompt is read from it). */
@@ -201,7 +259,12 @@ export class WorkspaceService {
   }
 
   /** Runs `change` under the workspace lock and commits whatever it changed. */
-  async change(ws: WorkspaceRow, prov: Provenance, change: (tree: WorkingTree) => Promise<void>, opts: { summary?: string; originSession?: string } = {}): Promise<CommitOutcome> {
+  async change(
+    ws: WorkspaceRow,
+    prov: Provenance,
+    change: (tree: WorkingTree) => Promise<void>,
+    opts: { summary?: string; originSession?: string } = {},
+  ): Promise<CommitOutcome> {
     const tree: WorkingTree = {
       readFile: (path) => this.repos.readFile(ws.id, path),
       writeFile: (path, data) => this.repos.writeFile(ws.id, path, data),
@@ -233,7 +296,8 @@ export class WorkspaceService {
     if (data.length > this.opts.maxFileBytes) {
       throw new ApiError('invalid_request', `file is ${data.length} bytes; the limit is ${this.opts.maxFileBytes}`);
     }
-    if (prov.author !== 'system' && isBuiltinSkillPath(path)) throw new ApiError('forbidden', 'skills/builtin/ is read-only');
+    if (prov.author !== 'system' && isBuiltinSkillPath(path))
+      throw new ApiError('forbidden', 'skills/builtin/ is read-only');
     const quota = this.quotaOf(ws);
     const outcome = await this.change(
       ws,
@@ -253,7 +317,8 @@ export class WorkspaceService {
 
   async deleteFile(ws: WorkspaceRow, rawPath: string, prov: Provenance): Promise<CommitOutcome> {
     const path = checkRelativePath(rawPath);
-    if (prov.author !== 'system' && isBuiltinSkillPath(path)) throw new ApiError('forbidden', 'skills/builtin/ is read-only');
+    if (prov.author !== 'system' && isBuiltinSkillPath(path))
+      throw new ApiError('forbidden', 'skills/builtin/ is read-only');
     const info = await this.repos.stat(ws.id, path);
     if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
     return this.change(ws, prov, () => this.repos.deleteFile(ws.id, path), { summary: `Delete ${path}` });
@@ -281,8 +346,15 @@ export class WorkspaceService {
     } catch (err) {
       // A refusal (ApiError) is raised before anything is written, or after it is undone.
       if (err instanceof ApiError) throw err;
-      this.log.error({ err, workspace: workspaceId }, 'a workspace change could not be committed; its working tree is put back to HEAD');
-      await this.repos.discardChanges(workspaceId).catch((e: unknown) => this.log.error({ err: e, workspace: workspaceId }, 'could not put a workspace back to HEAD'));
+      this.log.error(
+        { err, workspace: workspaceId },
+        'a workspace change could not be committed; its working tree is put back to HEAD',
+      );
+      await this.repos
+        .discardChanges(workspaceId)
+        .catch((e: unknown) =>
+          this.log.error({ err: e, workspace: workspaceId }, 'could not put a workspace back to HEAD'),
+        );
       throw err;
     }
   }
@@ -302,13 +374,22 @@ export class WorkspaceService {
   }
 
   private async indexTarget(ws: { id: string; teamId: string }) {
-    return { id: ws.id, teamId: ws.teamId, dir: this.repos.dirOf(ws.id), boilerplate: await this.templateBoilerplate() };
+    return {
+      id: ws.id,
+      teamId: ws.teamId,
+      dir: this.repos.dirOf(ws.id),
+      boilerplate: await this.templateBoilerplate(),
+    };
   }
 
   /** The template's lines (built-in skills aside): shown in search results, never searched. */
   private templateBoilerplate(): Promise<ReadonlySet<string>> {
     this.boilerplate ??= indexedFiles(this.repos.template).then(async (paths) =>
-      boilerplateLines(await Promise.all(paths.filter((p) => !isBuiltin(p)).map((p) => readFile(join(this.repos.template, p), 'utf8')))),
+      boilerplateLines(
+        await Promise.all(
+          paths.filter((p) => !isBuiltin(p)).map((p) => readFile(join(this.repos.template, p), 'utf8')),
+        ),
+      ),
     );
     return this.boilerplate;
   }
@@ -326,17 +407,25 @@ export class WorkspaceService {
       try {
         const ids = await staleIndexes(this.db, this.opts.embedder?.model);
         if (!ids.length) return;
-        this.log.info({ workspaces: ids.length }, 'memory index: re-indexing workspaces built by an older version or another embeddings model');
+        this.log.info(
+          { workspaces: ids.length },
+          'memory index: re-indexing workspaces built by an older version or another embeddings model',
+        );
         let done = 0;
         for (const id of ids) {
           if (this.stopReindex) break;
           const [ws] = await this.db.select().from(workspaces).where(eq(workspaces.id, id));
           if (!ws || ws.deletedAt || !this.repos.exists(id)) continue;
           try {
-            const n = await this.lock.run(id, async () => reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder, { onlyIfStale: true }));
+            const n = await this.lock.run(id, async () =>
+              reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder, { onlyIfStale: true }),
+            );
             if (n !== null) done++;
           } catch (err) {
-            this.log.error({ err, workspace: id }, 'memory index: could not re-index a workspace; it is tried again at the next start');
+            this.log.error(
+              { err, workspace: id },
+              'memory index: could not re-index a workspace; it is tried again at the next start',
+            );
           }
         }
         this.log.info({ reindexed: done, of: ids.length }, 'memory index: re-indexing done');
@@ -356,19 +445,34 @@ export class WorkspaceService {
   }
 
   async listCommits(ws: WorkspaceRow, f: { kind?: CommitKind; session?: string; after?: string; limit: number }) {
-    const conds: (SQL | undefined)[] = [eq(commits.workspaceId, ws.id), f.kind ? eq(commits.kind, f.kind) : undefined, f.session ? eq(commits.sessionId, f.session) : undefined];
+    const conds: (SQL | undefined)[] = [
+      eq(commits.workspaceId, ws.id),
+      f.kind ? eq(commits.kind, f.kind) : undefined,
+      f.session ? eq(commits.sessionId, f.session) : undefined,
+    ];
     if (f.after) {
-      const [anchor] = await this.db.select().from(commits).where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, f.after)));
+      const [anchor] = await this.db
+        .select()
+        .from(commits)
+        .where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, f.after)));
       if (!anchor) throw new ApiError('invalid_request', 'after: no such commit in this workspace');
       conds.push(lt(commits.seq, anchor.seq));
     }
-    return this.db.select().from(commits).where(and(...conds)).orderBy(desc(commits.seq)).limit(f.limit + 1);
+    return this.db
+      .select()
+      .from(commits)
+      .where(and(...conds))
+      .orderBy(desc(commits.seq))
+      .limit(f.limit + 1);
   }
 
   async getCommit(ws: WorkspaceRow, sha: string) {
     const full = await this.repos.resolveCommit(ws.id, sha);
     const { diff, truncated } = await this.repos.diff(ws.id, full);
-    const [row] = await this.db.select().from(commits).where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, full)));
+    const [row] = await this.db
+      .select()
+      .from(commits)
+      .where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, full)));
     const info = row ?? (await this.repos.commitInfo(ws.id, full));
     return { commit: info, diff, diffTruncated: truncated };
   }
@@ -391,12 +495,19 @@ export class WorkspaceService {
     for (const ws of rows) {
       try {
         if (await this.repairOne(ws)) repaired++;
-        if (ws.repairError !== null) await this.db.update(workspaces).set({ repairError: null, repairFailedAt: null }).where(eq(workspaces.id, ws.id));
+        if (ws.repairError !== null)
+          await this.db
+            .update(workspaces)
+            .set({ repairError: null, repairFailedAt: null })
+            .where(eq(workspaces.id, ws.id));
       } catch (err) {
         failed++;
         this.log.error({ err, workspace: ws.id }, 'could not repair a workspace; it is marked and skipped');
         const message = (err as Error).message.slice(0, 2000);
-        await this.db.update(workspaces).set({ repairError: message, repairFailedAt: new Date() }).where(eq(workspaces.id, ws.id));
+        await this.db
+          .update(workspaces)
+          .set({ repairError: message, repairFailedAt: new Date() })
+          .where(eq(workspaces.id, ws.id));
       }
     }
     return { repaired, failed };
@@ -407,7 +518,11 @@ export class WorkspaceService {
     if (!this.repos.exists(ws.id)) throw new Error('workspace repository is missing');
     const { removedLocks, recovered, missing } = await this.lock.run(ws.id, async () => {
       const fixed = await this.repos.repair(ws.id);
-      const known = new Set((await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map((r) => r.sha));
+      const known = new Set(
+        (await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map(
+          (r) => r.sha,
+        ),
+      );
       const absent = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
       for (const sha of absent) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
       return { ...fixed, missing: absent };
@@ -418,7 +533,10 @@ export class WorkspaceService {
     const changed = Boolean(removedLocks.length || recovered || missing.length);
     if (changed) {
       const refused = recovered?.refused.map((r) => r.path);
-      this.log.warn({ workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, refused, mirrored: missing.length }, 'repaired workspace');
+      this.log.warn(
+        { workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, refused, mirrored: missing.length },
+        'repaired workspace',
+      );
     }
     return changed;
   }

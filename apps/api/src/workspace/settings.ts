@@ -28,9 +28,15 @@ const Rule = z
       .max(500)
       .superRefine((match, ctx) => {
         const problem = ruleProblem(match);
-        if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(match)} is not a regular expression RE2 accepts (no lookaround or backreferences): ${problem}` });
+        if (problem)
+          ctx.addIssue({
+            code: 'custom',
+            message: `${JSON.stringify(match)} is not a regular expression RE2 accepts (no lookaround or backreferences): ${problem}`,
+          });
       })
-      .openapi({ description: 'an RE2 regular expression searched for in the code (^ and $ match at line boundaries)' }),
+      .openapi({
+        description: 'an RE2 regular expression searched for in the code (^ and $ match at line boundaries)',
+      }),
     behavior: z.enum(['allow', 'ask', 'deny']),
   })
   .strict();
@@ -40,15 +46,19 @@ const sections = {
   model: z.string().min(1).max(200).nullable().openapi({ description: 'null = the server default (KILN_MODEL)' }),
   protocol: z.enum(['xml', 'tools']),
   max_steps: z.number().int().min(1).max(500),
-  source_updates: z
-    .boolean()
-    .default(false)
-    .openapi({ description: 'the agent may propose platform source updates (each needs an org admin\u2019s approval); only an org admin changes this (PUT /v1/system/workspaces/{workspace}/source-updates)' }),
+  source_updates: z.boolean().default(false).openapi({
+    description:
+      'the agent may propose platform source updates (each needs an org admin\u2019s approval); only an org admin changes this (PUT /v1/system/workspaces/{workspace}/source-updates)',
+  }),
   approval: z
     .object({
       mode: z.enum(['ask', 'auto', 'deny']),
       rules: z.array(Rule).max(100),
-      timeout_s: z.number().int().min(10).max(7 * 24 * 3600),
+      timeout_s: z
+        .number()
+        .int()
+        .min(10)
+        .max(7 * 24 * 3600),
     })
     .strict(),
   sandbox: z
@@ -60,26 +70,36 @@ const sections = {
       disk_mb: z.number().int().min(16).max(65536),
       network: z.literal('none'),
       // Defaults here, not only in DEFAULT_SETTINGS: workspaces stored before these existed lack them.
-      max_files_per_step: z
-        .number()
-        .int()
-        .min(1)
-        .max(1_000_000)
-        .default(1000)
-        .openapi({ description: 'files one execution may change or delete; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_FILES_PER_STEP)' }),
+      max_files_per_step: z.number().int().min(1).max(1_000_000).default(1000).openapi({
+        description:
+          'files one execution may change or delete; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_FILES_PER_STEP)',
+      }),
       max_bytes_per_step: z
         .number()
         .int()
         .min(1)
         .max(1024 * 1024 * 1024)
         .default(16 * 1024 * 1024)
-        .openapi({ description: 'bytes one execution may write to the workspace; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_BYTES_PER_STEP)' }),
+        .openapi({
+          description:
+            'bytes one execution may write to the workspace; over it, nothing of the step is committed (capped by KILN_SANDBOX_MAX_BYTES_PER_STEP)',
+        }),
     })
     .strict(),
   quota: z
     .object({
-      max_files: z.number().int().min(1).max(10_000_000).openapi({ description: 'files the working tree may hold (capped by KILN_WORKSPACE_MAX_FILES)' }),
-      max_bytes: z.number().int().min(1024).max(1024 ** 4).openapi({ description: 'bytes the working tree may hold (capped by KILN_WORKSPACE_MAX_BYTES)' }),
+      max_files: z
+        .number()
+        .int()
+        .min(1)
+        .max(10_000_000)
+        .openapi({ description: 'files the working tree may hold (capped by KILN_WORKSPACE_MAX_FILES)' }),
+      max_bytes: z
+        .number()
+        .int()
+        .min(1024)
+        .max(1024 ** 4)
+        .openapi({ description: 'bytes the working tree may hold (capped by KILN_WORKSPACE_MAX_BYTES)' }),
     })
     .strict()
     .default({ max_files: 10_000, max_bytes: 100 * 1024 * 1024 }),
@@ -92,7 +112,11 @@ const sections = {
   evolution: z
     .object({
       review_enabled: z.boolean(),
-      review_idle_minutes: z.number().int().min(1).max(7 * 24 * 60),
+      review_idle_minutes: z
+        .number()
+        .int()
+        .min(1)
+        .max(7 * 24 * 60),
       review_min_turns: z.number().int().min(1).max(1000),
       dream_enabled: z.boolean(),
       dream_cron: z.string().min(1).max(100).refine(validCron, 'must be a valid cron expression'),
@@ -128,7 +152,16 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
   max_steps: 30,
   source_updates: false,
   approval: { mode: 'ask', rules: [], timeout_s: 600 },
-  sandbox: { memory_mb: 512, cpus: 1, pids: 256, timeout_s: 60, disk_mb: 256, network: 'none', max_files_per_step: 1000, max_bytes_per_step: 16 * 1024 * 1024 },
+  sandbox: {
+    memory_mb: 512,
+    cpus: 1,
+    pids: 256,
+    timeout_s: 60,
+    disk_mb: 256,
+    network: 'none',
+    max_files_per_step: 1000,
+    max_bytes_per_step: 16 * 1024 * 1024,
+  },
   quota: { max_files: 10_000, max_bytes: 100 * 1024 * 1024 },
   context: { max_tokens: 64_000, max_turns: 40 },
   evolution: {
@@ -157,7 +190,10 @@ export function applySettingsPatch(base: WorkspaceSettings, patch: SettingsPatch
     // A section added after the workspace was stored starts from its defaults.
     if (!part) continue;
     const into = (next as Record<Section, object | undefined>)[s] ?? structuredClone(DEFAULT_SETTINGS[s]);
-    (next as Record<Section, object>)[s] = Object.assign(into, Object.fromEntries(Object.entries(part).filter(([, v]) => v !== undefined)));
+    (next as Record<Section, object>)[s] = Object.assign(
+      into,
+      Object.fromEntries(Object.entries(part).filter(([, v]) => v !== undefined)),
+    );
   }
   return WorkspaceSettings.parse(next);
 }

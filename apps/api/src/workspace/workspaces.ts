@@ -11,7 +11,8 @@ export type WorkspaceRow = typeof workspaces.$inferSelect & { settings: Workspac
 
 const live = (teamId: string) => and(eq(workspaces.teamId, teamId), isNull(workspaces.deletedAt));
 
-const nameTaken = (name: string) => new ApiError('conflict', `a workspace named ${JSON.stringify(name)} already exists in this team`);
+const nameTaken = (name: string) =>
+  new ApiError('conflict', `a workspace named ${JSON.stringify(name)} already exists in this team`);
 
 export async function createWorkspace(db: Db, teamId: string, input: { name: string; settings?: SettingsPatch }) {
   const settings = applySettingsPatch(DEFAULT_SETTINGS, input.settings ?? {});
@@ -26,18 +27,31 @@ export async function createWorkspace(db: Db, teamId: string, input: { name: str
 
 /** A live workspace of this team; anyone else's (or a deleted one) is 404. */
 export async function getWorkspace(db: Db, teamId: string, id: string) {
-  const [row] = await db.select().from(workspaces).where(and(eq(workspaces.id, id), live(teamId)));
+  const [row] = await db
+    .select()
+    .from(workspaces)
+    .where(and(eq(workspaces.id, id), live(teamId)));
   if (!row) throw ApiError.notFound('workspace');
   return row as WorkspaceRow;
 }
 
 export async function listWorkspaces(db: Db, teamId: string, p: ListParams) {
   const c = cursorOn(workspaces.id, p);
-  const rows = await db.select().from(workspaces).where(and(live(teamId), c.where)).orderBy(c.orderBy).limit(c.limit);
+  const rows = await db
+    .select()
+    .from(workspaces)
+    .where(and(live(teamId), c.where))
+    .orderBy(c.orderBy)
+    .limit(c.limit);
   return rows as WorkspaceRow[];
 }
 
-export async function updateWorkspace(db: Db, teamId: string, id: string, input: { name?: string; settings?: SettingsPatch }) {
+export async function updateWorkspace(
+  db: Db,
+  teamId: string,
+  id: string,
+  input: { name?: string; settings?: SettingsPatch },
+) {
   const before = await getWorkspace(db, teamId, id);
   const settings = input.settings ? applySettingsPatch(before.settings, input.settings) : before.settings;
   const [after] = await db
@@ -56,6 +70,9 @@ export async function updateWorkspace(db: Db, teamId: string, id: string, input:
 /** Soft delete: the row stays for the audit trail, every read treats it as gone. */
 export async function deleteWorkspace(db: Db, teamId: string, id: string) {
   const before = await getWorkspace(db, teamId, id);
-  await db.update(workspaces).set({ deletedAt: new Date() }).where(and(eq(workspaces.id, id), live(teamId)));
+  await db
+    .update(workspaces)
+    .set({ deletedAt: new Date() })
+    .where(and(eq(workspaces.id, id), live(teamId)));
   return before;
 }

@@ -7,16 +7,36 @@ const EVERY_MS = 3000;
 const IN_FLIGHT = 'queued,in_progress,requires_action';
 
 export const runsTable = (runs: Run[], empty: string) =>
-  table(['run', 'workspace', 'status', 'steps', 'started'], runs, (r) => [link(`#/runs/${r.id}`, r.id), link(`#/ws/${r.workspace_id}`, r.workspace_id), h('span', { class: `status ${r.status}` }, r.status), r.steps, when(r.created_at)], empty);
+  table(
+    ['run', 'workspace', 'status', 'steps', 'started'],
+    runs,
+    (r) => [
+      link(`#/runs/${r.id}`, r.id),
+      link(`#/ws/${r.workspace_id}`, r.workspace_id),
+      h('span', { class: `status ${r.status}` }, r.status),
+      r.steps,
+      when(r.created_at),
+    ],
+    empty,
+  );
 
 /** What is happening now: runs in flight, approvals waiting for a person, sandboxes, workspaces, usage. */
 export function overview(dispose: Dispose[]): HTMLElement {
   const decide = (a: Approval, decision: string, label: string, reload: () => Promise<void>) =>
-    action(label, async () => void (await api('POST', `/v1/approvals/${a.id}`, { decision })), { after: reload, className: decision });
+    action(label, async () => void (await api('POST', `/v1/approvals/${a.id}`, { decision })), {
+      after: reload,
+      className: decision,
+    });
   return h(
     'div',
     { class: 'view' },
-    panel('runs', 'Runs in flight', () => api<List<Run>>('GET', `/v1/runs?status=${IN_FLIGHT}&limit=50`), (p) => runsTable(p.data, 'no run in flight'), { everyMs: EVERY_MS, dispose }),
+    panel(
+      'runs',
+      'Runs in flight',
+      () => api<List<Run>>('GET', `/v1/runs?status=${IN_FLIGHT}&limit=50`),
+      (p) => runsTable(p.data, 'no run in flight'),
+      { everyMs: EVERY_MS, dispose },
+    ),
     panel(
       'approvals',
       'Pending approvals',
@@ -31,7 +51,16 @@ export function overview(dispose: Dispose[]): HTMLElement {
                 h(
                   'li',
                   { 'data-approval': a.id },
-                  h('div', {}, 'run ', link(`#/runs/${a.run_id}`, a.run_id), ' · workspace ', link(`#/ws/${a.workspace_id}`, a.workspace_id), ' · expires ', when(a.expires_at)),
+                  h(
+                    'div',
+                    {},
+                    'run ',
+                    link(`#/runs/${a.run_id}`, a.run_id),
+                    ' · workspace ',
+                    link(`#/ws/${a.workspace_id}`, a.workspace_id),
+                    ' · expires ',
+                    when(a.expires_at),
+                  ),
                   h('pre', { class: 'code' }, a.code),
                   decide(a, 'approve', 'Approve', reload),
                   decide(a, 'approve_session', 'Approve for session', reload),
@@ -56,7 +85,11 @@ export function overview(dispose: Dispose[]): HTMLElement {
             s.memory_bytes === null ? '—' : `${(s.memory_bytes / 1048576).toFixed(1)} MiB / ${s.limits.memoryMb} MiB`,
             s.cpu_percent === null ? '—' : `${s.cpu_percent.toFixed(1)} %`,
             when(s.last_used_at),
-            action('Kill', async () => void (await api('DELETE', `/v1/sandboxes/${s.id}`)), { confirm: `Kill sandbox ${s.id}? Its session loses its variables.`, after: reload, className: 'danger' }),
+            action('Kill', async () => void (await api('DELETE', `/v1/sandboxes/${s.id}`)), {
+              confirm: `Kill sandbox ${s.id}? Its session loses its variables.`,
+              after: reload,
+              className: 'danger',
+            }),
           ],
           'no live sandbox',
         ),
@@ -66,14 +99,26 @@ export function overview(dispose: Dispose[]): HTMLElement {
       'workspaces',
       'Workspaces',
       () => api<List<Workspace>>('GET', '/v1/workspaces?limit=100'),
-      (p) => table(['workspace', 'id', 'approval', 'created'], p.data, (w) => [link(`#/ws/${w.id}`, w.name), w.id, w.settings.approval.mode, when(w.created_at)], 'no workspace yet'),
+      (p) =>
+        table(
+          ['workspace', 'id', 'approval', 'created'],
+          p.data,
+          (w) => [link(`#/ws/${w.id}`, w.name), w.id, w.settings.approval.mode, when(w.created_at)],
+          'no workspace yet',
+        ),
       { everyMs: EVERY_MS * 5, dispose },
     ),
     panel(
       'usage',
       'Usage by workspace',
       () => api<{ data: UsageRow[] }>('GET', '/v1/usage?group_by=workspace'),
-      (p) => table(['workspace', 'calls', 'prompt tokens', 'completion tokens'], p.data, (u) => [u.key, u.calls, u.prompt_tokens, u.completion_tokens], 'no model calls yet'),
+      (p) =>
+        table(
+          ['workspace', 'calls', 'prompt tokens', 'completion tokens'],
+          p.data,
+          (u) => [u.key, u.calls, u.prompt_tokens, u.completion_tokens],
+          'no model calls yet',
+        ),
       { everyMs: EVERY_MS * 5, dispose },
     ),
   );

@@ -9,7 +9,8 @@ const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
 /** The readable part of an event: output text, code, thinking; otherwise its data as JSON. */
 function eventText(ev: RunEvent): string {
   const d = (ev.data ?? {}) as Record<string, unknown>;
-  for (const k of ['data', 'code', 'text', 'content', 'summary', 'message']) if (typeof d[k] === 'string') return d[k] as string;
+  for (const k of ['data', 'code', 'text', 'content', 'summary', 'message'])
+    if (typeof d[k] === 'string') return d[k] as string;
   return JSON.stringify(ev.data);
 }
 
@@ -31,7 +32,15 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
       replace(state, detail ? `${s}: ${detail}` : s);
     },
     onEvent: (ev) => {
-      list.append(h('li', { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id }, h('span', { class: 'seq' }, ev.id), h('span', { class: 'name' }, ev.event), h('pre', {}, eventText(ev))));
+      list.append(
+        h(
+          'li',
+          { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id },
+          h('span', { class: 'seq' }, ev.id),
+          h('span', { class: 'name' }, ev.event),
+          h('pre', {}, eventText(ev)),
+        ),
+      );
       if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();
     },
   }).catch((err) => {
@@ -51,10 +60,28 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
         return h(
           'div',
           {},
-          h('p', {}, 'status ', h('strong', { class: `status ${r.status}`, id: 'run-status' }, r.status), ` · ${r.steps} steps · model ${r.model ?? '—'} · tokens ${r.usage.prompt_tokens}/${r.usage.completion_tokens}`),
-          h('p', {}, 'workspace ', link(`#/ws/${r.workspace_id}`, r.workspace_id), ` · session ${r.session_id} · started ${when(r.created_at)} · finished ${when(r.finished_at)}`),
+          h(
+            'p',
+            {},
+            'status ',
+            h('strong', { class: `status ${r.status}`, id: 'run-status' }, r.status),
+            ` · ${r.steps} steps · model ${r.model ?? '—'} · tokens ${r.usage.prompt_tokens}/${r.usage.completion_tokens}`,
+          ),
+          h(
+            'p',
+            {},
+            'workspace ',
+            link(`#/ws/${r.workspace_id}`, r.workspace_id),
+            ` · session ${r.session_id} · started ${when(r.created_at)} · finished ${when(r.finished_at)}`,
+          ),
           r.error ? h('p', { class: 'error' }, `${r.error.code}: ${r.error.message}`) : null,
-          TERMINAL.has(`run.${r.status}`) ? null : action('Cancel', async () => void (await api('POST', `${path}/cancel`)), { confirm: 'Cancel this run? Its running code is killed.', after: reload, className: 'danger' }),
+          TERMINAL.has(`run.${r.status}`)
+            ? null
+            : action('Cancel', async () => void (await api('POST', `${path}/cancel`)), {
+                confirm: 'Cancel this run? Its running code is killed.',
+                after: reload,
+                className: 'danger',
+              }),
         );
       },
       { dispose },

@@ -25,18 +25,42 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
           'div',
           {},
           h('h3', { class: 'ws-name' }, w.name),
-          h('p', {}, `${w.id} · HEAD ${short(w.head)} · approval ${w.settings.approval.mode} · protocol ${w.settings.protocol}`),
-          action('Request a review', async () => `review ${(await api<Evolution>('POST', `${base}/review`, {})).id} queued`, { after: refreshAll }),
-          action('Request a dream', async () => `dream ${(await api<Evolution>('POST', `${base}/dream`, {})).id} queued`, { after: refreshAll }),
+          h(
+            'p',
+            {},
+            `${w.id} · HEAD ${short(w.head)} · approval ${w.settings.approval.mode} · protocol ${w.settings.protocol}`,
+          ),
+          action(
+            'Request a review',
+            async () => `review ${(await api<Evolution>('POST', `${base}/review`, {})).id} queued`,
+            { after: refreshAll },
+          ),
+          action(
+            'Request a dream',
+            async () => `dream ${(await api<Evolution>('POST', `${base}/dream`, {})).id} queued`,
+            { after: refreshAll },
+          ),
         ),
       { dispose },
     ),
-    panel('ws-runs', 'Runs', () => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20`), (p) => runsTable(p.data, 'no run yet'), { everyMs: EVERY_MS, dispose }),
+    panel(
+      'ws-runs',
+      'Runs',
+      () => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20`),
+      (p) => runsTable(p.data, 'no run yet'),
+      { everyMs: EVERY_MS, dispose },
+    ),
     panel(
       'sessions',
       'Sessions',
       () => api<List<Session>>('GET', `${base}/sessions?limit=50`),
-      (p) => table(['session', 'title', 'status', 'last activity'], p.data, (s) => [s.id, s.title ?? '—', s.status, when(s.last_activity_at)], 'no session yet'),
+      (p) =>
+        table(
+          ['session', 'title', 'status', 'last activity'],
+          p.data,
+          (s) => [s.id, s.title ?? '—', s.status, when(s.last_activity_at)],
+          'no session yet',
+        ),
       { everyMs: EVERY_MS, dispose },
     ),
     panel(
@@ -55,10 +79,15 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
             c.summary,
             c.paths.join(', '),
             when(c.created_at),
-            action('Revert', async () => `reverted as ${short((await api<{ commit: Commit | null }>('POST', `${base}/commits/${c.sha}/revert`)).commit?.sha ?? null)}`, {
-              confirm: `Revert ${short(c.sha)} "${c.summary}" with a new commit?`,
-              after: refreshAll,
-            }),
+            action(
+              'Revert',
+              async () =>
+                `reverted as ${short((await api<{ commit: Commit | null }>('POST', `${base}/commits/${c.sha}/revert`)).commit?.sha ?? null)}`,
+              {
+                confirm: `Revert ${short(c.sha)} "${c.summary}" with a new commit?`,
+                after: refreshAll,
+              },
+            ),
           ],
           'no commit',
         );
@@ -82,10 +111,15 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
             h('code', {}, short(e.commit_sha)),
             when(e.created_at),
             e.commit_sha && e.status === 'committed'
-              ? action('Undo', async () => `undone as ${short((await api<{ commit_sha: string }>('POST', `${base}/evolutions/${e.id}/undo`)).commit_sha)}`, {
-                  confirm: `Undo ${e.kind} ${e.id} with a new commit?`,
-                  after: refreshAll,
-                })
+              ? action(
+                  'Undo',
+                  async () =>
+                    `undone as ${short((await api<{ commit_sha: string }>('POST', `${base}/evolutions/${e.id}/undo`)).commit_sha)}`,
+                  {
+                    confirm: `Undo ${e.kind} ${e.id} with a new commit?`,
+                    after: refreshAll,
+                  },
+                )
               : null,
           ],
           'no evolution yet',

@@ -9,11 +9,15 @@ export const approvals = pgTable(
     teamId: teamId(),
     workspaceId: text('workspace_id').notNull(),
     sessionId: text('session_id').notNull(),
-    runId: text('run_id').notNull().references(() => runs.id, { onDelete: 'cascade' }),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
     code: text('code').notNull(),
     /** Under tool calling, the call whose result the decision answers. */
     toolCallId: text('tool_call_id'),
-    status: text('status', { enum: ['pending', 'approved', 'denied', 'expired'] }).notNull().default('pending'),
+    status: text('status', { enum: ['pending', 'approved', 'denied', 'expired'] })
+      .notNull()
+      .default('pending'),
     decision: text('decision', { enum: ['approve', 'deny', 'approve_session'] }),
     reason: text('reason'),
     requiresOrgAdmin: boolean('requires_org_admin').notNull().default(false),

@@ -5,4 +5,7 @@ import { teams } from './teams.ts';
 export const ts = (name: string) => timestamp(name, { withTimezone: true, mode: 'date' });
 export const createdAt = () => ts('created_at').notNull().defaultNow();
 /** Every tenant-owned row carries its team, so every query can be scoped by it. */
-export const teamId = () => text('team_id').notNull().references(() => teams.id, { onDelete: 'cascade' });
+export const teamId = () =>
+  text('team_id')
+    .notNull()
+    .references(() => teams.id, { onDelete: 'cascade' });

@@ -6,7 +6,9 @@ import { workspaces } from './workspaces.ts';
 export const commits = pgTable(
   'commits',
   {
-    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id')
+      .notNull()
+      .references(() => workspaces.id, { onDelete: 'cascade' }),
     sha: text('sha').notNull(),
     teamId: teamId(),
     kind: text('kind', { enum: ['memory', 'skill', 'knowledge', 'prompt', 'source', 'user', 'system'] }).notNull(),

@@ -8,7 +8,9 @@ export const jobs = pgTable(
     id: text('id').primaryKey(),
     kind: text('kind').notNull(),
     payload: jsonb('payload').notNull(),
-    status: text('status', { enum: ['queued', 'running', 'succeeded', 'failed'] }).notNull().default('queued'),
+    status: text('status', { enum: ['queued', 'running', 'succeeded', 'failed'] })
+      .notNull()
+      .default('queued'),
     dedupeKey: text('dedupe_key').unique(),
     runAt: ts('run_at').notNull().defaultNow(),
     attempts: integer('attempts').notNull().default(0),

@@ -1,5 +1,19 @@
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, customType, date, index, integer, jsonb, pgTable, primaryKey, real, serial, text, timestamp } from 'drizzle-orm/pg-core';
+import {
+  bigint,
+  boolean,
+  customType,
+  date,
+  index,
+  integer,
+  jsonb,
+  pgTable,
+  primaryKey,
+  real,
+  serial,
+  text,
+  timestamp,
+} from 'drizzle-orm/pg-core';
 import { teamId, ts } from './columns.ts';
 import { workspaces } from './workspaces.ts';
 
@@ -19,7 +33,9 @@ export const memoryChunks = pgTable(
   {
     id: serial('id').primaryKey(),
     teamId: teamId(),
-    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id')
+      .notNull()
+      .references(() => workspaces.id, { onDelete: 'cascade' }),
     path: text('path').notNull(),
     startLine: integer('start_line').notNull(),
     endLine: integer('end_line').notNull(),
@@ -51,7 +67,9 @@ export const memoryChunks = pgTable(
  * workspaces below the current version or embedded by another model).
  */
 export const memoryIndex = pgTable('memory_index', {
-  workspaceId: text('workspace_id').primaryKey().references(() => workspaces.id, { onDelete: 'cascade' }),
+  workspaceId: text('workspace_id')
+    .primaryKey()
+    .references(() => workspaces.id, { onDelete: 'cascade' }),
   chunks: integer('chunks').notNull().default(0),
   totalLen: bigint('total_len', { mode: 'number' }).notNull().default(0),
   version: integer('version').notNull().default(0),
@@ -64,7 +82,9 @@ export const memoryIndex = pgTable('memory_index', {
 export const memoryTerms = pgTable(
   'memory_terms',
   {
-    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id')
+      .notNull()
+      .references(() => workspaces.id, { onDelete: 'cascade' }),
     term: text('term').notNull(),
     df: integer('df').notNull(),
   },

@@ -8,7 +8,9 @@ export const messages = pgTable(
   {
     id: text('id').primaryKey(),
     teamId: teamId(),
-    sessionId: text('session_id').notNull().references(() => sessions.id, { onDelete: 'cascade' }),
+    sessionId: text('session_id')
+      .notNull()
+      .references(() => sessions.id, { onDelete: 'cascade' }),
     runId: text('run_id'),
     role: text('role', { enum: ['system', 'user', 'assistant', 'tool'] }).notNull(),
     content: text('content').notNull(),

@@ -6,7 +6,9 @@ import { runs } from './runs.ts';
 export const runEvents = pgTable(
   'run_events',
   {
-    runId: text('run_id').notNull().references(() => runs.id, { onDelete: 'cascade' }),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
     seq: integer('seq').notNull(),
     event: text('event').notNull(),
     data: jsonb('data').notNull(),

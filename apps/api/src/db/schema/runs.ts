@@ -13,12 +13,18 @@ export const runs = pgTable(
   {
     id: text('id').primaryKey(),
     teamId: teamId(),
-    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
-    sessionId: text('session_id').notNull().references(() => sessions.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id')
+      .notNull()
+      .references(() => workspaces.id, { onDelete: 'cascade' }),
+    sessionId: text('session_id')
+      .notNull()
+      .references(() => sessions.id, { onDelete: 'cascade' }),
     status: text('status', { enum: RUN_STATUSES }).notNull().default('queued'),
     model: text('model'),
     /** What started the run: a person's message, or a post-session review telling the session what it changed. */
-    trigger: text('trigger', { enum: ['message', 'review'] }).notNull().default('message'),
+    trigger: text('trigger', { enum: ['message', 'review'] })
+      .notNull()
+      .default('message'),
     steps: integer('steps').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
@@ -38,7 +44,9 @@ export const runs = pgTable(
     index('runs_team_idx').on(t.teamId, t.id),
     index('runs_status_idx').on(t.status),
     // At most one unfinished run per session: the second message gets 409 session_busy.
-    uniqueIndex('runs_one_active_per_session').on(t.sessionId).where(sql`status in ('queued', 'in_progress', 'requires_action')`),
+    uniqueIndex('runs_one_active_per_session')
+      .on(t.sessionId)
+      .where(sql`status in ('queued', 'in_progress', 'requires_action')`),
   ],
 );
 

@@ -7,9 +7,13 @@ export const sessions = pgTable(
   {
     id: text('id').primaryKey(),
     teamId: teamId(),
-    workspaceId: text('workspace_id').notNull().references(() => workspaces.id, { onDelete: 'cascade' }),
+    workspaceId: text('workspace_id')
+      .notNull()
+      .references(() => workspaces.id, { onDelete: 'cascade' }),
     title: text('title'),
-    status: text('status', { enum: ['active', 'ended'] }).notNull().default('active'),
+    status: text('status', { enum: ['active', 'ended'] })
+      .notNull()
+      .default('active'),
     /** Set by an approve_session decision: code in this session no longer asks. */
     autoApprove: boolean('auto_approve').notNull().default(false),
     /** The <Current_Project_State> snapshot written when old turns were condensed away. */

@@ -22,14 +22,23 @@ export function approvalsRouter(agent: AgentService) {
   return createRouter()
     .openapi(r.listApprovals, async (c) => {
       const orgAdmin = c.get('principal').role === 'org_admin';
-      return c.json({ data: (await agent.listApprovals(orgAdmin ? null : teamOf(c), c.req.valid('query'))).map(approvalView) }, 200);
+      return c.json(
+        { data: (await agent.listApprovals(orgAdmin ? null : teamOf(c), c.req.valid('query'))).map(approvalView) },
+        200,
+      );
     })
     .openapi(r.decideApproval, async (c) => {
       // Org admins decide the approvals only they may (platform source updates), in any team.
       if (c.get('principal').role !== 'org_admin') teamOf(c);
       const { decision, reason } = c.req.valid('json');
       const a = await agent.decide(c.get('principal'), c.req.valid('param').approval, decision, reason);
-      c.set('audit', { action: 'approval.decide', resourceType: 'approval', resourceId: a.id, teamId: a.teamId, after: { decision, reason: reason ?? null, run_id: a.runId } });
+      c.set('audit', {
+        action: 'approval.decide',
+        resourceType: 'approval',
+        resourceId: a.id,
+        teamId: a.teamId,
+        after: { decision, reason: reason ?? null, run_id: a.runId },
+      });
       return c.json(approvalView(a), 200);
     });
 }

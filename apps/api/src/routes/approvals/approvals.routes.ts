@@ -8,7 +8,9 @@ const Approval = z
     session_id: z.string(),
     workspace_id: z.string(),
     code: z.string(),
-    requires_org_admin: z.boolean().openapi({ description: 'a platform source update proposed by the agent: only an org admin decides it' }),
+    requires_org_admin: z
+      .boolean()
+      .openapi({ description: 'a platform source update proposed by the agent: only an org admin decides it' }),
     status: z.enum(['pending', 'approved', 'denied', 'expired']),
     decision: z.string().nullable(),
     reason: z.string().nullable(),
@@ -26,7 +28,10 @@ export const listApprovals = createRoute({
   security,
   summary: 'Approvals of the team (filter by status and workspace)',
   request: {
-    query: z.object({ status: z.enum(['pending', 'approved', 'denied', 'expired']).optional(), workspace: z.string().max(64).optional() }),
+    query: z.object({
+      status: z.enum(['pending', 'approved', 'denied', 'expired']).optional(),
+      workspace: z.string().max(64).optional(),
+    }),
   },
   responses: { 200: jsonContent(z.object({ data: z.array(Approval) }), 'Approvals'), ...errorResponses },
 });
@@ -40,7 +45,16 @@ export const decideApproval = createRoute({
   request: {
     params: z.object({ approval: IdParam('approval', 'apr_0abc') }),
     body: {
-      content: { 'application/json': { schema: z.object({ decision: z.enum(['approve', 'deny', 'approve_session']), reason: z.string().max(2000).optional() }).strict() } },
+      content: {
+        'application/json': {
+          schema: z
+            .object({
+              decision: z.enum(['approve', 'deny', 'approve_session']),
+              reason: z.string().max(2000).optional(),
+            })
+            .strict(),
+        },
+      },
       required: true,
     },
   },

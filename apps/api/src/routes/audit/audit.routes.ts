@@ -29,4 +29,3 @@ export const list = createRoute({
   },
   responses: { 200: jsonContent(listOf(AuditEvent), 'Audit events'), ...errorResponses },
 });
-

@@ -14,14 +14,24 @@ export function evolutionsRouter(db: Db, evolution: EvolutionService) {
       const ws = workspaceOf(c);
       const body = c.req.valid('json') ?? {};
       const evo = await evolution.requestReview(ws, body.session_id);
-      c.set('audit', { action: 'evolution.review.request', resourceType: 'evolution', resourceId: evo.id, after: { workspace: ws.id, session: evo.sessionId } });
+      c.set('audit', {
+        action: 'evolution.review.request',
+        resourceType: 'evolution',
+        resourceId: evo.id,
+        after: { workspace: ws.id, session: evo.sessionId },
+      });
       return c.json(evolutionView(evo), 202);
     })
     .openapi(scoped(r.dream), async (c) => {
       const ws = workspaceOf(c);
       const days = c.req.valid('json')?.days ?? 1;
       const evo = await evolution.requestDream(ws, days);
-      c.set('audit', { action: 'evolution.dream.request', resourceType: 'evolution', resourceId: evo.id, after: { workspace: ws.id, days } });
+      c.set('audit', {
+        action: 'evolution.dream.request',
+        resourceType: 'evolution',
+        resourceId: evo.id,
+        after: { workspace: ws.id, days },
+      });
       return c.json(evolutionView(evo), 202);
     })
     .openapi(scoped(r.list), async (c) => {
@@ -38,7 +48,13 @@ export function evolutionsRouter(db: Db, evolution: EvolutionService) {
     .openapi(scoped(r.undo), async (c) => {
       const by = { author: 'user' as const, actor: c.get('principal').keyId };
       const { evolution: evo, sha } = await evolution.undo(workspaceOf(c), c.req.valid('param').evolution, by);
-      c.set('audit', { action: 'evolution.undo', resourceType: 'evolution', resourceId: evo.id, before: { status: 'committed' }, after: { status: evo.status, commit: sha } });
+      c.set('audit', {
+        action: 'evolution.undo',
+        resourceType: 'evolution',
+        resourceId: evo.id,
+        before: { status: 'committed' },
+        after: { status: evo.status, commit: sha },
+      });
       return c.json({ evolution: evolutionView(evo), commit_sha: sha }, 201);
     });
 }

@@ -6,7 +6,9 @@ const Evolution = z
   .object({
     id: z.string(),
     kind: z.enum(['review', 'dream']),
-    status: z.string().openapi({ description: 'queued | running | committed | no_change | skipped | failed | reverted' }),
+    status: z
+      .string()
+      .openapi({ description: 'queued | running | committed | no_change | skipped | failed | reverted' }),
     session_id: z.string().nullable(),
     commit_sha: z.string().nullable(),
     changed_paths: z.array(z.string()),
@@ -30,8 +32,12 @@ export const review = createRoute({
   tags,
   security,
   summary: 'Run the post-session review now (a durable job; 202 with its evolution record)',
-  description: 'Without `session_id`, the workspace\u2019s most recently active session. A session with a run in progress is 409 `session_busy`.',
-  request: { params: WsParams, body: body(z.object({ session_id: IdParam('session_id', 'ses_0abc').optional() }).strict()) },
+  description:
+    'Without `session_id`, the workspace\u2019s most recently active session. A session with a run in progress is 409 `session_busy`.',
+  request: {
+    params: WsParams,
+    body: body(z.object({ session_id: IdParam('session_id', 'ses_0abc').optional() }).strict()),
+  },
   responses: { 202: jsonContent(Evolution, 'Queued'), 409: conflictResponse, ...errorResponses },
 });
 

@@ -19,6 +19,9 @@ export function healthRouter(db: Db, sandboxes: Pick<SandboxEngine, 'ping'>) {
     .openapi(readyz, async (c) => {
       const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => sandboxes.ping())]);
       const ok = database.ok && engine.ok;
-      return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } }, ok ? 200 : 503);
+      return c.json(
+        { status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } },
+        ok ? 200 : 503,
+      );
     });
 }

@@ -19,4 +19,3 @@ export const readyz = createRoute({
   summary: 'The database and the Docker Engine are reachable',
   responses: { 200: jsonContent(Ready, 'Ready'), 503: jsonContent(Ready, 'Not ready; `checks` says what failed') },
 });
-

@@ -26,7 +26,10 @@ export function messagesRouter(db: Db, agent: AgentService, events: RunEventLog)
       const team = writableTeamOf(c);
       const { session: s } = c.req.valid('param');
       // The audit event is written with the run, in one commit.
-      const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content, { actor: c.get('principal'), requestId: c.get('requestId') });
+      const { message, run } = await agent.postMessage(team, s, c.req.valid('json').content, {
+        actor: c.get('principal'),
+        requestId: c.get('requestId'),
+      });
       c.set('audit', { action: 'session.message', recorded: true });
       if (c.req.valid('query').stream === 'true') return streamRun(c, events, run.id, 0) as never;
       return c.json({ message: messageView(message), run: runView(run) }, 202);

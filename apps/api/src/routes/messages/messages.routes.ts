@@ -27,12 +27,23 @@ export const postMessage = createRoute({
   request: {
     params: SesParams,
     query: z.object({ stream: z.enum(['true', 'false']).optional() }),
-    body: { content: { 'application/json': { schema: z.object({ content: z.string().trim().min(1).max(200_000) }).strict() } }, required: true },
+    body: {
+      content: {
+        'application/json': { schema: z.object({ content: z.string().trim().min(1).max(200_000) }).strict() },
+      },
+      required: true,
+    },
   },
   responses: {
-    202: { content: { 'application/json': { schema: z.object({ message: Message, run: Run }) }, ...sse }, description: 'The run was started' },
+    202: {
+      content: { 'application/json': { schema: z.object({ message: Message, run: Run }) }, ...sse },
+      description: 'The run was started',
+    },
     409: conflictResponse,
-    503: jsonContent(z.object({ error: z.object({ code: z.string(), message: z.string() }) }), 'No model is configured'),
+    503: jsonContent(
+      z.object({ error: z.object({ code: z.string(), message: z.string() }) }),
+      'No model is configured',
+    ),
     ...errorResponses,
   },
 });
@@ -45,7 +56,16 @@ export const listMessages = createRoute({
   summary: 'The session\u2019s transcript, oldest first',
   request: {
     params: SesParams,
-    query: z.object({ limit: z.coerce.number().int().min(1).max(500).default(100), after: z.string().max(64).optional() }),
+    query: z.object({
+      limit: z.coerce.number().int().min(1).max(500).default(100),
+      after: z.string().max(64).optional(),
+    }),
   },
-  responses: { 200: jsonContent(z.object({ data: z.array(Message), has_more: z.boolean(), last_id: z.string().nullable() }), 'Messages'), ...errorResponses },
+  responses: {
+    200: jsonContent(
+      z.object({ data: z.array(Message), has_more: z.boolean(), last_id: z.string().nullable() }),
+      'Messages',
+    ),
+    ...errorResponses,
+  },
 });

@@ -37,13 +37,18 @@ export function streamRun(c: Context<AppEnv>, events: RunEventLog, runId: string
       runId,
       after,
       (ev) => {
-        writes = writes.then(() => stream.writeSSE({ id: String(ev.seq), event: ev.event, data: JSON.stringify(ev.data) }));
+        writes = writes.then(() =>
+          stream.writeSSE({ id: String(ev.seq), event: ev.event, data: JSON.stringify(ev.data) }),
+        );
         if (TERMINAL_EVENTS.has(ev.event)) writes.then(resolveDone);
       },
       abort.signal,
     );
     const ping = setInterval(() => void stream.writeSSE({ event: 'ping', data: '{}' }), PING_MS);
-    await Promise.race([done, new Promise<void>((resolve) => abort.signal.addEventListener('abort', () => resolve(), { once: true }))]);
+    await Promise.race([
+      done,
+      new Promise<void>((resolve) => abort.signal.addEventListener('abort', () => resolve(), { once: true })),
+    ]);
     clearInterval(ping);
     abort.abort();
   });
@@ -66,11 +71,17 @@ export function runsRouter(agent: AgentService, events: RunEventLog) {
     .openapi(r.runEvents, async (c) => {
       const run = await agent.getRun(teamOf(c), c.req.valid('param').run);
       const header = c.req.header('last-event-id');
-      if (header !== undefined && !/^\d{1,10}$/.test(header)) throw new ApiError('invalid_request', 'Last-Event-ID must be an event sequence number');
+      if (header !== undefined && !/^\d{1,10}$/.test(header))
+        throw new ApiError('invalid_request', 'Last-Event-ID must be an event sequence number');
       const after = header !== undefined ? Number(header) : (c.req.valid('query').after ?? 0);
       if ((c.req.header('accept') ?? '').includes('application/json')) {
         const list = await events.list(run.id, after);
-        return c.json({ data: list.map((e) => ({ id: e.seq, event: e.event, data: e.data, created_at: e.createdAt.toISOString() })) }, 200);
+        return c.json(
+          {
+            data: list.map((e) => ({ id: e.seq, event: e.event, data: e.data, created_at: e.createdAt.toISOString() })),
+          },
+          200,
+        );
       }
       return streamRun(c, events, run.id, after) as never;
     });

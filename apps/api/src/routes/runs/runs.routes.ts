@@ -39,7 +39,10 @@ export const listRuns = createRoute({
         .max(200)
         .refine(isStatusList, `a comma-separated list of ${RUN_STATUSES.join(', ')}`)
         .optional()
-        .openapi({ description: 'one status or several, comma-separated', example: 'queued,in_progress,requires_action' }),
+        .openapi({
+          description: 'one status or several, comma-separated',
+          example: 'queued,in_progress,requires_action',
+        }),
       workspace: z.string().max(64).optional(),
       session: z.string().max(64).optional(),
     }),
@@ -72,11 +75,19 @@ export const runEvents = createRoute({
   path: '/v1/runs/{run}/events',
   tags: ['Runs'],
   security,
-  summary: 'The run\u2019s events: SSE (resume with Last-Event-ID or ?after=), or a JSON list with Accept: application/json',
+  summary:
+    'The run\u2019s events: SSE (resume with Last-Event-ID or ?after=), or a JSON list with Accept: application/json',
   request: { params: RunParams, query: z.object({ after: z.coerce.number().int().min(0).optional() }) },
   responses: {
     200: {
-      content: { 'application/json': { schema: z.object({ data: z.array(z.object({ id: z.number(), event: z.string(), data: z.unknown(), created_at: z.string() })) }) }, ...sse },
+      content: {
+        'application/json': {
+          schema: z.object({
+            data: z.array(z.object({ id: z.number(), event: z.string(), data: z.unknown(), created_at: z.string() })),
+          }),
+        },
+        ...sse,
+      },
       description: 'Events',
     },
     ...errorResponses,

@@ -9,7 +9,13 @@ const Sandbox = z
     state: z.enum(['starting', 'idle', 'busy']),
     memory_bytes: z.number().nullable(),
     cpu_percent: z.number().nullable(),
-    limits: z.object({ memoryMb: z.number(), cpus: z.number(), pids: z.number(), timeoutS: z.number(), diskMb: z.number() }),
+    limits: z.object({
+      memoryMb: z.number(),
+      cpus: z.number(),
+      pids: z.number(),
+      timeoutS: z.number(),
+      diskMb: z.number(),
+    }),
     created_at: z.string(),
     last_used_at: z.string(),
     expires_at: z.string(),
@@ -34,4 +40,3 @@ export const remove = createRoute({
   request: { params: z.object({ sandbox: IdParam('sandbox', 'sbx_0abc') }) },
   responses: { 200: jsonContent(z.object({ id: z.string(), deleted: z.literal(true) }), 'Removed'), ...errorResponses },
 });
-

@@ -38,8 +38,12 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       limits: engine.limitsFor(workspace.settings.sandbox),
     };
   }
-  const run = (ws: WorkspaceRow, ctx: { teamId: string; sessionId: string }, code: string, opts: Parameters<typeof execInSession>[4]) =>
-    execInSession({ engine, workspaces }, ws, ctx, code, opts).then(execView);
+  const run = (
+    ws: WorkspaceRow,
+    ctx: { teamId: string; sessionId: string },
+    code: string,
+    opts: Parameters<typeof execInSession>[4],
+  ) => execInSession({ engine, workspaces }, ws, ctx, code, opts).then(execView);
 
   return createRouter()
     .openapi(scoped(r.create), async (c) => {
@@ -53,13 +57,21 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       const q = c.req.valid('query');
       return c.json(toPage(await sessions.listSessions(db, ws.teamId, ws.id, q), q, view), 200);
     })
-    .openapi(r.get, async (c) => c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').session)), 200))
+    .openapi(r.get, async (c) =>
+      c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').session)), 200),
+    )
     .openapi(r.end, async (c) => {
       const team = writableTeamOf(c);
       const { before, after } = await sessions.endSession(db, team, c.req.valid('param').session);
       cache.forget(after.id);
       await engine.release(after.id, 'session_ended');
-      c.set('audit', { action: 'session.end', resourceType: 'session', resourceId: after.id, before: view(before), after: view(after) });
+      c.set('audit', {
+        action: 'session.end',
+        resourceType: 'session',
+        resourceId: after.id,
+        before: view(before),
+        after: view(after),
+      });
       return c.json(view(after), 200);
     })
     .openapi(r.exec, async (c) => {
@@ -81,7 +93,12 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
             audit,
             prov,
             signal: abort.signal,
-            onOutput: (name, data) => void stream.writeSSE({ id: String(++seq), event: 'exec.output', data: JSON.stringify({ stream: name, data }) }),
+            onOutput: (name, data) =>
+              void stream.writeSSE({
+                id: String(++seq),
+                event: 'exec.output',
+                data: JSON.stringify({ stream: name, data }),
+              }),
           });
           await stream.writeSSE({ id: String(++seq), event: 'exec.completed', data: JSON.stringify(result) });
         }) as never;
@@ -96,7 +113,12 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       const size = await engine.putFile(ctx, limits, path, data).catch((err: Error) => {
         throw new ApiError('invalid_request', `could not write ${path}: ${err.message}`);
       });
-      c.set('audit', { action: 'session.file.put', resourceType: 'session', resourceId: ctx.sessionId, after: { path, size } });
+      c.set('audit', {
+        action: 'session.file.put',
+        resourceType: 'session',
+        resourceId: ctx.sessionId,
+        after: { path, size },
+      });
       return c.json({ path, size }, 200);
     })
     .openapi(r.getFile, async (c) => {
@@ -106,10 +128,15 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       // A read starts no sandbox (a viewer's key included): without one running, /workspace is
       // the workspace as committed, which is what a new sandbox would be given.
       let data = await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {
-        throw /No such file|FileNotFound/.test(err.message) ? ApiError.notFound(`file ${path}`) : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
+        throw /No such file|FileNotFound/.test(err.message)
+          ? ApiError.notFound(`file ${path}`)
+          : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
       });
       if (!data) {
-        if (!path.startsWith('/workspace/')) throw ApiError.notFound(`file ${path} (the session has no sandbox running; /tmp and the home directory start empty with its next execution)`);
+        if (!path.startsWith('/workspace/'))
+          throw ApiError.notFound(
+            `file ${path} (the session has no sandbox running; /tmp and the home directory start empty with its next execution)`,
+          );
         const rel = checkRelativePath(path.slice('/workspace/'.length));
         const info = await workspaces.stat(ws.id, rel);
         if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
@@ -126,7 +153,11 @@ function execView(result: SessionExecResult) {
     ...rest,
     ...(error ? { error } : {}),
     workspace: workspace
-      ? { commit: workspace.commit ? commitView(workspace.commit) : null, redactions: workspace.redactions, refused: [...workspace.refused, ...workspace.ignored, ...workspace.skipped] }
+      ? {
+          commit: workspace.commit ? commitView(workspace.commit) : null,
+          redactions: workspace.redactions,
+          refused: [...workspace.refused, ...workspace.ignored, ...workspace.skipped],
+        }
       : null,
   };
 }

@@ -25,7 +25,9 @@ const ExecResult = z
     truncated: z.boolean(),
     stdout_bytes: z.number().int(),
     stderr_bytes: z.number().int(),
-    restarted: z.boolean().openapi({ description: 'the interpreter was restarted: variables from earlier executions are gone' }),
+    restarted: z
+      .boolean()
+      .openapi({ description: 'the interpreter was restarted: variables from earlier executions are gone' }),
     artifacts: z.array(Artifact),
     sandbox_id: z.string(),
     execution_id: z.string(),
@@ -46,7 +48,12 @@ export const create = createRoute({
   summary: 'Start a session in a workspace',
   request: {
     params: WsParams,
-    body: { content: { 'application/json': { schema: z.object({ title: z.string().trim().min(1).max(200).optional() }).strict() } }, required: false },
+    body: {
+      content: {
+        'application/json': { schema: z.object({ title: z.string().trim().min(1).max(200).optional() }).strict() },
+      },
+      required: false,
+    },
   },
   responses: { 201: jsonContent(Session, 'The session'), ...errorResponses },
 });
@@ -87,7 +94,8 @@ export const exec = createRoute({
   tags,
   security,
   summary: 'Run Python in the session\u2019s stateful sandbox',
-  description: 'Variables persist across calls. With `?stream=true` the answer is an SSE stream of `exec.output` events and one `exec.completed`.',
+  description:
+    'Variables persist across calls. With `?stream=true` the answer is an SSE stream of `exec.output` events and one `exec.completed`.',
   request: {
     params: SesParams,
     query: z.object({ stream: z.enum(['true', 'false']).optional() }),
@@ -95,7 +103,10 @@ export const exec = createRoute({
       content: {
         'application/json': {
           schema: z
-            .object({ code: z.string().min(1).max(1_000_000), timeout_s: z.number().int().min(1).max(86_400).optional() })
+            .object({
+              code: z.string().min(1).max(1_000_000),
+              timeout_s: z.number().int().min(1).max(86_400).optional(),
+            })
             .strict(),
         },
       },
@@ -103,7 +114,10 @@ export const exec = createRoute({
     },
   },
   responses: {
-    200: { ...jsonContent(ExecResult, 'The result'), content: { 'application/json': { schema: ExecResult }, 'text/event-stream': { schema: z.string() } } },
+    200: {
+      ...jsonContent(ExecResult, 'The result'),
+      content: { 'application/json': { schema: ExecResult }, 'text/event-stream': { schema: z.string() } },
+    },
     409: conflictResponse,
     ...errorResponses,
   },
@@ -126,5 +140,8 @@ export const getFile = createRoute({
   security,
   summary: 'Read a file from the session\u2019s sandbox',
   request: { params: SesParams, query: FilePath },
-  responses: { 200: { content: { 'application/octet-stream': { schema: z.string() } }, description: 'The bytes' }, ...errorResponses },
+  responses: {
+    200: { content: { 'application/octet-stream': { schema: z.string() } }, description: 'The bytes' },
+    ...errorResponses,
+  },
 });

@@ -42,7 +42,14 @@ export function systemRouter(db: Db, updates: SelfUpdates) {
       const { workspace: ws } = c.req.valid('param');
       const { enabled } = c.req.valid('json');
       const { teamId, before } = await setSourceUpdates(db, ws, enabled);
-      c.set('audit', { action: 'workspace.source_updates', resourceType: 'workspace', resourceId: ws, teamId, before: { source_updates: before }, after: { source_updates: enabled } });
+      c.set('audit', {
+        action: 'workspace.source_updates',
+        resourceType: 'workspace',
+        resourceId: ws,
+        teamId,
+        before: { source_updates: before },
+        after: { source_updates: enabled },
+      });
       return c.json({ workspace_id: ws, enabled }, 200);
     });
 }

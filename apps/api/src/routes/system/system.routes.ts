@@ -14,9 +14,14 @@ const Check = z.object({
 const Update = z
   .object({
     id: z.string(),
-    status: z.enum(STATUSES).openapi({ description: 'checking → ready | failed → applying → applied | rolled_back (| failed)' }),
+    status: z
+      .enum(STATUSES)
+      .openapi({ description: 'checking → ready | failed → applying → applied | rolled_back (| failed)' }),
     reason: z.string(),
-    commit_sha: z.string().nullable().openapi({ description: 'the commit that carries the patch (trailers Kiln-Kind: source, Kiln-Update: <id>)' }),
+    commit_sha: z
+      .string()
+      .nullable()
+      .openapi({ description: 'the commit that carries the patch (trailers Kiln-Kind: source, Kiln-Update: <id>)' }),
     changed_paths: z.array(z.string()),
     checks: z.array(Check),
     error: z.string().nullable(),
@@ -52,7 +57,11 @@ export const submit = createRoute({
         'application/json': {
           schema: z
             .object({
-              patch: z.string().min(1).max(4 * 1024 * 1024).openapi({ description: 'a unified diff (git diff) against the source HEAD' }),
+              patch: z
+                .string()
+                .min(1)
+                .max(4 * 1024 * 1024)
+                .openapi({ description: 'a unified diff (git diff) against the source HEAD' }),
               reason: z.string().trim().min(1).max(4000),
             })
             .strict(),
@@ -91,7 +100,11 @@ export const apply = createRoute({
   security,
   summary: 'Commit a ready update on the source branch and restart into it through the relay (org admin)',
   request: { params: Params },
-  responses: { 202: jsonContent(Update, 'Accepted; status `applying`; this server stops shortly'), 409: conflictResponse, ...errorResponses },
+  responses: {
+    202: jsonContent(Update, 'Accepted; status `applying`; this server stops shortly'),
+    409: conflictResponse,
+    ...errorResponses,
+  },
 });
 
 export const revert = createRoute({
@@ -101,7 +114,11 @@ export const revert = createRoute({
   security,
   summary: 'Submit the reverse of an applied update, as a new update that passes the self-check (org admin)',
   request: { params: Params },
-  responses: { 202: jsonContent(Update, 'The new update; status `checking`'), 409: conflictResponse, ...errorResponses },
+  responses: {
+    202: jsonContent(Update, 'The new update; status `checking`'),
+    409: conflictResponse,
+    ...errorResponses,
+  },
 });
 
 export const version = createRoute({
@@ -123,5 +140,8 @@ export const sourceUpdates = createRoute({
     params: z.object({ workspace: IdParam('workspace', 'ws_0abc') }),
     body: { content: { 'application/json': { schema: z.object({ enabled: z.boolean() }).strict() } }, required: true },
   },
-  responses: { 200: jsonContent(z.object({ workspace_id: z.string(), enabled: z.boolean() }), 'The setting'), ...errorResponses },
+  responses: {
+    200: jsonContent(z.object({ workspace_id: z.string(), enabled: z.boolean() }), 'The setting'),
+    ...errorResponses,
+  },
 });

@@ -10,7 +10,11 @@ import * as r from './teams.routes.ts';
 
 type KeyRow = typeof apiKeys.$inferSelect;
 
-const teamView = (t: { id: string; name: string; createdAt: Date }) => ({ id: t.id, name: t.name, created_at: t.createdAt.toISOString() });
+const teamView = (t: { id: string; name: string; createdAt: Date }) => ({
+  id: t.id,
+  name: t.name,
+  created_at: t.createdAt.toISOString(),
+});
 
 const keyView = (k: KeyRow) => ({
   id: k.id,
@@ -28,7 +32,13 @@ export function teamsRouter(db: Db, keys: KeyCache) {
     .openapi(r.createTeam, async (c) => {
       requireOrgAdmin(c);
       const team = await teams.createTeam(db, c.req.valid('json').name);
-      c.set('audit', { action: 'team.create', resourceType: 'team', resourceId: team.id, teamId: team.id, after: teamView(team) });
+      c.set('audit', {
+        action: 'team.create',
+        resourceType: 'team',
+        resourceId: team.id,
+        teamId: team.id,
+        after: teamView(team),
+      });
       return c.json(teamView(team), 201);
     })
     .openapi(r.listTeams, async (c) => {
@@ -48,8 +58,18 @@ export function teamsRouter(db: Db, keys: KeyCache) {
       requireTeamManager(c, team);
       await teams.getTeam(db, team);
       const body = c.req.valid('json');
-      const { row, key } = await teams.createTeamKey(db, team, { name: body.name, role: body.role, canApprove: body.can_approve });
-      c.set('audit', { action: 'key.create', resourceType: 'key', resourceId: row.id, teamId: team, after: keyView(row) });
+      const { row, key } = await teams.createTeamKey(db, team, {
+        name: body.name,
+        role: body.role,
+        canApprove: body.can_approve,
+      });
+      c.set('audit', {
+        action: 'key.create',
+        resourceType: 'key',
+        resourceId: row.id,
+        teamId: team,
+        after: keyView(row),
+      });
       return c.json({ ...keyView(row), key }, 201);
     })
     .openapi(r.listKeys, async (c) => {
@@ -63,7 +83,14 @@ export function teamsRouter(db: Db, keys: KeyCache) {
       requireTeamManager(c, team);
       const { before, after } = await teams.revokeTeamKey(db, team, id);
       keys.forget(id);
-      c.set('audit', { action: 'key.revoke', resourceType: 'key', resourceId: id, teamId: team, before: keyView(before), after: keyView(after) });
+      c.set('audit', {
+        action: 'key.revoke',
+        resourceType: 'key',
+        resourceId: id,
+        teamId: team,
+        before: keyView(before),
+        after: keyView(after),
+      });
       return c.json(keyView(after), 200);
     });
 }

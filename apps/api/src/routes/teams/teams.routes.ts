@@ -19,9 +19,9 @@ const Key = z
   })
   .openapi('ApiKey');
 
-const CreatedKey = Key.extend({ key: z.string().openapi({ description: 'The secret; shown only in this response' }) }).openapi(
-  'CreatedApiKey',
-);
+const CreatedKey = Key.extend({
+  key: z.string().openapi({ description: 'The secret; shown only in this response' }),
+}).openapi('CreatedApiKey');
 
 const TeamParams = z.object({ team: IdParam('team', 'team_0abc') });
 const KeyParams = TeamParams.extend({ key: IdParam('key', 'key_0abc') });
@@ -69,7 +69,11 @@ export const createKey = createRoute({
       content: {
         'application/json': {
           schema: z
-            .object({ name: Name, role: z.enum(['owner', 'admin', 'member', 'viewer']), can_approve: z.boolean().default(false) })
+            .object({
+              name: Name,
+              role: z.enum(['owner', 'admin', 'member', 'viewer']),
+              can_approve: z.boolean().default(false),
+            })
             .strict(),
         },
       },

@@ -11,7 +11,14 @@ export const getUsage = createRoute({
   summary: 'Token usage of the team, grouped by workspace or model',
   request: { query: z.object({ group_by: z.enum(['workspace', 'model']).default('model') }) },
   responses: {
-    200: jsonContent(z.object({ data: z.array(z.object({ key: z.string(), prompt_tokens: z.number(), completion_tokens: z.number(), calls: z.number() })) }), 'Usage'),
+    200: jsonContent(
+      z.object({
+        data: z.array(
+          z.object({ key: z.string(), prompt_tokens: z.number(), completion_tokens: z.number(), calls: z.number() }),
+        ),
+      }),
+      'Usage',
+    ),
     ...errorResponses,
   },
 });

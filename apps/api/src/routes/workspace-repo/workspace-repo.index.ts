@@ -20,7 +20,11 @@ export const commitView = (c: CommitInfo | CommitRow) => ({
   created_at: c.createdAt.toISOString(),
 });
 
-const outcomeView = (o: CommitOutcome) => ({ commit: o.commit ? commitView(o.commit) : null, redactions: o.redactions, refused: o.refused });
+const outcomeView = (o: CommitOutcome) => ({
+  commit: o.commit ? commitView(o.commit) : null,
+  redactions: o.redactions,
+  refused: o.refused,
+});
 
 export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
   const scoped = workspaceScope(db);
@@ -31,13 +35,21 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const path = checkRelativePath(q.path, { allowRoot: true });
       const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
       if (!info) throw ApiError.notFound(`path ${path}`);
-      if (info.isDirectory()) return c.json({ path, type: 'dir' as const, entries: await service.listDir(ws.id, path) }, 200);
+      if (info.isDirectory())
+        return c.json({ path, type: 'dir' as const, entries: await service.listDir(ws.id, path) }, 200);
       const data = await service.readFile(ws.id, path);
-      if (q.raw === 'true') return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
+      if (q.raw === 'true')
+        return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
       const text = data.toString('utf8');
       const binary = data.includes(0) || !Buffer.from(text, 'utf8').equals(data);
       return c.json(
-        { path, type: 'file' as const, size: data.length, encoding: binary ? ('base64' as const) : ('utf-8' as const), content: binary ? data.toString('base64') : text },
+        {
+          path,
+          type: 'file' as const,
+          size: data.length,
+          encoding: binary ? ('base64' as const) : ('utf-8' as const),
+          content: binary ? data.toString('base64') : text,
+        },
         200,
       );
     })
@@ -46,14 +58,24 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const path = c.req.valid('query').path;
       const data = Buffer.from(await c.req.arrayBuffer());
       const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
-      c.set('audit', { action: 'workspace.file.write', resourceType: 'workspace', resourceId: ws.id, after: { path, bytes: data.length, commit: outcome.commit?.sha ?? null, redactions: outcome.redactions.length } });
+      c.set('audit', {
+        action: 'workspace.file.write',
+        resourceType: 'workspace',
+        resourceId: ws.id,
+        after: { path, bytes: data.length, commit: outcome.commit?.sha ?? null, redactions: outcome.redactions.length },
+      });
       return c.json(outcomeView(outcome), 200);
     })
     .openapi(scoped(r.deleteFile), async (c) => {
       const ws = workspaceOf(c);
       const path = c.req.valid('query').path;
       const outcome = await service.deleteFile(ws, path, { author: 'user', actor: c.get('principal').keyId });
-      c.set('audit', { action: 'workspace.file.delete', resourceType: 'workspace', resourceId: ws.id, after: { path, commit: outcome.commit?.sha ?? null } });
+      c.set('audit', {
+        action: 'workspace.file.delete',
+        resourceType: 'workspace',
+        resourceId: ws.id,
+        after: { path, commit: outcome.commit?.sha ?? null },
+      });
       return c.json(outcomeView(outcome), 200);
     })
     .openapi(scoped(r.listCommits), async (c) => {
@@ -72,7 +94,12 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const ws = workspaceOf(c);
       const { sha } = c.req.valid('param');
       const outcome = await service.revert(ws, sha, { author: 'user', actor: c.get('principal').keyId });
-      c.set('audit', { action: 'workspace.revert', resourceType: 'workspace', resourceId: ws.id, after: { reverted: sha, commit: outcome.commit?.sha } });
+      c.set('audit', {
+        action: 'workspace.revert',
+        resourceType: 'workspace',
+        resourceId: ws.id,
+        after: { reverted: sha, commit: outcome.commit?.sha },
+      });
       return c.json(outcomeView(outcome), 201);
     })
     .openapi(scoped(r.searchMemory), async (c) => {
@@ -80,7 +107,11 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const { q, k, path, since, until, cursor, debug } = c.req.valid('query');
       const filters = { path, since, until };
       const offset = cursor === undefined ? 0 : decodeCursor(cursor, q, filters);
-      if (offset === null) throw new ApiError('invalid_request', 'cursor: not a cursor of this query and these filters (pass next_cursor back with the same q, path, since and until)');
+      if (offset === null)
+        throw new ApiError(
+          'invalid_request',
+          'cursor: not a cursor of this query and these filters (pass next_cursor back with the same q, path, since and until)',
+        );
       const page = await service.search(ws, q, { k, offset, ...filters, debug: debug === 'true' });
       const next = page.hasMore && offset + k < MAX_DEPTH ? encodeCursor(offset + k, q, filters) : null;
       return c.json({ data: page.hits, has_more: next !== null, next_cursor: next }, 200);

@@ -29,7 +29,12 @@ const CommitOutcome = z
   .openapi('CommitOutcome');
 
 const WsParams = z.object({ workspace: IdParam('workspace', 'ws_0abc') });
-const ShaParams = WsParams.extend({ sha: z.string().regex(/^[0-9a-f]{4,40}$/, 'must be 4 to 40 hex digits').openapi({ param: { name: 'sha', in: 'path' } }) });
+const ShaParams = WsParams.extend({
+  sha: z
+    .string()
+    .regex(/^[0-9a-f]{4,40}$/, 'must be 4 to 40 hex digits')
+    .openapi({ param: { name: 'sha', in: 'path' } }),
+});
 const PathQuery = z.object({ path: z.string().min(1).max(1024) });
 const security = [{ bearer: [] }];
 const tags = ['Workspace files and history'];
@@ -40,12 +45,27 @@ export const getFiles = createRoute({
   tags,
   security,
   summary: 'A directory listing or a file\u2019s content (`raw=true`: the bytes)',
-  request: { params: WsParams, query: z.object({ path: z.string().max(1024).default(''), raw: z.enum(['true', 'false']).optional() }) },
+  request: {
+    params: WsParams,
+    query: z.object({ path: z.string().max(1024).default(''), raw: z.enum(['true', 'false']).optional() }),
+  },
   responses: {
     200: jsonContent(
       z.union([
-        z.object({ path: z.string(), type: z.literal('dir'), entries: z.array(z.object({ name: z.string(), path: z.string(), type: z.enum(['file', 'dir']), size: z.number() })) }),
-        z.object({ path: z.string(), type: z.literal('file'), size: z.number(), encoding: z.enum(['utf-8', 'base64']), content: z.string() }),
+        z.object({
+          path: z.string(),
+          type: z.literal('dir'),
+          entries: z.array(
+            z.object({ name: z.string(), path: z.string(), type: z.enum(['file', 'dir']), size: z.number() }),
+          ),
+        }),
+        z.object({
+          path: z.string(),
+          type: z.literal('file'),
+          size: z.number(),
+          encoding: z.enum(['utf-8', 'base64']),
+          content: z.string(),
+        }),
       ]),
       'Listing or content',
     ),
@@ -85,10 +105,19 @@ export const listCommits = createRoute({
       kind: z.enum(KINDS).optional(),
       session: z.string().max(64).optional(),
       limit: z.coerce.number().int().min(1).max(100).default(20),
-      after: z.string().regex(/^[0-9a-f]{40}$/, 'must be a full commit sha').optional(),
+      after: z
+        .string()
+        .regex(/^[0-9a-f]{40}$/, 'must be a full commit sha')
+        .optional(),
     }),
   },
-  responses: { 200: jsonContent(z.object({ data: z.array(Commit), has_more: z.boolean(), last_id: z.string().nullable() }), 'Commits'), ...errorResponses },
+  responses: {
+    200: jsonContent(
+      z.object({ data: z.array(Commit), has_more: z.boolean(), last_id: z.string().nullable() }),
+      'Commits',
+    ),
+    ...errorResponses,
+  },
 });
 
 export const getCommit = createRoute({
@@ -98,7 +127,10 @@ export const getCommit = createRoute({
   security,
   summary: 'One commit with its diff',
   request: { params: ShaParams },
-  responses: { 200: jsonContent(Commit.extend({ diff: z.string(), diff_truncated: z.boolean() }), 'The commit'), ...errorResponses },
+  responses: {
+    200: jsonContent(Commit.extend({ diff: z.string(), diff_truncated: z.boolean() }), 'The commit'),
+    ...errorResponses,
+  },
 });
 
 export const revert = createRoute({
@@ -115,7 +147,12 @@ const Day = z.string().refine(isDay, 'must be a real calendar date, YYYY-MM-DD')
 
 const SearchQuery = z
   .object({
-    q: z.string().trim().min(1).max(500).openapi({ description: 'What to find: words, identifiers, Chinese or Japanese text' }),
+    q: z
+      .string()
+      .trim()
+      .min(1)
+      .max(500)
+      .openapi({ description: 'What to find: words, identifiers, Chinese or Japanese text' }),
     k: z.coerce.number().int().min(1).max(50).default(8).openapi({ description: 'Hits per page, 1–50 (default 8)' }),
     path: z
       .string()
@@ -123,13 +160,23 @@ const SearchQuery = z
       .max(200)
       .refine(isPathPrefix, 'must be a relative path prefix inside the workspace, such as memory/')
       .optional()
-      .openapi({ description: 'Only files whose path starts with this: `memory/`, `knowledge/`, `skills/`, `MEMORY.md`' }),
+      .openapi({
+        description: 'Only files whose path starts with this: `memory/`, `knowledge/`, `skills/`, `MEMORY.md`',
+      }),
     since: Day.optional().openapi({ description: 'Only dated logs of this day or later' }),
     until: Day.optional().openapi({ description: 'Only dated logs of this day or earlier' }),
-    cursor: z.string().min(1).max(200).optional().openapi({ description: 'next_cursor of the previous page (same query and filters)' }),
+    cursor: z
+      .string()
+      .min(1)
+      .max(200)
+      .optional()
+      .openapi({ description: 'next_cursor of the previous page (same query and filters)' }),
     debug: z.enum(['true', 'false']).optional().openapi({ description: 'true: each hit carries its score parts' }),
   })
-  .refine((v) => !v.since || !v.until || v.since <= v.until, { message: 'since must not be after until', path: ['since'] });
+  .refine((v) => !v.since || !v.until || v.since <= v.until, {
+    message: 'since must not be after until',
+    path: ['since'],
+  });
 
 const SearchHit = z
   .object({
@@ -148,7 +195,9 @@ const SearchHit = z
         vector_rank: z.number().nullable(),
         recency: z.number(),
         builtin: z.number(),
-        terms: z.array(z.object({ term: z.string(), kind: z.enum(['word', 'cjk', 'substring']), df: z.number(), idf: z.number() })),
+        terms: z.array(
+          z.object({ term: z.string(), kind: z.enum(['word', 'cjk', 'substring']), df: z.number(), idf: z.number() }),
+        ),
         chunk: z.object({ start_line: z.number(), end_line: z.number() }),
       })
       .optional()
@@ -164,7 +213,10 @@ export const searchMemory = createRoute({
   summary: 'Search core memory, daily logs, knowledge and skills (BM25, best-matching lines as snippets)',
   request: { params: WsParams, query: SearchQuery },
   responses: {
-    200: jsonContent(z.object({ data: z.array(SearchHit), has_more: z.boolean(), next_cursor: z.string().nullable() }), 'Best matches first'),
+    200: jsonContent(
+      z.object({ data: z.array(SearchHit), has_more: z.boolean(), next_cursor: z.string().nullable() }),
+      'Best matches first',
+    ),
     ...errorResponses,
   },
 });

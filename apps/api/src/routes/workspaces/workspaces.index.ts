@@ -29,11 +29,19 @@ export function workspacesRouter(db: Db, service: WorkspaceService) {
       const q = c.req.valid('query');
       return c.json(toPage(await ws.listWorkspaces(db, teamOf(c), q), q, view), 200);
     })
-    .openapi(r.get, async (c) => c.json(view(await ws.getWorkspace(db, teamOf(c), c.req.valid('param').workspace)), 200))
+    .openapi(r.get, async (c) =>
+      c.json(view(await ws.getWorkspace(db, teamOf(c), c.req.valid('param').workspace)), 200),
+    )
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
       const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
-      c.set('audit', { action: 'workspace.update', resourceType: 'workspace', resourceId: id, before: view(before), after: view(after) });
+      c.set('audit', {
+        action: 'workspace.update',
+        resourceType: 'workspace',
+        resourceId: id,
+        before: view(before),
+        after: view(after),
+      });
       return c.json(view(after), 200);
     })
     .openapi(r.remove, async (c) => {

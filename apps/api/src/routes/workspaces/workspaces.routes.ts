@@ -62,7 +62,10 @@ export const update = createRoute({
   tags,
   security,
   summary: 'Rename a workspace or change some of its settings',
-  request: { params: Params, body: body(z.object({ name: Name.optional(), settings: SettingsPatch.optional() }).strict()) },
+  request: {
+    params: Params,
+    body: body(z.object({ name: Name.optional(), settings: SettingsPatch.optional() }).strict()),
+  },
   responses: { 200: jsonContent(Workspace, 'The updated workspace'), 409: conflictResponse, ...errorResponses },
 });
 

@@ -59,7 +59,10 @@ export class DockerBackend implements SandboxBackend {
             },
           }),
         );
-        const holders = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] } });
+        const holders = await this.docker.listContainers({
+          all: true,
+          filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] },
+        });
         if (holders.length <= 1) return { id: container.id, uid };
         await container.remove({ force: true }).catch(() => undefined);
       } finally {

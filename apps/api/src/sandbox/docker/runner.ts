@@ -14,7 +14,14 @@ export async function attachRunner(
   user: string,
   cmd = RUNNER_CMD,
 ): Promise<RunnerChannel> {
-  const exec = await container.exec({ Cmd: cmd, User: user, AttachStdin: true, AttachStdout: true, AttachStderr: true, Tty: false });
+  const exec = await container.exec({
+    Cmd: cmd,
+    User: user,
+    AttachStdin: true,
+    AttachStdout: true,
+    AttachStderr: true,
+    Tty: false,
+  });
   const stream = (await exec.start({ hijack: true, stdin: true })) as Duplex;
   const stdout = new PassThrough();
   const stderr = new PassThrough();

@@ -31,7 +31,9 @@ export class StatsSampler {
     const fast = prev !== undefined && Date.now() - prev.at < FRESH_MS;
     let raw: RawStats;
     try {
-      raw = (await this.docker.getContainer(containerId).stats({ stream: false, 'one-shot': fast } as { stream: false })) as RawStats;
+      raw = (await this.docker
+        .getContainer(containerId)
+        .stats({ stream: false, 'one-shot': fast } as { stream: false })) as RawStats;
     } catch {
       return null;
     }
@@ -42,7 +44,12 @@ export class StatsSampler {
       onlineCpus: cpu.online_cpus ?? 1,
       at: Date.now(),
     };
-    const base = fast ? prev : { cpuTotal: raw.precpu_stats?.cpu_usage?.total_usage ?? 0, systemTotal: raw.precpu_stats?.system_cpu_usage ?? 0 };
+    const base = fast
+      ? prev
+      : {
+          cpuTotal: raw.precpu_stats?.cpu_usage?.total_usage ?? 0,
+          systemTotal: raw.precpu_stats?.system_cpu_usage ?? 0,
+        };
     this.last.set(containerId, now);
     const dCpu = now.cpuTotal - base.cpuTotal;
     const dSys = now.systemTotal - base.systemTotal;
