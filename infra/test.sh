@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `npm test`: start what the suite needs (dockerd, PostgreSQL, Debian's chromium for the browser
-# tests), build the sandbox image and the dashboard, run vitest.
+# tests), build the sandbox image and the dashboard, type-check, lint (`npm run lint`), run vitest.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_node_deps
 [ -x /usr/bin/chromium ] || apt_install chromium
@@ -12,4 +12,6 @@ build_dashboard
 say "type-check"
 node_modules/.bin/tsc -p tsconfig.json
 node_modules/.bin/tsc -p apps/dashboard/tsconfig.json
+say "lint (biome: format and lint rules; knip: unused files, exports and dependencies)"
+npm run --silent lint
 exec node_modules/.bin/vitest run "$@"
