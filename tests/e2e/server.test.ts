@@ -36,6 +36,12 @@ describe('the server process', () => {
       ...init,
       headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...init.headers },
     });
+  /** A new team on the server and the key of its owner. */
+  const ownerKey = async (p: KilnProcess, adminKey: string, name: string): Promise<string> => {
+    const post = (path: string, body: unknown) => api(p, adminKey, path, { method: 'POST', body: JSON.stringify(body) });
+    const team = await (await post('/v1/teams', { name })).json();
+    return (await (await post(`/v1/teams/${team.id}/keys`, { name: 'o', role: 'owner' })).json()).key;
+  };
 
   it('first start on PGlite prints the URL and a new org-admin key (saved 0600); later starts do not', async () => {
     const dir = dataDir();
@@ -61,17 +67,7 @@ describe('the server process', () => {
     const dir = dataDir();
     const adminKey = generateKey('admin');
     const first = track(await startKiln({ KILN_DATA_DIR: dir, KILN_ADMIN_KEY: adminKey }));
-    const team = await (
-      await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'k9' }) })
-    ).json();
-    const key = (
-      await (
-        await api(first, adminKey, `/v1/teams/${team.id}/keys`, {
-          method: 'POST',
-          body: JSON.stringify({ name: 'o', role: 'owner' }),
-        })
-      ).json()
-    ).key;
+    const key = await ownerKey(first, adminKey, 'k9');
 
     // One request provably mid-flight: the server has parsed its headers (it answered
     // 100 Continue) and is waiting for the rest of the body.
@@ -163,17 +159,7 @@ describe('the server process', () => {
       KILN_SANDBOX_POOL_SIZE: '1',
     };
     const first = track(await startKiln(env));
-    const team = await (
-      await api(first, adminKey, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'reap' }) })
-    ).json();
-    const key = (
-      await (
-        await api(first, adminKey, `/v1/teams/${team.id}/keys`, {
-          method: 'POST',
-          body: JSON.stringify({ name: 'o', role: 'owner' }),
-        })
-      ).json()
-    ).key;
+    const key = await ownerKey(first, adminKey, 'reap');
     const ws = await (
       await api(first, key, '/v1/workspaces', { method: 'POST', body: JSON.stringify({ name: 'w' }) })
     ).json();

@@ -12,6 +12,21 @@ async function containerOf(sandboxId: string) {
   return c;
 }
 
+/**
+ * Moves the app's clock past a limit in two steps: 30 s on, the reaper keeps the sandbox; 61 s
+ * on, it removes its container and records `reason`.
+ */
+async function reapedAfter(t: TestApp, advance: (ms: number) => void, sandboxId: string, reason: string) {
+  advance(30_000);
+  await t.engine.reap();
+  expect(await containerOf(sandboxId)).toBeDefined();
+  advance(31_000);
+  await t.engine.reap();
+  expect(await containerOf(sandboxId)).toBeUndefined();
+  const [row] = await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, sandboxId));
+  expect(row).toMatchObject({ state: 'removed', removedReason: reason });
+}
+
 describe('sandbox lifecycle', () => {
   let now = Date.now();
   let t: TestApp;
@@ -135,14 +150,7 @@ describe('sandbox lifecycle', () => {
   it('reclaims sandboxes idle longer than the idle timeout', async () => {
     const { session } = await sessionIn(t, team);
     const r = await exec(t, team.key, session, 'kept = 1');
-    now += 30_000;
-    await t.engine.reap();
-    expect(await containerOf(r.sandbox_id)).toBeDefined();
-    now += 31_000;
-    await t.engine.reap();
-    expect(await containerOf(r.sandbox_id)).toBeUndefined();
-    const [row] = await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, r.sandbox_id));
-    expect(row).toMatchObject({ state: 'removed', removedReason: 'idle' });
+    await reapedAfter(t, (ms) => (now += ms), r.sandbox_id, 'idle');
     const next = await exec(t, team.key, session, '"kept" in dir()');
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
   });
@@ -158,14 +166,7 @@ describe('hard lifetime', () => {
       const team = await t.team('lifetime');
       const { session } = await sessionIn(t, team);
       const r = await exec(t, team.key, session, 'print(1)');
-      now += 30_000;
-      await t.engine.reap();
-      expect(await containerOf(r.sandbox_id)).toBeDefined();
-      now += 31_000;
-      await t.engine.reap();
-      expect(await containerOf(r.sandbox_id)).toBeUndefined();
-      const [row] = await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, r.sandbox_id));
-      expect(row).toMatchObject({ state: 'removed', removedReason: 'expired' });
+      await reapedAfter(t, (ms) => (now += ms), r.sandbox_id, 'expired');
     } finally {
       await t.close();
     }

@@ -103,26 +103,12 @@ export function compose(o: ComposeOptions): Kiln {
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const app = createApp({
-    config,
-    db,
-    engine,
-    workspaces,
-    agent,
-    evolution,
-    updates,
-    logger,
-    now: o.now,
-    dashboardDir: o.dashboardDir,
-  });
+  const parts = { engine, workspaces, agent, evolution, updates };
+  const app = createApp({ ...parts, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
 
   return {
+    ...parts,
     app,
-    engine,
-    workspaces,
-    agent,
-    evolution,
-    updates,
     async start({ background = true, repair = true } = {}) {
       await engine.start();
       if (repair) await workspaces.repairAll();
