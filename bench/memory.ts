@@ -16,7 +16,7 @@ import pino from 'pino';
 import { createTeam } from '../apps/api/src/auth/teams.ts';
 import { openDatabase } from '../apps/api/src/db/client.ts';
 import { reindexAll } from '../apps/api/src/memory/indexer.ts';
-import { WorkspaceRepos } from '../apps/api/src/workspace/repo.ts';
+import { WorkspaceRepos } from '../apps/api/src/workspace/git-repos.ts';
 import { WorkspaceService } from '../apps/api/src/workspace/service.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
 

@@ -34,7 +34,7 @@ import { compose, type Kiln } from '../apps/api/src/compose.ts';
 import { loadConfig } from '../apps/api/src/config.ts';
 import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
-import { getWorkspace } from '../apps/api/src/workspace/workspaces.ts';
+import { getWorkspace } from '../apps/api/src/workspace/records.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
 import {
   dailyLogs,

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDatabase } from '../../apps/api/src/db/client.ts';
 import { isUniqueViolation } from '../../apps/api/src/db/errors.ts';
 import * as schema from '../../apps/api/src/db/schema/index.ts';
-import { createWorkspace, deleteWorkspace, getWorkspace } from '../../apps/api/src/workspace/workspaces.ts';
+import { createWorkspace, deleteWorkspace, getWorkspace } from '../../apps/api/src/workspace/records.ts';
 import { createTeam } from '../../apps/api/src/auth/teams.ts';
 import {
   createPgDatabase,

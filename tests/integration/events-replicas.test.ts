@@ -3,7 +3,7 @@ import { RunEventLog, type RunEvent } from '../../apps/api/src/agent/events.ts';
 import { createTeam } from '../../apps/api/src/auth/teams.ts';
 import { openDatabase, type Database } from '../../apps/api/src/db/client.ts';
 import * as schema from '../../apps/api/src/db/schema/index.ts';
-import { createWorkspace } from '../../apps/api/src/workspace/workspaces.ts';
+import { createWorkspace } from '../../apps/api/src/workspace/records.ts';
 import { createPgDatabase, dropPgDatabase } from '../support/db.ts';
 
 /** Two API replicas on one Postgres database: a run's events reach followers on either one. */

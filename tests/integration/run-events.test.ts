@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RunEventLog, type RunEvent } from '../../apps/api/src/agent/events.ts';
 import { createTeam } from '../../apps/api/src/auth/teams.ts';
 import * as schema from '../../apps/api/src/db/schema/index.ts';
-import { createWorkspace } from '../../apps/api/src/workspace/workspaces.ts';
+import { createWorkspace } from '../../apps/api/src/workspace/records.ts';
 import { createTestDatabase, DRIVERS, rowsOf, type TestDatabase } from '../support/db.ts';
 
 describe.each(DRIVERS)('the run event log on %s', (driver) => {

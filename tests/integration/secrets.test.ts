@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { WorkspaceRepos, type CommitOutcome } from '../../apps/api/src/workspace/repo.ts';
+import { WorkspaceRepos, type CommitOutcome } from '../../apps/api/src/workspace/git-repos.ts';
 import { scanSecrets } from '../../apps/api/src/workspace/secrets.ts';
 import { TEMPLATE } from '../support/app.ts';
 

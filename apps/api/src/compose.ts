@@ -12,7 +12,7 @@ import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
 import { NoSandboxes } from './sandbox/no-sandboxes.ts';
-import { WorkspaceRepos } from './workspace/repo.ts';
+import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
 
 export interface ComposeOptions {

@@ -15,7 +15,7 @@ import { approvals, runs, sessions, type ApprovalRow, type RunRow } from '../db/
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import type { RunEventLog } from './events.ts';
 
 /** How a paused run continues once its approval is decided. */

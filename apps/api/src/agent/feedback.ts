@@ -1,5 +1,5 @@
 import type { ExecOutcome } from '../sandbox/engine.ts';
-import type { CommitOutcome } from '../workspace/repo.ts';
+import type { CommitOutcome } from '../workspace/git-repos.ts';
 import type { SearchHit } from '../memory/search.ts';
 
 /** What the model reads after running code: the `Kiln System: [Execution …]` format, plus what Kiln did with the result. */

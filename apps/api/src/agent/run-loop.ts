@@ -23,7 +23,7 @@ import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
+import { getWorkspace, type WorkspaceRow } from '../workspace/records.ts';
 import type { Approvals, Resume } from './approvals.ts';
 import type { TranscriptEntry } from './context.ts';
 import type { RunEventLog } from './events.ts';

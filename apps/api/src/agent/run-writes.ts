@@ -17,7 +17,7 @@ import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, messageRow } from './message-rows.ts';
 

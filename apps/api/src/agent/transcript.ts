@@ -15,7 +15,7 @@ import { messages, sessions, type MessageRow, type RunRow } from '../db/schema/i
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 import type { recentEvolutions } from '../evolution-log/evolutions.ts';
 import {

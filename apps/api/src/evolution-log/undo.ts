@@ -2,9 +2,9 @@ import { and, eq } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { evolutions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import type { Provenance } from '../workspace/repo.ts';
+import type { Provenance } from '../workspace/git-repos.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { forgetRecent, getEvolution, type EvolutionRow } from './evolutions.ts';
 
 /**

@@ -5,7 +5,7 @@ import { evolutions, messages, sessions } from '../db/schema/index.ts';
 import { tag } from '../lib/text.ts';
 import { memoryEntries } from '../memory/budget.ts';
 import { LOG_LINE_RULES, toLogLines } from '../memory/chunker.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { endEvolution, type EvolutionRow } from '../evolution-log/evolutions.ts';
 import { GuardedFiles, GuardError } from './guarded-files.ts';
 import { recordUsage, type EvolutionDeps } from './review.ts';

@@ -8,7 +8,7 @@ import { messages, runs, sessions, workspaces } from '../db/schema/index.ts';
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { endEvolution, type EvolutionRow } from '../evolution-log/evolutions.ts';
 import {
   FILE_TOOLS,

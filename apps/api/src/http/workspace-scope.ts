@@ -1,7 +1,7 @@
 import type { RouteConfig } from '@hono/zod-openapi';
 import type { Context, MiddlewareHandler } from 'hono';
 import type { Db } from '../db/client.ts';
-import { getWorkspace, type WorkspaceRow } from '../workspace/workspaces.ts';
+import { getWorkspace, type WorkspaceRow } from '../workspace/records.ts';
 import type { AppEnv } from './env.ts';
 import { teamOf, writableTeamOf } from './guards.ts';
 

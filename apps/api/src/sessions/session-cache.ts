@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from './sessions.ts';
 
 const MAX_ENTRIES = 10_000;

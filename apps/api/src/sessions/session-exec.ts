@@ -2,9 +2,9 @@ import type { SQL } from 'drizzle-orm';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { ExecOutcome, SandboxEngine } from '../sandbox/engine.ts';
 import type { OutputListener } from '../sandbox/runner-client.ts';
-import type { CommitOutcome, Provenance } from '../workspace/repo.ts';
+import type { CommitOutcome, Provenance } from '../workspace/git-repos.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 
 export interface SessionExecResult extends ExecOutcome {
   /** With `deferRecord`: the statement that records the execution, for the caller to batch. */

@@ -1,7 +1,7 @@
 import { and, eq, isNull } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { sessions, workspaces } from '../db/schema/index.ts';
-import type { WorkspaceRow } from '../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../workspace/records.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';

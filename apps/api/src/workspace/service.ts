@@ -13,7 +13,7 @@ import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { KeyedMutex } from './lock.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
-import type { WorkspaceRepos, CommitInfo, CommitOutcome, DirEntry, Provenance } from './repo.ts';
+import type { WorkspaceRepos, CommitInfo, CommitOutcome, DirEntry, Provenance } from './git-repos.ts';
 import type { SettingsPatch } from './settings.ts';
 import {
   checkStep,
@@ -25,7 +25,7 @@ import {
   type Quota,
   type QuotaMax,
 } from './quota.ts';
-import { createWorkspace, type WorkspaceRow } from './workspaces.ts';
+import { createWorkspace, type WorkspaceRow } from './records.ts';
 
 export type CommitRow = typeof commits.$inferSelect;
 

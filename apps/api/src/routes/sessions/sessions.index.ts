@@ -11,7 +11,7 @@ import { checkRelativePath } from '../../workspace/paths.ts';
 import { SessionCache } from '../../sessions/session-cache.ts';
 import * as sessions from '../../sessions/sessions.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
-import type { WorkspaceRow } from '../../workspace/workspaces.ts';
+import type { WorkspaceRow } from '../../workspace/records.ts';
 import { execInSession, type SessionExecResult } from '../../sessions/session-exec.ts';
 import { commitView } from '../workspace-repo/workspace-repo.index.ts';
 import * as r from './sessions.routes.ts';

@@ -4,7 +4,7 @@ import { createRouter } from '../../http/router.ts';
 import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
-import type { CommitInfo, CommitOutcome } from '../../workspace/repo.ts';
+import type { CommitInfo, CommitOutcome } from '../../workspace/git-repos.ts';
 import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
 import * as r from './workspace-repo.routes.ts';
 

@@ -3,7 +3,7 @@ import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
-import * as ws from '../../workspace/workspaces.ts';
+import * as ws from '../../workspace/records.ts';
 import * as r from './workspaces.routes.ts';
 
 const view = (w: ws.WorkspaceRow) => ({
