@@ -38,7 +38,8 @@ describe('the server process', () => {
     });
   /** A new team on the server and the key of its owner. */
   const ownerKey = async (p: KilnProcess, adminKey: string, name: string): Promise<string> => {
-    const post = (path: string, body: unknown) => api(p, adminKey, path, { method: 'POST', body: JSON.stringify(body) });
+    const post = (path: string, body: unknown) =>
+      api(p, adminKey, path, { method: 'POST', body: JSON.stringify(body) });
     const team = await (await post('/v1/teams', { name })).json();
     return (await (await post(`/v1/teams/${team.id}/keys`, { name: 'o', role: 'owner' })).json()).key;
   };
