@@ -148,9 +148,10 @@ describe('approvals', () => {
     });
 
     // A second service on the same database is what a restarted server is.
+    const restartedEvents = new RunEventLog(ctx.t.database.db);
     const restarted = new AgentService(
       ctx.t.database.db,
-      new RunEventLog(ctx.t.database.db),
+      restartedEvents,
       new ModelClient({
         baseURL: ctx.fake.url,
         apiKey: 'k',
@@ -169,7 +170,7 @@ describe('approvals', () => {
       'requires_action',
     );
     const principal = { keyId: 'key_x', role: 'owner' as const, teamId: ctx.team.id, canApprove: true };
-    const done = eventsUntil({ agent: restarted }, first.run.id, TERMINAL);
+    const done = eventsUntil({ events: restartedEvents }, first.run.id, TERMINAL);
     await restarted.decide(principal, a.id, 'approve');
     const events = await done;
     expect(events.at(-1)!.event).toBe('run.completed');

@@ -67,7 +67,7 @@ describe('agent runs across replicas', () => {
     return { session, runId: posted.body.run.id as string, answer };
   }
   const terminals = async (app: TestApp, runId: string) =>
-    (await app.agent.events.list(runId))
+    (await app.events.list(runId))
       .map((e) => e.event)
       .filter((e) => ['run.completed', 'run.failed', 'run.cancelled'].includes(e));
 
@@ -90,7 +90,7 @@ describe('agent runs across replicas', () => {
     const { session, runId, answer } = await heldRun(ctx.t, '<finish>too late</finish>');
     // Someone else ends the run meanwhile (written directly, without telling replica A).
     await b.database.db.update(runs).set({ status: 'cancelled', finishedAt: new Date() }).where(eq(runs.id, runId));
-    await b.agent.events.append(runId, 'run.cancelled', { status: 'cancelled', error: null });
+    await b.events.append(runId, 'run.cancelled', { status: 'cancelled', error: null });
     answer();
     // Replica A's loop gets its answer and ends the run as it sees it: the guard finds it ended.
     await expect

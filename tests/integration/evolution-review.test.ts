@@ -335,7 +335,7 @@ describe('post-session review (a durable job, with a scripted model)', () => {
           timeoutMs: 30_000,
         }),
         workspaces: ctx.t.workspaces,
-        events: ctx.t.agent.events,
+        events: ctx.t.events,
         log: pino({ level: 'silent' }),
         maxFileBytes: 1024 * 1024,
       },

@@ -2,15 +2,11 @@ import type { RunEvent, RunEventLog } from '../../apps/api/src/agent/events.ts';
 import type { TestApp } from './app.ts';
 
 /** Resolves with every event of the run up to (and including) the first one named in `until`. */
-export async function eventsUntil(
-  t: { agent: { events: RunEventLog } },
-  runId: string,
-  until: string[],
-): Promise<RunEvent[]> {
+export async function eventsUntil(t: { events: RunEventLog }, runId: string, until: string[]): Promise<RunEvent[]> {
   const seen: RunEvent[] = [];
   const abort = new AbortController();
   return new Promise((resolve, reject) => {
-    t.agent.events
+    t.events
       .follow(
         runId,
         0,

@@ -29,6 +29,7 @@ export interface TestApp {
   engine: Kiln['engine'];
   workspaces: Kiln['workspaces'];
   agent: Kiln['agent'];
+  events: Kiln['events'];
   /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
   evolution: Kiln['evolution'];
   database: TestDatabase;
@@ -119,7 +120,7 @@ export async function createTestApp(
     dashboardDir: opts.dashboardDir,
   });
   await kiln.start({ background: false, repair: !replica });
-  const { app, engine, workspaces, agent, evolution } = kiln;
+  const { app, engine, workspaces, agent, events, evolution } = kiln;
 
   const call: TestApp['call'] = async (method, path, o = {}) => {
     const headers: Record<string, string> = { ...o.headers };
@@ -159,6 +160,7 @@ export async function createTestApp(
     engine,
     workspaces,
     agent,
+    events,
     evolution,
     async close() {
       await kiln.stop();

@@ -21,6 +21,7 @@ import { sessionsRouter } from './routes/sessions/sessions.index.ts';
 import type { SandboxEngine } from './sandbox/engine.ts';
 import type { EvolutionService } from './evolution/service.ts';
 import { evolutionsRouter } from './routes/evolutions/evolutions.index.ts';
+import type { RunEventLog } from './agent/events.ts';
 import type { AgentService } from './agent/service.ts';
 import { approvalsRouter } from './routes/approvals/approvals.index.ts';
 import { messagesRouter } from './routes/messages/messages.index.ts';
@@ -40,6 +41,8 @@ export interface AppDeps {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  /** Every run's events, in order; the run and message routes list and stream them. */
+  events: RunEventLog;
   evolution: EvolutionService;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
@@ -101,6 +104,7 @@ export function createApp({
   engine,
   workspaces,
   agent,
+  events,
   evolution,
   updates,
   logger,
@@ -132,8 +136,8 @@ export function createApp({
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
   // The routes read run events from the event log itself, which the agent service holds for now.
-  app.route('/', messagesRouter(db, agent, agent.events));
-  app.route('/', runsRouter(agent, agent.events));
+  app.route('/', messagesRouter(db, agent, events));
+  app.route('/', runsRouter(agent, events));
   app.route('/', approvalsRouter(agent));
   app.route('/', usageRouter(db));
   app.route('/', evolutionsRouter(db, evolution));

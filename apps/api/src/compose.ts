@@ -38,6 +38,8 @@ export interface Kiln {
   engine: SandboxEngine;
   workspaces: WorkspaceService;
   agent: AgentService;
+  /** Every run's events: the agent writes them, reviews announce theirs, the routes stream them. */
+  events: RunEventLog;
   evolution: EvolutionService;
   updates?: SelfUpdates;
   /**
@@ -103,7 +105,7 @@ export function compose(o: ComposeOptions): Kiln {
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, evolution, updates };
+  const parts = { engine, workspaces, agent, events, evolution, updates };
   const app = createApp({ ...parts, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
 
   return {

@@ -33,14 +33,7 @@ export type { RunLeases } from './leases.ts';
  * to the model and its condensation).
  */
 export class AgentService {
-  /**
-   * Shared, not an internal: the routes stream a run's events from it (SSE) and the evolution
-   * service writes the events of the runs its reviews announce, so every run's events go through
-   * this one log (its per-run order and replica notifications).
-   */
-  readonly events: RunEventLog;
-  /** Shared, not an internal: the evolution service's reviews and dreams call the model through it. */
-  readonly model: ModelClient;
+  private readonly model: ModelClient;
   /** Runs looping in this process: how to stop each, and when it has ended. */
   private readonly active = new Map<string, AbortController>();
   private readonly running = new Set<Promise<void>>();
@@ -59,7 +52,6 @@ export class AgentService {
     private readonly log: Logger,
     lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
   ) {
-    this.events = events;
     this.model = model;
     this.writeDeps = { db, events };
     this.leases = new Leases({ db, events, log }, lease, this.active);
