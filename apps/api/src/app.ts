@@ -131,7 +131,7 @@ export function createApp({
 
   app.route('/', healthRouter(db, engine));
   app.route('/', teamsRouter(db, keys));
-  app.route('/', workspacesRouter(db, workspaces));
+  app.route('/', workspacesRouter(db, workspaces, engine));
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));

@@ -61,6 +61,7 @@ function engineOptions(config: Config): EngineOptions {
     owner: config.instanceId,
     poolSize: s.poolSize,
     idleMs: s.idleS * 1000,
+    maxIdleMs: s.maxIdleS * 1000,
     maxLifetimeMs: s.maxLifetimeS * 1000,
     perTeamMax: s.perTeamMax,
     maxLimits: s.max,

@@ -35,6 +35,8 @@ const schema = z.object({
     .optional(),
   KILN_SANDBOX_POOL_SIZE: int(0, 64).default(2),
   KILN_SANDBOX_IDLE_S: int(10, 7 * 86_400).default(900),
+  // The most a workspace's sandbox.idle_s may be (within the bounds workspace/settings.ts gives it).
+  KILN_SANDBOX_MAX_IDLE_S: int(60, 30 * 86_400).default(86_400),
   KILN_SANDBOX_MAX_LIFETIME_S: int(60, 30 * 86_400).default(43_200),
   KILN_SANDBOX_MAX_PER_TEAM: int(1, 10_000).default(10),
   KILN_SANDBOX_REAP_INTERVAL_S: int(1, 3600).default(60),
@@ -107,6 +109,8 @@ export type Config = {
   sandbox: {
     poolSize: number;
     idleS: number;
+    /** The largest `sandbox.idle_s` a workspace may set. */
+    maxIdleS: number;
     maxLifetimeS: number;
     perTeamMax: number;
     reapIntervalS: number;
@@ -198,6 +202,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     sandbox: {
       poolSize: e.KILN_SANDBOX_POOL_SIZE,
       idleS: e.KILN_SANDBOX_IDLE_S,
+      maxIdleS: e.KILN_SANDBOX_MAX_IDLE_S,
       maxLifetimeS: e.KILN_SANDBOX_MAX_LIFETIME_S,
       perTeamMax: e.KILN_SANDBOX_MAX_PER_TEAM,
       reapIntervalS: e.KILN_SANDBOX_REAP_INTERVAL_S,

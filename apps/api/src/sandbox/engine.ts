@@ -8,6 +8,7 @@ import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.
 import type { SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
+import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
 import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
 import { WarmPool } from './pool.ts';
@@ -29,7 +30,10 @@ export interface EngineOptions {
   /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
   owner: string;
   poolSize: number;
+  /** A session's sandbox idle this long is reclaimed, unless its workspace sets `sandbox.idle_s`. */
   idleMs: number;
+  /** The largest `sandbox.idle_s` a workspace may set, in ms. */
+  maxIdleMs: number;
   maxLifetimeMs: number;
   perTeamMax: number;
   /** Server-wide maxima that cap every workspace's settings. */
@@ -83,7 +87,7 @@ export class SandboxEngine {
     this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: poolLimits }, log);
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
     this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
-    this.reaper = new Reaper({ ...deps, live: this.live }, { owner, idleMs, intervalMs: opts.reapIntervalMs, now });
+    this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
   }
 
   private now(): number {
@@ -93,6 +97,49 @@ export class SandboxEngine {
   /** A workspace's sandbox settings capped by the server-wide maxima. */
   limitsFor(settings: WorkspaceSettings['sandbox']): SandboxLimits {
     return effectiveLimits(settings, this.opts.maxLimits);
+  }
+
+  /** How long a workspace's sandboxes may sit idle (its `sandbox.idle_s`, capped; else the server's). */
+  idleMsFor(settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>): number {
+    return idleMsFor(settings, this.opts);
+  }
+
+  /** Refuses (400) a `sandbox.idle_s` over the server's maximum. */
+  checkIdleS(idleS: number | null | undefined): void {
+    checkIdleS(idleS, this.opts);
+  }
+
+  /** A workspace's idle time changed: its running sandboxes, on every replica, count from their last use with it. */
+  idleChanged(workspaceId: string, settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>): Promise<void> {
+    return this.live.setIdle(workspaceId, this.idleMsFor(settings));
+  }
+
+  /**
+   * Moves the session's sandbox's idle deadline to now plus its workspace's idle time, whichever
+   * replica holds it; null when the session has no sandbox running.
+   */
+  async keepAlive(
+    sessionId: string,
+    settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>,
+  ): Promise<{ sandboxId: string; reclaimAt: Date } | null> {
+    const idleMs = this.idleMsFor(settings);
+    const live = this.live.get(sessionId);
+    let kept: { id: string; containerId: string } | undefined;
+    if (live?.client.alive) {
+      live.idleMs = idleMs;
+      await this.live.touch(live);
+      kept = { id: live.id, containerId: live.container.id };
+    } else {
+      [kept] = await this.live.touchElsewhere(sessionId, idleMs);
+    }
+    if (!kept) return null;
+    const hard = (await this.hardExpiries()).get(kept.containerId);
+    return { sandboxId: kept.id, reclaimAt: reclaimAt(this.now() + idleMs, hard) };
+  }
+
+  /** Each sandbox container's hard lifetime (epoch ms), by container id. */
+  private async hardExpiries(): Promise<Map<string, number | undefined>> {
+    return new Map((await this.backend.list()).map((c) => [c.id, c.expiresAt]));
   }
 
   /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
@@ -176,6 +223,7 @@ export class SandboxEngine {
       live.busy = false;
       live.lastUsed = this.now();
     }
+    await this.live.saveDeadline(live);
     if (live.replacesLost) {
       result.restarted = true;
       live.replacesLost = false;
@@ -252,13 +300,23 @@ export class SandboxEngine {
       .from(sandboxes)
       .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
       .orderBy(sandboxes.id);
-    const usage = await Promise.all(
-      rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null))),
-    );
+    const [usage, hard] = await Promise.all([
+      Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null)))),
+      rows.length ? this.hardExpiries() : new Map<string, number | undefined>(),
+    ]);
     return rows.map((r, i) => {
       const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
-      const state = r.state === 'starting' ? 'starting' : live?.id === r.id && live.busy ? 'busy' : 'idle';
-      return { row: r, state, memoryBytes: usage[i]?.memoryBytes ?? null, cpuPercent: usage[i]?.cpuPercent ?? null };
+      const mine = live?.id === r.id ? live : undefined;
+      const state = r.state === 'starting' ? 'starting' : mine?.busy ? 'busy' : 'idle';
+      // This instance's own sandboxes by what it knows now; another replica's by their row.
+      const idleUntil = mine ? mine.lastUsed + mine.idleMs : r.expiresAt.getTime();
+      return {
+        row: r,
+        state,
+        memoryBytes: usage[i]?.memoryBytes ?? null,
+        cpuPercent: usage[i]?.cpuPercent ?? null,
+        reclaimAt: reclaimAt(idleUntil, hard.get(r.containerId)),
+      };
     });
   }
 

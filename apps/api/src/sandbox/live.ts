@@ -1,4 +1,4 @@
-import { and, eq, inArray, ne } from 'drizzle-orm';
+import { and, eq, inArray, ne, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
@@ -19,13 +19,17 @@ export interface ExecContext {
   runId?: string;
   /** The workspace's directory on this host: copied into /workspace when the sandbox is claimed. */
   workspaceDir?: string;
+  /** The workspace's idle time (its `sandbox.idle_s`, capped); unset, the server's. */
+  idleMs?: number;
 }
 
 /** A session's sandbox. */
 export interface Live extends Sandbox {
   teamId: string;
   sessionId: string;
+  /** Reclaimed once idle (not busy) past lastUsed + idleMs; the row's last_used_at and expires_at mirror both. */
   lastUsed: number;
+  idleMs: number;
   busy: boolean;
   /** Serialises executions: one interpreter runs one cell at a time. */
   queue: Promise<unknown>;
@@ -94,7 +98,11 @@ export class LiveSandboxes {
   /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
   acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
     const existing = this.bySession.get(ctx.sessionId);
-    if (existing?.client.alive) return Promise.resolve(existing);
+    if (existing?.client.alive) {
+      // The workspace's idle time as of this use: a settings change reaches the sandbox here at the latest.
+      existing.idleMs = ctx.idleMs ?? this.opts.idleMs;
+      return Promise.resolve(existing);
+    }
     let pending = this.acquiring.get(ctx.sessionId);
     if (!pending) {
       pending = this.claim(ctx, limits).finally(() => this.acquiring.delete(ctx.sessionId));
@@ -202,7 +210,7 @@ export class LiveSandboxes {
       const containerId = c.value.container.id;
       await db
         .update(sandboxes)
-        .set({ containerId, state: 'ready', lastUsedAt: new Date(), expiresAt: this.idleExpiry() })
+        .set({ containerId, state: 'ready', lastUsedAt: new Date(this.opts.now()), expiresAt: this.idleExpiry(ctx) })
         .where(eq(sandboxes.id, id));
       // The first request to a warm runner is also the proof that it is still there.
       if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
@@ -214,6 +222,7 @@ export class LiveSandboxes {
         workspaceId: ctx.workspaceId,
         synced: Boolean(ctx.workspaceDir),
         lastUsed: this.opts.now(),
+        idleMs: ctx.idleMs ?? this.opts.idleMs,
         busy: false,
         queue: Promise.resolve(),
         replacesLost: lost.value,
@@ -272,7 +281,7 @@ export class LiveSandboxes {
       containerId: '',
       image: this.opts.image,
       state: 'starting',
-      expiresAt: this.idleExpiry(),
+      expiresAt: this.idleExpiry(ctx),
     });
     const active = await db
       .select({ id: sandboxes.id })
@@ -289,8 +298,67 @@ export class LiveSandboxes {
     }
   }
 
-  private idleExpiry(): Date {
-    return new Date(this.opts.now() + this.opts.idleMs);
+  private idleExpiry(ctx: ExecContext): Date {
+    return new Date(this.opts.now() + (ctx.idleMs ?? this.opts.idleMs));
+  }
+
+  /** The sandbox was used (or kept alive) now: its idle deadline moves to now + its idle time, here and in its row. */
+  async touch(live: Live): Promise<void> {
+    live.lastUsed = this.opts.now();
+    await this.saveDeadline(live);
+  }
+
+  /** A workspace's idle time changed: its sandboxes here take it at once, counted from their last use. */
+  async setIdle(workspaceId: string, idleMs: number): Promise<void> {
+    for (const l of this.bySession.values()) if (l.workspaceId === workspaceId) l.idleMs = idleMs;
+    // Every replica's rows: another replica takes up the new deadlines at its next reaper pass.
+    await this.deps.db
+      .update(sandboxes)
+      .set({ expiresAt: sql`${sandboxes.lastUsedAt} + ${idleMs} * interval '1 millisecond'` })
+      .where(and(eq(sandboxes.workspaceId, workspaceId), ne(sandboxes.state, 'removed')));
+  }
+
+  /**
+   * Keeps a session's sandbox of another replica alive through its row (that replica takes the
+   * deadline up at its next reaper pass). Returns the sandboxes kept, with their container.
+   */
+  async touchElsewhere(sessionId: string, idleMs: number): Promise<{ id: string; containerId: string }[]> {
+    const now = this.opts.now();
+    return this.deps.db
+      .update(sandboxes)
+      .set({ lastUsedAt: new Date(now), expiresAt: new Date(now + idleMs) })
+      .where(
+        and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'ready'), ne(sandboxes.owner, this.opts.owner)),
+      )
+      .returning({ id: sandboxes.id, containerId: sandboxes.containerId });
+  }
+
+  /** Writes the sandbox's idle deadline into its row, where listings and other replicas read it. */
+  async saveDeadline(live: Live): Promise<void> {
+    await this.deps.db
+      .update(sandboxes)
+      .set({ lastUsedAt: new Date(live.lastUsed), expiresAt: new Date(live.lastUsed + live.idleMs) })
+      .where(and(eq(sandboxes.id, live.id), ne(sandboxes.state, 'removed')));
+  }
+
+  /**
+   * Takes up the deadlines other replicas wrote into the rows of this instance's sandboxes (a
+   * keepalive or a settings change made there). A row older than what this instance knows
+   * (an execution's deadline still being written) is ignored.
+   */
+  async adoptDeadlines(): Promise<void> {
+    const byId = new Map([...this.bySession.values()].map((l) => [l.id, l]));
+    if (!byId.size) return;
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id, lastUsedAt: sandboxes.lastUsedAt, expiresAt: sandboxes.expiresAt })
+      .from(sandboxes)
+      .where(inArray(sandboxes.id, [...byId.keys()]));
+    for (const r of rows) {
+      const l = byId.get(r.id);
+      if (!l || r.lastUsedAt.getTime() < l.lastUsed) continue;
+      l.lastUsed = r.lastUsedAt.getTime();
+      l.idleMs = r.expiresAt.getTime() - l.lastUsed;
+    }
   }
 }
 

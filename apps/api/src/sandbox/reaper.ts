@@ -20,7 +20,6 @@ export interface ReaperDeps {
 export interface ReaperOptions {
   /** This API instance. */
   owner: string;
-  idleMs: number;
   intervalMs: number;
   now: () => number;
 }
@@ -30,7 +29,7 @@ export interface ReaperOptions {
  * containers past their hard lifetime (never another installation's, whatever their age);
  * this instance also removes its own containers that are neither pooled nor live
  * (all of them at start-up: their runner streams died with the previous process), sandboxes
- * idle longer than the idle timeout, and those whose session has ended.
+ * idle longer than their workspace's idle time, and those whose session has ended.
  */
 export class Reaper {
   private timer: NodeJS.Timeout | undefined;
@@ -56,8 +55,10 @@ export class Reaper {
     const { db, live, pool, log } = this.deps;
     const now = this.opts.now();
     let removed = 0;
+    await live.adoptDeadlines();
     for (const l of live.values()) {
-      if (!l.client.alive || (!l.busy && now - l.lastUsed > this.opts.idleMs)) {
+      // Each sandbox has its workspace's idle time (live.ts).
+      if (!l.client.alive || (!l.busy && now - l.lastUsed > l.idleMs)) {
         await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
         removed++;
       }

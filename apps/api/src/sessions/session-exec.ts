@@ -37,7 +37,12 @@ export async function execInSession(
   const limits = deps.engine.limitsFor(ws.settings.sandbox);
   const quota = deps.workspaces.quotaOf(ws);
   const { changes, ...result } = await deps.engine.exec(
-    { ...ctx, workspaceId: ws.id, workspaceDir: deps.workspaces.dirOf(ws.id) },
+    {
+      ...ctx,
+      workspaceId: ws.id,
+      workspaceDir: deps.workspaces.dirOf(ws.id),
+      idleMs: deps.engine.idleMsFor(ws.settings.sandbox),
+    },
     limits,
     code,
     {

@@ -41,6 +41,10 @@ const Rule = z
   })
   .strict();
 
+/** Bounds of `sandbox.idle_s`; the server's KILN_SANDBOX_MAX_IDLE_S may lower the upper one. */
+const MIN_IDLE_S = 60;
+const MAX_IDLE_S = 30 * 86_400;
+
 /** Every section, every field required: what a stored workspace always has. */
 const sections = {
   model: z.string().min(1).max(200).nullable().openapi({ description: 'null = the server default (KILN_MODEL)' }),
@@ -69,6 +73,18 @@ const sections = {
       timeout_s: z.number().int().min(1).max(3600),
       disk_mb: z.number().int().min(16).max(65536),
       network: z.literal('none'),
+      idle_s: z
+        .number()
+        .int()
+        .min(MIN_IDLE_S)
+        .max(MAX_IDLE_S)
+        .nullable()
+        .default(null)
+        .openapi({
+          description:
+            'seconds a session\u2019s sandbox may sit idle before it is reclaimed (its variables are lost); ' +
+            'null = the server default (KILN_SANDBOX_IDLE_S); at most KILN_SANDBOX_MAX_IDLE_S',
+        }),
       // Defaults here, not only in DEFAULT_SETTINGS: workspaces stored before these existed lack them.
       max_files_per_step: z.number().int().min(1).max(1_000_000).default(1000).openapi({
         description:
@@ -159,6 +175,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     timeout_s: 60,
     disk_mb: 256,
     network: 'none',
+    idle_s: null,
     max_files_per_step: 1000,
     max_bytes_per_step: 16 * 1024 * 1024,
   },

@@ -9,7 +9,7 @@ export function sandboxesRouter(engine: SandboxEngine) {
       const rows = await engine.listForTeam(teamOf(c));
       return c.json(
         {
-          data: rows.map(({ row, state, memoryBytes, cpuPercent }) => ({
+          data: rows.map(({ row, state, memoryBytes, cpuPercent, reclaimAt }) => ({
             id: row.id,
             session_id: row.sessionId,
             workspace_id: row.workspaceId,
@@ -20,6 +20,7 @@ export function sandboxesRouter(engine: SandboxEngine) {
             created_at: row.createdAt.toISOString(),
             last_used_at: row.lastUsedAt.toISOString(),
             expires_at: row.expiresAt.toISOString(),
+            reclaim_at: reclaimAt.toISOString(),
           })),
         },
         200,

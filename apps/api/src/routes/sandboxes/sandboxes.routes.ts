@@ -18,7 +18,13 @@ const Sandbox = z
     }),
     created_at: z.string(),
     last_used_at: z.string(),
-    expires_at: z.string(),
+    expires_at: z.string().openapi({ description: 'its idle deadline: last use plus its workspace\u2019s idle time' }),
+    reclaim_at: z.string().openapi({
+      description:
+        'when it will be reclaimed unless used or kept alive (POST /v1/sessions/{session}/keepalive): ' +
+        'the earlier of its idle deadline and its hard lifetime (KILN_SANDBOX_MAX_LIFETIME_S); ' +
+        'a sandbox running code is never reclaimed for being idle',
+    }),
   })
   .openapi('Sandbox');
 

@@ -34,7 +34,13 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
     return {
       ws: workspace,
-      ctx: { teamId, workspaceId: workspace.id, sessionId, workspaceDir: workspaces.dirOf(workspace.id) },
+      ctx: {
+        teamId,
+        workspaceId: workspace.id,
+        sessionId,
+        workspaceDir: workspaces.dirOf(workspace.id),
+        idleMs: engine.idleMsFor(workspace.settings.sandbox),
+      },
       limits: engine.limitsFor(workspace.settings.sandbox),
     };
   }
@@ -104,6 +110,19 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
         }) as never;
       }
       return c.json(await run(ws, ctx, code, { timeoutS: timeout_s, audit, prov }), 200);
+    })
+    .openapi(r.keepAlive, async (c) => {
+      const team = writableTeamOf(c);
+      const { ws, ctx } = await target(team, c.req.valid('param').session);
+      const kept = await engine.keepAlive(ctx.sessionId, ws.settings.sandbox);
+      const body = {
+        session_id: ctx.sessionId,
+        sandbox_id: kept?.sandboxId ?? null,
+        idle_s: Math.round(engine.idleMsFor(ws.settings.sandbox) / 1000),
+        reclaim_at: kept?.reclaimAt.toISOString() ?? null,
+      };
+      c.set('audit', { action: 'session.keepalive', resourceType: 'session', resourceId: ctx.sessionId, after: body });
+      return c.json(body, 200);
     })
     .openapi(r.putFile, async (c) => {
       const team = writableTeamOf(c);

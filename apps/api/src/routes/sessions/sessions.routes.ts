@@ -123,6 +123,38 @@ export const exec = createRoute({
   },
 });
 
+const KeepAlive = z
+  .object({
+    session_id: z.string(),
+    sandbox_id: z.string().nullable().openapi({ description: 'null: the session has no sandbox running' }),
+    idle_s: z.number().int().openapi({ description: 'the workspace\u2019s idle time the deadline moved by' }),
+    reclaim_at: z
+      .string()
+      .nullable()
+      .openapi({
+        description:
+          'when the sandbox will be reclaimed unless it is used or kept alive again: now + idle_s, or its hard ' +
+          'lifetime (KILN_SANDBOX_MAX_LIFETIME_S) if that comes first; null without a sandbox',
+      }),
+  })
+  .openapi('KeepAlive');
+
+export const keepAlive = createRoute({
+  method: 'post',
+  path: '/v1/sessions/{session}/keepalive',
+  tags,
+  security,
+  summary: 'Keep the session\u2019s sandbox from being reclaimed for another idle time',
+  description:
+    'Moves the idle deadline of the session\u2019s sandbox to now plus its workspace\u2019s `sandbox.idle_s`. ' +
+    'Without a sandbox running it is a no-op (`sandbox_id` and `reclaim_at` null): the next execution starts one.',
+  request: {
+    params: SesParams,
+    body: { content: { 'application/json': { schema: z.object({}).strict() } }, required: false },
+  },
+  responses: { 200: jsonContent(KeepAlive, 'The new deadline'), 409: conflictResponse, ...errorResponses },
+});
+
 export const putFile = createRoute({
   method: 'put',
   path: '/v1/sessions/{session}/files',

@@ -2,6 +2,7 @@ import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
+import type { SandboxEngine } from '../../sandbox/engine.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
 import * as ws from '../../workspace/records.ts';
 import * as r from './workspaces.routes.ts';
@@ -17,10 +18,11 @@ const view = (w: ws.WorkspaceRow) => ({
   updated_at: w.updatedAt.toISOString(),
 });
 
-export function workspacesRouter(db: Db, service: WorkspaceService) {
+export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine) {
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
+      engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
       const row = await service.create(team, c.req.valid('json'));
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
@@ -34,7 +36,11 @@ export function workspacesRouter(db: Db, service: WorkspaceService) {
     )
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
+      engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
       const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
+      // Running sandboxes take a new idle time at once, not only from their next execution.
+      if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
+        await engine.idleChanged(id, after.settings.sandbox);
       c.set('audit', {
         action: 'workspace.update',
         resourceType: 'workspace',
