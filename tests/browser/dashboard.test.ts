@@ -246,6 +246,26 @@ describe('ops dashboard in chromium', () => {
     expect((await exec(ctx.t, ctx.team.key, session, 'print("x" in globals())')).stdout).toBe('False\n');
   });
 
+  it('the run page says when its session\u2019s sandbox will be reclaimed; Keep alive pushes that back', async () => {
+    const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    ctx.fake.script({ content: '<python>print(1)</python>' }, { content: '<finish>done</finish>' });
+    const { run } = await converse(ctx.t, ctx.team.key, session, 'go');
+    expect(run.status).toBe('completed');
+    const live = (await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key })).body.data.find(
+      (s: { session_id: string }) => s.session_id === session,
+    );
+    await open(`#/runs/${run.id}`);
+    const box = page.locator('#run-sandbox');
+    await box.getByText(live.id).waitFor();
+    expect(await box.locator('.reclaim-at').textContent()).not.toBe('\u2014');
+    await box.getByRole('button', { name: 'Keep alive' }).click();
+    await page.getByText('Keep alive: done').waitFor();
+    const audit = await ctx.t.call('GET', '/v1/audit?action=session.keepalive&limit=100', { key: ctx.team.key });
+    expect(audit.body.data.find((e: { resource_id: string }) => e.resource_id === session)).toMatchObject({
+      after: { sandbox_id: live.id },
+    });
+  });
+
   it('Request a review from the workspace page queues one; Undo reverts what it committed', async () => {
     const { ws, session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
     ctx.fake.script({ content: '<python>print(sum([1, 2, 3]))</python>' }, { content: '<finish>6</finish>' });

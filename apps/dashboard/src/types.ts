@@ -33,6 +33,8 @@ export interface Sandbox {
   cpu_percent: number | null;
   limits: { memoryMb: number };
   last_used_at: string;
+  /** When it goes unless used or kept alive: the earlier of its idle deadline and its hard lifetime. */
+  reclaim_at: string;
 }
 export interface Workspace {
   id: string;

@@ -6,6 +6,12 @@ import type { Approval, List, Run, Sandbox, UsageRow, Workspace } from '../types
 const EVERY_MS = 3000;
 const IN_FLIGHT = 'queued,in_progress,requires_action';
 
+/** Pushes a session's sandbox's idle deadline forward by its workspace's idle time. */
+export const keepAlive = (sessionId: string, reload: () => Promise<void>) =>
+  action('Keep alive', async () => void (await api('POST', `/v1/sessions/${sessionId}/keepalive`)), {
+    after: reload,
+  });
+
 export const runsTable = (runs: Run[], empty: string) =>
   table(
     ['run', 'workspace', 'status', 'steps', 'started'],
@@ -76,7 +82,7 @@ export function overview(dispose: Dispose[]): HTMLElement {
       () => api<List<Sandbox>>('GET', '/v1/sandboxes'),
       (p, reload) =>
         table(
-          ['sandbox', 'session', 'state', 'memory', 'CPU', 'last used', ''],
+          ['sandbox', 'session', 'state', 'memory', 'CPU', 'last used', 'reclaimed at', '', ''],
           p.data,
           (s) => [
             s.id,
@@ -85,6 +91,8 @@ export function overview(dispose: Dispose[]): HTMLElement {
             s.memory_bytes === null ? '—' : `${(s.memory_bytes / 1048576).toFixed(1)} MiB / ${s.limits.memoryMb} MiB`,
             s.cpu_percent === null ? '—' : `${s.cpu_percent.toFixed(1)} %`,
             when(s.last_used_at),
+            h('span', { class: 'reclaim-at' }, when(s.reclaim_at)),
+            s.session_id ? keepAlive(s.session_id, reload) : '',
             action('Kill', async () => void (await api('DELETE', `/v1/sandboxes/${s.id}`)), {
               confirm: `Kill sandbox ${s.id}? Its session loses its variables.`,
               after: reload,

@@ -2,7 +2,8 @@ import { api, authHeaders, messageOf } from '../api.ts';
 import { h, replace, when } from '../dom.ts';
 import { action, link, panel, type Dispose } from '../panel.ts';
 import { followRun, type RunEvent } from '../sse.ts';
-import type { Run } from '../types.ts';
+import type { List, Run, Sandbox } from '../types.ts';
+import { keepAlive } from './overview.ts';
 
 const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
 
@@ -85,6 +86,27 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
         );
       },
       { dispose },
+    ),
+    panel(
+      'run-sandbox',
+      'Sandbox',
+      async () => {
+        const { session_id } = await api<Run>('GET', path);
+        const all = await api<List<Sandbox>>('GET', '/v1/sandboxes');
+        return { session_id, sandbox: all.data.find((s) => s.session_id === session_id) ?? null };
+      },
+      ({ session_id, sandbox }, reload) =>
+        sandbox
+          ? h(
+              'p',
+              {},
+              `${sandbox.id} · ${sandbox.state} · reclaimed at `,
+              h('strong', { class: 'reclaim-at' }, when(sandbox.reclaim_at)),
+              ' unless used or kept alive ',
+              keepAlive(session_id, reload),
+            )
+          : h('p', { class: 'empty' }, 'no sandbox running for this session: its next execution starts one'),
+      { everyMs: 5000, dispose },
     ),
     h('section', { class: 'panel', id: 'events' }, h('header', {}, h('h2', {}, 'Events'), state), list),
   );
