@@ -11,7 +11,11 @@ that uid can then neither open /proc/<runner>/{mem,fd/*} nor ptrace it, and the 
 copy of the runner's stdin/stdout, so the frames the host reads are the runner's alone. Each
 result echoes the sha256 of the code the runner handed to the interpreter.
 
-Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output"} | {"op": "cancel", "id"}
+An exec's `env` (the workspace's secrets) is handed to the interpreter with its code and set in
+its environment for that cell; the runner never keeps it, and the host masks the values in
+whatever comes back.
+
+Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output", "env"?} | {"op": "cancel", "id"}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
 Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
                 {"ev": "file", "id", "data", "size"} | {"ev": "ok", "id"} | {"ev": "error", "id", "message"}
@@ -346,6 +350,9 @@ class Runner:
         if self.current:
             self.send({"ev": "error", "id": msg["id"], "message": "busy: an execution is already running"})
             return
+        env = msg.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("env must map names to strings")
         limit = int(msg.get("max_output") or 65536)
         timeout = max(0.001, float(msg.get("timeout_ms") or 60000) / 1000)
         self.current = {
@@ -366,7 +373,7 @@ class Runner:
         # The host accepts the result only if this matches the code it sent: what was
         # approved is what the interpreter is handed.
         self.current["code_sha256"] = hashlib.sha256(code.encode("utf-8")).hexdigest()
-        req = json.dumps({"code": code}).encode("utf-8") + b"\n"
+        req = json.dumps({"code": code, "env": env}).encode("utf-8") + b"\n"
         os.write(self.worker["req"], req)
 
     def interrupt(self, why):

@@ -18,6 +18,18 @@ REQ = os.fdopen(int(os.environ.pop("KILN_REQ_FD")), "rb", buffering=0)
 RES_FD = int(os.environ.pop("KILN_RES_FD"))
 PID = os.getpid()
 NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
+SECRETS = set()  # the names the last cell's env set
+
+
+def set_env(env):
+    """The cell's secrets become its environment (and its subprocesses'): the ones set for the
+    previous cell and not given now are removed, so a deleted secret is gone at the next cell."""
+    for name in SECRETS - set(env):
+        os.environ.pop(name, None)
+    SECRETS.clear()
+    for name, value in env.items():
+        os.environ[name] = value
+        SECRETS.add(name)
 
 
 def send(obj):
@@ -137,6 +149,7 @@ def main():
             if not line:
                 return
             req = json.loads(line)
+            set_env(req.get("env") or {})
             exit_code, error = run(req["code"])
             end_cell_processes()
             sys.stdout.flush()

@@ -19,6 +19,7 @@ const TABLES = [
   'teams',
   'api_keys',
   'workspaces',
+  'workspace_secrets',
   'sessions',
   'messages',
   'runs',

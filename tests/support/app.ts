@@ -15,6 +15,9 @@ import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
 
+/** One key for every app of a test file, so a replica opens what its primary sealed. */
+const SECRETS_KEY = randomBytes(32).toString('base64');
+
 export const TEMPLATE = fileURLToPath(new URL('../../workspace-template', import.meta.url));
 
 interface Call {
@@ -91,6 +94,7 @@ export async function createTestApp(
     // The image under test (a new build's tag); the default is kiln-sandbox:latest.
     ...(process.env.KILN_SANDBOX_IMAGE ? { KILN_SANDBOX_IMAGE: process.env.KILN_SANDBOX_IMAGE } : {}),
     KILN_SANDBOX_POOL_SIZE: '0',
+    KILN_SECRETS_KEY: SECRETS_KEY,
     KILN_WORKSPACES_DIR: workspacesDir,
     KILN_WORKSPACE_TEMPLATE: TEMPLATE,
     KILN_WORKSPACE_MAX_FILE_BYTES: String(opts.maxFileBytes ?? 1024 * 1024),

@@ -33,6 +33,8 @@ import { teamsRouter } from './routes/teams/teams.index.ts';
 import { systemRouter } from './routes/system/system.index.ts';
 import type { SelfUpdates } from './platform/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
+import { workspaceSecretsRouter } from './routes/workspace-secrets/workspace-secrets.index.ts';
+import type { SecretStore } from './secrets/store.ts';
 
 export interface AppDeps {
   config: Pick<Config, 'bodyLimitBytes' | 'rateLimit'>;
@@ -44,6 +46,8 @@ export interface AppDeps {
   /** Every run's events, in order; the run and message routes list and stream them. */
   events: RunEventLog;
   evolution: EvolutionService;
+  /** Workspace secrets: their routes write and list them, executions get them. */
+  secrets: SecretStore;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
   /** Where the built dashboard is (default apps/dashboard/dist). */
@@ -106,6 +110,7 @@ export function createApp({
   agent,
   events,
   evolution,
+  secrets,
   updates,
   logger,
   now,
@@ -133,6 +138,7 @@ export function createApp({
   app.route('/', teamsRouter(db, keys));
   app.route('/', workspacesRouter(db, workspaces, engine));
   app.route('/', workspaceRepoRouter(db, workspaces));
+  app.route('/', workspaceSecretsRouter(db, secrets));
   app.route('/', sessionsRouter(db, engine, workspaces));
   app.route('/', sandboxesRouter(engine));
   // The routes read run events from the event log itself, which the agent service holds for now.

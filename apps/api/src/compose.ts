@@ -12,6 +12,8 @@ import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
 import { NoSandboxes } from './sandbox/no-sandboxes.ts';
+import { Sealer } from './secrets/sealing.ts';
+import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
 
@@ -73,11 +75,13 @@ function engineOptions(config: Config): EngineOptions {
 /** The one place the parts are built and wired: `server.ts` and the tests' in-process apps call it. */
 export function compose(o: ComposeOptions): Kiln {
   const { config, db, logger } = o;
+  const secrets = new SecretStore(db, new Sealer(config.secretsKey));
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
     { ...engineOptions(config), ...o.engine },
     logger,
+    secrets,
   );
 
   const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
@@ -107,7 +111,7 @@ export function compose(o: ComposeOptions): Kiln {
   if (updates) agent.allowSourceUpdates(updates);
 
   const parts = { engine, workspaces, agent, events, evolution, updates };
-  const app = createApp({ ...parts, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
+  const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
 
   return {
     ...parts,

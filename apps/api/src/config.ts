@@ -3,6 +3,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import type { QuotaMax } from './workspace/quota.ts';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
@@ -20,6 +21,13 @@ const schema = z.object({
     .regex(
       /^kiln_admin_[A-Za-z0-9_-]{24,}$/,
       'must look like kiln_admin_ followed by at least 24 letters, digits, _ or -',
+    )
+    .optional(),
+  KILN_SECRETS_KEY: z
+    .string()
+    .refine(
+      (v) => parseKey(v) !== undefined,
+      'must be 32 bytes written as base64 or hex (e.g. openssl rand -base64 32)',
     )
     .optional(),
   KILN_LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -72,7 +80,7 @@ const schema = z.object({
 });
 
 /** Settings whose values must never be echoed, even in an error. */
-const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL', 'OPENAI_API_KEY']);
+const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL', 'OPENAI_API_KEY', 'KILN_SECRETS_KEY']);
 
 export type Config = {
   port: number;
@@ -91,6 +99,11 @@ export type Config = {
    * owns its containers. Unset, it is made once and kept in `<dataDir>/instance-id`.
    */
   instanceId: string;
+  /**
+   * The key that seals workspace secrets (AES-256-GCM). Unset, it is made once and kept in
+   * `<dataDir>/secrets.key` (mode 0600).
+   */
+  secretsKey: Buffer;
   workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
   openai: {
     baseURL?: string;
@@ -174,6 +187,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     get instanceId() {
       // Asked for (by the server) rather than made while parsing: loading the configuration writes nothing.
       return e.KILN_INSTANCE_ID ?? installationInstanceId(resolve(e.KILN_DATA_DIR));
+    },
+    get secretsKey() {
+      const key = e.KILN_SECRETS_KEY;
+      return key ? parseKey(key)! : installationSecretsKey(resolve(e.KILN_DATA_DIR));
     },
     workspaces: {
       dir: resolve(e.KILN_WORKSPACES_DIR ?? join(e.KILN_DATA_DIR, 'workspaces')),

@@ -4,6 +4,8 @@ import type { Db } from '../db/client.ts';
 import { combine } from '../db/batch.ts';
 import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
+import { SecretMask } from '../secrets/masking.ts';
+import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
 import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
 import type { SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
@@ -78,6 +80,8 @@ export class SandboxEngine {
     private readonly backend: SandboxBackend,
     private readonly opts: EngineOptions,
     private readonly log: Logger,
+    /** The workspace secrets each execution gets as environment variables (and masks in what comes back). */
+    private readonly secrets: SecretSource,
   ) {
     const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
     const now = () => this.now();
@@ -88,6 +92,15 @@ export class SandboxEngine {
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
     this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
+  }
+
+  private async secretsFor(workspaceId: string) {
+    try {
+      return await this.secrets.openAll(workspaceId);
+    } catch (err) {
+      if (err instanceof SecretUnreadable) return err;
+      throw err;
+    }
   }
 
   private now(): number {
@@ -201,28 +214,38 @@ export class SandboxEngine {
     opts: ExecOptions,
   ): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
     const timeoutS = Math.min(opts.timeoutS ?? live.limits.timeoutS, live.limits.timeoutS);
+    // Read at each execution, so a secret set or deleted between two takes effect at the next.
+    const secrets = await this.secretsFor(live.workspaceId);
+    const mask = new SecretMask(secrets instanceof SecretUnreadable ? [] : secrets);
+    const output = mask.listener(opts.onOutput);
     live.busy = true;
     let result: RunnerResult;
     try {
       result = opts.signal?.aborted
         ? cancelledBeforeStart()
-        : await live.client.exec(code, {
-            timeoutMs: timeoutS * 1000,
-            maxOutputBytes: this.opts.maxOutputBytes,
-            onOutput: opts.onOutput,
-            signal: opts.signal,
-            sync: live.synced,
-            syncCaps: opts.sync,
-          });
+        : secrets instanceof SecretUnreadable
+          ? notRun(1, { type: 'SecretUnreadable', message: secrets.message }, false)
+          : await live.client.exec(code, {
+              timeoutMs: timeoutS * 1000,
+              maxOutputBytes: this.opts.maxOutputBytes,
+              onOutput: output.onOutput,
+              signal: opts.signal,
+              sync: live.synced,
+              syncCaps: opts.sync,
+              env: mask.env(),
+            });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
-      this.log.warn({ sandbox: live.id, reason: err.message }, 'sandbox runner lost');
+      this.log.warn({ sandbox: live.id, reason: mask.text(err.message) }, 'sandbox runner lost');
       await this.live.release(live.sessionId, 'runner_lost');
       result = lostResult(err.message);
     } finally {
+      output.flush();
       live.busy = false;
       live.lastUsed = this.now();
     }
+    // Nothing of what the sandbox sent is stored, streamed or returned before it is masked.
+    result = await mask.result(result);
     await this.live.saveDeadline(live);
     if (live.replacesLost) {
       result.restarted = true;

@@ -158,6 +158,8 @@ export class RunnerClient {
       signal?: AbortSignal;
       sync?: boolean;
       syncCaps?: { maxFiles: number; maxBytes: number };
+      /** Environment variables of the interpreter for this execution (the workspace's secrets). */
+      env?: Record<string, string>;
     },
   ): Promise<RunnerResult> {
     // A cancel that came before the request (while the sandbox was claimed, synced or queued)
@@ -184,6 +186,7 @@ export class RunnerClient {
       sync,
       sync_max_files: opts.syncCaps?.maxFiles,
       sync_limit: opts.syncCaps?.maxBytes,
+      env: opts.env ?? {},
     };
     return this.request(msg, opts.onOutput, check).finally(() => {
       clearTimeout(hostTimer);

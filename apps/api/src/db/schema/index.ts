@@ -16,3 +16,4 @@ export { memoryChunks, memoryIndex, memoryTerms } from './memory-chunks.ts';
 export { auditEvents } from './audit-events.ts';
 export { usage } from './usage.ts';
 export { idempotencyKeys } from './idempotency-keys.ts';
+export { workspaceSecrets } from './workspace-secrets.ts';

@@ -1,0 +1,99 @@
+import { OffThread } from '../lib/off-thread.ts';
+import type { OutputListener, RunnerResult } from '../sandbox/runner-client.ts';
+import { maskFiles } from './mask-job.mjs';
+import { Masker, patternsOf } from './masker.mjs';
+import type { OpenSecret } from './store.ts';
+
+/** Results up to this many characters are masked on the event loop; larger ones in the mask thread. */
+const INLINE_CHARS = 256 * 1024;
+
+const thread = new OffThread<
+  { secrets: OpenSecret[]; texts: string[]; files: string[] },
+  { texts: string[]; files: string[] }
+>(new URL('./mask.worker.mjs', import.meta.url), 'secret masking');
+
+/**
+ * One execution's secrets: what the interpreter gets as its environment, and the masking of
+ * everything that comes back from the sandbox, done here on the host (the sandbox is not
+ * trusted to hide them). A value is masked as `[secret:NAME]`, and so are its base64 forms.
+ */
+export class SecretMask {
+  private readonly masker: Masker;
+
+  constructor(private readonly secrets: OpenSecret[]) {
+    this.masker = new Masker(patternsOf(secrets));
+  }
+
+  get empty(): boolean {
+    return this.secrets.length === 0;
+  }
+
+  /** The interpreter's environment variables for this execution. */
+  env(): Record<string, string> {
+    return Object.fromEntries(this.secrets.map((s) => [s.name, s.value]));
+  }
+
+  /** Masks a short text (a log line, a reason). */
+  text(s: string): string {
+    return this.masker.mask(s);
+  }
+
+  /**
+   * Wraps a live output listener: each stream is masked as it comes, holding back only what may
+   * still be the start of a value split across writes; `flush` passes that on once the
+   * execution is over.
+   */
+  listener(onOutput: OutputListener | undefined): { onOutput?: OutputListener; flush(): void } {
+    if (!onOutput || this.empty) return { onOutput, flush: () => undefined };
+    const streams = { stdout: this.masker.stream(), stderr: this.masker.stream() };
+    return {
+      onOutput: (stream, data) => {
+        const out = streams[stream]?.push(data);
+        if (out) onOutput(stream, out);
+      },
+      flush: () => {
+        for (const stream of ['stdout', 'stderr'] as const) {
+          const rest = streams[stream].end();
+          if (rest) onOutput(stream, rest);
+        }
+      },
+    };
+  }
+
+  /**
+   * The result with every value masked: output, error, and the workspace changes it carries
+   * (file contents as bytes, paths and reasons as text). Large results are masked off the event loop.
+   */
+  async result(r: RunnerResult): Promise<RunnerResult> {
+    if (this.empty) return r;
+    const c = r.changes;
+    const texts = [
+      r.stdout,
+      r.stderr,
+      r.error?.message ?? '',
+      r.error?.traceback ?? '',
+      ...(c?.changed.map((f) => f.path) ?? []),
+      ...(c?.deleted ?? []),
+      ...(c?.skipped.flatMap((s) => [s.path, s.reason]) ?? []),
+    ];
+    const files = c?.changed.map((f) => f.data) ?? [];
+    const size = texts.reduce((n, t) => n + t.length, 0) + files.reduce((n, f) => n + f.length, 0);
+    const masked =
+      size <= INLINE_CHARS
+        ? { texts: texts.map((x) => this.masker.mask(x)), files: maskFiles(this.secrets, files) }
+        : await thread.run({ secrets: this.secrets, texts, files });
+    const t = masked.texts;
+    let i = 4;
+    const next = () => t[i++]!;
+    const out: RunnerResult = { ...r, stdout: t[0]!, stderr: t[1]! };
+    if (r.error)
+      out.error = { ...r.error, message: t[2]!, ...(r.error.traceback !== undefined ? { traceback: t[3]! } : {}) };
+    if (c) {
+      const changed = c.changed.map((_f, k) => ({ path: next(), data: masked.files[k]! }));
+      const deleted = c.deleted.map(() => next());
+      const skipped = c.skipped.map(() => ({ path: next(), reason: next() }));
+      out.changes = { ...c, changed, deleted, skipped };
+    }
+    return out;
+  }
+}
