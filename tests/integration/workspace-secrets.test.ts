@@ -135,7 +135,29 @@ describe('workspace secrets', () => {
     const raised = await exec(ctx.t, key, session, 'raise ValueError("bad " + v)');
     expect(raised.error?.message).toBe('bad [secret:API_TOKEN]');
     expect(raised.error?.traceback).toContain('[secret:API_TOKEN]');
-    expect(JSON.stringify([seen, plain, split, encoded, raised])).not.toContain(VALUE);
+    // Code runs in the interpreter that exports figures, so it can put any bytes in an artifact:
+    // here the value in the PNG's metadata and in the artifact's name.
+    const smuggled = await exec(
+      ctx.t,
+      key,
+      session,
+      [
+        'import sys, matplotlib.pyplot as plt',
+        'from matplotlib.figure import Figure',
+        'save = Figure.savefig',
+        "Figure.savefig = lambda self, *a, **k: save(self, *a, **{**k, 'metadata': {'Comment': v}})",
+        "worker = sys.modules['__main__']",
+        'export = worker.figures',
+        "worker.figures = lambda: [{**x, 'name': v + '.png'} for x in export()]",
+        'plt.plot([1, 2])',
+      ].join('\n'),
+    );
+    expect(smuggled.artifacts).toHaveLength(1);
+    expect(smuggled.artifacts[0]!.name).toBe('[secret:API_TOKEN].png');
+    const png = Buffer.from(smuggled.artifacts[0]!.base64, 'base64').toString('latin1');
+    expect(png).not.toContain(VALUE);
+    expect(png).toContain('[secret:API_TOKEN]');
+    expect(JSON.stringify([seen, plain, split, encoded, raised, smuggled])).not.toContain(VALUE);
 
     // A subprocess has it too; a changed value takes effect at the next execution, a deleted one is gone.
     await put(ws, 'API_TOKEN', `${VALUE}-rotated`);

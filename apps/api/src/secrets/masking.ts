@@ -61,8 +61,10 @@ export class SecretMask {
   }
 
   /**
-   * The result with every value masked: output, error, and the workspace changes it carries
-   * (file contents as bytes, paths and reasons as text). Large results are masked off the event loop.
+   * The result with every value masked: output, error, the artifacts (their bytes too: code runs
+   * in the same interpreter as the runner's figure export and can put any bytes in them), and
+   * the workspace changes it carries (file contents as bytes, paths and reasons as text). Large
+   * results are masked off the event loop.
    */
   async result(r: RunnerResult): Promise<RunnerResult> {
     if (this.empty) return r;
@@ -75,8 +77,9 @@ export class SecretMask {
       ...(c?.changed.map((f) => f.path) ?? []),
       ...(c?.deleted ?? []),
       ...(c?.skipped.flatMap((s) => [s.path, s.reason]) ?? []),
+      ...r.artifacts.flatMap((a) => [a.name, a.mime]),
     ];
-    const files = c?.changed.map((f) => f.data) ?? [];
+    const files = [...(c?.changed.map((f) => f.data) ?? []), ...r.artifacts.map((a) => a.base64)];
     const size = texts.reduce((n, t) => n + t.length, 0) + files.reduce((n, f) => n + f.length, 0);
     const masked =
       size <= INLINE_CHARS
@@ -88,12 +91,14 @@ export class SecretMask {
     const out: RunnerResult = { ...r, stdout: t[0]!, stderr: t[1]! };
     if (r.error)
       out.error = { ...r.error, message: t[2]!, ...(r.error.traceback !== undefined ? { traceback: t[3]! } : {}) };
+    let k = 0;
     if (c) {
-      const changed = c.changed.map((_f, k) => ({ path: next(), data: masked.files[k]! }));
+      const changed = c.changed.map(() => ({ path: next(), data: masked.files[k++]! }));
       const deleted = c.deleted.map(() => next());
       const skipped = c.skipped.map(() => ({ path: next(), reason: next() }));
       out.changes = { ...c, changed, deleted, skipped };
     }
+    out.artifacts = r.artifacts.map(() => ({ name: next(), mime: next(), base64: masked.files[k++]! }));
     return out;
   }
 }
