@@ -201,6 +201,11 @@ describe('workspace secrets', () => {
     expect(JSON.stringify(stored)).not.toContain(VALUE);
     expect(JSON.stringify(stored)).not.toContain(b64(VALUE).slice(0, 20));
     expect(JSON.stringify(ctx.fake.chats())).not.toContain(VALUE);
+    // The model is told which names it can use, never their values.
+    const system = ctx.fake.chats()[0].messages[0].content as string;
+    expect(system).toMatch(
+      /^secrets \(environment variables of your code.*\): DB_PASSWORD; their values are never shown/m,
+    );
 
     const dir = ctx.t.workspaces.dirOf(ws);
     expect(readFileSync(join(dir, 'leak.txt'), 'utf8')).toBe('pw=[secret:DB_PASSWORD]\n');

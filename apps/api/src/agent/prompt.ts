@@ -105,12 +105,20 @@ const sourceUpdates = (s: WorkspaceSettings) =>
       ? `\nOr, instead of the above:\n${SOURCE_UPDATE_XML}`
       : `\n\`propose_source_update\` proposes a change to the platform's own source (an org admin approves it).`;
 
+const secretLine = (names: string[] | undefined) =>
+  names?.length
+    ? `\nsecrets (environment variables of your code, e.g. os.environ["${names[0]}"]): ${names.join(', ')}; their` +
+      ' values are never shown to you, and output that contains one shows [secret:NAME] instead'
+    : '';
+
 export interface PromptInput {
   dir: string;
   settings: WorkspaceSettings;
   limits: SandboxLimits;
   snapshot: string | null;
   now: Date;
+  /** The names of the workspace's secrets (environment variables of the code); never their values. */
+  secrets?: string[];
   /** Recent changes made by self-evolution (review, dream), newest first. */
   evolutions?: { id: string; kind: string; status: string; summary: string | null; paths: string[]; at: Date | null }[];
 }
@@ -155,7 +163,7 @@ sandbox: Debian, Python 3 with numpy, pandas, matplotlib; no network
 workspace: /workspace (a git repository; your changes are committed after each step)
 writable: /workspace, /tmp, /home/sandbox; read-only: /workspace/skills/builtin
 limits per step: ${l.timeoutS} s, ${l.memoryMb} MiB memory, ${l.cpus} CPU, ${l.pids} processes, ${l.diskMb} MiB disk
-steps left in this task: at most ${settings.max_steps}
+steps left in this task: at most ${settings.max_steps}${secretLine(input.secrets)}
 </Environment>`,
     `<Memory_Search>\n${WHEN_TO_SEARCH}\n</Memory_Search>`,
     `<Protocol>\n${settings.protocol === 'xml' ? XML_PROTOCOL : TOOLS_PROTOCOL}${sourceUpdates(settings)}\n</Protocol>`,

@@ -167,6 +167,7 @@ export async function systemMessage(
       snapshot: at.session.stateSnapshot,
       now: new Date(),
       evolutions: at.evolutions,
+      secrets: await deps.engine.secretNames(at.ws.id),
     }),
   };
 }

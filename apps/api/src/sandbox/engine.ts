@@ -94,6 +94,11 @@ export class SandboxEngine {
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
   }
 
+  /** The names of the secrets a workspace's code gets as environment variables (never their values). */
+  secretNames(workspaceId: string): Promise<string[]> {
+    return this.secrets.names(workspaceId);
+  }
+
   private async secretsFor(workspaceId: string) {
     try {
       return await this.secrets.openAll(workspaceId);

@@ -24,9 +24,10 @@ const INFO = {
   updatedAt: workspaceSecrets.updatedAt,
 };
 
-/** Where executions get their workspace's secrets. */
+/** Where executions get their workspace's secrets, and the agent's prompt their names. */
 export interface SecretSource {
   openAll(workspaceId: string): Promise<OpenSecret[]>;
+  names(workspaceId: string): Promise<string[]>;
 }
 
 /**
@@ -110,6 +111,16 @@ export class SecretStore implements SecretSource {
         throw new SecretUnreadable(r.name);
       }
     });
+  }
+
+  /** The names of a workspace's secrets (never a value), for the agent's prompt. */
+  async names(workspaceId: string): Promise<string[]> {
+    const rows = await this.db
+      .select({ name: workspaceSecrets.name })
+      .from(workspaceSecrets)
+      .where(eq(workspaceSecrets.workspaceId, workspaceId))
+      .orderBy(asc(workspaceSecrets.name));
+    return rows.map((r) => r.name);
   }
 
   private one(teamId: string, workspaceId: string, name: string) {
