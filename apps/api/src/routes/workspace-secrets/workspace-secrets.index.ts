@@ -1,8 +1,7 @@
 import type { Db } from '../../db/client.ts';
-import { teamOf, writableTeamOf } from '../../http/guards.ts';
 import { createRouter } from '../../http/router.ts';
+import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import type { SecretInfo, SecretStore } from '../../secrets/store.ts';
-import { getWorkspace } from '../../workspace/records.ts';
 import * as r from './workspace-secrets.routes.ts';
 
 /** Names and times only: no route ever returns a value, and no audit row holds one. */
@@ -13,11 +12,11 @@ const view = (s: SecretInfo) => ({
 });
 
 export function workspaceSecretsRouter(db: Db, secrets: SecretStore) {
+  const scoped = workspaceScope(db);
   return createRouter()
-    .openapi(r.put, async (c) => {
-      const team = writableTeamOf(c);
-      const { workspace, name } = c.req.valid('param');
-      await getWorkspace(db, team, workspace);
+    .openapi(scoped(r.put), async (c) => {
+      const { id: workspace, teamId: team } = workspaceOf(c);
+      const { name } = c.req.valid('param');
       const row = await secrets.put(team, workspace, name, c.req.valid('json').value);
       c.set('audit', {
         action: row.created ? 'workspace.secret.create' : 'workspace.secret.update',
@@ -27,16 +26,13 @@ export function workspaceSecretsRouter(db: Db, secrets: SecretStore) {
       });
       return c.json(view(row), row.created ? 201 : 200);
     })
-    .openapi(r.list, async (c) => {
-      const team = teamOf(c);
-      const { workspace } = c.req.valid('param');
-      await getWorkspace(db, team, workspace);
+    .openapi(scoped(r.list), async (c) => {
+      const { id: workspace, teamId: team } = workspaceOf(c);
       return c.json({ data: (await secrets.list(team, workspace)).map(view) }, 200);
     })
-    .openapi(r.remove, async (c) => {
-      const team = writableTeamOf(c);
-      const { workspace, name } = c.req.valid('param');
-      await getWorkspace(db, team, workspace);
+    .openapi(scoped(r.remove), async (c) => {
+      const { id: workspace, teamId: team } = workspaceOf(c);
+      const { name } = c.req.valid('param');
       const before = await secrets.remove(team, workspace, name);
       c.set('audit', {
         action: 'workspace.secret.delete',
