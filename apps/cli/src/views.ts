@@ -1,54 +1,8 @@
-/** The parts of the API's answers the command line prints (the contract is docs/api.md). */
-export interface Page<T> {
-  data: T[];
-}
-
-export interface Workspace {
-  id: string;
-  name: string;
-  head: string | null;
-  settings: { protocol: string; approval: { mode: string } };
-}
-
-export interface Session {
-  id: string;
-  status: string;
-  title: string | null;
-  last_activity_at: string;
-}
-
-export interface Run {
-  id: string;
-  status: string;
-  steps: number;
-  usage: { prompt_tokens: number; completion_tokens: number };
-  error: { code: string; message: string } | null;
-}
-
-export interface Approval {
-  id: string;
-  status: string;
-  run_id: string;
-  expires_at: string;
-  code: string;
-}
-
-export interface Commit {
-  sha: string;
-  kind: string;
-  author: string;
-  summary: string;
-}
-
-export interface Evolution {
-  id: string;
-  kind: string;
-  status: string;
-  commit_sha: string | null;
-  summary: string | null;
-  error: string | null;
-  changed_paths: string[];
-}
+/**
+ * The parts of the API's answers the command line prints (the contract is docs/api.md): the
+ * dashboard's types of the same answers, plus what only the command line reads.
+ */
+export type { Approval, Commit, Evolution, List as Page, Run, Session, Workspace } from '../../dashboard/src/types.ts';
 
 export interface ExecResult {
   stdout: string;

@@ -1,4 +1,4 @@
-/** The shapes of the API answers the dashboard reads (see /openapi.json). */
+/** The shapes of the API answers the dashboard and the command line read (see /openapi.json). */
 export interface List<T> {
   data: T[];
   has_more?: boolean;
@@ -69,6 +69,8 @@ export interface Evolution {
   status: string;
   commit_sha: string | null;
   summary: string | null;
+  error: string | null;
+  changed_paths: string[];
   created_at: string;
 }
 export interface AuditEvent {

@@ -251,7 +251,6 @@ export class SandboxEngine {
     }
     // Nothing of what the sandbox sent is stored, streamed or returned before it is masked.
     result = await mask.result(result);
-    await this.live.saveDeadline(live);
     if (live.replacesLost) {
       result.restarted = true;
       live.replacesLost = false;
@@ -260,7 +259,9 @@ export class SandboxEngine {
       { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
       opts.audit,
     );
-    if (!opts.deferRecord) await this.db.execute(combine(rec.writes));
+    // The sandbox's new idle deadline is written with the execution's record, in the same statement.
+    const writes = [this.live.deadlineWrite(live), ...rec.writes];
+    if (!opts.deferRecord) await this.db.execute(combine(writes));
     const executionId = rec.id;
     const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };
     delete (rest as { ev?: string }).ev;
@@ -271,7 +272,7 @@ export class SandboxEngine {
       sandbox_id: live.id,
       execution_id: executionId,
       changes,
-      record: opts.deferRecord ? rec.writes : undefined,
+      record: opts.deferRecord ? writes : undefined,
     };
   }
 

@@ -1,4 +1,4 @@
-import { and, eq, inArray, ne, sql } from 'drizzle-orm';
+import { and, eq, inArray, ne, type SQL, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
@@ -333,12 +333,17 @@ export class LiveSandboxes {
       .returning({ id: sandboxes.id, containerId: sandboxes.containerId });
   }
 
-  /** Writes the sandbox's idle deadline into its row, where listings and other replicas read it. */
-  async saveDeadline(live: Live): Promise<void> {
-    await this.deps.db
+  /** The statement that writes the sandbox's idle deadline into its row, where listings and other replicas read it. */
+  deadlineWrite(live: Live): SQL {
+    return this.deps.db
       .update(sandboxes)
       .set({ lastUsedAt: new Date(live.lastUsed), expiresAt: new Date(live.lastUsed + live.idleMs) })
-      .where(and(eq(sandboxes.id, live.id), ne(sandboxes.state, 'removed')));
+      .where(and(eq(sandboxes.id, live.id), ne(sandboxes.state, 'removed')))
+      .getSQL();
+  }
+
+  async saveDeadline(live: Live): Promise<void> {
+    await this.deps.db.execute(this.deadlineWrite(live));
   }
 
   /**
