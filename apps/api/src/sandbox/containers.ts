@@ -9,6 +9,8 @@ export interface Sandbox {
   container: SandboxContainer;
   client: RunnerClient;
   limits: SandboxLimits;
+  /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
+  expiresAt: number;
 }
 
 /** The team and session a container is created for; empty for a warm one. */
@@ -49,18 +51,19 @@ export class Containers {
   }
 
   private async createNow(id: string, limits: SandboxLimits, session: SessionOf): Promise<Sandbox> {
+    const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
       image: this.opts.image,
       sandboxId: id,
       owner: this.opts.owner,
       ...session,
-      expiresAt: new Date(this.opts.now() + this.opts.maxLifetimeMs),
+      expiresAt: new Date(expiresAt),
       limits,
     });
     try {
       await this.backend.start(container);
       const client = await RunnerClient.start(await this.backend.attachRunner(container));
-      return { id, container, client, limits };
+      return { id, container, client, limits, expiresAt };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
       throw err;

@@ -142,14 +142,13 @@ export class SandboxEngine {
   ): Promise<{ sandboxId: string; reclaimAt: Date } | null> {
     const idleMs = this.idleMsFor(settings);
     const live = this.live.get(sessionId);
-    let kept: { id: string; containerId: string } | undefined;
     if (live?.client.alive) {
       live.idleMs = idleMs;
       await this.live.touch(live);
-      kept = { id: live.id, containerId: live.container.id };
-    } else {
-      [kept] = await this.live.touchElsewhere(sessionId, idleMs);
+      return { sandboxId: live.id, reclaimAt: reclaimAt(this.now() + idleMs, live.expiresAt) };
     }
+    // Another replica's sandbox: its hard lifetime is known only from its container.
+    const [kept] = await this.live.touchElsewhere(sessionId, idleMs);
     if (!kept) return null;
     const hard = (await this.hardExpiries()).get(kept.containerId);
     return { sandboxId: kept.id, reclaimAt: reclaimAt(this.now() + idleMs, hard) };
@@ -329,13 +328,17 @@ export class SandboxEngine {
       .from(sandboxes)
       .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
       .orderBy(sandboxes.id);
+    const mineOf = (r: (typeof rows)[number]) => {
+      const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
+      return live?.id === r.id ? live : undefined;
+    };
+    // Only another replica's sandboxes need the runtime's list for their hard lifetime.
     const [usage, hard] = await Promise.all([
       Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null)))),
-      rows.length ? this.hardExpiries() : new Map<string, number | undefined>(),
+      rows.some((r) => !mineOf(r)) ? this.hardExpiries() : new Map<string, number | undefined>(),
     ]);
     return rows.map((r, i) => {
-      const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
-      const mine = live?.id === r.id ? live : undefined;
+      const mine = mineOf(r);
       const state = r.state === 'starting' ? 'starting' : mine?.busy ? 'busy' : 'idle';
       // This instance's own sandboxes by what it knows now; another replica's by their row.
       const idleUntil = mine ? mine.lastUsed + mine.idleMs : r.expiresAt.getTime();
@@ -344,7 +347,7 @@ export class SandboxEngine {
         state,
         memoryBytes: usage[i]?.memoryBytes ?? null,
         cpuPercent: usage[i]?.cpuPercent ?? null,
-        reclaimAt: reclaimAt(idleUntil, hard.get(r.containerId)),
+        reclaimAt: reclaimAt(idleUntil, mine ? mine.expiresAt : hard.get(r.containerId)),
       };
     });
   }
