@@ -86,6 +86,17 @@ describe('workspace secrets', () => {
     expect(ctx.t.logText()).not.toContain(VALUE);
   });
 
+  it('concurrent PUTs of new names never take a workspace past its secret limit', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team);
+    for (let i = 0; i < 98; i++) expect((await put(ws, `S${i}`, VALUE)).status).toBe(201);
+    const racing = await Promise.all(['R1', 'R2', 'R3', 'R4', 'R5'].map((n) => put(ws, n, VALUE)));
+    const statuses = racing.map((r) => r.status).sort();
+    expect(statuses).toEqual([201, 201, 409, 409, 409]);
+    for (const r of racing.filter((x) => x.status === 409)) expect(r.body.error.message).toContain('at most 100');
+    const list = await ctx.t.call('GET', `/v1/workspaces/${ws}/secrets`, { key: ctx.team.key });
+    expect(list.body.data).toHaveLength(100);
+  });
+
   it('is sealed in the database, and a row copied to another workspace does not decrypt', async () => {
     const a = await sessionIn(ctx.t, ctx.team);
     const b = await sessionIn(ctx.t, ctx.team);

@@ -1,6 +1,6 @@
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
-import { workspaceSecrets } from '../db/schema/index.ts';
+import { workspaceSecrets, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { MAX_SECRETS, MAX_TOTAL_VALUE_BYTES } from './names.ts';
 import { type Sealer, sealedValueBytes } from './sealing.ts';
@@ -49,30 +49,36 @@ export class SecretStore implements SecretSource {
     value: string,
   ): Promise<SecretInfo & { created: boolean }> {
     const sealed = this.sealer.seal(workspaceId, value);
-    const others = await this.db
-      .select({ name: workspaceSecrets.name, sealed: workspaceSecrets.sealed })
-      .from(workspaceSecrets)
-      .where(and(eq(workspaceSecrets.teamId, teamId), eq(workspaceSecrets.workspaceId, workspaceId)));
-    const existing = others.some((o) => o.name === name);
-    if (!existing && others.length >= MAX_SECRETS)
-      throw new ApiError('conflict', `a workspace holds at most ${MAX_SECRETS} secrets; delete one first`);
-    const total = others
-      .filter((o) => o.name !== name)
-      .reduce((n, o) => n + sealedValueBytes(o.sealed), Buffer.byteLength(value, 'utf8'));
-    if (total > MAX_TOTAL_VALUE_BYTES)
-      throw new ApiError(
-        'conflict',
-        `a workspace's secret values may total at most ${MAX_TOTAL_VALUE_BYTES} bytes (this would make ${total})`,
-      );
-    const [row] = await this.db
-      .insert(workspaceSecrets)
-      .values({ workspaceId, teamId, name, sealed })
-      .onConflictDoUpdate({
-        target: [workspaceSecrets.workspaceId, workspaceSecrets.name],
-        set: { sealed, updatedAt: sql`now()` },
-      })
-      .returning({ createdAt: workspaceSecrets.createdAt, updatedAt: workspaceSecrets.updatedAt });
-    return { name, createdAt: row!.createdAt, updatedAt: row!.updatedAt, created: !existing };
+    // The workspace's row is locked while its secrets are counted and written: concurrent PUTs
+    // of new names are checked one after another, so none of them can take it past the limits.
+    return this.db.transaction(async (t) => {
+      const tx = t as unknown as Db;
+      await tx.execute(sql`select id from ${workspaces} where id = ${workspaceId} for update`);
+      const others = await tx
+        .select({ name: workspaceSecrets.name, sealed: workspaceSecrets.sealed })
+        .from(workspaceSecrets)
+        .where(and(eq(workspaceSecrets.teamId, teamId), eq(workspaceSecrets.workspaceId, workspaceId)));
+      const existing = others.some((o) => o.name === name);
+      if (!existing && others.length >= MAX_SECRETS)
+        throw new ApiError('conflict', `a workspace holds at most ${MAX_SECRETS} secrets; delete one first`);
+      const total = others
+        .filter((o) => o.name !== name)
+        .reduce((n, o) => n + sealedValueBytes(o.sealed), Buffer.byteLength(value, 'utf8'));
+      if (total > MAX_TOTAL_VALUE_BYTES)
+        throw new ApiError(
+          'conflict',
+          `a workspace's secret values may total at most ${MAX_TOTAL_VALUE_BYTES} bytes (this would make ${total})`,
+        );
+      const [row] = await tx
+        .insert(workspaceSecrets)
+        .values({ workspaceId, teamId, name, sealed })
+        .onConflictDoUpdate({
+          target: [workspaceSecrets.workspaceId, workspaceSecrets.name],
+          set: { sealed, updatedAt: sql`now()` },
+        })
+        .returning({ createdAt: workspaceSecrets.createdAt, updatedAt: workspaceSecrets.updatedAt });
+      return { name, createdAt: row!.createdAt, updatedAt: row!.updatedAt, created: !existing };
+    });
   }
 
   async list(teamId: string, workspaceId: string): Promise<SecretInfo[]> {
