@@ -1,3 +1,8 @@
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { tableCounts } from '../support/counts.ts';
@@ -5,7 +10,7 @@ import { tableCounts } from '../support/counts.ts';
 describe('ops endpoints and documentation', () => {
   let t: TestApp;
   beforeAll(async () => {
-    t = await createTestApp();
+    t = await createTestApp({ selfUpdate: true });
   });
   afterAll(() => t.close());
 
@@ -14,6 +19,44 @@ describe('ops endpoints and documentation', () => {
     const ready = await t.call('GET', '/readyz');
     expect(ready.status).toBe(200);
     expect(ready.body).toEqual({ status: 'ok', checks: { database: { ok: true }, docker: { ok: true } } });
+  });
+
+  it('/openapi.json passes Redocly\u2019s recommended rules: every operation has a unique operationId, a security requirement and its 4xx answers', async () => {
+    // As a server reached at that address gets it: the document names the server it was fetched from.
+    const doc = await (await t.app.request('http://kiln.test:8080/openapi.json')).json();
+    const ops = Object.entries(doc.paths as Record<string, Record<string, any>>).flatMap(([path, methods]) =>
+      Object.entries(methods).map(([method, op]) => ({ path, method, op })),
+    );
+    expect(ops.length).toBeGreaterThanOrEqual(55);
+    const ids = ops.map((o) => o.op.operationId);
+    expect(ids.every((id) => typeof id === 'string' && /^[a-z][A-Za-z]+$/.test(id))).toBe(true);
+    expect(new Set(ids).size).toBe(ids.length);
+    for (const { path, op } of ops) {
+      if (path === '/healthz' || path === '/readyz') {
+        expect(op.security).toEqual([]);
+        continue;
+      }
+      expect(op.security, path).toEqual([{ bearer: [] }]);
+      expect(
+        Object.keys(op.responses).some((s) => /^4\d\d$/.test(s)),
+        path,
+      ).toBe(true);
+    }
+    expect(doc.servers).toEqual([{ url: 'http://kiln.test:8080', description: 'this Kiln server' }]);
+
+    const dir = mkdtempSync(join(tmpdir(), 'kiln-openapi-'));
+    try {
+      writeFileSync(join(dir, 'openapi.json'), JSON.stringify(doc));
+      const lint = await promisify(execFile)(
+        'node_modules/.bin/redocly',
+        ['lint', join(dir, 'openapi.json'), '--config', 'redocly.yaml', '--format', 'json'],
+        { maxBuffer: 16 * 1024 * 1024 },
+      ).catch((err: { stdout: string }) => err);
+      const report = JSON.parse(lint.stdout.slice(lint.stdout.indexOf('{')));
+      expect(report.problems.map((p: { ruleId: string; message: string }) => `${p.ruleId}: ${p.message}`)).toEqual([]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('/openapi.json documents every route with its security scheme; /docs serves the reference offline', async () => {

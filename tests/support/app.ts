@@ -71,6 +71,8 @@ export async function createTestApp(
     dashboardDir?: string;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
+    /** Mount the platform's self-update routes (/v1/system/…), on this checkout as the source. */
+    selfUpdate?: boolean;
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
@@ -117,7 +119,7 @@ export async function createTestApp(
     listen: database.listen,
     sandboxes: opts.sandbox === false ? null : new DockerBackend(connectDocker(process.env.DOCKER_HOST)),
     logger,
-    selfUpdate: false,
+    selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,
     engine: opts.sandbox || undefined,
     now: opts.now,

@@ -155,14 +155,16 @@ export function createApp({
     scheme: 'bearer',
     description: 'A Kiln API key',
   });
-  app.doc31('/openapi.json', {
+  // The document names the server it was fetched from, so a client generated from it needs no other setting.
+  app.doc31('/openapi.json', (c) => ({
     openapi: '3.1.0',
     info: {
       title: 'Kiln API',
       version: '1',
       description: 'Self-hosted AI agents with hardened Python sandboxes and git-backed self-evolution.',
     },
-  });
+    servers: [{ url: new URL(c.req.url).origin, description: 'this Kiln server' }],
+  }));
   app.route('/', docsRouter());
   app.route('/', dashboardRouter(dashboardDir));
 

@@ -22,6 +22,7 @@ const Approval = z
 const security = [{ bearer: [] }];
 
 export const listApprovals = createRoute({
+  operationId: 'listApprovals',
   method: 'get',
   path: '/v1/approvals',
   tags: ['Approvals'],
@@ -37,6 +38,7 @@ export const listApprovals = createRoute({
 });
 
 export const decideApproval = createRoute({
+  operationId: 'decideApproval',
   method: 'post',
   path: '/v1/approvals/{approval}',
   tags: ['Approvals'],

@@ -19,6 +19,7 @@ const AuditEvent = z
   .openapi('AuditEvent');
 
 export const list = createRoute({
+  operationId: 'listAuditEvents',
   method: 'get',
   path: '/v1/audit',
   tags: ['Ops'],

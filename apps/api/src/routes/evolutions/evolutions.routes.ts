@@ -27,6 +27,7 @@ const EvoParams = z.object({ workspace: IdParam('workspace', 'ws_0abc'), evoluti
 const body = <T extends z.ZodType>(schema: T) => ({ content: { 'application/json': { schema } }, required: false });
 
 export const review = createRoute({
+  operationId: 'reviewWorkspace',
   method: 'post',
   path: '/v1/workspaces/{workspace}/review',
   tags,
@@ -42,6 +43,7 @@ export const review = createRoute({
 });
 
 export const dream = createRoute({
+  operationId: 'dreamWorkspace',
   method: 'post',
   path: '/v1/workspaces/{workspace}/dream',
   tags,
@@ -52,6 +54,7 @@ export const dream = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listEvolutions',
   method: 'get',
   path: '/v1/workspaces/{workspace}/evolutions',
   tags,
@@ -62,6 +65,7 @@ export const list = createRoute({
 });
 
 export const get = createRoute({
+  operationId: 'getEvolution',
   method: 'get',
   path: '/v1/workspaces/{workspace}/evolutions/{evolution}',
   tags,
@@ -72,6 +76,7 @@ export const get = createRoute({
 });
 
 export const undo = createRoute({
+  operationId: 'undoEvolution',
   method: 'post',
   path: '/v1/workspaces/{workspace}/evolutions/{evolution}/undo',
   tags,

@@ -5,17 +5,22 @@ const Check = z.object({ ok: z.boolean(), error: z.string().optional() });
 const Ready = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.object({ database: Check, docker: Check }) });
 
 export const healthz = createRoute({
+  operationId: 'getHealth',
   method: 'get',
   path: '/healthz',
   tags: ['Ops'],
+  // Probes are public: no key, on purpose (load balancers and orchestrators call them).
+  security: [],
   summary: 'The process is up',
   responses: { 200: jsonContent(z.object({ status: z.literal('ok') }), 'Up') },
 });
 
 export const readyz = createRoute({
+  operationId: 'getReadiness',
   method: 'get',
   path: '/readyz',
   tags: ['Ops'],
+  security: [],
   summary: 'The database and the Docker Engine are reachable',
   responses: { 200: jsonContent(Ready, 'Ready'), 503: jsonContent(Ready, 'Not ready; `checks` says what failed') },
 });

@@ -19,6 +19,7 @@ const security = [{ bearer: [] }];
 const SesParams = z.object({ session: IdParam('session', 'ses_0abc') });
 
 export const postMessage = createRoute({
+  operationId: 'postMessage',
   method: 'post',
   path: '/v1/sessions/{session}/messages',
   tags: ['Runs'],
@@ -49,6 +50,7 @@ export const postMessage = createRoute({
 });
 
 export const listMessages = createRoute({
+  operationId: 'listMessages',
   method: 'get',
   path: '/v1/sessions/{session}/messages',
   tags: ['Runs'],

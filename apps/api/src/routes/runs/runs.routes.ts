@@ -27,6 +27,7 @@ export const sse = { 'text/event-stream': { schema: z.string() } };
 const isStatusList = (v: string) => v.split(',').every((x) => (RUN_STATUSES as readonly string[]).includes(x));
 
 export const listRuns = createRoute({
+  operationId: 'listRuns',
   method: 'get',
   path: '/v1/runs',
   tags: ['Runs'],
@@ -51,6 +52,7 @@ export const listRuns = createRoute({
 });
 
 export const getRun = createRoute({
+  operationId: 'getRun',
   method: 'get',
   path: '/v1/runs/{run}',
   tags: ['Runs'],
@@ -61,6 +63,7 @@ export const getRun = createRoute({
 });
 
 export const cancelRun = createRoute({
+  operationId: 'cancelRun',
   method: 'post',
   path: '/v1/runs/{run}/cancel',
   tags: ['Runs'],
@@ -71,6 +74,7 @@ export const cancelRun = createRoute({
 });
 
 export const runEvents = createRoute({
+  operationId: 'streamRunEvents',
   method: 'get',
   path: '/v1/runs/{run}/events',
   tags: ['Runs'],

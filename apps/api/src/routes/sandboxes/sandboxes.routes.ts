@@ -29,6 +29,7 @@ const Sandbox = z
   .openapi('Sandbox');
 
 export const list = createRoute({
+  operationId: 'listSandboxes',
   method: 'get',
   path: '/v1/sandboxes',
   tags: ['Sandboxes'],
@@ -38,6 +39,7 @@ export const list = createRoute({
 });
 
 export const remove = createRoute({
+  operationId: 'deleteSandbox',
   method: 'delete',
   path: '/v1/sandboxes/{sandbox}',
   tags: ['Sandboxes'],

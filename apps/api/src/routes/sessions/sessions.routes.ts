@@ -41,6 +41,7 @@ const tags = ['Sessions'];
 const FilePath = z.object({ path: z.string().min(1).max(1024).openapi({ example: '/workspace/data.csv' }) });
 
 export const create = createRoute({
+  operationId: 'createSession',
   method: 'post',
   path: '/v1/workspaces/{workspace}/sessions',
   tags,
@@ -59,6 +60,7 @@ export const create = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listSessions',
   method: 'get',
   path: '/v1/workspaces/{workspace}/sessions',
   tags,
@@ -69,6 +71,7 @@ export const list = createRoute({
 });
 
 export const get = createRoute({
+  operationId: 'getSession',
   method: 'get',
   path: '/v1/sessions/{session}',
   tags,
@@ -79,6 +82,7 @@ export const get = createRoute({
 });
 
 export const end = createRoute({
+  operationId: 'endSession',
   method: 'delete',
   path: '/v1/sessions/{session}',
   tags,
@@ -89,6 +93,7 @@ export const end = createRoute({
 });
 
 export const exec = createRoute({
+  operationId: 'execCode',
   method: 'post',
   path: '/v1/sessions/{session}/exec',
   tags,
@@ -140,6 +145,7 @@ const KeepAlive = z
   .openapi('KeepAlive');
 
 export const keepAlive = createRoute({
+  operationId: 'keepSessionAlive',
   method: 'post',
   path: '/v1/sessions/{session}/keepalive',
   tags,
@@ -156,6 +162,7 @@ export const keepAlive = createRoute({
 });
 
 export const putFile = createRoute({
+  operationId: 'putSessionFile',
   method: 'put',
   path: '/v1/sessions/{session}/files',
   tags,
@@ -166,6 +173,7 @@ export const putFile = createRoute({
 });
 
 export const getFile = createRoute({
+  operationId: 'getSessionFile',
   method: 'get',
   path: '/v1/sessions/{session}/files',
   tags,

@@ -46,6 +46,7 @@ const security = [{ bearer: [] }];
 const tags = ['Platform self-update'];
 
 export const submit = createRoute({
+  operationId: 'submitUpdate',
   method: 'post',
   path: '/v1/system/updates',
   tags,
@@ -74,6 +75,7 @@ export const submit = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listUpdates',
   method: 'get',
   path: '/v1/system/updates',
   tags,
@@ -84,6 +86,7 @@ export const list = createRoute({
 });
 
 export const get = createRoute({
+  operationId: 'getUpdate',
   method: 'get',
   path: '/v1/system/updates/{update}',
   tags,
@@ -94,6 +97,7 @@ export const get = createRoute({
 });
 
 export const apply = createRoute({
+  operationId: 'applyUpdate',
   method: 'post',
   path: '/v1/system/updates/{update}/apply',
   tags,
@@ -108,6 +112,7 @@ export const apply = createRoute({
 });
 
 export const revert = createRoute({
+  operationId: 'revertUpdate',
   method: 'post',
   path: '/v1/system/updates/{update}/revert',
   tags,
@@ -122,6 +127,7 @@ export const revert = createRoute({
 });
 
 export const version = createRoute({
+  operationId: 'getVersion',
   method: 'get',
   path: '/v1/system/version',
   tags,
@@ -131,6 +137,7 @@ export const version = createRoute({
 });
 
 export const sourceUpdates = createRoute({
+  operationId: 'putSourceUpdates',
   method: 'put',
   path: '/v1/system/workspaces/{workspace}/source-updates',
   tags,

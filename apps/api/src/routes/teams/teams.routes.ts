@@ -28,6 +28,7 @@ const KeyParams = TeamParams.extend({ key: IdParam('key', 'key_0abc') });
 const security = [{ bearer: [] }];
 
 export const createTeam = createRoute({
+  operationId: 'createTeam',
   method: 'post',
   path: '/v1/teams',
   tags: ['Teams'],
@@ -38,6 +39,7 @@ export const createTeam = createRoute({
 });
 
 export const listTeams = createRoute({
+  operationId: 'listTeams',
   method: 'get',
   path: '/v1/teams',
   tags: ['Teams'],
@@ -48,6 +50,7 @@ export const listTeams = createRoute({
 });
 
 export const getTeam = createRoute({
+  operationId: 'getTeam',
   method: 'get',
   path: '/v1/teams/{team}',
   tags: ['Teams'],
@@ -58,6 +61,7 @@ export const getTeam = createRoute({
 });
 
 export const createKey = createRoute({
+  operationId: 'createKey',
   method: 'post',
   path: '/v1/teams/{team}/keys',
   tags: ['Teams'],
@@ -84,6 +88,7 @@ export const createKey = createRoute({
 });
 
 export const listKeys = createRoute({
+  operationId: 'listKeys',
   method: 'get',
   path: '/v1/teams/{team}/keys',
   tags: ['Teams'],
@@ -94,6 +99,7 @@ export const listKeys = createRoute({
 });
 
 export const revokeKey = createRoute({
+  operationId: 'revokeKey',
   method: 'delete',
   path: '/v1/teams/{team}/keys/{key}',
   tags: ['Teams'],

@@ -4,6 +4,7 @@ import { errorResponses, jsonContent } from '../../http/router.ts';
 const security = [{ bearer: [] }];
 
 export const getUsage = createRoute({
+  operationId: 'getUsage',
   method: 'get',
   path: '/v1/usage',
   tags: ['Ops'],

@@ -40,6 +40,7 @@ const security = [{ bearer: [] }];
 const tags = ['Workspace files and history'];
 
 export const getFiles = createRoute({
+  operationId: 'getWorkspaceFiles',
   method: 'get',
   path: '/v1/workspaces/{workspace}/files',
   tags,
@@ -74,6 +75,7 @@ export const getFiles = createRoute({
 });
 
 export const putFile = createRoute({
+  operationId: 'putWorkspaceFile',
   method: 'put',
   path: '/v1/workspaces/{workspace}/files',
   tags,
@@ -84,6 +86,7 @@ export const putFile = createRoute({
 });
 
 export const deleteFile = createRoute({
+  operationId: 'deleteWorkspaceFile',
   method: 'delete',
   path: '/v1/workspaces/{workspace}/files',
   tags,
@@ -94,6 +97,7 @@ export const deleteFile = createRoute({
 });
 
 export const listCommits = createRoute({
+  operationId: 'listCommits',
   method: 'get',
   path: '/v1/workspaces/{workspace}/commits',
   tags,
@@ -121,6 +125,7 @@ export const listCommits = createRoute({
 });
 
 export const getCommit = createRoute({
+  operationId: 'getCommit',
   method: 'get',
   path: '/v1/workspaces/{workspace}/commits/{sha}',
   tags,
@@ -134,6 +139,7 @@ export const getCommit = createRoute({
 });
 
 export const revert = createRoute({
+  operationId: 'revertCommit',
   method: 'post',
   path: '/v1/workspaces/{workspace}/commits/{sha}/revert',
   tags,
@@ -206,6 +212,7 @@ const SearchHit = z
   .openapi('MemoryHit');
 
 export const searchMemory = createRoute({
+  operationId: 'searchMemory',
   method: 'get',
   path: '/v1/workspaces/{workspace}/memory/search',
   tags: ['Memory'],

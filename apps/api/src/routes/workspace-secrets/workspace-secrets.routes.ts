@@ -18,6 +18,7 @@ const security = [{ bearer: [] }];
 const tags = ['Workspace secrets'];
 
 export const put = createRoute({
+  operationId: 'putWorkspaceSecret',
   method: 'put',
   path: '/v1/workspaces/{workspace}/secrets/{name}',
   tags,
@@ -39,6 +40,7 @@ export const put = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listWorkspaceSecrets',
   method: 'get',
   path: '/v1/workspaces/{workspace}/secrets',
   tags,
@@ -49,6 +51,7 @@ export const list = createRoute({
 });
 
 export const remove = createRoute({
+  operationId: 'deleteWorkspaceSecret',
   method: 'delete',
   path: '/v1/workspaces/{workspace}/secrets/{name}',
   tags,

@@ -27,6 +27,7 @@ const tags = ['Workspaces'];
 const body = <T extends z.ZodType>(schema: T) => ({ content: { 'application/json': { schema } }, required: true });
 
 export const create = createRoute({
+  operationId: 'createWorkspace',
   method: 'post',
   path: '/v1/workspaces',
   tags,
@@ -37,6 +38,7 @@ export const create = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listWorkspaces',
   method: 'get',
   path: '/v1/workspaces',
   tags,
@@ -47,6 +49,7 @@ export const list = createRoute({
 });
 
 export const get = createRoute({
+  operationId: 'getWorkspace',
   method: 'get',
   path: '/v1/workspaces/{workspace}',
   tags,
@@ -57,6 +60,7 @@ export const get = createRoute({
 });
 
 export const update = createRoute({
+  operationId: 'updateWorkspace',
   method: 'patch',
   path: '/v1/workspaces/{workspace}',
   tags,
@@ -70,6 +74,7 @@ export const update = createRoute({
 });
 
 export const remove = createRoute({
+  operationId: 'deleteWorkspace',
   method: 'delete',
   path: '/v1/workspaces/{workspace}',
   tags,
