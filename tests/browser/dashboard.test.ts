@@ -193,6 +193,59 @@ describe('ops dashboard in chromium', () => {
     ).toBe(404);
   });
 
+  it('a commit\u2019s page shows its change file by file (coloured, long files folded, contents as text) and its trailers; a refused Revert is explained there', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team);
+    const putFile = async (path: string, raw: string) => {
+      const r = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=${path}`, { key: ctx.team.key, raw });
+      expect(r.status).toBe(200);
+      return r.body.commit.sha as string;
+    };
+    const hostile = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>';
+    const long = Array.from({ length: 300 }, (_, i) => `line ${i}`).join('\n');
+    const first = await putFile('knowledge/long.md', `${long}\n`);
+    const second = await putFile('knowledge/note.md', `# Note\n\nsecond version ${hostile}\n`);
+    // The same line again: reverting `second` alone can no longer apply.
+    await putFile('knowledge/note.md', '# Note\n\nthird version\n');
+
+    await open(`#/ws/${ws}`);
+    await page
+      .locator('#commits tr', { hasText: second.slice(0, 10) })
+      .getByRole('link')
+      .click();
+    await page.locator('#commit details.file').first().waitFor();
+    expect(page.url()).toContain(`#/ws/${ws}/commits/${second}`);
+    expect(await page.locator('#commit details.file summary .path').allTextContents()).toEqual(['knowledge/note.md']);
+    expect(await page.locator('#commit .dl.add').allTextContents()).toEqual(
+      expect.arrayContaining([`+second version ${hostile}\n`]),
+    );
+    expect(await page.locator('#commit .stat').textContent()).toBe('+3 \u22120');
+    const facts = await page.locator('#commit dl.facts').textContent();
+    expect(facts).toContain('author');
+    expect(facts).toContain('user');
+    expect(facts).toContain(second);
+    // The hostile markup stayed text: no element was made from it and nothing ran.
+    expect(await page.locator('#commit .diffs img, #commit .diffs script').count()).toBe(0);
+    expect(await page.evaluate(() => (window as { __xss?: number }).__xss)).toBeUndefined();
+
+    const before = (await ctx.t.call('GET', `/v1/workspaces/${ws}/commits`, { key: ctx.team.key })).body.data.length;
+    page.once('dialog', (d) => void d.accept());
+    await page.locator('#commit').getByRole('button', { name: 'Revert' }).click();
+    await page.locator('#commit .conflict:not([hidden])').waitFor();
+    expect(await page.locator('#commit .conflict').textContent()).toContain('nothing was changed');
+    expect((await ctx.t.call('GET', `/v1/workspaces/${ws}/commits`, { key: ctx.team.key })).body.data.length).toBe(
+      before,
+    );
+
+    // A long file is folded after 200 lines; the button unfolds the rest.
+    await page.goto(`${url}/#/ws/${ws}/commits/${first}`);
+    await page.locator('#commit details.file').waitFor();
+    const lines = page.locator('#commit .dl.add');
+    expect(await lines.count()).toBeLessThan(300);
+    await page.getByRole('button', { name: /^Show \d+ more lines$/ }).click();
+    expect(await lines.count()).toBe(300);
+    expect(await lines.last().textContent()).toBe('+line 299\n');
+  });
+
   it('Deny tells the model a person refused; Approve for session stops asking in that session', async () => {
     const denied = await pausedRun('print("refused")');
     await open();
@@ -288,12 +341,20 @@ describe('ops dashboard in chromium', () => {
     ).body;
     expect(committed.status).toBe('committed');
 
+    // The evolution's page shows what it decided and the change it committed; Undo is there.
     const row = page.locator('#evolutions tr', { hasText: queued[0].id });
-    const undo = row.getByRole('button', { name: 'Undo' });
-    await undo.waitFor();
+    await row.getByRole('button', { name: 'Undo' }).waitFor();
+    await row.getByRole('link', { name: queued[0].id }).click();
+    await page.locator('#evolution details.file').waitFor();
+    expect(await page.locator('#evolution details.file summary .path').allTextContents()).toEqual([
+      'skills/add-numbers/SKILL.md',
+    ]);
+    expect(await page.locator('#evolution .dl.add').allTextContents()).toContain('+name: add-numbers\n');
+    expect(await page.locator('#evolution h3').textContent()).toBe('Saved how to add numbers');
     page.once('dialog', (d) => void d.accept());
-    await undo.click();
+    await page.locator('#evolution').getByRole('button', { name: 'Undo' }).click();
     await page.locator('#flash.ok', { hasText: 'undone as' }).waitFor();
+    await page.locator('#evolution dd', { hasText: 'reverted' }).waitFor();
     expect(
       (await ctx.t.call('GET', `/v1/workspaces/${ws}/evolutions/${queued[0].id}`, { key: ctx.team.key })).body.status,
     ).toBe('reverted');

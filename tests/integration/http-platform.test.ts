@@ -219,6 +219,42 @@ describe('audit', () => {
     expect(mine.body.data.every((e: { actor: string }) => e.actor === event.actor)).toBe(true);
   });
 
+  it('filters the audit log by resource and time range, and pages through it with the cursor', async () => {
+    const made: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      made.push((await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: `audited-${i}` } })).body.id);
+    }
+    const one = await t.call('GET', `/v1/audit?resource_type=workspace&resource=${made[1]}`, { key: team.key });
+    expect(one.body.data.map((e: { action: string; resource_id: string }) => [e.action, e.resource_id])).toEqual([
+      ['workspace.create', made[1]],
+    ]);
+    const at = one.body.data[0].created_at as string;
+    const since = await t.call('GET', `/v1/audit?resource_type=workspace&since=${encodeURIComponent(at)}&limit=100`, {
+      key: team.key,
+    });
+    const ids = since.body.data.map((e: { resource_id: string }) => e.resource_id);
+    expect(ids).toContain(made[1]);
+    expect(ids).toContain(made[2]);
+    expect(ids).not.toContain(made[0]);
+    const until = await t.call('GET', `/v1/audit?resource_type=workspace&until=${encodeURIComponent(at)}&limit=100`, {
+      key: team.key,
+    });
+    expect(until.body.data.map((e: { resource_id: string }) => e.resource_id)).toContain(made[0]);
+    expect(until.body.data.map((e: { resource_id: string }) => e.resource_id)).not.toContain(made[1]);
+
+    // Two pages of one event each, newest first, then nothing more.
+    const q = `resource_type=workspace&since=${encodeURIComponent(at)}&limit=1`;
+    const p1 = await t.call('GET', `/v1/audit?${q}`, { key: team.key });
+    expect(p1.body).toMatchObject({ has_more: true });
+    const p2 = await t.call('GET', `/v1/audit?${q}&after=${p1.body.last_id}`, { key: team.key });
+    expect([p1.body.data[0].resource_id, p2.body.data[0].resource_id]).toEqual([made[2], made[1]]);
+    expect(p2.body.has_more).toBe(false);
+
+    const bad = await t.call('GET', '/v1/audit?since=yesterday', { key: team.key });
+    expect(bad.status).toBe(400);
+    expect(bad.body.error.code).toBe('invalid_request');
+  });
+
   it('reads and failed requests leave no audit row', async () => {
     const before = (await tableCounts(t.database.db)).audit_events;
     await t.call('GET', '/v1/workspaces', { key: team.key });

@@ -46,3 +46,5 @@ export async function api<T = unknown>(method: string, path: string, body?: unkn
 }
 
 export const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));
+/** The HTTP status of a failed call (0 when the API could not be reached), undefined for other errors. */
+export const statusOf = (err: unknown) => (err instanceof ApiFailure ? err.status : undefined);

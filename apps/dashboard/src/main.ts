@@ -3,6 +3,7 @@ import { api, clearKey, getKey, isOrgAdminKey, messageOf, setKey } from './api.t
 import { h, replace } from './dom.ts';
 import { flash, type Dispose } from './panel.ts';
 import { adminView, auditView } from './views/audit.ts';
+import { commitView, evolutionView } from './views/change.ts';
 import { overview } from './views/overview.ts';
 import { runView } from './views/run.ts';
 import { workspaceView } from './views/workspace.ts';
@@ -49,7 +50,11 @@ function signIn(): HTMLElement {
 }
 
 function viewFor(hash: string): HTMLElement {
-  const [, name, id] = hash.replace(/^#/, '').split('/');
+  const [, name, id, sub, subId] = hash.replace(/^#/, '').split('/');
+  if (name === 'ws' && id && sub === 'commits' && subId)
+    return commitView(decodeURIComponent(id), decodeURIComponent(subId), dispose);
+  if (name === 'ws' && id && sub === 'evolutions' && subId)
+    return evolutionView(decodeURIComponent(id), decodeURIComponent(subId), dispose);
   if (name === 'ws' && id) return workspaceView(decodeURIComponent(id), dispose);
   if (name === 'runs' && id) return runView(decodeURIComponent(id), dispose);
   if (name === 'audit') return auditView(dispose);

@@ -55,7 +55,13 @@ function say(text: string, ok: boolean) {
 export function action(
   label: string,
   run: () => Promise<string | undefined>,
-  opts: { confirm?: string; after?: () => Promise<void>; className?: string } = {},
+  opts: {
+    confirm?: string;
+    after?: () => Promise<void>;
+    className?: string;
+    /** Also told of a failure (after it is reported in `flash`), e.g. to explain it on the page. */
+    onError?: (err: unknown) => void;
+  } = {},
 ): HTMLElement {
   const button = h(
     'button',
@@ -70,6 +76,7 @@ export function action(
           await opts.after?.();
         } catch (err) {
           say(`${label}: ${messageOf(err)}`, false);
+          opts.onError?.(err);
         } finally {
           button.disabled = false;
         }

@@ -61,7 +61,14 @@ export interface Commit {
   author: string;
   summary: string;
   paths: string[];
+  session_id: string | null;
+  run_id: string | null;
+  evolution_id: string | null;
   created_at: string;
+}
+export interface CommitWithDiff extends Commit {
+  diff: string;
+  diff_truncated: boolean;
 }
 export interface Evolution {
   id: string;
@@ -69,9 +76,12 @@ export interface Evolution {
   status: string;
   commit_sha: string | null;
   summary: string | null;
+  diary: string | null;
+  session_id: string | null;
   error: string | null;
   changed_paths: string[];
   created_at: string;
+  finished_at: string | null;
 }
 export interface AuditEvent {
   id: string;

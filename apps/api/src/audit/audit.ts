@@ -1,4 +1,4 @@
-import { and, eq, sql, type SQL } from 'drizzle-orm';
+import { and, eq, gte, lt, sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { auditEvents } from '../db/schema/index.ts';
 import type { Principal } from '../auth/principal.ts';
@@ -42,7 +42,14 @@ export async function recordAudit(db: Db, draft: AuditDraft, actor: Principal | 
 export async function listAudit(
   db: Db,
   teamId: string | null,
-  filter: { action?: string; actor?: string },
+  filter: {
+    action?: string;
+    actor?: string;
+    resource_type?: string;
+    resource?: string;
+    since?: string;
+    until?: string;
+  },
   p: ListParams,
 ) {
   const c = cursorOn(auditEvents.id, p);
@@ -50,6 +57,10 @@ export async function listAudit(
     teamId ? eq(auditEvents.teamId, teamId) : undefined,
     filter.action ? eq(auditEvents.action, filter.action) : undefined,
     filter.actor ? eq(auditEvents.actorKeyId, filter.actor) : undefined,
+    filter.resource_type ? eq(auditEvents.resourceType, filter.resource_type) : undefined,
+    filter.resource ? eq(auditEvents.resourceId, filter.resource) : undefined,
+    filter.since ? gte(auditEvents.createdAt, new Date(filter.since)) : undefined,
+    filter.until ? lt(auditEvents.createdAt, new Date(filter.until)) : undefined,
     c.where,
   ];
   return db

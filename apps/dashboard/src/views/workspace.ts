@@ -1,7 +1,8 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
-import { action, panel, type Dispose } from '../panel.ts';
+import { action, link, panel, type Dispose } from '../panel.ts';
 import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
+import { commitHref, evolutionHref } from './change.ts';
 import { runsTable } from './overview.ts';
 
 const EVERY_MS = 5000;
@@ -73,7 +74,7 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
           ['commit', 'kind', 'author', 'message', 'files', 'when', ''],
           p.data,
           (c) => [
-            h('code', {}, short(c.sha)),
+            link(commitHref(ws, c.sha), h('code', {}, short(c.sha))),
             c.kind,
             c.author,
             c.summary,
@@ -104,7 +105,7 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
           ['evolution', 'kind', 'status', 'summary', 'commit', 'when', ''],
           p.data,
           (e) => [
-            e.id,
+            link(evolutionHref(ws, e.id), e.id),
             e.kind,
             e.status,
             e.summary ?? '—',

@@ -26,7 +26,17 @@ export const list = createRoute({
   security: [{ bearer: [] }],
   summary: 'Audit log: the team\u2019s events (org admin: every team\u2019s)',
   request: {
-    query: ListQuery.extend({ action: z.string().max(100).optional(), actor: z.string().max(64).optional() }),
+    query: ListQuery.extend({
+      action: z.string().max(100).optional().openapi({ description: 'exactly this action, e.g. workspace.update' }),
+      actor: z.string().max(64).optional().openapi({ description: 'the id of the key that acted' }),
+      resource_type: z.string().max(64).optional().openapi({ description: 'e.g. workspace, session, commit' }),
+      resource: z.string().max(128).optional().openapi({ description: 'the id of the resource acted on' }),
+      since: z.iso
+        .datetime({ offset: true })
+        .optional()
+        .openapi({ description: 'only events at or after this time (ISO 8601)' }),
+      until: z.iso.datetime({ offset: true }).optional().openapi({ description: 'only events before this time' }),
+    }),
   },
   responses: { 200: jsonContent(listOf(AuditEvent), 'Audit events'), ...errorResponses },
 });
