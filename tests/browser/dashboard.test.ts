@@ -377,6 +377,53 @@ describe('ops dashboard in chromium', () => {
     await page.locator('#teams tr', { hasText: ctx.team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
   });
+  it('the audit page filters by actor, action, resource and time, and pages with the API\u2019s cursor', async () => {
+    const made: string[] = [];
+    for (let i = 0; i < 12; i++) {
+      made.push(
+        (await ctx.t.call('POST', '/v1/workspaces', { key: ctx.team.key, body: { name: `dash-paged-${i}` } })).body.id,
+      );
+    }
+    const events = (await ctx.t.call('GET', `/v1/audit?resource=${made[0]}`, { key: ctx.team.key })).body.data;
+    const actor = events[0].actor as string;
+    await open('#/audit');
+    await page.fill('#audit-resource', made[1]!);
+    await page.click('#audit-filters button[type=submit]');
+    await page.locator('#audit .empty, #audit tbody tr').first().waitFor();
+    await page.waitForFunction(
+      (id) =>
+        document.querySelectorAll('#audit tbody tr').length === 1 &&
+        document.querySelector('#audit tbody')!.textContent!.includes(id),
+      made[1],
+    );
+    expect(await page.locator('#audit tbody').textContent()).toContain('workspace.create');
+
+    // Everything this key created since the first of the twelve, ten to a page.
+    await page.fill('#audit-resource', '');
+    await page.fill('#audit-actor', actor);
+    await page.fill('#audit-action', 'workspace.create');
+    // The form takes local time, to the millisecond.
+    const since = new Date(events[0].created_at);
+    const local = new Date(since.getTime() - since.getTimezoneOffset() * 60_000).toISOString().slice(0, 23);
+    await page.fill('#audit-since', local);
+    await page.selectOption('#audit-limit', '10');
+    await page.click('#audit-filters button[type=submit]');
+    const rows = page.locator('#audit tbody tr');
+    const order = async () => (await rows.allTextContents()).map((r) => made.findIndex((id) => r.includes(id)));
+    await page.waitForFunction(() => document.querySelectorAll('#audit tbody tr').length === 10);
+    expect(await order()).toEqual([11, 10, 9, 8, 7, 6, 5, 4, 3, 2]);
+    const older = page.getByRole('button', { name: 'Older \u2192' });
+    const newer = page.getByRole('button', { name: '\u2190 Newer' });
+    expect(await newer.isDisabled()).toBe(true);
+    await older.click();
+    await page.locator('#audit .page', { hasText: 'page 2' }).waitFor();
+    expect(await order()).toEqual([1, 0]);
+    expect(await older.isDisabled()).toBe(true);
+    await newer.click();
+    await page.locator('#audit .page', { hasText: 'page 1' }).waitFor();
+    expect(await order()).toEqual([11, 10, 9, 8, 7, 6, 5, 4, 3, 2]);
+  });
+
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) =>

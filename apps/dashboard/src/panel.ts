@@ -87,5 +87,61 @@ export function action(
   return button;
 }
 
+/**
+ * A list panel that pages with the API's cursor (`after` = the previous page's `last_id`):
+ * Older goes one page further, Newer one back, and a reload (or `everyMs`) re-reads the page shown.
+ * `query()` is read at every load, so a filter form only has to call the returned `restart`.
+ */
+export function pagedPanel<T>(
+  id: string,
+  title: string,
+  load: (after: string | undefined) => Promise<{ data: T[]; has_more?: boolean; last_id?: string | null }>,
+  render: (rows: T[], reload: () => Promise<void>) => Child,
+  opts: { everyMs?: number; dispose: Dispose[]; actions?: Child[] },
+): { box: HTMLElement; restart: () => Promise<void> } {
+  const cursors: (string | undefined)[] = [undefined];
+  let reloadNow: () => Promise<void> = async () => undefined;
+  const box = panel(
+    id,
+    title,
+    async () => ({ page: cursors.length, list: await load(cursors.at(-1)) }),
+    ({ page, list }, reload) => {
+      reloadNow = reload;
+      const step = (label: string, enabled: boolean, move: () => void) =>
+        h(
+          'button',
+          {
+            type: 'button',
+            class: 'pager',
+            disabled: !enabled,
+            onclick: () => {
+              move();
+              void reload();
+            },
+          },
+          label,
+        );
+      return h(
+        'div',
+        {},
+        render(list.data, reload),
+        h(
+          'div',
+          { class: 'pages' },
+          step('← Newer', page > 1, () => cursors.pop()),
+          h('span', { class: 'page' }, `page ${page}`),
+          step('Older →', Boolean(list.has_more && list.last_id), () => cursors.push(list.last_id ?? undefined)),
+        ),
+      );
+    },
+    opts,
+  );
+  const restart = async () => {
+    cursors.splice(1);
+    await reloadNow();
+  };
+  return { box, restart };
+}
+
 /** A route link. */
 export const link = (href: string, text: Child) => h('a', { href }, text);
