@@ -424,6 +424,48 @@ describe('ops dashboard in chromium', () => {
     expect(await order()).toEqual([11, 10, 9, 8, 7, 6, 5, 4, 3, 2]);
   });
 
+  it('the Runs page filters the team\u2019s runs by status, workspace and session', async () => {
+    const a = await sessionIn(ctx.t, ctx.team);
+    const b = await sessionIn(ctx.t, ctx.team);
+    const runs: string[] = [];
+    for (const s of [a, a, b]) {
+      ctx.fake.script({ content: '<finish>ok</finish>' });
+      const r = await converse(ctx.t, ctx.team.key, s.session, 'hello');
+      expect(r.run.status).toBe('completed');
+      runs.push(r.run.id);
+    }
+    const failed = await pausedRun('print(1)', false);
+    expect((await ctx.t.call('POST', `/v1/runs/${failed.run}/cancel`, { key: ctx.team.key })).status).toBe(200);
+
+    await open('#/');
+    await page.getByRole('link', { name: 'Runs', exact: true }).click();
+    await page.fill('#runs-workspace', a.ws);
+    await page.click('#runs-filters button[type=submit]');
+    const ids = async () =>
+      (await page.locator('#all-runs tbody tr td:first-child').allTextContents()).filter((t) => t.startsWith('run_'));
+    await page.waitForFunction(() => document.querySelectorAll('#all-runs tbody tr').length === 2);
+    expect(await ids()).toEqual([runs[1], runs[0]]);
+
+    await page.fill('#runs-workspace', '');
+    await page.fill('#runs-session', b.session);
+    await page.click('#runs-filters button[type=submit]');
+    await page.waitForFunction(() => document.querySelectorAll('#all-runs tbody tr').length === 1);
+    expect(await ids()).toEqual([runs[2]]);
+
+    await page.fill('#runs-session', '');
+    await page.check('#runs-status-cancelled');
+    await page.click('#runs-filters button[type=submit]');
+    await page.locator('#all-runs tbody tr', { hasText: failed.run }).waitFor();
+    expect(await page.locator('#all-runs .status').allTextContents()).toEqual(expect.arrayContaining(['cancelled']));
+    expect(new Set(await page.locator('#all-runs .status').allTextContents())).toEqual(new Set(['cancelled']));
+
+    // The workspace page's runs link opens the same page, filtered to it.
+    await page.goto(`${url}/#/ws/${b.ws}`);
+    await page.locator('#ws-runs').getByRole('link', { name: 'filter…' }).click();
+    await page.waitForFunction(() => document.querySelectorAll('#all-runs tbody tr').length === 1);
+    expect(await ids()).toEqual([runs[2]]);
+  });
+
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) =>

@@ -6,6 +6,7 @@ import { adminView, auditView } from './views/audit.ts';
 import { commitView, evolutionView } from './views/change.ts';
 import { overview } from './views/overview.ts';
 import { runView } from './views/run.ts';
+import { runsView } from './views/runs.ts';
 import { workspaceView } from './views/workspace.ts';
 
 const root = document.getElementById('app')!;
@@ -50,7 +51,9 @@ function signIn(): HTMLElement {
 }
 
 function viewFor(hash: string): HTMLElement {
-  const [, name, id, sub, subId] = hash.replace(/^#/, '').split('/');
+  const [route, search = ''] = hash.replace(/^#/, '').split('?');
+  const [, name, id, sub, subId] = route!.split('/');
+  if (name === 'runs' && !id) return runsView(dispose, new URLSearchParams(search));
   if (name === 'ws' && id && sub === 'commits' && subId)
     return commitView(decodeURIComponent(id), decodeURIComponent(subId), dispose);
   if (name === 'ws' && id && sub === 'evolutions' && subId)
@@ -75,6 +78,7 @@ function render(): void {
     {},
     h('strong', {}, 'Kiln ops'),
     h('a', { href: '#/' }, 'Overview'),
+    h('a', { href: '#/runs' }, 'Runs'),
     h('a', { href: '#/audit' }, 'Audit'),
     h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),

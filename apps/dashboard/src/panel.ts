@@ -143,5 +143,14 @@ export function pagedPanel<T>(
   return { box, restart };
 }
 
+/** A filter form over a paged list: submitting it reads the list's first page again. */
+export function filterForm(id: string, list: { restart: () => Promise<void> }, ...fields: Child[]): HTMLElement {
+  const submit = (ev: Event) => {
+    ev.preventDefault();
+    void list.restart();
+  };
+  return h('form', { class: 'filters', id, onsubmit: submit }, ...fields, h('button', { type: 'submit' }, 'Filter'));
+}
+
 /** A route link. */
 export const link = (href: string, text: Child) => h('a', { href }, text);

@@ -1,6 +1,6 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
-import { pagedPanel, panel, type Dispose } from '../panel.ts';
+import { filterForm, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { AuditEvent, List, Team, Update, Version } from '../types.ts';
 
 const FILTERS = [
@@ -64,21 +64,13 @@ export function auditView(dispose: Dispose[]): HTMLElement {
       ),
     { everyMs: 10_000, dispose },
   );
-  const form = h(
-    'form',
-    {
-      class: 'filters',
-      id: 'audit-filters',
-      onsubmit: (ev: Event) => {
-        ev.preventDefault();
-        void list.restart();
-      },
-    },
+  const form = filterForm(
+    'audit-filters',
+    list,
     ...FILTERS.map(([name, label, placeholder]) => field(name, label, { placeholder, maxlength: '128' })),
     field('since', 'from', { type: 'datetime-local', step: '0.001' }),
     field('until', 'until', { type: 'datetime-local', step: '0.001' }),
     h('label', {}, 'per page', perPage),
-    h('button', { type: 'submit' }, 'Filter'),
   );
   return h('div', { class: 'view' }, form, list.box);
 }

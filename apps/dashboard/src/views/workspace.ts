@@ -1,12 +1,13 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
-import { action, link, panel, type Dispose } from '../panel.ts';
+import { action, link, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
 import { commitHref, evolutionHref } from './change.ts';
 import { runsTable } from './overview.ts';
 
 const EVERY_MS = 5000;
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
+const page = (after: string | undefined) => (after ? `&after=${encodeURIComponent(after)}` : '');
 
 /** One workspace: its runs and sessions, its history with Revert, its evolutions with Undo. */
 export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
@@ -44,35 +45,41 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
         ),
       { dispose },
     ),
-    panel(
+    pagedPanel<Run>(
       'ws-runs',
       'Runs',
-      () => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20`),
-      (p) => runsTable(p.data, 'no run yet'),
-      { everyMs: EVERY_MS, dispose },
-    ),
-    panel(
+      (after) => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20${page(after)}`),
+      (rows) => runsTable(rows, 'no run yet'),
+      { everyMs: EVERY_MS, dispose, actions: [link(`#/runs?workspace=${encodeURIComponent(ws)}`, 'filter…')] },
+    ).box,
+    pagedPanel<Session>(
       'sessions',
       'Sessions',
-      () => api<List<Session>>('GET', `${base}/sessions?limit=50`),
-      (p) =>
+      (after) => api<List<Session>>('GET', `${base}/sessions?limit=20${page(after)}`),
+      (rows) =>
         table(
-          ['session', 'title', 'status', 'last activity'],
-          p.data,
-          (s) => [s.id, s.title ?? '—', s.status, when(s.last_activity_at)],
+          ['session', 'title', 'status', 'last activity', ''],
+          rows,
+          (s) => [
+            s.id,
+            s.title ?? '—',
+            s.status,
+            when(s.last_activity_at),
+            link(`#/runs?session=${encodeURIComponent(s.id)}`, 'runs'),
+          ],
           'no session yet',
         ),
       { everyMs: EVERY_MS, dispose },
-    ),
-    panel(
+    ).box,
+    pagedPanel<Commit>(
       'commits',
       'Commits',
-      () => api<List<Commit>>('GET', `${base}/commits?limit=50`),
-      (p, reload) => {
+      (after) => api<List<Commit>>('GET', `${base}/commits?limit=20${page(after)}`),
+      (rows, reload) => {
         remember(reload);
         return table(
           ['commit', 'kind', 'author', 'message', 'files', 'when', ''],
-          p.data,
+          rows,
           (c) => [
             link(commitHref(ws, c.sha), h('code', {}, short(c.sha))),
             c.kind,
@@ -94,16 +101,16 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
         );
       },
       { everyMs: EVERY_MS, dispose },
-    ),
-    panel(
+    ).box,
+    pagedPanel<Evolution>(
       'evolutions',
       'Evolutions',
-      () => api<List<Evolution>>('GET', `${base}/evolutions`),
-      (p, reload) => {
+      (after) => api<List<Evolution>>('GET', `${base}/evolutions?limit=20${page(after)}`),
+      (rows, reload) => {
         remember(reload);
         return table(
           ['evolution', 'kind', 'status', 'summary', 'commit', 'when', ''],
-          p.data,
+          rows,
           (e) => [
             link(evolutionHref(ws, e.id), e.id),
             e.kind,
@@ -127,6 +134,6 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
         );
       },
       { everyMs: EVERY_MS, dispose },
-    ),
+    ).box,
   );
 }
