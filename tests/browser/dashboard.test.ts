@@ -394,7 +394,7 @@ describe('ops dashboard in chromium', () => {
       (id) =>
         document.querySelectorAll('#audit tbody tr').length === 1 &&
         document.querySelector('#audit tbody')!.textContent!.includes(id),
-      made[1],
+      made[1]!,
     );
     expect(await page.locator('#audit tbody').textContent()).toContain('workspace.create');
 
@@ -464,6 +464,31 @@ describe('ops dashboard in chromium', () => {
     await page.locator('#ws-runs').getByRole('link', { name: 'filter…' }).click();
     await page.waitForFunction(() => document.querySelectorAll('#all-runs tbody tr').length === 1);
     expect(await ids()).toEqual([runs[2]]);
+  });
+
+  it('the overview charts each workspace\u2019s tokens and runs per day', async () => {
+    const { ws, session } = await sessionIn(ctx.t, ctx.team);
+    for (let i = 0; i < 2; i++) {
+      ctx.fake.script({ content: '<finish>ok</finish>', usage: { prompt_tokens: 100, completion_tokens: 5 } });
+      expect((await converse(ctx.t, ctx.team.key, session, 'hi')).run.status).toBe('completed');
+    }
+    await open('#/');
+    // Named as the workspace is, linked to its page.
+    const row = page.locator('#usage tr', { has: page.locator(`a[href="#/ws/${ws}"]`) });
+    await row.waitFor();
+    expect(await row.locator('a').textContent()).toMatch(/^ws-/);
+    const today = new Date().toISOString().slice(0, 10);
+    expect(await row.locator('svg.daychart g.day').count()).toBe(14);
+    expect(await row.locator(`svg.daychart g.day[data-day="${today}"] title`).textContent()).toBe(
+      `${today}: 210 tokens, 2 runs`,
+    );
+    // The busiest day's bar is the full height; a day without calls has none.
+    const heights = await row
+      .locator('svg.daychart rect.tokens')
+      .evaluateAll((els) => els.map((e) => Number(e.getAttribute('height'))));
+    expect(heights.at(-1)).toBe(28);
+    expect(heights.slice(0, -1).every((x) => x === 0)).toBe(true);
+    expect((await row.locator('td').allTextContents()).slice(1, 5)).toEqual(['2', '200', '10', '2']);
   });
 
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {

@@ -42,3 +42,13 @@ export function table<T>(heads: string[], rows: T[], cells: (row: T) => Child[],
     h('tbody', {}, ...rows.map((r) => h('tr', {}, ...cells(r).map((c) => h('td', {}, c))))),
   );
 }
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** An SVG element: attributes set as given, children appended (text only ever as text nodes). */
+export function svg(tag: string, attrs: Record<string, string | number> = {}, ...children: Child[]): SVGElement {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+  append(el, ...children);
+  return el;
+}

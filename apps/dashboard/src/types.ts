@@ -49,6 +49,18 @@ export interface UsageRow {
   completion_tokens: number;
   calls: number;
 }
+export interface DailyUsage {
+  from: string;
+  to: string;
+  data: {
+    workspace_id: string;
+    day: string;
+    prompt_tokens: number;
+    completion_tokens: number;
+    calls: number;
+    runs: number;
+  }[];
+}
 export interface Session {
   id: string;
   title: string | null;

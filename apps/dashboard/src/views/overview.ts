@@ -1,7 +1,8 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
 import { action, link, panel, type Dispose } from '../panel.ts';
-import type { Approval, List, Run, Sandbox, UsageRow, Workspace } from '../types.ts';
+import { dayChart, type DayPoint } from '../chart.ts';
+import type { Approval, DailyUsage, List, Run, Sandbox, UsageRow, Workspace } from '../types.ts';
 
 const EVERY_MS = 3000;
 const IN_FLIGHT = 'queued,in_progress,requires_action';
@@ -25,6 +26,45 @@ export const runsTable = (runs: Run[], empty: string) =>
     ],
     empty,
   );
+
+/** Every day from `from` to `to` (YYYY-MM-DD, UTC), both included. */
+function daysBetween(from: string, to: string): string[] {
+  const out: string[] = [];
+  for (let t = Date.parse(`${from}T00:00:00Z`); t <= Date.parse(`${to}T00:00:00Z`); t += 86_400_000)
+    out.push(new Date(t).toISOString().slice(0, 10));
+  return out;
+}
+
+/** Each workspace's totals, its runs over the period and a chart of its tokens and runs per day. */
+function usageTable(totals: UsageRow[], daily: DailyUsage, names: Map<string, string>): HTMLElement {
+  const days = daysBetween(daily.from, daily.to);
+  const byWs = new Map<string, Map<string, DayPoint>>();
+  for (const d of daily.data) {
+    const points = byWs.get(d.workspace_id) ?? new Map<string, DayPoint>();
+    points.set(d.day, { day: d.day, tokens: d.prompt_tokens + d.completion_tokens, runs: d.runs });
+    byWs.set(d.workspace_id, points);
+  }
+  const keys = [...new Set([...totals.map((u) => u.key), ...byWs.keys()])].sort();
+  const total = new Map(totals.map((u) => [u.key, u]));
+  return table(
+    ['workspace', 'calls', 'prompt tokens', 'completion tokens', 'runs (14 d)', 'tokens and runs per day'],
+    keys,
+    (ws) => {
+      const t = total.get(ws);
+      const points = byWs.get(ws) ?? new Map<string, DayPoint>();
+      const runs = [...points.values()].reduce((n, p) => n + p.runs, 0);
+      return [
+        link(`#/ws/${ws}`, names.get(ws) ?? ws),
+        t?.calls ?? 0,
+        t?.prompt_tokens ?? 0,
+        t?.completion_tokens ?? 0,
+        runs,
+        dayChart(days, points, `tokens and runs per day of ${ws}, ${daily.from} to ${daily.to}`),
+      ];
+    },
+    'no model calls yet',
+  );
+}
 
 /** What is happening now: runs in flight, approvals waiting for a person, sandboxes, workspaces, usage. */
 export function overview(dispose: Dispose[]): HTMLElement {
@@ -118,15 +158,13 @@ export function overview(dispose: Dispose[]): HTMLElement {
     ),
     panel(
       'usage',
-      'Usage by workspace',
-      () => api<{ data: UsageRow[] }>('GET', '/v1/usage?group_by=workspace'),
-      (p) =>
-        table(
-          ['workspace', 'calls', 'prompt tokens', 'completion tokens'],
-          p.data,
-          (u) => [u.key, u.calls, u.prompt_tokens, u.completion_tokens],
-          'no model calls yet',
-        ),
+      'Usage by workspace (last 14 days)',
+      async () => ({
+        totals: await api<{ data: UsageRow[] }>('GET', '/v1/usage?group_by=workspace'),
+        daily: await api<DailyUsage>('GET', '/v1/usage/daily?days=14'),
+        names: await api<List<Workspace>>('GET', '/v1/workspaces?limit=100'),
+      }),
+      ({ totals, daily, names }) => usageTable(totals.data, daily, new Map(names.data.map((w) => [w.id, w.name]))),
       { everyMs: EVERY_MS * 5, dispose },
     ),
   );

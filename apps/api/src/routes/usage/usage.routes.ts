@@ -23,3 +23,46 @@ export const getUsage = createRoute({
     ...errorResponses,
   },
 });
+
+export const getDailyUsage = createRoute({
+  operationId: 'getDailyUsage',
+  method: 'get',
+  path: '/v1/usage/daily',
+  tags: ['Ops'],
+  security,
+  summary: 'Model calls, tokens and runs of the team per workspace and UTC day',
+  request: {
+    query: z.object({
+      days: z.coerce
+        .number()
+        .int()
+        .min(1)
+        .max(366)
+        .default(14)
+        .openapi({ description: 'the last N days, today included' }),
+      workspace: z.string().max(64).optional().openapi({ description: 'only this workspace' }),
+    }),
+  },
+  responses: {
+    200: jsonContent(
+      z.object({
+        from: z.string().openapi({ description: 'first day covered (YYYY-MM-DD, UTC)' }),
+        to: z.string().openapi({ description: 'last day covered: today (UTC)' }),
+        data: z
+          .array(
+            z.object({
+              workspace_id: z.string(),
+              day: z.string(),
+              prompt_tokens: z.number(),
+              completion_tokens: z.number(),
+              calls: z.number(),
+              runs: z.number(),
+            }),
+          )
+          .openapi({ description: 'one entry per workspace and day that had a model call or a run' }),
+      }),
+      'Daily usage',
+    ),
+    ...errorResponses,
+  },
+});
