@@ -239,6 +239,32 @@ describe('workspaces are git repositories', () => {
     expect(git(dir, 'status', '--porcelain')).toBe('');
   });
 
+  it('says how much of its budget MEMORY.md uses, and lists the skills with their front matter', async () => {
+    const text = '# Core memory\n\n- one\n- two\n* three\nnot an entry\n';
+    expect((await put('MEMORY.md', text)).status).toBe(200);
+    const usage = await t.call('GET', `/v1/workspaces/${ws}/memory`, { key: team.key });
+    expect(usage.body).toEqual({
+      path: 'MEMORY.md',
+      entries: 3,
+      bytes: Buffer.byteLength(text),
+      max_entries: 5,
+      max_bytes: 2000,
+    });
+    const skill = '---\nname: plot-sales\ndescription: Plot monthly sales with matplotlib\n---\n\n1. load\n';
+    expect((await put('skills/plot-sales/SKILL.md', skill)).status).toBe(200);
+    const skills = (await t.call('GET', `/v1/workspaces/${ws}/skills`, { key: team.key })).body.data;
+    expect(skills).toContainEqual({
+      name: 'plot-sales',
+      description: 'Plot monthly sales with matplotlib',
+      path: 'skills/plot-sales/SKILL.md',
+      builtin: false,
+    });
+    expect(skills.filter((x: { builtin: boolean }) => x.builtin).length).toBeGreaterThan(0);
+    expect(
+      skills.every((x: { path: string; builtin: boolean }) => x.builtin === x.path.startsWith('skills/builtin/')),
+    ).toBe(true);
+  });
+
   it('another team cannot read, write, list or revert this workspace', async () => {
     const other = await t.team('repo-other');
     const sha = git(dir, 'rev-parse', 'HEAD').trim();
@@ -250,6 +276,8 @@ describe('workspaces are git repositories', () => {
       ['GET', `/v1/workspaces/${ws}/commits/${sha}`],
       ['POST', `/v1/workspaces/${ws}/commits/${sha}/revert`],
       ['GET', `/v1/workspaces/${ws}/memory/search?q=fridays`],
+      ['GET', `/v1/workspaces/${ws}/memory`],
+      ['GET', `/v1/workspaces/${ws}/skills`],
     ] as const) {
       const r = await t.call(method, path, { key: other.key, raw: method === 'PUT' ? 'x' : undefined });
       expect(r.status, `${method} ${path}`).toBe(404);

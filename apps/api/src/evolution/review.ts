@@ -2,7 +2,7 @@ import { and, asc, eq, inArray, sql } from 'drizzle-orm';
 import type { RunEventLog } from '../agent/events.ts';
 import { ModelError, type ChatMessage, type ModelClient } from '../agent/llm.ts';
 import { insertMessage, insertUsage, messageRow } from '../agent/message-rows.ts';
-import { listSkills } from '../agent/prompt.ts';
+import { listSkills } from '../workspace/skills.ts';
 import type { Db } from '../db/client.ts';
 import { messages, runs, sessions, workspaces } from '../db/schema/index.ts';
 import { ACTIVE_RUN_STATUSES } from '../db/schema/runs.ts';

@@ -5,12 +5,13 @@ import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import type { MemoryBudget } from '../memory/budget.ts';
+import { memoryEntries, type MemoryBudget } from '../memory/budget.ts';
 import type { Embedder } from '../memory/embeddings.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
 import { indexedFiles, reindexAll, reindexPaths, staleIndexes } from '../memory/indexer.ts';
 import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { KeyedMutex } from './lock.ts';
+import { listSkills, type SkillInfo } from './skills.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
 import type { WorkspaceRepos, CommitInfo, CommitOutcome, DirEntry, Provenance } from './git-repos.ts';
@@ -238,6 +239,24 @@ export class WorkspaceService {
   /** Where a workspace's working tree is on disk (sandboxes mount it; the prompt is read from it). */
   dirOf(workspaceId: string): string {
     return this.repos.dirOf(workspaceId);
+  }
+
+  /** How much of its core-memory budget MEMORY.md uses now (what a write over it is refused by). */
+  async memoryUsage(ws: WorkspaceRow): Promise<{ entries: number; bytes: number; budget: MemoryBudget }> {
+    const text = await this.repos.readFile(ws.id, 'MEMORY.md').then(
+      (b) => b.toString('utf8'),
+      () => '',
+    );
+    return { entries: memoryEntries(text).length, bytes: Buffer.byteLength(text), budget: budgetOf(ws) };
+  }
+
+  /** The workspace's skills (skills/**\/SKILL.md) with the name and description of their front matter. */
+  async skills(ws: WorkspaceRow): Promise<(SkillInfo & { builtin: boolean })[]> {
+    const found = await listSkills(this.repos.dirOf(ws.id));
+    return found.map((s) => {
+      const path = s.path.replace(/^\/workspace\//, '');
+      return { ...s, path, builtin: isBuiltinSkillPath(path) };
+    });
   }
 
   /** A file of a workspace as it is in the working tree. */

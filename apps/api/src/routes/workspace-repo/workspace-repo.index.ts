@@ -102,6 +102,17 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       });
       return c.json(outcomeView(outcome), 201);
     })
+    .openapi(scoped(r.getMemoryUsage), async (c) => {
+      const { entries, bytes, budget } = await service.memoryUsage(workspaceOf(c));
+      return c.json(
+        { path: 'MEMORY.md' as const, entries, bytes, max_entries: budget.maxEntries, max_bytes: budget.maxBytes },
+        200,
+      );
+    })
+    .openapi(scoped(r.listSkills), async (c) => {
+      const skills = await service.skills(workspaceOf(c));
+      return c.json({ data: skills }, 200);
+    })
     .openapi(scoped(r.searchMemory), async (c) => {
       const ws = workspaceOf(c);
       const { q, k, path, since, until, cursor, debug } = c.req.valid('query');

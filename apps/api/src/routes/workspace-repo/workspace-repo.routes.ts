@@ -227,3 +227,52 @@ export const searchMemory = createRoute({
     ...errorResponses,
   },
 });
+
+export const getMemoryUsage = createRoute({
+  operationId: 'getMemoryUsage',
+  method: 'get',
+  path: '/v1/workspaces/{workspace}/memory',
+  tags,
+  security,
+  summary: 'How much of its core-memory budget MEMORY.md uses (a write over it is refused)',
+  request: { params: WsParams },
+  responses: {
+    200: jsonContent(
+      z.object({
+        path: z.literal('MEMORY.md'),
+        entries: z.number().int().openapi({ description: '"- " bullets in MEMORY.md now' }),
+        bytes: z.number().int(),
+        max_entries: z.number().int().openapi({ description: 'evolution.memory_max_entries' }),
+        max_bytes: z.number().int().openapi({ description: 'evolution.memory_max_bytes' }),
+      }),
+      'The budget and its use',
+    ),
+    ...errorResponses,
+  },
+});
+
+export const listSkills = createRoute({
+  operationId: 'listSkills',
+  method: 'get',
+  path: '/v1/workspaces/{workspace}/skills',
+  tags,
+  security,
+  summary: 'The workspace\u2019s skills (every skills/**/SKILL.md) with their front matter\u2019s name and description',
+  request: { params: WsParams },
+  responses: {
+    200: jsonContent(
+      z.object({
+        data: z.array(
+          z.object({
+            name: z.string(),
+            description: z.string(),
+            path: z.string().openapi({ description: 'the SKILL.md, relative to the workspace' }),
+            builtin: z.boolean().openapi({ description: 'under skills/builtin/: read-only for people and agents' }),
+          }),
+        ),
+      }),
+      'Skills',
+    ),
+    ...errorResponses,
+  },
+});
