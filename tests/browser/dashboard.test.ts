@@ -491,6 +491,124 @@ describe('ops dashboard in chromium', () => {
     expect((await row.locator('td').allTextContents()).slice(1, 5)).toEqual(['2', '200', '10', '2']);
   });
 
+  it('a workspace file opens rendered and sanitised: no script, handler or frame survives, workspace links stay in the console', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team);
+    const md = [
+      '# Field notes',
+      '<script>window.__xss = 1</script>',
+      '<img src=x onerror="window.__xss = 2">',
+      '<iframe src="https://example.com/"></iframe>',
+      '<div onclick="window.__xss = 3" id="clicky">click me</div>',
+      '<a href="javascript:window.__xss = 4" id="jslink">js link</a>',
+      '',
+      '[sibling](other.md) [memory](../MEMORY.md) [site](https://example.com/docs) [js](javascript:window.__xss=5)',
+      '',
+    ].join('\n');
+    const put = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/notes.md`, {
+      key: ctx.team.key,
+      raw: md,
+    });
+    expect(put.status).toBe(200);
+    await open(`#/ws/${ws}`);
+    await page.getByRole('link', { name: 'Files, memory and skills' }).click();
+    await page.locator('#tree summary', { hasText: 'knowledge/' }).click();
+    await page.locator('#tree a', { hasText: 'notes.md' }).click();
+    const doc = page.locator('#file .markdown');
+    await doc.locator('h1').waitFor();
+    expect(await doc.locator('h1').textContent()).toBe('Field notes');
+    expect(await doc.locator('script, iframe, img, [onclick], [onerror]').count()).toBe(0);
+    await doc.getByText('click me').click();
+    await doc.getByText('js link').click();
+    await doc.getByText('js', { exact: true }).click();
+    expect(await page.evaluate(() => (window as { __xss?: number }).__xss)).toBeUndefined();
+    const href = (name: string) => doc.getByRole('link', { name, exact: true }).getAttribute('href');
+    expect(await href('sibling')).toBe(`#/ws/${ws}/files/knowledge/other.md`);
+    expect(await href('memory')).toBe(`#/ws/${ws}/files/MEMORY.md`);
+    expect(await href('site')).toBe('https://example.com/docs');
+    expect(await doc.getByRole('link', { name: 'site' }).getAttribute('rel')).toBe('noopener noreferrer nofollow');
+    // As text, the same file is its lines, numbered, markup and all.
+    await page.getByRole('button', { name: 'Show text' }).click();
+    expect(await page.locator('#file pre.lines .ln').nth(1).textContent()).toBe('2<script>window.__xss = 1</script>\n');
+
+    // A workspace link opens the file in the console, with MEMORY.md's budget.
+    await page.getByRole('button', { name: 'Show rendered' }).click();
+    await doc.getByRole('link', { name: 'memory', exact: true }).click();
+    await page.locator('#file .budget').waitFor();
+    expect(page.url()).toContain(`#/ws/${ws}/files/MEMORY.md`);
+    const usage = (await ctx.t.call('GET', `/v1/workspaces/${ws}/memory`, { key: ctx.team.key })).body;
+    expect(await page.locator('#file .budget').textContent()).toBe(
+      ` · budget: ${usage.entries} of ${usage.max_entries} entries, ${usage.bytes} of ${usage.max_bytes} bytes`,
+    );
+  });
+
+  it('editing a file commits it as the user; a refusal (budget, built-in skill) and a redacted secret are shown as the API says', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team, { evolution: { memory_max_entries: 3 } });
+    await open(`#/ws/${ws}/files/MEMORY.md`);
+    const edit = async (text: string) => {
+      await page.getByRole('button', { name: 'Edit' }).click();
+      await page.locator('textarea.editor').fill(text);
+      await page.getByRole('button', { name: 'Save' }).click();
+    };
+    await edit('# Core memory\n\n- a\n- b\n- c\n- d\n');
+    await page.locator('#file .save-note .error').waitFor();
+    expect(await page.locator('#file .save-note').textContent()).toContain('4 entries (limit 3)');
+    expect(
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=MEMORY.md`, { key: ctx.team.key })).body.content,
+    ).not.toContain('- d');
+
+    await page.getByRole('button', { name: 'Cancel' }).click();
+    await edit('# Core memory\n\n- deploys happen on Fridays\n');
+    await page.locator('#file .save-note .ok', { hasText: 'saved as commit' }).waitFor();
+    const [newest] = (await ctx.t.call('GET', `/v1/workspaces/${ws}/commits?limit=1`, { key: ctx.team.key })).body.data;
+    expect(newest).toMatchObject({ author: 'user', paths: ['MEMORY.md'] });
+    expect(await page.locator('#file .save-note').textContent()).toContain(newest.sha.slice(0, 10));
+    await page.locator('#file .budget', { hasText: '1 of 3 entries' }).waitFor();
+
+    const fakeAws = ['AKIA', 'ABCDEFGHIJKLMNOP'].join('');
+    await page.goto(`${url}/#/ws/${ws}/files/USER.md`);
+    await page.locator('#file .file-body').waitFor();
+    await edit(`# User\n\naws: ${fakeAws}\n`);
+    await page.locator('#file .save-note .warn').waitFor();
+    expect(await page.locator('#file .save-note .warn').textContent()).toContain('aws_access_key');
+    expect(await page.locator('#file').textContent()).not.toContain(fakeAws);
+
+    await page.goto(`${url}/#/ws/${ws}/files/skills/builtin/memory-keeping/SKILL.md`);
+    await page.locator('#file .file-body').waitFor();
+    await edit('hijacked');
+    await page.locator('#file .save-note .error').waitFor();
+    expect(await page.locator('#file .save-note').textContent()).toContain('read-only');
+  });
+
+  it('the files page lists the skills and searches memory; a hit opens its file at its line', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team);
+    const skill = '---\nname: plot-sales\ndescription: Plot monthly sales with matplotlib\n---\n\n1. load\n';
+    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=skills/plot-sales/SKILL.md`, {
+      key: ctx.team.key,
+      raw: skill,
+    });
+    const log = '# Daily log\n\nline two\nline three\nthe quarterly zebra report moved to Thursdays\n';
+    await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/zebra.md`, { key: ctx.team.key, raw: log });
+    await open(`#/ws/${ws}/files`);
+    const skills = page.locator('#skills li');
+    await page.locator('#skills li', { hasText: 'plot-sales' }).waitFor();
+    expect(await page.locator('#skills li', { hasText: 'plot-sales' }).textContent()).toBe(
+      'plot-sales — Plot monthly sales with matplotlib',
+    );
+    expect(await skills.filter({ hasText: 'built-in' }).count()).toBeGreaterThan(0);
+
+    await page.fill('#memory-q', 'zebra');
+    await page.click('#memory-search button[type=submit]');
+    const hit = page.locator('#search .hits li').first();
+    await hit.waitFor();
+    const label = await hit.getByRole('link').textContent();
+    expect(label).toMatch(/^knowledge\/zebra\.md:\d+$/);
+    expect(await hit.locator('pre.snippet').textContent()).toContain('zebra report');
+    await hit.getByRole('link').click();
+    await page.locator('#file pre.lines .ln.hl').waitFor();
+    expect(page.url()).toContain(`#/ws/${ws}/files/knowledge/zebra.md?line=`);
+    expect(await page.locator('#file .ln.hl').getAttribute('data-line')).toBe(label!.split(':')[1]);
+  });
+
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) =>

@@ -32,12 +32,21 @@ export function authHeaders(key = getKey()): Record<string, string> {
 }
 
 /** One call to the HTTP API with the signed-in key (or `key`). */
-export async function api<T = unknown>(method: string, path: string, body?: unknown, key?: string): Promise<T> {
+export function api<T = unknown>(method: string, path: string, body?: unknown, key?: string): Promise<T> {
+  return send<T>(method, path, body === undefined ? undefined : JSON.stringify(body), 'application/json', key);
+}
+
+/** A call whose body is bytes, not JSON (a file's content). */
+export function apiRaw<T = unknown>(method: string, path: string, body: string): Promise<T> {
+  return send<T>(method, path, body, 'application/octet-stream');
+}
+
+async function send<T>(method: string, path: string, body: string | undefined, type: string, key?: string) {
   const headers: Record<string, string> = { ...authHeaders(key ?? getKey()), accept: 'application/json' };
-  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (body !== undefined) headers['content-type'] = type;
   let res: Response;
   try {
-    res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    res = await fetch(path, { method, headers, body });
   } catch (err) {
     throw new ApiFailure(0, 'network', `the API could not be reached: ${(err as Error).message}`);
   }

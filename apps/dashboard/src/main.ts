@@ -4,6 +4,7 @@ import { h, replace } from './dom.ts';
 import { flash, type Dispose } from './panel.ts';
 import { adminView, auditView } from './views/audit.ts';
 import { commitView, evolutionView } from './views/change.ts';
+import { filesView } from './views/files.ts';
 import { overview } from './views/overview.ts';
 import { runView } from './views/run.ts';
 import { runsView } from './views/runs.ts';
@@ -52,7 +53,15 @@ function signIn(): HTMLElement {
 
 function viewFor(hash: string): HTMLElement {
   const [route, search = ''] = hash.replace(/^#/, '').split('?');
-  const [, name, id, sub, subId] = route!.split('/');
+  const [, name, id, sub, subId, ...rest] = route!.split('/');
+  if (name === 'ws' && id && sub === 'files') {
+    const path = [subId, ...rest]
+      .filter((x): x is string => Boolean(x))
+      .map(decodeURIComponent)
+      .join('/');
+    const line = Number(new URLSearchParams(search).get('line')) || undefined;
+    return filesView(decodeURIComponent(id), path, line, dispose);
+  }
   if (name === 'runs' && !id) return runsView(dispose, new URLSearchParams(search));
   if (name === 'ws' && id && sub === 'commits' && subId)
     return commitView(decodeURIComponent(id), decodeURIComponent(subId), dispose);

@@ -3,6 +3,7 @@ import { h, table, when } from '../dom.ts';
 import { action, link, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
 import { commitHref, evolutionHref } from './change.ts';
+import { fileHref } from './files.ts';
 import { runsTable } from './overview.ts';
 
 const EVERY_MS = 5000;
@@ -27,6 +28,7 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
           'div',
           {},
           h('h3', { class: 'ws-name' }, w.name),
+          h('p', {}, link(fileHref(ws, ''), 'Files, memory and skills')),
           h(
             'p',
             {},
