@@ -609,6 +609,154 @@ describe('ops dashboard in chromium', () => {
     expect(await page.locator('#file .ln.hl').getAttribute('data-line')).toBe(label!.split(':')[1]);
   });
 
+  describe('chat', () => {
+    /** Opens the chat, picks the workspace and starts a session from the page. */
+    async function startChat(ws: string): Promise<string> {
+      await open('#/');
+      await page.getByRole('link', { name: 'Chat', exact: true }).click();
+      await page.locator(`#chat-ws option[value="${ws}"]`).waitFor({ state: 'attached' });
+      await page.selectOption('#chat-ws', ws);
+      await page.locator('#chat-new:not([disabled])').click();
+      await page.waitForFunction(() => /^#\/chat\/[^/]+\/ses_/.test(location.hash));
+      await page.locator('#chat-send:not([disabled])').waitFor();
+      return decodeURIComponent(page.url().split('/').at(-1)!);
+    }
+    async function say(text: string) {
+      await page.fill('#chat-input', text);
+      await page.click('#chat-send');
+    }
+
+    it('sends a message and shows the run live: thinking, code, output, a PNG, the commit and the answer', async () => {
+      const { ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+      const session = await startChat(ws);
+      const code = [
+        'import matplotlib.pyplot as plt',
+        'plt.plot([1, 2, 3], [1, 4, 9])',
+        'open("knowledge/chat-note.md", "w").write("# From the chat\\n")',
+        'print("squares <b>plotted</b>")',
+      ].join('\n');
+      ctx.fake.script(
+        { content: `<thinking>plot the squares</thinking><python>${code}</python>` },
+        { content: '<finish>Plotted the squares & saved a note.</finish>' },
+      );
+      await say('plot some squares');
+      const turn = page.locator('#chat-log .turn');
+      await turn.locator('.end.completed').waitFor();
+      expect(await page.locator('#chat-log .msg.user').last().textContent()).toContain('plot some squares');
+      expect(await turn.locator('details.thinking pre').textContent()).toBe('plot the squares');
+      expect(await turn.locator('pre.code').textContent()).toBe(code);
+      expect(await turn.locator('pre.output').textContent()).toBe('squares <b>plotted</b>\n');
+      expect(await turn.locator('pre.output b').count()).toBe(0);
+      const img = turn.locator('img.artifact');
+      await img.waitFor();
+      expect(await img.evaluate((el: HTMLImageElement) => el.complete && el.naturalWidth > 0)).toBe(true);
+      const [commit] = (
+        await ctx.t.call('GET', `/v1/workspaces/${ws}/commits?session=${session}`, { key: ctx.team.key })
+      ).body.data;
+      expect(commit.paths).toEqual(['knowledge/chat-note.md']);
+      expect(await turn.locator('.commit a').getAttribute('href')).toBe(`#/ws/${ws}/commits/${commit.sha}`);
+      expect(await turn.locator('.msg.assistant').textContent()).toContain('Plotted the squares & saved a note.');
+      await page.locator('#chat-send:not([disabled])').waitFor();
+      // Opened again, the session shows its transcript: the question and the answer, not the steps between.
+      await page.reload();
+      await page.locator('#chat-log .msg.assistant').waitFor();
+      expect(await page.locator('#chat-log .msg').allTextContents()).toEqual([
+        'youplot some squares',
+        'agentPlotted the squares & saved a note.',
+      ]);
+    });
+
+    it('a run that pauses is approved inline (for the session), and the next code in that session runs without asking', async () => {
+      const { ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'ask' } });
+      const session = await startChat(ws);
+      ctx.fake.script(
+        { content: '<python>print("first " + str(6 * 7))</python>' },
+        { content: '<finish>one</finish>' },
+      );
+      await say('go');
+      const box = page.locator('#chat-log .approval');
+      await box.locator('pre.code', { hasText: 'first' }).waitFor();
+      await box.getByRole('button', { name: 'Approve for session' }).click();
+      await page.locator('#chat-log .turn pre.output', { hasText: 'first 42' }).waitFor();
+      await page.locator('#chat-log .end.completed').waitFor();
+      expect(await box.locator('.resolved').textContent()).toContain('approved');
+
+      ctx.fake.script({ content: '<python>print("second")</python>' }, { content: '<finish>two</finish>' });
+      await say('again');
+      await page.locator('#chat-log .turn pre.output', { hasText: 'second' }).waitFor();
+      await page.locator('#chat-log .end.completed').nth(1).waitFor();
+      expect(await page.locator('#chat-log .approval').count()).toBe(1);
+      const runs = (await ctx.t.call('GET', `/v1/runs?session=${session}`, { key: ctx.team.key })).body.data;
+      expect(runs.map((r: { status: string }) => r.status)).toEqual(['completed', 'completed']);
+    });
+
+    it('Deny and Cancel act on the run from the chat', async () => {
+      const { ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'ask' } });
+      const session = await startChat(ws);
+      ctx.fake.script({ content: '<python>print("no")</python>' }, { content: '<finish>understood</finish>' });
+      await say('try');
+      await page.locator('#chat-log .approval').getByRole('button', { name: 'Deny' }).click();
+      await page.locator('#chat-log .end.completed').waitFor();
+      expect(await page.locator('#chat-log .approval .resolved').textContent()).toContain('denied');
+      expect(await page.locator('#chat-log .turn pre.output').count()).toBe(0);
+
+      ctx.fake.script({ content: '<python>print("never")</python>' });
+      await say('try again');
+      await page.locator('#chat-log .approval').nth(1).waitFor();
+      await page.locator('#chat-log .turn-head').nth(1).getByRole('button', { name: 'Cancel' }).click();
+      await page.locator('#chat-log .end.cancelled').waitFor();
+      const runs = (await ctx.t.call('GET', `/v1/runs?session=${session}`, { key: ctx.team.key })).body.data;
+      expect(runs[0].status).toBe('cancelled');
+      await page.locator('#chat-send:not([disabled])').waitFor();
+    });
+
+    it('a dropped stream resumes where it stopped: nothing is lost or shown twice; reopening the session shows its transcript and follows its live run', async () => {
+      const { ws, session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'ask' } });
+      ctx.fake.script(
+        { content: '<thinking>once</thinking><python>print("resumed")</python>' },
+        { content: '<finish>fine</finish>' },
+      );
+      const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+        key: ctx.team.key,
+        body: { content: 'hi' },
+      });
+      const run = posted.body.run.id as string;
+      await eventsUntil(ctx.t, run, ['run.requires_action']);
+      const stored = (await (
+        await ctx.t.app.request(`/v1/runs/${run}/events`, {
+          headers: { authorization: `Bearer ${ctx.team.key}`, accept: 'application/json' },
+        })
+      ).json()) as { data: { id: number; event: string; data: unknown }[] };
+      // The first connection carries the first three events, then drops.
+      const partial = stored.data
+        .slice(0, 3)
+        .map((e) => `id: ${e.id}\nevent: ${e.event}\ndata: ${JSON.stringify(e.data)}\n\n`)
+        .join('');
+      page = await (await browser.newContext()).newPage();
+      const asked: (string | null)[] = [];
+      let first = true;
+      await page.route('**/v1/runs/*/events', async (route) => {
+        asked.push(route.request().headers()['last-event-id'] ?? null);
+        if (first) {
+          first = false;
+          await route.fulfill({ status: 200, contentType: 'text/event-stream', body: partial });
+        } else await route.continue();
+      });
+      await page.goto(`${url}/#/chat/${ws}/${session}`);
+      await page.fill('#key', ctx.team.key);
+      await page.click('form.signin button[type=submit]');
+      await page.locator('#chat-log .approval').waitFor();
+      expect(await page.locator('#chat-log .msg.user').allTextContents()).toEqual(['youhi']);
+      expect(asked).toEqual([null, String(stored.data[2]!.id)]);
+      await page.locator('#chat-log .approval').getByRole('button', { name: 'Approve', exact: true }).click();
+      await page.locator('#chat-log .end.completed').waitFor();
+      expect(await page.locator('#chat-log details.thinking').count()).toBe(1);
+      expect(await page.locator('#chat-log pre.code').count()).toBe(2); // the proposal and the approval box
+      expect(await page.locator('#chat-log pre.output').allTextContents()).toEqual(['resumed\n']);
+      expect(await page.locator('#chat-log .msg.assistant').allTextContents()).toEqual(['agentfine']);
+    });
+  });
+
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) =>

@@ -4,6 +4,7 @@ import { h, replace } from './dom.ts';
 import { flash, type Dispose } from './panel.ts';
 import { adminView, auditView } from './views/audit.ts';
 import { commitView, evolutionView } from './views/change.ts';
+import { chatView } from './views/chat.ts';
 import { filesView } from './views/files.ts';
 import { overview } from './views/overview.ts';
 import { runView } from './views/run.ts';
@@ -63,6 +64,7 @@ function viewFor(hash: string): HTMLElement {
     return filesView(decodeURIComponent(id), path, line, dispose);
   }
   if (name === 'runs' && !id) return runsView(dispose, new URLSearchParams(search));
+  if (name === 'chat') return chatView(id && decodeURIComponent(id), sub && decodeURIComponent(sub), dispose);
   if (name === 'ws' && id && sub === 'commits' && subId)
     return commitView(decodeURIComponent(id), decodeURIComponent(subId), dispose);
   if (name === 'ws' && id && sub === 'evolutions' && subId)
@@ -88,6 +90,7 @@ function render(): void {
     h('strong', {}, 'Kiln ops'),
     h('a', { href: '#/' }, 'Overview'),
     h('a', { href: '#/runs' }, 'Runs'),
+    h('a', { href: '#/chat' }, 'Chat'),
     h('a', { href: '#/audit' }, 'Audit'),
     h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),

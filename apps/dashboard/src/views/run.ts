@@ -15,16 +15,15 @@ function eventText(ev: RunEvent): string {
   return JSON.stringify(ev.data);
 }
 
-/** One run: its status, a Cancel button and its events as they happen (SSE, resumed after a drop). */
-export function runView(id: string, dispose: Dispose[]): HTMLElement {
-  const path = `/v1/runs/${encodeURIComponent(id)}`;
-  let refreshRun: () => Promise<void> = async () => undefined;
-  const state = h('span', { class: 'stream-state', 'data-state': 'connecting' }, 'connecting');
-  const list = h('ol', { class: 'events' });
+/**
+ * Follows a run's events (SSE, resumed after a drop with Last-Event-ID) until it ends or the view
+ * goes; `state` shows the connection's state (connecting, live, reconnecting, ended, or the error).
+ */
+export function streamRun(runId: string, state: HTMLElement, dispose: Dispose[], onEvent: (ev: RunEvent) => void) {
   const abort = new AbortController();
   dispose.push(() => abort.abort());
   void followRun({
-    url: `${path}/events`,
+    url: `/v1/runs/${encodeURIComponent(runId)}/events`,
     headers: authHeaders(),
     signal: abort.signal,
     terminal: TERMINAL,
@@ -32,22 +31,31 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
       state.setAttribute('data-state', s);
       replace(state, detail ? `${s}: ${detail}` : s);
     },
-    onEvent: (ev) => {
-      list.append(
-        h(
-          'li',
-          { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id },
-          h('span', { class: 'seq' }, ev.id),
-          h('span', { class: 'name' }, ev.event),
-          h('pre', {}, eventText(ev)),
-        ),
-      );
-      if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();
-    },
+    onEvent,
   }).catch((err) => {
     state.setAttribute('data-state', 'error');
     state.className = 'stream-state error';
     replace(state, messageOf(err));
+  });
+}
+
+/** One run: its status, a Cancel button and its events as they happen (SSE, resumed after a drop). */
+export function runView(id: string, dispose: Dispose[]): HTMLElement {
+  const path = `/v1/runs/${encodeURIComponent(id)}`;
+  let refreshRun: () => Promise<void> = async () => undefined;
+  const state = h('span', { class: 'stream-state', 'data-state': 'connecting' }, 'connecting');
+  const list = h('ol', { class: 'events' });
+  streamRun(id, state, dispose, (ev) => {
+    list.append(
+      h(
+        'li',
+        { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id },
+        h('span', { class: 'seq' }, ev.id),
+        h('span', { class: 'name' }, ev.event),
+        h('pre', {}, eventText(ev)),
+      ),
+    );
+    if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();
   });
   return h(
     'div',

@@ -3,6 +3,7 @@ import { h, table, when } from '../dom.ts';
 import { action, link, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
 import { commitHref, evolutionHref } from './change.ts';
+import { chatHref } from './chat.ts';
 import { fileHref } from './files.ts';
 import { runsTable } from './overview.ts';
 
@@ -28,7 +29,13 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
           'div',
           {},
           h('h3', { class: 'ws-name' }, w.name),
-          h('p', {}, link(fileHref(ws, ''), 'Files, memory and skills')),
+          h(
+            'p',
+            {},
+            link(fileHref(ws, ''), 'Files, memory and skills'),
+            ' · ',
+            link(chatHref(ws), 'Chat with its agent'),
+          ),
           h(
             'p',
             {},
@@ -67,7 +74,13 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
             s.title ?? '—',
             s.status,
             when(s.last_activity_at),
-            link(`#/runs?session=${encodeURIComponent(s.id)}`, 'runs'),
+            h(
+              'span',
+              {},
+              link(chatHref(ws, s.id), 'chat'),
+              ' · ',
+              link(`#/runs?session=${encodeURIComponent(s.id)}`, 'runs'),
+            ),
           ],
           'no session yet',
         ),
