@@ -757,6 +757,44 @@ describe('ops dashboard in chromium', () => {
     });
   });
 
+  it('a hostile workspace name and hostile run output stay text on every page that shows them', async () => {
+    const name = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>';
+    const ws = (
+      await ctx.t.call('POST', '/v1/workspaces', {
+        key: ctx.team.key,
+        body: { name, settings: { approval: { mode: 'auto' } } },
+      })
+    ).body.id as string;
+    const session = (await ctx.t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: ctx.team.key, body: {} })).body
+      .id;
+    const out = '<img src=y onerror="window.__xss=3"><svg onload="window.__xss=4"></svg>';
+    ctx.fake.script(
+      { content: `<python>print(${JSON.stringify(out)})</python>` },
+      { content: `<finish>${out}</finish>` },
+    );
+    const r = await converse(ctx.t, ctx.team.key, session, out);
+    expect(r.run.status).toBe('completed');
+    const noMarkup = async () => {
+      expect(await page.locator('main img, main script, main svg:not(.daychart)').count()).toBe(0);
+      expect(await page.evaluate(() => (window as { __xss?: number }).__xss)).toBeUndefined();
+    };
+    await open('#/');
+    await page.locator('#workspaces td a', { hasText: name }).waitFor();
+    await page.locator('#usage a', { hasText: name }).waitFor();
+    await noMarkup();
+    await page.goto(`${url}/#/ws/${ws}`);
+    await page.locator('#workspace .ws-name', { hasText: name }).waitFor();
+    await noMarkup();
+    await page.goto(`${url}/#/runs/${r.run.id}`);
+    await page.locator('.events li.exec-output', { hasText: out }).waitFor();
+    await noMarkup();
+    await page.goto(`${url}/#/chat/${ws}/${session}`);
+    await page.locator('#chat-log .msg.assistant', { hasText: out }).waitFor();
+    expect(await page.locator('#chat-ws option:checked').textContent()).toBe(name);
+    expect(await page.locator('#chat-log .msg.user').textContent()).toContain(out);
+    await noMarkup();
+  });
+
   it('the dashboard and the API reference work under their Content-Security-Policy (no violation reported)', async () => {
     const violations: string[] = [];
     const watch = (p: Page) =>
