@@ -1,7 +1,9 @@
+import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
+import { sql } from 'drizzle-orm';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
@@ -27,7 +29,8 @@ const CHROMIUM = {
  * Docker and git; the scripted model is the only fake). Every outcome is checked through the API.
  */
 describe('ops dashboard in chromium', () => {
-  const ctx = useAgentApp('dash');
+  // With the platform's self-update routes, on this checkout as the source (nothing here applies a patch).
+  const ctx = useAgentApp('dash', { selfUpdate: true });
   let server: ServerType;
   let url: string;
   let browser: Browser;
@@ -377,6 +380,55 @@ describe('ops dashboard in chromium', () => {
     await page.locator('#teams tr', { hasText: ctx.team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
   });
+  it('platform updates (org-admin key): each check with its log, Apply refused as the API says, a patch that does not apply refused at submit', async () => {
+    const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
+    const db = ctx.t.database.db;
+    const checks = [
+      { name: 'install', ok: true, duration_ms: 1200, log: 'added 0 packages' },
+      { name: 'typecheck', ok: false, duration_ms: 3400, log: 'error TS2322: <img src=x onerror="window.__xss=1">' },
+    ];
+    await db.execute(sql`insert into platform_updates (id, status, commit_sha, changed_paths, reason, checks, error)
+      values ('evo_dashfailed', 'failed', null, '["apps/api/src/x.ts"]', 'a failing change', ${JSON.stringify(checks)}::jsonb, 'typecheck failed'),
+             ('evo_dashready', 'ready', ${head}, '["README.md"]', 'a ready change', '[]'::jsonb, null)`);
+    try {
+      await open('#/admin', ctx.t.adminKey);
+      const failed = page.locator('#updates li[data-update=evo_dashfailed]');
+      await failed.waitFor();
+      expect(await failed.locator('ol.checks summary').allTextContents()).toEqual([
+        'install: passed in 1.2 s',
+        'typecheck: failed in 3.4 s',
+      ]);
+      // A failed step's log is open; its text stays text.
+      expect(await failed.locator('li.failed pre.log').textContent()).toBe(checks[1]!.log);
+      expect(await failed.locator('img').count()).toBe(0);
+      expect(await failed.getByRole('button').count()).toBe(0);
+
+      // Its commit is HEAD, whose parent is not HEAD: the API refuses, and the page says why.
+      page.once('dialog', (d) => void d.accept());
+      await page.locator('#updates li[data-update=evo_dashready]').getByRole('button', { name: 'Apply' }).click();
+      await page.locator('#flash.error').waitFor();
+      // The same refusal the API gives (the branch moved, or the checkout is on no branch), word for word.
+      const refusal = await ctx.t.call('POST', '/v1/system/updates/evo_dashready/apply', { key: ctx.t.adminKey });
+      expect(refusal.status).toBe(409);
+      expect(await page.locator('#flash').textContent()).toBe(`Apply: ${refusal.body.error.message}`);
+      expect((await ctx.t.call('GET', '/v1/system/updates/evo_dashready', { key: ctx.t.adminKey })).body.status).toBe(
+        'ready',
+      );
+
+      await page.fill(
+        '#update-patch',
+        'diff --git a/nope.txt b/nope.txt\n--- a/nope.txt\n+++ b/nope.txt\n@@ -1 +1 @@\n-a\n+b\n',
+      );
+      await page.fill('#update-reason', 'does not apply');
+      await page.click('#update-form button[type=submit]');
+      await page.locator('#update-form .save-note .error').waitFor();
+      const list = (await ctx.t.call('GET', '/v1/system/updates', { key: ctx.t.adminKey })).body.data;
+      expect(list.map((u: { id: string }) => u.id).sort()).toEqual(['evo_dashfailed', 'evo_dashready']);
+    } finally {
+      await db.execute(sql`delete from platform_updates where id in ('evo_dashfailed', 'evo_dashready')`);
+    }
+  });
+
   it('the audit page filters by actor, action, resource and time, and pages with the API\u2019s cursor', async () => {
     const made: string[] = [];
     for (let i = 0; i < 12; i++) {

@@ -114,8 +114,11 @@ export interface Update {
   status: string;
   reason: string;
   commit_sha: string | null;
+  changed_paths: string[];
+  checks: { name: string; ok: boolean; duration_ms: number; log: string }[];
   error: string | null;
   created_at: string;
+  finished_at: string | null;
 }
 export interface Version {
   commit: string | null;

@@ -1,0 +1,143 @@
+import { api, messageOf } from '../api.ts';
+import { h, replace, table, when } from '../dom.ts';
+import { action, pagedPanel, panel, type Dispose } from '../panel.ts';
+import type { List, Team, Update, Version } from '../types.ts';
+
+const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
+
+/** An update's self-check, step by step, each with its log (head and tail, keys redacted). */
+function checks(u: Update): HTMLElement {
+  if (u.checks.length === 0) return h('p', { class: 'empty' }, u.status === 'checking' ? 'checking…' : 'no check ran');
+  return h(
+    'ol',
+    { class: 'checks' },
+    ...u.checks.map((c) =>
+      h(
+        'li',
+        { class: c.ok ? 'ok' : 'failed' },
+        h(
+          'details',
+          c.ok ? {} : { open: true },
+          h('summary', {}, `${c.name}: ${c.ok ? 'passed' : 'failed'} in ${(c.duration_ms / 1000).toFixed(1)} s`),
+          h('pre', { class: 'log' }, c.log || '(no output)'),
+        ),
+      ),
+    ),
+  );
+}
+
+/** Submit a patch to the platform's source: it is self-checked in the background. */
+function submitForm(after: () => Promise<void>): HTMLElement {
+  const patch = h('textarea', {
+    id: 'update-patch',
+    rows: 10,
+    placeholder: 'a unified diff (git diff) against the source HEAD',
+    spellcheck: 'false',
+  });
+  const reason = h('input', { id: 'update-reason', placeholder: 'why', maxlength: '4000', size: 60 });
+  const note = h('p', { class: 'save-note', role: 'status' });
+  const form = h(
+    'form',
+    {
+      id: 'update-form',
+      class: 'update-form',
+      onsubmit: async (ev: Event) => {
+        ev.preventDefault();
+        try {
+          const u = await api<Update>('POST', '/v1/system/updates', { patch: patch.value, reason: reason.value });
+          replace(note, h('span', { class: 'ok' }, `submitted as ${u.id}: ${u.status}`));
+          patch.value = '';
+          reason.value = '';
+          await after();
+        } catch (err) {
+          replace(note, h('span', { class: 'error', role: 'alert' }, messageOf(err)));
+        }
+      },
+    },
+    h('label', {}, 'patch', patch),
+    h('label', {}, 'reason', reason),
+    h('button', { type: 'submit' }, 'Submit for self-check'),
+    note,
+  );
+  return form;
+}
+
+/** Teams, the running version and platform updates: org-admin matters (a team key sees its own team). */
+export function adminView(dispose: Dispose[]): HTMLElement {
+  let reloadUpdates: () => Promise<void> = async () => undefined;
+  const updates = pagedPanel<Update>(
+    'updates',
+    'Platform updates',
+    (after) =>
+      api<List<Update>>('GET', `/v1/system/updates?limit=20${after ? `&after=${encodeURIComponent(after)}` : ''}`),
+    (rows, reload) => {
+      reloadUpdates = reload;
+      if (rows.length === 0) return h('p', { class: 'empty' }, 'no update');
+      return h(
+        'ul',
+        { class: 'updates' },
+        ...rows.map((u) =>
+          h(
+            'li',
+            { 'data-update': u.id },
+            h(
+              'div',
+              { class: 'update-head' },
+              h('strong', {}, u.id),
+              h('span', { class: `status ${u.status}` }, u.status),
+              h('span', {}, u.reason),
+              h('code', {}, short(u.commit_sha)),
+              h('span', { class: 'hint' }, when(u.created_at)),
+              u.status === 'ready'
+                ? action(
+                    'Apply',
+                    async () => `${(await api<Update>('POST', `/v1/system/updates/${u.id}/apply`)).status}`,
+                    {
+                      confirm: `Apply ${u.id}? The server restarts into the new source.`,
+                      after: reload,
+                    },
+                  )
+                : null,
+              u.status === 'applied'
+                ? action(
+                    'Revert',
+                    async () => `submitted ${(await api<Update>('POST', `/v1/system/updates/${u.id}/revert`)).id}`,
+                    { confirm: `Submit the reverse of ${u.id} for its self-check?`, after: reload },
+                  )
+                : null,
+            ),
+            u.changed_paths.length ? h('p', { class: 'paths' }, u.changed_paths.join(', ')) : null,
+            u.error ? h('p', { class: 'error' }, u.error) : null,
+            checks(u),
+          ),
+        ),
+      );
+    },
+    { everyMs: 5000, dispose },
+  );
+  return h(
+    'div',
+    { class: 'view' },
+    panel(
+      'teams',
+      'Teams',
+      () => api<List<Team>>('GET', '/v1/teams'),
+      (p) => table(['team', 'id', 'created'], p.data, (t) => [t.name, t.id, when(t.created_at)]),
+      { dispose },
+    ),
+    panel(
+      'version',
+      'Running version',
+      () => api<Version>('GET', '/v1/system/version'),
+      (v) => h('p', {}, `commit ${v.commit ?? '—'} on ${v.branch ?? '—'} · pid ${v.pid} · since ${when(v.started_at)}`),
+      { dispose },
+    ),
+    updates.box,
+    h(
+      'section',
+      { class: 'panel', id: 'update-submit' },
+      h('header', {}, h('h2', {}, 'Submit a platform update')),
+      submitForm(() => reloadUpdates()),
+    ),
+  );
+}
