@@ -98,8 +98,12 @@ async function main() {
     const team = await call(adminKey, 'POST', '/v1/teams', { name: 'bench' });
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });
     const workspaceFor = async (runtime: 'runc' | 'gvisor') =>
-      (await call(key, 'POST', '/v1/workspaces', { name: `bench-${runtime}`, settings: { sandbox: { runtime } } }))
-        .id as string;
+      (
+        await call(key, 'POST', '/v1/workspaces', {
+          name: `bench-${runtime}-${Math.random().toString(36).slice(2, 8)}`,
+          settings: { sandbox: { runtime } },
+        })
+      ).id as string;
     const ws = { id: await workspaceFor('runc') };
     const sessionIn = async (w: string) => (await call(key, 'POST', `/v1/workspaces/${w}/sessions`, {})).id as string;
     const newSession = () => sessionIn(ws.id);
