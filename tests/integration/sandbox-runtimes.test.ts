@@ -3,7 +3,7 @@ import { eq } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../../apps/api/src/config.ts';
-import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
+import { sandboxes, workspaces } from '../../apps/api/src/db/schema/index.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { SandboxEngine } from '../../apps/api/src/sandbox/engine.ts';
 import { NoSandboxes } from '../../apps/api/src/sandbox/no-sandboxes.ts';
@@ -98,6 +98,18 @@ describe('sandbox runtimes capped by KILN_SANDBOX_RUNTIMES', () => {
     });
     expect(unknown.status).toBe(400);
     expect(unknown.body.error.message).toMatch(/sandbox\.runtime/);
+  });
+
+  it('an execution in a workspace whose runtime is no longer offered is a 409, never a run in the other runtime', async () => {
+    const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'was-gvisor' } });
+    // As stored by a server that offered gvisor, before KILN_SANDBOX_RUNTIMES dropped it.
+    const settings = { ...ws.body.settings, sandbox: { ...ws.body.settings.sandbox, runtime: 'gvisor' } };
+    await t.database.db.update(workspaces).set({ settings }).where(eq(workspaces.id, ws.body.id));
+    const s = await t.call('POST', `/v1/workspaces/${ws.body.id}/sessions`, { key: team.key, body: {} });
+    const r = await t.call('POST', `/v1/sessions/${s.body.id}/exec`, { key: team.key, body: { code: 'print(1)' } });
+    expect(r.status).toBe(409);
+    expect(r.body.error.message).toMatch(/sandbox\.runtime is gvisor, which this server does not offer/);
+    expect((await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data).toEqual([]);
   });
 
   it('another team cannot patch the workspace (404)', async () => {
