@@ -64,11 +64,16 @@ async function main() {
     };
     const model = summarize(await timeEach(RUNS * STEPS, modelCall));
     const modelCpu = summarize(await cpuEach(RUNS * STEPS, modelCall));
-    const limits = t.engine.limitsFor(
-      (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox,
-    );
+    const settings = (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox;
+    const limits = t.engine.limitsFor(settings);
     // The same session's sandbox, with its workspace copy synced after each execution, as in a step.
-    const ctx = { teamId: team.id, workspaceId: ws, sessionId: session, workspaceDir: t.workspaces.dirOf(ws) };
+    const ctx = {
+      teamId: team.id,
+      workspaceId: ws,
+      sessionId: session,
+      workspaceDir: t.workspaces.dirOf(ws),
+      runtime: settings.runtime,
+    };
     const sandbox = summarize(await timeEach(RUNS * STEPS, () => t.engine.exec(ctx, limits, 'n = 1')));
     const sandboxCpu = summarize(await cpuEach(RUNS * STEPS, () => t.engine.exec(ctx, limits, 'n = 1')));
     process.stdout.write(`${row('model call to the scripted endpoint', model)}\n`);

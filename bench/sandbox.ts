@@ -4,6 +4,10 @@
  *  1. warm exec of print(1) through the HTTP API vs `docker exec python3 -c` through dockerode
  *  2. cold session start to first result vs a bare create+start+wait (`docker run --rm`)
  *  3. throughput of trivial execs across 16 concurrent sessions
+ *  4. runc and gVisor side by side: warm exec, cold start and throughput per runtime, gvisor/runc
+ *
+ * Sections 1–3 run in runc (their baselines are runc containers); section 4 needs gVisor
+ * registered with dockerd (infra/docker.sh, which `npm run bench:sandbox` runs first).
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,7 +15,7 @@ import { join } from 'node:path';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
 import { startKiln } from '../tests/support/server.ts';
-import { heading, row, summarize, timeEach } from './lib.ts';
+import { heading, row, type Summary, summarize, timeEach } from './lib.ts';
 
 const N = Number(process.env.BENCH_N ?? 200);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 15);
@@ -65,8 +69,9 @@ async function main() {
   const dataDir = mkdtempSync(join(tmpdir(), 'kiln-bench-'));
   const adminKey = generateKey('admin');
   // The server runs as its own process, as in production; this process is only the client.
-  const boot = (poolSize: number, instance: string) =>
+  const boot = (poolSize: number, instance: string, runtimes?: string) =>
     startKiln({
+      ...(runtimes ? { KILN_SANDBOX_RUNTIMES: runtimes } : {}),
       KILN_DATA_DIR: dataDir,
       KILN_ADMIN_KEY: adminKey,
       ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}),
@@ -92,8 +97,16 @@ async function main() {
   try {
     const team = await call(adminKey, 'POST', '/v1/teams', { name: 'bench' });
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });
-    const ws = await call(key, 'POST', '/v1/workspaces', { name: 'bench' });
-    const newSession = async () => (await call(key, 'POST', `/v1/workspaces/${ws.id}/sessions`, {})).id as string;
+    const workspaceFor = async (runtime: 'runc' | 'gvisor') =>
+      (
+        await call(key, 'POST', '/v1/workspaces', {
+          name: `bench-${runtime}-${Math.random().toString(36).slice(2, 8)}`,
+          settings: { sandbox: { runtime } },
+        })
+      ).id as string;
+    const ws = { id: await workspaceFor('runc') };
+    const sessionIn = async (w: string) => (await call(key, 'POST', `/v1/workspaces/${w}/sessions`, {})).id as string;
+    const newSession = () => sessionIn(ws.id);
     const execOnce = (s: string) => call(key, 'POST', `/v1/sessions/${s}/exec`, { code: 'print(1)' });
 
     process.stdout.write(`Kiln sandbox benchmark — database ${driver}, image ${image}\n`);
@@ -123,11 +136,14 @@ async function main() {
     process.stdout.write(`${row('baseline: docker run --rm (create+start+wait)', bare)}\n`);
     process.stdout.write(`${row('Kiln: create session + first exec (cold)', cold, bare)}\n`);
 
+    await runtimesSideBySide(workspaceFor, sessionIn, execOnce, (s) => call(key, 'DELETE', `/v1/sessions/${s}`));
+
     heading(`2b. the same with a warm pool of ${COLD_N} containers (waited for before timing)`);
     server.child.kill('SIGTERM');
     await server.exited;
     const pooled = `bench-pool-${process.pid}`;
-    server = await boot(COLD_N, pooled);
+    // runc only, so the pool holds runc containers for the runc workspace.
+    server = await boot(COLD_N, pooled, 'runc');
     const warmPool = async () =>
       (await docker.listContainers({ filters: { label: [`kiln.owner=${pooled}`, 'kiln.session='] } })).length;
     while ((await warmPool()) < COLD_N) await new Promise((r) => setTimeout(r, 100));
@@ -140,30 +156,93 @@ async function main() {
 
     heading(`3. throughput: print(1) across 16 concurrent sessions for ${THROUGHPUT_S} s`);
     const sessions = await Promise.all(Array.from({ length: 16 }, newSession));
-    await Promise.all(sessions.map((s) => execOnce(s)));
-    let count = 0;
-    const latencies: number[] = [];
-    const deadline = performance.now() + THROUGHPUT_S * 1000;
-    const t0 = performance.now();
-    await Promise.all(
-      sessions.map(async (s) => {
-        while (performance.now() < deadline) {
-          const start = performance.now();
-          await execOnce(s);
-          latencies.push(performance.now() - start);
-          count++;
-        }
-      }),
-    );
-    const elapsed = (performance.now() - t0) / 1000;
-    process.stdout.write(`${row('per-exec latency under load', summarize(latencies))}\n`);
+    const tp = await throughput(sessions, execOnce);
+    process.stdout.write(`${row('per-exec latency under load', tp.latency)}\n`);
     process.stdout.write(
-      `  ${'throughput'.padEnd(46)} ${(count / elapsed).toFixed(0)} execs/s (${count} in ${elapsed.toFixed(1)} s)\n\n`,
+      `  ${'throughput'.padEnd(46)} ${tp.perSecond.toFixed(0)} execs/s (${tp.count} in ${THROUGHPUT_S} s)\n\n`,
     );
   } finally {
     server.child.kill('SIGTERM');
     await server.exited;
     rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+/** Execs per second of print(1) across `n` concurrent sessions for THROUGHPUT_S seconds. */
+async function throughput(sessions: string[], execOnce: (s: string) => Promise<unknown>) {
+  await Promise.all(sessions.map((s) => execOnce(s)));
+  let count = 0;
+  const latencies: number[] = [];
+  const deadline = performance.now() + THROUGHPUT_S * 1000;
+  const t0 = performance.now();
+  await Promise.all(
+    sessions.map(async (s) => {
+      while (performance.now() < deadline) {
+        const start = performance.now();
+        await execOnce(s);
+        latencies.push(performance.now() - start);
+        count++;
+      }
+    }),
+  );
+  return { perSecond: count / ((performance.now() - t0) / 1000), count, latency: summarize(latencies) };
+}
+
+/** Section 4: the same three measurements in a runc and a gvisor workspace of one server, with gvisor/runc. */
+async function runtimesSideBySide(
+  workspaceFor: (runtime: 'runc' | 'gvisor') => Promise<string>,
+  sessionIn: (ws: string) => Promise<string>,
+  execOnce: (s: string) => Promise<unknown>,
+  end: (s: string) => Promise<unknown>,
+) {
+  const runtimes = ['runc', 'gvisor'] as const;
+  const wss = { runc: await workspaceFor('runc'), gvisor: await workspaceFor('gvisor') };
+  const label = (r: string, what: string) => `${r.padEnd(6)} ${what}`;
+  heading(`4a. runc vs gVisor: warm exec of print(1), ${N} sequential calls each (ratio: gvisor/runc)`);
+  const warm: Record<string, Summary> = {};
+  for (const r of runtimes) {
+    const s = await sessionIn(wss[r]);
+    warm[r] = summarize(await timeEach(N, () => execOnce(s), 10));
+    await end(s);
+  }
+  for (const r of runtimes)
+    process.stdout.write(`${row(label(r, 'warm exec'), warm[r]!, r === 'gvisor' ? warm.runc : undefined)}
+`);
+
+  heading(`4b. runc vs gVisor: cold start, new session to first result, ${COLD_N} times each (no warm pool)`);
+  const cold: Record<string, Summary> = {};
+  for (const r of runtimes) {
+    const made: string[] = [];
+    cold[r] = summarize(
+      await timeEach(
+        COLD_N,
+        async () => {
+          const s = await sessionIn(wss[r]);
+          made.push(s);
+          await execOnce(s);
+        },
+        1,
+      ),
+    );
+    for (const s of made) await end(s);
+  }
+  for (const r of runtimes)
+    process.stdout.write(`${row(label(r, 'cold start'), cold[r]!, r === 'gvisor' ? cold.runc : undefined)}
+`);
+
+  heading(`4c. runc vs gVisor: throughput of print(1) across 8 concurrent sessions for ${THROUGHPUT_S} s each`);
+  const tp: Record<string, Awaited<ReturnType<typeof throughput>>> = {};
+  for (const r of runtimes) {
+    const sessions = await Promise.all(Array.from({ length: 8 }, () => sessionIn(wss[r])));
+    tp[r] = await throughput(sessions, execOnce);
+    for (const s of sessions) await end(s);
+  }
+  for (const r of runtimes) {
+    const ratio = r === 'gvisor' ? `   ${(tp.gvisor!.perSecond / tp.runc!.perSecond).toFixed(2)}× runc` : '';
+    process.stdout.write(`${row(label(r, 'per-exec latency under load'), tp[r]!.latency, r === 'gvisor' ? tp.runc!.latency : undefined)}
+`);
+    process.stdout.write(`  ${label(r, 'throughput').padEnd(46)} ${tp[r]!.perSecond.toFixed(0)} execs/s (${tp[r]!.count})${ratio}
+`);
   }
 }
 

@@ -24,9 +24,12 @@ Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev":
 import base64
 import ctypes
 import hashlib
+import hmac
 import io
 import json
 import os
+import resource
+import select
 import selectors
 import signal
 import stat
@@ -44,6 +47,12 @@ READ_ONLY = ("skills/builtin",)
 OOM_FILE = "/sys/fs/cgroup/memory/memory.oom_control"
 OOM_FILE_V2 = "/sys/fs/cgroup/memory.events"
 PIDS_FILES = ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
+# Under gVisor the container's cgroup holds the whole sandbox (its kernel too): reaching its
+# memory limit would end the sandbox, not the code. The host then gives the sandbox some room
+# above the workspace's limit and sets this; the runner ends the interpreter when the sandbox's
+# memory (gVisor's own accounting, in its /proc/meminfo) passes it, like the OOM killer would.
+MEMORY_LIMIT = int(os.environ.get("KILN_MEMORY_LIMIT_BYTES") or 0)
+MEMORY_POLL_S = 0.01
 # Native thread pools would make every cell look like it left threads behind; a sandbox has
 # a CPU or two, so one BLAS/OpenMP thread costs little.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -110,14 +119,42 @@ def explain(error):
         return error
     msg = error.get("message", "")
     if error.get("type") == "BlockingIOError" and "Resource temporarily unavailable" in msg:
-        error["message"] = f"{msg} (the sandbox's process limit of {read_first(PIDS_FILES) or '?'} was reached)"
+        error["message"] = f"{msg} (the sandbox's process limit of {process_limit()} was reached)"
     elif "[Errno 28]" in msg:
         error["message"] = f"{msg} (the sandbox's disk space is full)"
     elif "[Errno 27]" in msg:
         error["message"] = f"{msg} (the sandbox's file size limit was reached)"
-    elif "[Errno 30]" in msg:
+    elif "[Errno 30]" in msg or ("[Errno 13]" in msg and outside_writable(msg)):
+        # runc says EROFS for the read-only root; gVisor checks the file's permissions first (EACCES).
         error["message"] = f"{msg} (only /workspace, /tmp and the home directory are writable)"
     return error
+
+
+def outside_writable(msg):
+    """The path an OSError's message names is absolute and outside /workspace, /tmp and home."""
+    _, sep, quoted = msg.partition(": '")
+    path = quoted.rsplit("'", 1)[0] if sep else ""
+    home = os.environ.get("HOME", "/home/sandbox")
+    return path.startswith("/") and not any(path == d or path.startswith(d + "/") for d in (WORKSPACE, "/tmp", home))
+
+
+def process_limit():
+    """The cgroup's pid limit (runc), else RLIMIT_NPROC (gVisor, whose kernel enforces it per uid)."""
+    limit = read_first(PIDS_FILES)
+    if limit and limit != "max":
+        return limit
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    return str(soft) if soft != resource.RLIM_INFINITY else "?"
+
+
+def memory_used():
+    """Bytes the sandbox uses now, by gVisor's accounting (MemTotal - MemFree); None if unreadable."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if v.strip()}
+        return (fields["MemTotal"] - fields["MemFree"]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def oom_kills():
@@ -244,12 +281,25 @@ class Runner:
         self.current = None  # the exec in progress
         self.inbuf = bytearray()
         self.synced = None  # manifest of /workspace as last agreed with the host
+        # The host's key, from its first frame (before any code ran): every frame after is signed
+        # with it. gVisor lets a process of the same uid open /proc/<runner>/fd/1 despite the
+        # runner being non-dumpable, so the code could write frames: unsigned, they end the runner.
+        self.key = None
 
     # ---- framing -------------------------------------------------------------------------
     def send(self, msg):
         data = json.dumps(msg, separators=(",", ":")).encode("utf-8")
-        self.out.write(struct.pack(">I", len(data)) + data)
-        self.out.flush()
+        # os.write until all is out: under gVisor a write to the host's pipe can be short even
+        # on a blocking descriptor (a buffered write would then drop the rest of the frame).
+        if self.key:
+            data = hmac.digest(self.key, data, "sha256") + data
+        rest = memoryview(struct.pack(">I", len(data)) + data)
+        fd = self.out.fileno()
+        while rest:
+            try:
+                rest = rest[os.write(fd, rest) :]
+            except BlockingIOError:
+                select.select([], [fd], [])
 
     def frames(self, chunk):
         self.inbuf += chunk
@@ -326,7 +376,11 @@ class Runner:
         op = msg.get("op")
         rid = msg.get("id")
         try:
-            if op == "exec":
+            if op == "key":
+                # Only the first: code that opens the runner's stdin could send its own later.
+                if self.key is None:
+                    self.key = base64.b64decode(msg["key"])
+            elif op == "exec":
                 self.begin_exec(msg)
             elif op == "cancel":
                 if self.current and self.current["id"] == rid:
@@ -417,7 +471,9 @@ class Runner:
         self.drain_output()
         code = proc.wait()
         oom_after = oom_kills()
-        oom = code == -signal.SIGKILL and (cur["oom_before"] is None or oom_after is None or oom_after > cur["oom_before"])
+        oom = code == -signal.SIGKILL and (
+            cur.get("over_memory") or cur["oom_before"] is None or oom_after is None or oom_after > cur["oom_before"]
+        )
         self.restart_worker()
         if cur["interrupted"] == "timeout":
             err = self.timeout_error(killed=True)
@@ -616,8 +672,18 @@ class Runner:
                 elif cur["kill_at"] and now >= cur["kill_at"]:
                     os.killpg(self.worker["proc"].pid, signal.SIGKILL)
                     cur["kill_at"] = None
+                if MEMORY_LIMIT and not cur.get("over_memory"):
+                    used = memory_used()
+                    if used is not None and used > MEMORY_LIMIT:
+                        cur["over_memory"] = True
+                        try:
+                            os.killpg(self.worker["proc"].pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                 wake = cur["kill_at"] if cur["interrupted"] else cur["deadline"]
                 timeout = max(0.0, wake - time.monotonic()) if wake else 0.05
+                if MEMORY_LIMIT:
+                    timeout = min(timeout, MEMORY_POLL_S)
             for key, _ in self.sel.select(timeout):
                 if key.data == "host":
                     try:

@@ -289,6 +289,9 @@ describe('ops dashboard in chromium', () => {
     await open();
     const row = page.locator('#sandboxes tr', { hasText: live.id });
     await row.waitFor();
+    // Its runtime is a cell of its own (the test apps' workspaces run in runc).
+    expect(live.runtime).toBe('runc');
+    expect(await row.locator('td').allTextContents()).toContain('runc');
     page.once('dialog', (d) => void d.accept());
     await row.getByRole('button', { name: 'Kill' }).click();
     // The panel reloads after the action: the row goes, and the API agrees.

@@ -1,5 +1,11 @@
 import type { TestApp } from './app.ts';
 
+/**
+ * The runtimes the sandbox suites run under (describe.each). A gvisor run fails, not skips,
+ * when the server does not offer gvisor: creating its workspace is then a 400.
+ */
+export const RUNTIMES = ['runc', 'gvisor'] as const;
+
 /** A team, a workspace (with optional settings) and an active session in it. */
 export async function sessionIn(
   t: TestApp,

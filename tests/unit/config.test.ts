@@ -96,4 +96,17 @@ describe('config', () => {
   it('treats empty strings as unset', () => {
     expect(loadConfig({ KILN_PORT: '', DATABASE_URL: '' })).toMatchObject({ port: 7700, databaseUrl: undefined });
   });
+
+  it('reads KILN_SANDBOX_RUNTIMES as a list of runc and gvisor; unset, decided at start-up', () => {
+    expect(loadConfig({}).sandbox.runtimes).toBeUndefined();
+    expect(loadConfig({ KILN_SANDBOX_RUNTIMES: 'runc' }).sandbox.runtimes).toEqual(['runc']);
+    expect(loadConfig({ KILN_SANDBOX_RUNTIMES: ' gvisor , runc' }).sandbox.runtimes).toEqual(['gvisor', 'runc']);
+    expect(problems({ KILN_SANDBOX_RUNTIMES: 'runc,kata' }).join()).toMatch(
+      /^KILN_SANDBOX_RUNTIMES: each must be one of runc, gvisor/,
+    );
+    expect(problems({ KILN_SANDBOX_RUNTIMES: 'gvisor,gvisor' }).join()).toMatch(
+      /^KILN_SANDBOX_RUNTIMES: lists a runtime twice/,
+    );
+    expect(problems({ KILN_SANDBOX_RUNTIMES: ',' }).join()).toMatch(/^KILN_SANDBOX_RUNTIMES: /);
+  });
 });

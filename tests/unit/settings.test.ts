@@ -71,3 +71,20 @@ describe('approval rules in settings', () => {
     ).toBe(true);
   });
 });
+
+describe('sandbox.runtime', () => {
+  it('is runc for a workspace stored before the setting existed', () => {
+    const { runtime: _, ...stored } = DEFAULT_SETTINGS.sandbox;
+    expect(WorkspaceSettings.parse({ ...DEFAULT_SETTINGS, sandbox: stored }).sandbox.runtime).toBe('runc');
+  });
+
+  it('takes runc or gvisor, nothing else', () => {
+    expect(SettingsPatch.parse({ sandbox: { runtime: 'gvisor' } }).sandbox?.runtime).toBe('gvisor');
+    expect(applySettingsPatch(DEFAULT_SETTINGS, { sandbox: { runtime: 'gvisor' } }).sandbox.runtime).toBe('gvisor');
+    for (const bad of ['kata', 'runsc', '', 1, null]) {
+      const r = SettingsPatch.safeParse({ sandbox: { runtime: bad } });
+      expect(r.success, String(bad)).toBe(false);
+      expect(r.error?.issues[0]?.path).toEqual(['sandbox', 'runtime']);
+    }
+  });
+});

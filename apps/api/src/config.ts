@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import type { QuotaMax } from './workspace/quota.ts';
+import { SANDBOX_RUNTIMES, type SandboxRuntime } from './workspace/settings.ts';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 
@@ -53,6 +54,17 @@ const schema = z.object({
   KILN_SANDBOX_MAX_PIDS: int(16, 1_000_000).default(1024),
   KILN_SANDBOX_MAX_TIMEOUT_S: int(1, 86_400).default(600),
   KILN_SANDBOX_MAX_DISK_MB: int(16, 1_048_576).default(2048),
+  // Comma list of the runtimes workspaces may pick; unset, runc plus gvisor when dockerd has kiln-gvisor-nonet.
+  KILN_SANDBOX_RUNTIMES: z
+    .string()
+    .transform((v) => v.split(',').map((r) => r.trim()))
+    .pipe(
+      z
+        .array(z.enum(SANDBOX_RUNTIMES, { message: `each must be one of ${SANDBOX_RUNTIMES.join(', ')}` }))
+        .min(1)
+        .refine((l) => new Set(l).size === l.length, 'lists a runtime twice'),
+    )
+    .optional(),
   KILN_SANDBOX_MAX_OUTPUT_BYTES: int(1024, 64 * 1024 * 1024).default(65_536),
   KILN_WORKSPACES_DIR: z.string().min(1).optional(),
   KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
@@ -128,6 +140,8 @@ export type Config = {
     perTeamMax: number;
     reapIntervalS: number;
     maxOutputBytes: number;
+    /** The runtimes workspaces may pick (KILN_SANDBOX_RUNTIMES); unset, decided at start-up from what dockerd has. */
+    runtimes?: SandboxRuntime[];
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
   };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
@@ -224,6 +238,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       perTeamMax: e.KILN_SANDBOX_MAX_PER_TEAM,
       reapIntervalS: e.KILN_SANDBOX_REAP_INTERVAL_S,
       maxOutputBytes: e.KILN_SANDBOX_MAX_OUTPUT_BYTES,
+      runtimes: e.KILN_SANDBOX_RUNTIMES,
       max: {
         memoryMb: e.KILN_SANDBOX_MAX_MEMORY_MB,
         cpus: e.KILN_SANDBOX_MAX_CPUS,

@@ -29,6 +29,8 @@ export interface Sandbox {
   id: string;
   session_id: string | null;
   state: string;
+  /** runc or gvisor. */
+  runtime: string;
   memory_bytes: number | null;
   cpu_percent: number | null;
   limits: { memoryMb: number };

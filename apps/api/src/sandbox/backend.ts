@@ -1,4 +1,5 @@
 import type { Readable, Writable } from 'node:stream';
+import type { SandboxRuntime } from '../workspace/settings.ts';
 import type { SandboxLimits } from './limits.ts';
 
 /**
@@ -25,6 +26,8 @@ export interface SandboxBackend {
   list(): Promise<ListedContainer[]>;
   /** The container's memory and CPU use now; null when it cannot be read (e.g. it is gone). */
   stats(containerId: string): Promise<Usage | null>;
+  /** Which of Kiln's sandbox runtimes this container runtime has (runc always; gvisor when it is registered). */
+  runtimes(): Promise<SandboxRuntime[]>;
   /** Resolves when the runtime answers within `timeoutMs`, rejects with the reason otherwise. */
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
@@ -43,12 +46,15 @@ export interface ContainerRequest {
   /** Its hard lifetime: past this, any replica of the installation removes it. */
   expiresAt: Date;
   limits: SandboxLimits;
+  /** runc (the engine's default runtime) or gvisor (runsc, with no network). */
+  runtime: SandboxRuntime;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */
 export interface SandboxContainer {
   id: string;
   uid: number;
+  runtime: SandboxRuntime;
 }
 
 /** A sandbox container found in the runtime, with what its request recorded on it. */

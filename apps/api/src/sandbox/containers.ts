@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import type { SandboxRuntime } from '../workspace/settings.ts';
 import type { ContainerRequest, SandboxBackend, SandboxContainer } from './backend.ts';
 import type { SandboxLimits } from './limits.ts';
 import { RunnerClient } from './runner-client.ts';
@@ -9,6 +10,7 @@ export interface Sandbox {
   container: SandboxContainer;
   client: RunnerClient;
   limits: SandboxLimits;
+  runtime: SandboxRuntime;
   /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
   expiresAt: number;
 }
@@ -41,16 +43,26 @@ export class Containers {
   }
 
   /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
-  async create(id: string, limits: SandboxLimits, session: SessionOf = WARM): Promise<Sandbox> {
+  async create(
+    id: string,
+    limits: SandboxLimits,
+    runtime: SandboxRuntime,
+    session: SessionOf = WARM,
+  ): Promise<Sandbox> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, session);
+      return await this.createNow(id, limits, runtime, session);
     } finally {
       this.creating.delete(id);
     }
   }
 
-  private async createNow(id: string, limits: SandboxLimits, session: SessionOf): Promise<Sandbox> {
+  private async createNow(
+    id: string,
+    limits: SandboxLimits,
+    runtime: SandboxRuntime,
+    session: SessionOf,
+  ): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
       image: this.opts.image,
@@ -59,11 +71,12 @@ export class Containers {
       ...session,
       expiresAt: new Date(expiresAt),
       limits,
+      runtime,
     });
     try {
       await this.backend.start(container);
-      const client = await RunnerClient.start(await this.backend.attachRunner(container));
-      return { id, container, client, limits, expiresAt };
+      const client = await RunnerClient.start(await this.backend.attachRunner(container), undefined, true);
+      return { id, container, client, limits, runtime, expiresAt };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
       throw err;

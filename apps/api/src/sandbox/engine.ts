@@ -6,7 +6,8 @@ import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { SecretMask } from '../secrets/masking.ts';
 import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
-import { DEFAULT_SETTINGS, type WorkspaceSettings } from '../workspace/settings.ts';
+import { ConfigError } from '../config.ts';
+import { DEFAULT_SETTINGS, type SandboxRuntime, type WorkspaceSettings } from '../workspace/settings.ts';
 import type { SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
@@ -42,6 +43,13 @@ export interface EngineOptions {
   maxLimits: SandboxLimits;
   maxOutputBytes: number;
   reapIntervalMs: number;
+  /** KILN_SANDBOX_RUNTIMES; unset, runc plus gvisor when the backend has it (asked at start-up). */
+  runtimes?: SandboxRuntime[];
+  /**
+   * The runtime of new workspaces that set none; unset, gvisor whenever it is offered. (The test
+   * apps pin runc so that only the suites written for both runtimes pay for gVisor.)
+   */
+  defaultRuntime?: SandboxRuntime;
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
 }
@@ -74,6 +82,9 @@ export class SandboxEngine {
   private readonly pool: WarmPool;
   private readonly live: LiveSandboxes;
   private readonly reaper: Reaper;
+  /** The runtimes workspaces may pick; known once `start` has asked the backend. */
+  private offered: SandboxRuntime[] = ['runc'];
+  private defaultRt: SandboxRuntime = 'runc';
 
   constructor(
     private readonly db: Db,
@@ -88,7 +99,11 @@ export class SandboxEngine {
     this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now }, log);
     // Warm containers are created with the default settings, capped.
     const poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
-    this.pool = new WarmPool(this.containers, { size: opts.poolSize, limits: poolLimits }, log);
+    this.pool = new WarmPool(
+      this.containers,
+      { size: opts.poolSize, limits: poolLimits, key: { runtime: 'runc' } },
+      log,
+    );
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
     this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
@@ -159,8 +174,49 @@ export class SandboxEngine {
     return new Map((await this.backend.list()).map((c) => [c.id, c.expiresAt]));
   }
 
+  /** The runtimes this server offers (KILN_SANDBOX_RUNTIMES, or what the container runtime has). */
+  get runtimes(): readonly SandboxRuntime[] {
+    return this.offered;
+  }
+
+  /** The runtime a new workspace gets when it sets none: gvisor whenever the server offers it. */
+  get defaultRuntime(): SandboxRuntime {
+    return this.defaultRt;
+  }
+
+  /** Refuses (400) a `sandbox.runtime` this server does not offer. */
+  checkRuntime(runtime: SandboxRuntime | undefined): void {
+    if (runtime === undefined || this.offered.includes(runtime)) return;
+    const path = 'body.settings.sandbox.runtime';
+    const message = `this server offers ${this.offered.join(', ')} (KILN_SANDBOX_RUNTIMES), not ${runtime}`;
+    throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
+  }
+
+  /**
+   * Decides the runtimes: those KILN_SANDBOX_RUNTIMES lists, each of which the container runtime
+   * must have (else start-up fails, naming it), or, unset, every one it has.
+   */
+  private async resolveRuntimes(): Promise<void> {
+    const available = await this.backend.runtimes();
+    const wanted = this.opts.runtimes;
+    const missing = (wanted ?? []).filter((r) => !available.includes(r));
+    if (missing.length)
+      throw new ConfigError([
+        `KILN_SANDBOX_RUNTIMES: the container runtime has no ${missing.join(', ')} ` +
+          '(for gvisor, dockerd needs the kiln-gvisor-nonet runtime: run infra/docker.sh as root)',
+      ]);
+    this.offered = wanted ?? available;
+    this.defaultRt = this.opts.defaultRuntime ?? (this.offered.includes('gvisor') ? 'gvisor' : 'runc');
+    if (!this.offered.includes(this.defaultRt))
+      throw new ConfigError([`the default sandbox runtime ${this.defaultRt} is not among ${this.offered.join(', ')}`]);
+    // Warm containers are for the runtime new workspaces get; a workspace with the other one starts cold.
+    this.pool.use({ runtime: this.defaultRt });
+  }
+
   /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
   async start(): Promise<void> {
+    await this.resolveRuntimes();
+    this.log.info({ runtimes: this.offered, default: this.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
     this.pool.fill();
     this.reaper.start();
@@ -196,6 +252,20 @@ export class SandboxEngine {
     return this.backend.ping();
   }
 
+  /**
+   * The session's sandbox. A workspace whose runtime the server no longer offers (KILN_SANDBOX_RUNTIMES
+   * changed since it was set) gets none: it never silently runs in another runtime than it asked for.
+   */
+  private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    if (!this.offered.includes(ctx.runtime))
+      throw new ApiError(
+        'conflict',
+        `this workspace's sandbox.runtime is ${ctx.runtime}, which this server does not offer ` +
+          `(it offers ${this.offered.join(', ')}): change the workspace's setting`,
+      );
+    return this.live.acquire(ctx, limits);
+  }
+
   /** Runs code in the session's sandbox, creating or claiming one first when it has none. */
   async exec(
     ctx: ExecContext,
@@ -203,7 +273,7 @@ export class SandboxEngine {
     code: string,
     opts: ExecOptions = {},
   ): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
-    const live = await this.live.acquire(ctx, limits);
+    const live = await this.acquire(ctx, limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
@@ -290,7 +360,7 @@ export class SandboxEngine {
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
-    const live = await this.live.acquire(ctx, limits);
+    const live = await this.acquire(ctx, limits);
     return live.client.putFile(path, data);
   }
 
@@ -348,6 +418,7 @@ export class SandboxEngine {
         memoryBytes: usage[i]?.memoryBytes ?? null,
         cpuPercent: usage[i]?.cpuPercent ?? null,
         reclaimAt: reclaimAt(idleUntil, mine ? mine.expiresAt : hard.get(r.containerId)),
+        runtime: r.runtime,
       };
     });
   }

@@ -65,6 +65,8 @@ export class FrameReader {
       onFrame: (msg: Record<string, unknown>) => void;
       /** The stream is unusable (a frame too large, or not JSON); nothing more is delivered. */
       onError: (reason: string) => void;
+      /** A frame's JSON once its signature checks out, else undefined (the stream is then unusable). */
+      authenticate?: (body: Buffer) => Buffer | undefined;
     },
   ) {}
 
@@ -84,8 +86,13 @@ export class FrameReader {
         this.body = n;
       }
       if (this.buffered < this.body) return;
-      const body = this.take(this.body);
+      const raw = this.take(this.body);
       this.body = undefined;
+      const body = this.opts.authenticate ? this.opts.authenticate(raw) : raw;
+      if (!body) {
+        this.fail('the runner sent a frame not signed with its key');
+        return;
+      }
       this.deliver(body);
     }
   }

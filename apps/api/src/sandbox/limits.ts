@@ -1,4 +1,4 @@
-import type { WorkspaceSettings } from '../workspace/settings.ts';
+import type { SandboxRuntime, WorkspaceSettings } from '../workspace/settings.ts';
 
 /** The resources one sandbox may use. */
 export interface SandboxLimits {
@@ -41,6 +41,11 @@ export function effectiveLimits(ws: WorkspaceSettings['sandbox'], max: SandboxLi
   };
 }
 
-/** Limits that can only be set when a container is created (tmpfs sizes, which follow disk and memory; ulimits). */
-export const sameShape = (a: SandboxLimits, b: SandboxLimits) =>
-  JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b));
+/**
+ * Limits that can only be set when a container is created (tmpfs sizes, which follow disk and
+ * memory; ulimits). Under gVisor also memory and pids: the sandbox enforces them inside, from
+ * what it was created with (see container-spec.ts).
+ */
+export const sameShape = (a: SandboxLimits, b: SandboxLimits, runtime: SandboxRuntime = 'runc') =>
+  JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b)) &&
+  (runtime !== 'gvisor' || (a.memoryMb === b.memoryMb && a.pids === b.pids));

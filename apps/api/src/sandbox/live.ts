@@ -11,6 +11,7 @@ import type { WarmPool } from './pool.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import { RunnerGoneError } from './runner-client.ts';
 import { tarWorkspace } from './tar.ts';
+import type { SandboxRuntime } from '../workspace/settings.ts';
 
 export interface ExecContext {
   teamId: string;
@@ -21,6 +22,8 @@ export interface ExecContext {
   workspaceDir?: string;
   /** The workspace's idle time (its `sandbox.idle_s`, capped); unset, the server's. */
   idleMs?: number;
+  /** The workspace's `sandbox.runtime`: a new sandbox runs in it. */
+  runtime: SandboxRuntime;
 }
 
 /** A session's sandbox. */
@@ -186,7 +189,7 @@ export class LiveSandboxes {
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.bySession.get(ctx.sessionId);
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = pool.take(limits);
+    const warm = pool.take(limits, { runtime: ctx.runtime });
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
@@ -194,7 +197,7 @@ export class LiveSandboxes {
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Sandbox> = warm
       ? this.fit(warm, limits)
-      : containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
+      : containers.create(id, limits, ctx.runtime, { teamId: ctx.teamId, sessionId: ctx.sessionId });
     const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
@@ -280,6 +283,7 @@ export class LiveSandboxes {
       limits,
       containerId: '',
       image: this.opts.image,
+      runtime: ctx.runtime,
       state: 'starting',
       expiresAt: this.idleExpiry(ctx),
     });

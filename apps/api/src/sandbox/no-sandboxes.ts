@@ -32,6 +32,9 @@ export class NoSandboxes implements SandboxBackend {
   async stats() {
     return null;
   }
+  async runtimes() {
+    return ['runc' as const];
+  }
   ping() {
     return Promise.reject(new Error(OFF));
   }

@@ -1,13 +1,26 @@
 import type { Logger } from 'pino';
 import { newId } from '../lib/ids.ts';
 import type { Containers, Sandbox } from './containers.ts';
+import type { SandboxRuntime } from '../workspace/settings.ts';
 import { sameShape, type SandboxLimits } from './limits.ts';
+
+/**
+ * What a warm container is made for beyond its limits, and a claim must match: its runtime
+ * (a container cannot change runtime once created).
+ */
+export interface PoolKey {
+  runtime: SandboxRuntime;
+}
+
+const sameKey = (a: PoolKey, b: PoolKey) => a.runtime === b.runtime;
 
 export interface PoolOptions {
   /** How many warm containers to keep ready. */
   size: number;
   /** What warm containers are created with: the default settings, capped. */
   limits: SandboxLimits;
+  /** What warm containers are made for: the server's default runtime (set at start-up, see `use`). */
+  key: PoolKey;
 }
 
 /**
@@ -31,9 +44,17 @@ export class WarmPool {
     return this.ready;
   }
 
-  /** A warm container for these limits when their shape is the pool's; those whose runner is gone are thrown away. */
-  take(limits: SandboxLimits): Sandbox | undefined {
-    if (!sameShape(limits, this.opts.limits)) return undefined;
+  /** What warm containers are made for from now on (before the first fill). */
+  use(key: PoolKey): void {
+    this.opts.key = key;
+  }
+
+  /**
+   * A warm container for these limits and key when they are the pool's (else the claim starts
+   * one cold); those whose runner is gone are thrown away.
+   */
+  take(limits: SandboxLimits, key: PoolKey): Sandbox | undefined {
+    if (!sameKey(key, this.opts.key) || !sameShape(limits, this.opts.limits, key.runtime)) return undefined;
     for (let warm = this.ready.shift(); warm; warm = this.ready.shift()) {
       if (warm.client.alive) return warm;
       void this.containers.destroy(warm);
@@ -59,7 +80,7 @@ export class WarmPool {
   fill(): void {
     while (!this.stopped && this.ready.length + this.fills.size < this.opts.size) {
       const fill: Promise<void> = this.containers
-        .create(newId('sbx'), this.opts.limits)
+        .create(newId('sbx'), this.opts.limits, this.opts.key.runtime)
         .then(
           async (c) => {
             if (this.stopped) await this.containers.destroy(c);

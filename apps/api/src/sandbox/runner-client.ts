@@ -1,4 +1,4 @@
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash, createHmac, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import type { RunnerChannel } from './backend.ts';
 import { FrameReader, frameLimitOf, SMALL_FRAME_BYTES } from './frames.ts';
 
@@ -99,15 +99,24 @@ export class RunnerClient {
     limit: () => Math.max(SMALL_FRAME_BYTES, ...[...this.pending.values()].map((p) => p.frameLimit ?? 0)),
     onFrame: (msg) => this.dispatch(msg),
     onError: (reason) => this.markGone(reason),
+    authenticate: (body) => this.authenticate(body),
   });
+  /** The key every frame after `ready` is signed with (HMAC-SHA256, in its first 32 bytes). */
+  private key: Buffer | undefined;
   private goneReason: string | undefined;
   private readonly exitListeners: ((reason: string) => void)[] = [];
   stderrTail = '';
 
   private constructor(private readonly channel: RunnerChannel) {}
 
-  /** Speaks to a runner the backend just started and waits until it is ready. */
-  static async start(channel: RunnerChannel, readyTimeoutMs = 30_000): Promise<RunnerClient> {
+  /**
+   * Speaks to a runner the backend just started and waits until it is ready. With `sign`, the
+   * runner is then given a key of its own (before any code has run in it) and every frame it
+   * sends after must carry its signature: code in the sandbox that gets hold of the runner's
+   * stdout (gVisor does not close /proc/<pid>/fd of a non-dumpable process to its own uid)
+   * cannot forge one. Without, for stand-in runners in tests.
+   */
+  static async start(channel: RunnerChannel, readyTimeoutMs = 30_000, sign = false): Promise<RunnerClient> {
     const client = new RunnerClient(channel);
     const ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(
@@ -136,7 +145,19 @@ export class RunnerClient {
       client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
     });
     await ready;
+    if (sign) {
+      const key = randomBytes(32);
+      client.send({ op: 'key', key: key.toString('base64') });
+      client.key = key;
+    }
     return client;
+  }
+
+  private authenticate(body: Buffer): Buffer | undefined {
+    if (!this.key) return body;
+    if (body.length < 32) return undefined;
+    const mac = createHmac('sha256', this.key).update(body.subarray(32)).digest();
+    return timingSafeEqual(mac, body.subarray(0, 32)) ? body.subarray(32) : undefined;
   }
 
   get alive(): boolean {

@@ -41,6 +41,10 @@ const Rule = z
   })
   .strict();
 
+/** The container runtimes a sandbox can run in (the server offers those in KILN_SANDBOX_RUNTIMES). */
+export const SANDBOX_RUNTIMES = ['runc', 'gvisor'] as const;
+export type SandboxRuntime = (typeof SANDBOX_RUNTIMES)[number];
+
 /** Bounds of `sandbox.idle_s`; the server's KILN_SANDBOX_MAX_IDLE_S may lower the upper one. */
 const MIN_IDLE_S = 60;
 const MAX_IDLE_S = 30 * 86_400;
@@ -73,6 +77,17 @@ const sections = {
       timeout_s: z.number().int().min(1).max(3600),
       disk_mb: z.number().int().min(16).max(65536),
       network: z.literal('none'),
+      // Default runc here: workspaces stored before runtimes existed keep it. New workspaces get the
+      // server's default (gvisor when it is available) written in when they are created.
+      runtime: z
+        .enum(SANDBOX_RUNTIMES)
+        .default('runc')
+        .openapi({
+          description:
+            'the container runtime of the workspace\u2019s sandboxes: runc (Linux namespaces and seccomp) or gvisor ' +
+            '(a user-space kernel between the code and the host); one of the server\u2019s KILN_SANDBOX_RUNTIMES. ' +
+            'Unset on create, the server\u2019s default: gvisor when it offers it',
+        }),
       idle_s: z
         .number()
         .int()
@@ -175,6 +190,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     timeout_s: 60,
     disk_mb: 256,
     network: 'none',
+    runtime: 'runc',
     idle_s: null,
     max_files_per_step: 1000,
     max_bytes_per_step: 16 * 1024 * 1024,

@@ -14,6 +14,10 @@ export const sandboxes = pgTable(
     limits: jsonb('limits').notNull(),
     containerId: text('container_id').notNull(),
     image: text('image').notNull(),
+    /** The container runtime it runs in (rows from before runtimes existed ran in runc). */
+    runtime: text('runtime', { enum: ['runc', 'gvisor'] })
+      .notNull()
+      .default('runc'),
     state: text('state', { enum: ['starting', 'ready', 'removed'] }).notNull(),
     removedReason: text('removed_reason'),
     createdAt: createdAt(),

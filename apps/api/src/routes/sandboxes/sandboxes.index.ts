@@ -9,11 +9,12 @@ export function sandboxesRouter(engine: SandboxEngine) {
       const rows = await engine.listForTeam(teamOf(c));
       return c.json(
         {
-          data: rows.map(({ row, state, memoryBytes, cpuPercent, reclaimAt }) => ({
+          data: rows.map(({ row, state, runtime, memoryBytes, cpuPercent, reclaimAt }) => ({
             id: row.id,
             session_id: row.sessionId,
             workspace_id: row.workspaceId,
             state: state as 'starting' | 'idle' | 'busy',
+            runtime,
             memory_bytes: memoryBytes,
             cpu_percent: cpuPercent,
             limits: row.limits as { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number },

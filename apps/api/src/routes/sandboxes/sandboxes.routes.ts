@@ -7,6 +7,9 @@ const Sandbox = z
     session_id: z.string().nullable(),
     workspace_id: z.string().nullable(),
     state: z.enum(['starting', 'idle', 'busy']),
+    runtime: z.enum(['runc', 'gvisor']).openapi({
+      description: 'the container runtime it runs in (its workspace\u2019s sandbox.runtime when it was created)',
+    }),
     memory_bytes: z.number().nullable(),
     cpu_percent: z.number().nullable(),
     limits: z.object({

@@ -22,8 +22,13 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
-      engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
-      const row = await service.create(team, c.req.valid('json'));
+      const input = c.req.valid('json');
+      engine.checkIdleS(input.settings?.sandbox?.idle_s);
+      engine.checkRuntime(input.settings?.sandbox?.runtime);
+      // The server's default runtime is written into the new workspace: it never changes under it later.
+      const runtime = input.settings?.sandbox?.runtime ?? engine.defaultRuntime;
+      const settings = { ...input.settings, sandbox: { ...input.settings?.sandbox, runtime } };
+      const row = await service.create(team, { ...input, settings });
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
     })
@@ -37,6 +42,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
+      engine.checkRuntime(c.req.valid('json').settings?.sandbox?.runtime);
       const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
       // Running sandboxes take a new idle time at once, not only from their next execution.
       if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))

@@ -10,7 +10,15 @@ import type {
   Usage,
 } from '../backend.ts';
 import type { SandboxLimits } from '../limits.ts';
-import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
+import type { SandboxRuntime } from '../../workspace/settings.ts';
+import {
+  containerSpec,
+  GVISOR_NONET_RUNTIME,
+  SANDBOX_UID_COUNT,
+  SANDBOX_UID_MIN,
+  sandboxUser,
+  updateSpec,
+} from './container-spec.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -48,6 +56,7 @@ export class DockerBackend implements SandboxBackend {
             name: `kiln-${req.sandboxId}`,
             limits: req.limits,
             uid,
+            runtime: req.runtime,
             labels: {
               [LABEL]: '1',
               'kiln.sandbox': req.sandboxId,
@@ -56,6 +65,7 @@ export class DockerBackend implements SandboxBackend {
               'kiln.session': req.sessionId,
               'kiln.expires': req.expiresAt.toISOString(),
               [UID_LABEL]: String(uid),
+              'kiln.runtime': req.runtime,
             },
           }),
         );
@@ -63,7 +73,7 @@ export class DockerBackend implements SandboxBackend {
           all: true,
           filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] },
         });
-        if (holders.length <= 1) return { id: container.id, uid };
+        if (holders.length <= 1) return { id: container.id, uid, runtime: req.runtime };
         await container.remove({ force: true }).catch(() => undefined);
       } finally {
         this.uidsInFlight.delete(uid);
@@ -81,7 +91,7 @@ export class DockerBackend implements SandboxBackend {
   }
 
   async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
-    await this.docker.getContainer(container.id).update(updateSpec(limits));
+    await this.docker.getContainer(container.id).update(updateSpec(limits, container.runtime));
   }
 
   async remove(containerId: string): Promise<void> {
@@ -109,6 +119,12 @@ export class DockerBackend implements SandboxBackend {
 
   stats(containerId: string): Promise<Usage | null> {
     return this.sampler.sample(containerId);
+  }
+
+  /** gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it). */
+  async runtimes(): Promise<SandboxRuntime[]> {
+    const info = (await this.docker.info()) as { Runtimes?: Record<string, unknown> };
+    return info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes ? ['runc', 'gvisor'] : ['runc'];
   }
 
   async ping(timeoutMs = 2000): Promise<void> {

@@ -1,4 +1,5 @@
 import type Docker from 'dockerode';
+import type { SandboxRuntime } from '../../workspace/settings.ts';
 import { tmpfsSizes, type SandboxLimits } from '../limits.ts';
 
 /**
@@ -16,7 +17,38 @@ export const SANDBOX_UID_COUNT = 100_000_000;
  * It only sleeps, so sharing it between sandboxes shares nothing the user's code can use.
  */
 const KEEPER_USER = '10002:10002';
+/**
+ * The Docker runtime of a gVisor sandbox: runsc with the platform infra/docker.sh chose and
+ * --network=none (these containers have no network; the sandbox gets no netstack at all).
+ */
+export const GVISOR_NONET_RUNTIME = 'kiln-gvisor-nonet';
 const MiB = 1024 * 1024;
+/**
+ * Under gVisor the container's cgroup holds the whole sandbox: the sentry (the user-space
+ * kernel), its gofer and, on the ptrace platform, a host stub process with a few threads for
+ * every process of the code. The cgroup limits are therefore the host's budget for all of that,
+ * and the workspace's own limits are enforced inside the sandbox, where hitting them ends the
+ * code, never the sandbox: processes by RLIMIT_NPROC (gVisor enforces it for the sandbox's own
+ * uid), memory by the runner's watchdog (KILN_MEMORY_LIMIT_BYTES, read against gVisor's own
+ * accounting in /proc/meminfo). Measured here (ptrace platform): an idle sandbox is ~44 host
+ * tasks, a sleeping process ~5 more, but a busy one up to ~31 (a 64-process fork bomb peaked at
+ * 2,010). The host budget is capped, so that no sandbox can take a large share of the host's
+ * pid space (kernel.pid_max, 32,768 by default): past ~95 busy processes, a fork bomb ends the
+ * sandbox (reported as SandboxLost; the session gets a fresh one) instead of meeting the limit.
+ */
+const GVISOR_TASKS_PER_PROCESS = 40;
+const GVISOR_BASE_TASKS = 256;
+const GVISOR_MAX_HOST_TASKS = 4096;
+const GVISOR_MEMORY_RESERVE_MB = 96;
+
+/** The host cgroup's memory and pid budget for a sandbox of these limits in this runtime. */
+function hostLimits(limits: SandboxLimits, runtime: SandboxRuntime): { memoryMb: number; pids: number } {
+  if (runtime !== 'gvisor') return { memoryMb: limits.memoryMb, pids: limits.pids };
+  return {
+    memoryMb: limits.memoryMb + Math.max(GVISOR_MEMORY_RESERVE_MB, Math.ceil(limits.memoryMb / 8)),
+    pids: Math.min(limits.pids * GVISOR_TASKS_PER_PROCESS + GVISOR_BASE_TASKS, GVISOR_MAX_HOST_TASKS),
+  };
+}
 const NOFILE = 1024;
 
 export interface SpecInput {
@@ -26,6 +58,7 @@ export interface SpecInput {
   labels: Record<string, string>;
   /** The sandbox's own uid (and gid), from SANDBOX_UID_MIN on. */
   uid: number;
+  runtime: SandboxRuntime;
 }
 
 export const sandboxUser = (uid: number) => `${uid}:${uid}`;
@@ -36,23 +69,40 @@ export const sandboxUser = (uid: number) => `${uid}:${uid}`;
  * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
  * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
  */
-export function containerSpec({ image, name, limits, labels, uid }: SpecInput): Docker.ContainerCreateOptions {
+export function containerSpec({ image, name, limits, labels, uid, runtime }: SpecInput): Docker.ContainerCreateOptions {
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
   const owned = `,uid=${uid},gid=${uid},mode=0755`;
   const sizes = tmpfsSizes(limits);
+  const host = hostLimits(limits, runtime);
+  // Under gVisor: the workspace's limits, enforced inside the sandbox (see hostLimits).
+  const inside =
+    runtime === 'gvisor'
+      ? {
+          env: [`KILN_MEMORY_LIMIT_BYTES=${limits.memoryMb * MiB}`],
+          ulimits: [{ Name: 'nproc', Soft: limits.pids, Hard: limits.pids }],
+        }
+      : { env: [], ulimits: [] };
   return {
     name,
     Image: image,
     Cmd: ['sleep', 'infinity'],
     User: KEEPER_USER,
     WorkingDir: '/workspace',
-    Env: ['HOME=/home/sandbox', 'MPLCONFIGDIR=/tmp/.matplotlib', 'PYTHONDONTWRITEBYTECODE=1', 'LANG=C.UTF-8'],
+    Env: [
+      'HOME=/home/sandbox',
+      'MPLCONFIGDIR=/tmp/.matplotlib',
+      'PYTHONDONTWRITEBYTECODE=1',
+      'LANG=C.UTF-8',
+      ...inside.env,
+    ],
     Labels: labels,
     NetworkDisabled: true,
     AttachStdin: false,
     AttachStdout: false,
     AttachStderr: false,
     HostConfig: {
+      // Unset for runc: the engine's default runtime.
+      ...(runtime === 'gvisor' ? { Runtime: GVISOR_NONET_RUNTIME } : {}),
       NetworkMode: 'none',
       CapDrop: ['ALL'],
       SecurityOpt: ['no-new-privileges'],
@@ -63,13 +113,14 @@ export function containerSpec({ image, name, limits, labels, uid }: SpecInput): 
         '/workspace': tmpfs(sizes.workspace, owned),
         '/home/sandbox': tmpfs(sizes.home, owned),
       },
-      Memory: limits.memoryMb * MiB,
-      MemorySwap: limits.memoryMb * MiB,
+      Memory: host.memoryMb * MiB,
+      MemorySwap: host.memoryMb * MiB,
       NanoCpus: Math.round(limits.cpus * 1e9),
-      PidsLimit: limits.pids,
+      PidsLimit: host.pids,
       Ulimits: [
         { Name: 'nofile', Soft: NOFILE, Hard: NOFILE },
         { Name: 'fsize', Soft: limits.diskMb * MiB, Hard: limits.diskMb * MiB },
+        ...inside.ulimits,
       ],
       Init: true,
       IpcMode: 'private',
@@ -83,11 +134,12 @@ export function containerSpec({ image, name, limits, labels, uid }: SpecInput): 
 }
 
 /** The live-updatable part of the limits (docker update), for a warm container claimed by a workspace. */
-export function updateSpec(limits: SandboxLimits) {
+export function updateSpec(limits: SandboxLimits, runtime: SandboxRuntime) {
+  const host = hostLimits(limits, runtime);
   return {
-    Memory: limits.memoryMb * MiB,
-    MemorySwap: limits.memoryMb * MiB,
+    Memory: host.memoryMb * MiB,
+    MemorySwap: host.memoryMb * MiB,
     NanoCpus: Math.round(limits.cpus * 1e9),
-    PidsLimit: limits.pids,
+    PidsLimit: host.pids,
   };
 }
