@@ -17,6 +17,7 @@ whatever comes back.
 
 Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output", "env"?} | {"op": "cancel", "id"}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
+                {"op": "sync_in", "id", "data"} | {"op": "sync_in", "id", "local": true} | {"op": "delete", "id", "path"}
 Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
                 {"ev": "file", "id", "data", "size"} | {"ev": "ok", "id"} | {"ev": "error", "id", "message"}
 """
@@ -496,11 +497,16 @@ class Runner:
 
     # ---- workspace sync -------------------------------------------------------------------
     def sync_in(self, msg):
-        """Unpacks the host's copy of the workspace (a tar without .git) into /workspace."""
-        data = base64.b64decode(msg["data"])
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith(("/", "..")) and "/../" not in m.name]
-            tar.extractall(WORKSPACE, members=members, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(WORKSPACE, members=members)
+        """Unpacks the host's copy of the workspace (a tar without .git) into /workspace.
+
+        With "local", the host has already copied the working tree into /workspace (a directory
+        of its own bind-mounted there): there is nothing to unpack, only the manifest to take.
+        """
+        if not msg.get("local"):
+            data = base64.b64decode(msg["data"])
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+                members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith(("/", "..")) and "/../" not in m.name]
+                tar.extractall(WORKSPACE, members=members, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(WORKSPACE, members=members)
         for rel in READ_ONLY:  # a hint only: the host refuses changes there anyway
             for path, _ in regular_files(os.path.join(WORKSPACE, rel), skip=()):
                 os.chmod(path, 0o444)

@@ -69,6 +69,7 @@ function engineOptions(config: Config): EngineOptions {
     maxLimits: s.max,
     maxOutputBytes: s.maxOutputBytes,
     reapIntervalMs: s.reapIntervalS * 1000,
+    workspaceMount: s.workspaceMount,
   };
 }
 
@@ -79,7 +80,8 @@ export function compose(o: ComposeOptions): Kiln {
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
-    { ...engineOptions(config), ...o.engine },
+    // Without a container runtime (NoSandboxes) there is nothing to mount a workspace for.
+    { ...engineOptions(config), ...(o.sandboxes ? {} : { workspaceMount: undefined }), ...o.engine },
     logger,
     secrets,
   );

@@ -43,6 +43,11 @@ export interface ContainerRequest {
   /** Its hard lifetime: past this, any replica of the installation removes it. */
   expiresAt: Date;
   limits: SandboxLimits;
+  /**
+   * A directory of the runtime's host to bind-mount at /workspace instead of the container's
+   * own tmpfs (workspace-mounts.ts: already a size-limited, nosuid, nodev tmpfs); unset, the tmpfs.
+   */
+  workspaceDir?: string;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */

@@ -1,7 +1,9 @@
 import type { Logger } from 'pino';
 import type { ContainerRequest, SandboxBackend, SandboxContainer } from './backend.ts';
-import type { SandboxLimits } from './limits.ts';
+import { copyTree } from './copy-tree.ts';
+import { type SandboxLimits, tmpfsSizes } from './limits.ts';
 import { RunnerClient } from './runner-client.ts';
+import type { WorkspaceMounts } from './workspace-mounts.ts';
 
 /** A started container with a ready runner, warm or a session's. */
 export interface Sandbox {
@@ -11,6 +13,10 @@ export interface Sandbox {
   limits: SandboxLimits;
   /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
   expiresAt: number;
+  /** The host directory mounted at its /workspace (workspace-mounts.ts); unset, the container's own tmpfs. */
+  workspaceDir?: string;
+  /** That directory already holds the copy of the workspace it was created for (a cold start). */
+  filled?: boolean;
 }
 
 /** The team and session a container is created for; empty for a warm one. */
@@ -29,6 +35,8 @@ export interface ContainerOptions {
 export class Containers {
   /** Sandbox ids whose container is being created right now: never reaped. */
   private readonly creating = new Set<string>();
+  /** Host workspace mounts, when this host can make them (decided once at start-up); else the tar path. */
+  private mounts: WorkspaceMounts | null = null;
 
   constructor(
     private readonly backend: SandboxBackend,
@@ -40,17 +48,48 @@ export class Containers {
     return this.creating.has(sandboxId);
   }
 
-  /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
-  async create(id: string, limits: SandboxLimits, session: SessionOf = WARM): Promise<Sandbox> {
+  /** From now on, containers get a host workspace mount (null: the container's tmpfs and the tar copy). */
+  useMounts(mounts: WorkspaceMounts | null): void {
+    this.mounts = mounts;
+  }
+
+  /** Removes the workspace mounts of sandboxes `keep` does not claim (see WorkspaceMounts.sweep). */
+  async sweepMounts(keep: (sandboxId: string) => boolean): Promise<number> {
+    return this.mounts ? this.mounts.sweep((id) => this.creating.has(id) || keep(id)) : 0;
+  }
+
+  /**
+   * Creates, starts and connects to a hardened container; a warm one is for no team or session
+   * yet. With `copyFrom` (a cold start for a session) and a host workspace mount, the working
+   * tree is copied into the mount while the container starts, so the copy costs no time of its own.
+   */
+  async create(id: string, limits: SandboxLimits, session: SessionOf = WARM, copyFrom?: string): Promise<Sandbox> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, session);
+      return await this.createNow(id, limits, session, copyFrom);
     } finally {
       this.creating.delete(id);
     }
   }
 
-  private async createNow(id: string, limits: SandboxLimits, session: SessionOf): Promise<Sandbox> {
+  private async createNow(id: string, limits: SandboxLimits, session: SessionOf, copyFrom?: string): Promise<Sandbox> {
+    // Made (empty) before the container, so that a warm one has it from the start.
+    const workspaceDir = await this.mounts?.create(id, tmpfsSizes(limits).workspace);
+    try {
+      return await this.createIn(id, limits, session, workspaceDir, copyFrom);
+    } catch (err) {
+      if (workspaceDir) await this.removeMount(id);
+      throw err;
+    }
+  }
+
+  private async createIn(
+    id: string,
+    limits: SandboxLimits,
+    session: SessionOf,
+    workspaceDir: string | undefined,
+    copyFrom: string | undefined,
+  ): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
       image: this.opts.image,
@@ -59,22 +98,46 @@ export class Containers {
       ...session,
       expiresAt: new Date(expiresAt),
       limits,
+      workspaceDir,
     });
+    let filling: Promise<unknown> | undefined;
     try {
-      await this.backend.start(container);
-      const client = await RunnerClient.start(await this.backend.attachRunner(container));
-      return { id, container, client, limits, expiresAt };
+      if (workspaceDir) await this.mounts?.own(workspaceDir, container.uid);
+      // No code runs in the container before its first exec: the host is the mount's only writer meanwhile.
+      if (workspaceDir && copyFrom) filling = copyTree(copyFrom, workspaceDir, container.uid);
+      const [started, filled] = await Promise.allSettled([
+        this.backend.start(container).then(async () => RunnerClient.start(await this.backend.attachRunner(container))),
+        filling,
+      ]);
+      if (started.status === 'rejected') throw started.reason;
+      if (filled.status === 'rejected') {
+        started.value.close();
+        throw filled.reason;
+      }
+      return { id, container, client: started.value, limits, expiresAt, workspaceDir, filled: filling !== undefined };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
       throw err;
     }
   }
 
-  /** Closes the runner and removes the container. */
+  /** Closes the runner and removes the container, then its workspace mount. */
   async destroy(c: Sandbox): Promise<void> {
     c.client.close();
-    await this.backend.remove(c.container.id).catch((err) => {
-      this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+    const removed = await this.backend.remove(c.container.id).then(
+      () => true,
+      (err) => {
+        this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+        return false;
+      },
+    );
+    // A container that could not be removed keeps its mount: the reaper's sweep takes it with the container.
+    if (removed && c.workspaceDir) await this.removeMount(c.id);
+  }
+
+  private async removeMount(id: string): Promise<void> {
+    await this.mounts?.remove(id).catch((err) => {
+      this.log.warn({ err, sandbox: id }, 'could not remove a sandbox workspace mount');
     });
   }
 }

@@ -14,6 +14,7 @@ import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
 import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
 import { WarmPool } from './pool.ts';
+import { type WorkspaceMountOptions, WorkspaceMounts } from './workspace-mounts.ts';
 import { Reaper } from './reaper.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import {
@@ -44,6 +45,8 @@ export interface EngineOptions {
   reapIntervalMs: number;
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
+  /** How a new sandbox gets the workspace (workspace-mounts.ts); unset, always the tar path. */
+  workspaceMount?: WorkspaceMountOptions;
 }
 
 export interface ExecOptions {
@@ -159,8 +162,13 @@ export class SandboxEngine {
     return new Map((await this.backend.list()).map((c) => [c.id, c.expiresAt]));
   }
 
-  /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
+  /**
+   * Decides how sandboxes get the workspace (a host mount or the tar path, once, logged), reaps
+   * what a previous life of this instance left behind, fills the pool, starts the reaper.
+   */
   async start(): Promise<void> {
+    const m = this.opts.workspaceMount;
+    this.containers.useMounts(m ? await WorkspaceMounts.open(m, this.opts.owner, this.log) : null);
     await this.reap({ startup: true });
     this.pool.fill();
     this.reaper.start();

@@ -10,6 +10,7 @@ import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import { RunnerGoneError } from './runner-client.ts';
+import { copyTree } from './copy-tree.ts';
 import { tarWorkspace } from './tar.ts';
 
 export interface ExecContext {
@@ -194,7 +195,7 @@ export class LiveSandboxes {
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Sandbox> = warm
       ? this.fit(warm, limits)
-      : containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId });
+      : containers.create(id, limits, { teamId: ctx.teamId, sessionId: ctx.sessionId }, ctx.workspaceDir);
     const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
@@ -213,7 +214,7 @@ export class LiveSandboxes {
         .set({ containerId, state: 'ready', lastUsedAt: new Date(this.opts.now()), expiresAt: this.idleExpiry(ctx) })
         .where(eq(sandboxes.id, id));
       // The first request to a warm runner is also the proof that it is still there.
-      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
+      if (ctx.workspaceDir) await this.copyIn(c.value, ctx.workspaceDir);
       else if (warm) await c.value.client.ping();
       const live: Live = {
         ...c.value,
@@ -245,6 +246,32 @@ export class LiveSandboxes {
       this.claiming.delete(id);
       pool.fill();
     }
+  }
+
+  /**
+   * The workspace's working tree into the sandbox's /workspace, before any code of the session
+   * runs there: copied by the host into the sandbox's own mounted directory when it has one
+   * (the runner then only takes the manifest of what it finds), else as a tar through the
+   * runner's frames. A runner that is gone fails either way, before anything is copied.
+   */
+  private async copyIn(sandbox: Sandbox, workspaceDir: string): Promise<void> {
+    if (!sandbox.workspaceDir) {
+      await sandbox.client.syncIn(await tarWorkspace(workspaceDir));
+      return;
+    }
+    const t0 = performance.now();
+    // A cold start copied while its container started (containers.ts); a warm one copies now.
+    await sandbox.client.ping();
+    const copied = sandbox.filled
+      ? 'while starting'
+      : await copyTree(workspaceDir, sandbox.workspaceDir, sandbox.container.uid);
+    const t1 = performance.now();
+    await sandbox.client.syncLocal();
+    const ms = (t: number) => Math.round(t * 10) / 10;
+    this.deps.log.debug(
+      { sandbox: sandbox.id, copied, copy_ms: ms(t1 - t0), manifest_ms: ms(performance.now() - t1) },
+      'workspace copied into the sandbox',
+    );
   }
 
   /** The warm container with the session's limits (those a running container can change, applied if they differ). */

@@ -205,6 +205,15 @@ export class RunnerClient {
     return res.files as number;
   }
 
+  /**
+   * The host has copied the workspace into /workspace itself (a directory of its own mounted
+   * there): the runner only takes what it finds as synced. Returns the number of files.
+   */
+  async syncLocal(): Promise<number> {
+    const res = await this.request({ op: 'sync_in', id: randomUUID(), local: true });
+    return res.files as number;
+  }
+
   async deleteFile(path: string): Promise<void> {
     await this.request({ op: 'delete', id: randomUUID(), path });
   }

@@ -48,6 +48,7 @@ export class DockerBackend implements SandboxBackend {
             name: `kiln-${req.sandboxId}`,
             limits: req.limits,
             uid,
+            workspaceDir: req.workspaceDir,
             labels: {
               [LABEL]: '1',
               'kiln.sandbox': req.sandboxId,

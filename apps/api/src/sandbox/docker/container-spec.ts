@@ -26,6 +26,8 @@ export interface SpecInput {
   labels: Record<string, string>;
   /** The sandbox's own uid (and gid), from SANDBOX_UID_MIN on. */
   uid: number;
+  /** A host directory (its own tmpfs) bind-mounted at /workspace instead of the container's tmpfs. */
+  workspaceDir?: string;
 }
 
 export const sandboxUser = (uid: number) => `${uid}:${uid}`;
@@ -36,7 +38,14 @@ export const sandboxUser = (uid: number) => `${uid}:${uid}`;
  * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
  * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
  */
-export function containerSpec({ image, name, limits, labels, uid }: SpecInput): Docker.ContainerCreateOptions {
+export function containerSpec({
+  image,
+  name,
+  limits,
+  labels,
+  uid,
+  workspaceDir,
+}: SpecInput): Docker.ContainerCreateOptions {
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
   const owned = `,uid=${uid},gid=${uid},mode=0755`;
   const sizes = tmpfsSizes(limits);
@@ -60,9 +69,24 @@ export function containerSpec({ image, name, limits, labels, uid }: SpecInput): 
       ReadonlyRootfs: true,
       Tmpfs: {
         '/tmp': tmpfs(sizes.tmp, owned),
-        '/workspace': tmpfs(sizes.workspace, owned),
+        ...(workspaceDir ? {} : { '/workspace': tmpfs(sizes.workspace, owned) }),
         '/home/sandbox': tmpfs(sizes.home, owned),
       },
+      // The host's own tmpfs for this sandbox (sized and flagged as the one above would be); a
+      // private bind, so nothing mounted under it later on either side propagates to the other.
+      ...(workspaceDir
+        ? {
+            Mounts: [
+              {
+                Type: 'bind' as const,
+                Source: workspaceDir,
+                Target: '/workspace',
+                ReadOnly: false,
+                BindOptions: { Propagation: 'rprivate' as const },
+              },
+            ],
+          }
+        : {}),
       Memory: limits.memoryMb * MiB,
       MemorySwap: limits.memoryMb * MiB,
       NanoCpus: Math.round(limits.cpus * 1e9),
