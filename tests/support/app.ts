@@ -71,6 +71,8 @@ export async function createTestApp(
     dashboardDir?: string;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
+    /** More server settings (KILN_* variables), applied last. */
+    env?: Record<string, string>;
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
@@ -110,6 +112,7 @@ export async function createTestApp(
     KILN_JOBS_POLL_MS: '60000',
     KILN_JOBS_LEASE_S: '60',
     KILN_EVOLUTION_TICK_S: '60',
+    ...opts.env,
   });
   const kiln = compose({
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
