@@ -73,10 +73,11 @@ async function withServer(image: string, mount: 'auto' | 'off', body: (series: S
     const team = await call(adminKey, 'POST', '/v1/teams', { name: 'bench-ws' });
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });
     /** Only the session's creation and its first exec are timed, not waiting for the pool or the deletion. */
-    const firstExecs = async (wsId: string, warm: boolean): Promise<number[]> => {
+    const firstExecs = async (wsId: string): Promise<number[]> => {
       const out: number[] = [];
       for (let i = 0; i < SIZE_N; i++) {
-        if (warm) while ((await warmCount()) < POOL) await new Promise((r) => setTimeout(r, 50));
+        // Also before a cold start: no refill of the pool competes with the sample for the CPU.
+        while ((await warmCount()) < POOL) await new Promise((r) => setTimeout(r, 50));
         const t0 = performance.now();
         const s = (await call(key, 'POST', `/v1/workspaces/${wsId}/sessions`, {})).id as string;
         await call(key, 'POST', `/v1/sessions/${s}/exec`, { code: 'print(1)' });
@@ -94,7 +95,7 @@ async function withServer(image: string, mount: 'auto' | 'off', body: (series: S
       for (const mb of sizes) {
         const ws = await call(key, 'POST', '/v1/workspaces', { name: `size-${label}-${mb}`, settings });
         fillWorkspace(join(dataDir, 'workspaces', ws.id), mb);
-        const samples = await firstExecs(ws.id, warm).catch((err: Error) => err);
+        const samples = await firstExecs(ws.id).catch((err: Error) => err);
         if (samples instanceof Error) {
           process.stdout.write(`  ${`${mb} MB`.padEnd(46)} failed: ${samples.message.slice(0, 160)}\n`);
           continue;

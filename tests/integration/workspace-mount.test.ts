@@ -242,6 +242,28 @@ describe('the tar path', () => {
     expect(readFileSync(join(t.workspaces.dirOf(ws), 'back.txt'), 'utf8')).toBe('ok\n');
     expect(mountsUnder(mountDir).size).toBe(0);
   });
+
+  it("streams a tree of many chunks, and one larger than the sandbox's /workspace is a 413", async () => {
+    const { ws, session } = await sessionIn(t, team);
+    const dir = t.workspaces.dirOf(ws);
+    for (let i = 0; i < 6; i++) writeFileSync(join(dir, `part${i}.bin`), Buffer.alloc(4 * MiB, i));
+    const r = await exec(
+      t,
+      team.key,
+      session,
+      'import os\nprint(sum(os.path.getsize(f"/workspace/part{i}.bin") for i in range(6)))',
+    );
+    expect(r.stdout).toBe(`${24 * MiB}\n`);
+    // memory_mb 256 and disk_mb 16: a /workspace of 16 MB.
+    const small = await sessionIn(t, team, { sandbox: { memory_mb: 256, disk_mb: 16 } });
+    writeFileSync(join(t.workspaces.dirOf(small.ws), 'big.bin'), Buffer.alloc(24 * MiB, 1));
+    const refused = await t.call('POST', `/v1/sessions/${small.session}/exec`, {
+      key: team.key,
+      body: { code: 'print(1)' },
+    });
+    expect(refused.status).toBe(413);
+    expect(refused.body.error.code).toBe('payload_too_large');
+  });
 });
 
 describe('the mount budget and the copy', () => {

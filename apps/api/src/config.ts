@@ -68,8 +68,8 @@ const schema = z.object({
   // A step's changes come back in one runner frame (base64, at most 64 MiB).
   KILN_SANDBOX_MAX_BYTES_PER_STEP: int(1024, 32 * 1024 * 1024).default(32 * 1024 * 1024),
   KILN_WORKSPACE_MAX_FILES: int(1, 10_000_000).default(50_000),
-  // With host workspace mounts, a new sandbox's copy costs no API memory; on the tar path it is one
-  // tar in memory (WORKSPACE_TAR_MAX_BYTES, 256 MiB): a larger working tree gets a 413 there.
+  // Neither copy into a new sandbox holds the working tree in the API's memory (a host mount's copy
+  // is file to file, the tar path streams 4 MiB frames): the sandbox's /workspace bounds it.
   KILN_WORKSPACE_MAX_BYTES: int(1024, 1024 ** 4).default(200 * 1024 * 1024),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),

@@ -10,6 +10,11 @@ const COPY_CONCURRENCY = 16;
 const MODE_MASK = 0o755;
 const TMP_FILE = /^\.kiln-.*\.tmp$/;
 
+/** Why a new sandbox could not take the workspace (a 413), by either copy. */
+export const WORKSPACE_TOO_LARGE =
+  "the workspace is larger than its sandbox's /workspace (sandbox.disk_mb and sandbox.memory_mb size it); " +
+  'delete files from it through the files API or raise those settings';
+
 /**
  * Copies a workspace's working tree into a sandbox's own (fresh, empty) directory on this
  * host, as the tar path does: without the top-level .git and the host's temporary files,
@@ -46,11 +51,7 @@ export async function copyTree(src: string, dst: string, uid: number): Promise<{
   } catch (err) {
     await Promise.allSettled(copies);
     if ((err as { code?: string }).code === 'ENOSPC') {
-      throw new ApiError(
-        'payload_too_large',
-        "the workspace is larger than its sandbox's /workspace (sandbox.disk_mb and sandbox.memory_mb size it); " +
-          'delete files from it through the files API or raise those settings',
-      );
+      throw new ApiError('payload_too_large', WORKSPACE_TOO_LARGE);
     }
     throw err;
   }

@@ -10,8 +10,8 @@ import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import { RunnerGoneError } from './runner-client.ts';
-import { copyTree } from './copy-tree.ts';
-import { tarWorkspace } from './tar.ts';
+import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
+import { tarChunks } from './tar.ts';
 
 export interface ExecContext {
   teamId: string;
@@ -256,7 +256,11 @@ export class LiveSandboxes {
    */
   private async copyIn(sandbox: Sandbox, workspaceDir: string): Promise<void> {
     if (!sandbox.workspaceDir) {
-      await sandbox.client.syncIn(await tarWorkspace(workspaceDir));
+      await sandbox.client.syncIn(tarChunks(workspaceDir)).catch((err: Error) => {
+        // Unpacking ran out of room in the sandbox's /workspace: the tenant's to shrink (or size up), not a 500.
+        if (err instanceof RunnerGoneError || !/\[Errno 28\]/.test(err.message)) throw err;
+        throw new ApiError('payload_too_large', WORKSPACE_TOO_LARGE);
+      });
       return;
     }
     const t0 = performance.now();
