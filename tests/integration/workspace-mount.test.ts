@@ -102,13 +102,16 @@ describe('the workspace through a host mount', () => {
         'print(hashlib.sha256(open("/workspace/big/d3/f11.bin", "rb").read()).hexdigest())',
         'print(os.stat("/workspace/big/d3/f11.bin").st_uid == os.getuid(), os.path.exists("/workspace/.git"))',
         'print([l.split()[3] for l in open("/proc/mounts") if l.split()[1] == "/workspace"][0])',
+        // Its own mount, whole (root "/"), and no other sandbox's: the only workspace mount it sees.
+        'mi = [l.split() for l in open("/proc/self/mountinfo")]',
+        'print([(f[3], f[4]) for f in mi if f[f.index("-") + 2] == "kiln-workspace"])',
         'os.makedirs("/workspace/out", exist_ok=True)',
         '_ = open("/workspace/out/result.txt", "w").write(f"{len(files)} files\\n")',
         'os.remove("/workspace/big/d0/f0.bin")',
       ].join('\n'),
     );
     expect(r.error).toBeUndefined();
-    const [count, sha, owned, opts] = r.stdout.trim().split('\n');
+    const [count, sha, owned, opts, seen] = r.stdout.trim().split('\n');
     expect(count).toBe(`320 ${320 * MiB}`);
     expect(sha).toBe(
       createHash('sha256')
@@ -118,6 +121,7 @@ describe('the workspace through a host mount', () => {
     expect(owned).toBe('True False');
     expect(opts).toMatch(/nosuid/);
     expect(opts).toMatch(/nodev/);
+    expect(seen).toBe("[('/', '/workspace')]");
     const commit = (r as unknown as { workspace: { commit: { paths: string[] } } }).workspace.commit;
     expect(commit.paths).toEqual(['big/d0/f0.bin', 'out/result.txt']);
     expect(readFileSync(join(dir, 'out/result.txt'), 'utf8')).toBe('320 files\n');

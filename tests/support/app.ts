@@ -98,6 +98,8 @@ export async function createTestApp(
     KILN_SANDBOX_POOL_SIZE: '0',
     KILN_SECRETS_KEY: SECRETS_KEY,
     KILN_WORKSPACES_DIR: workspacesDir,
+    // Each sandbox's workspace mount (sandbox/workspace-mounts.ts) beside the workspaces, not in the checkout.
+    KILN_SANDBOX_MOUNT_DIR: `${workspacesDir}.mounts`,
     KILN_WORKSPACE_TEMPLATE: TEMPLATE,
     KILN_WORKSPACE_MAX_FILE_BYTES: String(opts.maxFileBytes ?? 1024 * 1024),
     KILN_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes ?? 1024 * 1024),
@@ -174,6 +176,7 @@ export async function createTestApp(
       if (replica) return database.close();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });
+      rmSync(`${workspacesDir}.mounts`, { recursive: true, force: true });
     },
   };
 }
