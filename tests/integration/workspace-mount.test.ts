@@ -146,6 +146,18 @@ describe('the workspace through a host mount', () => {
     expect(existsSync(mine)).toBe(false);
   });
 
+  it("a tree larger than the sandbox's /workspace is a 413 on the first exec, and its mount goes", async () => {
+    // memory_mb 256 and disk_mb 16: a /workspace of 16 MB, a cold start that copies while its container starts.
+    const { ws, session } = await sessionIn(t, team, { sandbox: { memory_mb: 256, disk_mb: 16 } });
+    writeFileSync(join(t.workspaces.dirOf(ws), 'big.bin'), Buffer.alloc(24 * MiB, 1));
+    const before = new Set(mountsUnder(root).keys());
+    const refused = await t.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code: 'print(1)' } });
+    expect(refused.status).toBe(413);
+    expect(refused.body.error.code).toBe('payload_too_large');
+    expect([...mountsUnder(root).keys()].filter((d) => !before.has(d))).toEqual([]);
+    await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+  });
+
   it('a warm container gets its mount empty at creation and the workspace when claimed', async () => {
     await t.engine.poolSettled();
     const warmDirs = [...mountsUnder(root).keys()];
