@@ -56,3 +56,17 @@ export function row(label: string, s: Summary, baseline?: Summary): string {
 export function heading(text: string): void {
   process.stdout.write(`\n${text}\n`);
 }
+
+/** A JSON client for the API at `url()` (asked at every call: the server may be restarted); throws on a status of 300 or more. */
+export function apiCaller(url: () => string) {
+  return async (key: string, method: string, path: string, body?: unknown) => {
+    const res = await fetch(`${url()}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const json = await res.json();
+    if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(json)}`);
+    return json;
+  };
+}

@@ -5,6 +5,7 @@
  *  2. cold session start to first result vs a bare create+start+wait (`docker run --rm`)
  *  3. throughput of trivial execs across 16 concurrent sessions
  *  4. runc and gVisor side by side: warm exec, cold start and throughput per runtime, gvisor/runc
+ *  5. first exec of a new session by workspace size, 0-512 MB (bench/sandbox-workspace.ts)
  *
  * Sections 1–3 run in runc (their baselines are runc containers); section 4 needs gVisor
  * registered with dockerd (infra/docker.sh, which `npm run bench:sandbox` runs first).
@@ -15,7 +16,8 @@ import { join } from 'node:path';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
 import { startKiln } from '../tests/support/server.ts';
-import { heading, row, type Summary, summarize, timeEach } from './lib.ts';
+import { firstExecBySize } from './sandbox-workspace.ts';
+import { apiCaller, heading, row, type Summary, summarize, timeEach } from './lib.ts';
 
 const N = Number(process.env.BENCH_N ?? 200);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 15);
@@ -84,16 +86,7 @@ async function main() {
     });
   let server = await boot(0, `bench-${process.pid}`);
   const driver = process.env.DATABASE_URL ? 'postgres' : 'pglite';
-  const call = async (key: string, method: string, path: string, body?: unknown) => {
-    const res = await fetch(`${server.url}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const json = await res.json();
-    if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(json)}`);
-    return json;
-  };
+  const call = apiCaller(() => server.url);
   try {
     const team = await call(adminKey, 'POST', '/v1/teams', { name: 'bench' });
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });
@@ -166,6 +159,8 @@ async function main() {
     await server.exited;
     rmSync(dataDir, { recursive: true, force: true });
   }
+  // 5. First exec of a new session by workspace size (its own server: bench/sandbox-workspace.ts).
+  await firstExecBySize(image);
 }
 
 /** Execs per second of print(1) across `n` concurrent sessions for THROUGHPUT_S seconds. */

@@ -17,6 +17,8 @@ whatever comes back.
 
 Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output", "env"?} | {"op": "cancel", "id"}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
+                {"op": "sync_in", "id", "local": true} | {"op": "delete", "id", "path"}
+                {"op": "sync_begin", "id"} | {"op": "sync_chunk", "id", "data"} | {"op": "sync_end", "id"}
 Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
                 {"ev": "file", "id", "data", "size"} | {"ev": "ok", "id"} | {"ev": "error", "id", "message"}
 """
@@ -25,7 +27,6 @@ import base64
 import ctypes
 import hashlib
 import hmac
-import io
 import json
 import os
 import resource
@@ -37,6 +38,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kiln_worker.py")
@@ -195,6 +197,11 @@ def regular_files(root, skip=(".git",)):
                 continue
 
 
+def copyable(member):
+    """A tar member the workspace copy takes: a file or directory with a relative path that stays inside."""
+    return (member.isfile() or member.isdir()) and not member.name.startswith(("/", "..")) and "/../" not in member.name
+
+
 def manifest(root):
     """path -> (size, mtime_ns) of every regular file under root (symbolic links are never synced)."""
     return {os.path.relpath(path, root): (st.st_size, st.st_mtime_ns) for path, st in regular_files(root)}
@@ -285,6 +292,7 @@ class Runner:
         # with it. gVisor lets a process of the same uid open /proc/<runner>/fd/1 despite the
         # runner being non-dumpable, so the code could write frames: unsigned, they end the runner.
         self.key = None
+        self.unpacking = None  # a streamed tar being unpacked (sync_begin .. sync_end)
 
     # ---- framing -------------------------------------------------------------------------
     def send(self, msg):
@@ -391,6 +399,12 @@ class Runner:
                 self.get_file(msg)
             elif op == "sync_in":
                 self.sync_in(msg)
+            elif op == "sync_begin":
+                self.sync_begin(msg)
+            elif op == "sync_chunk":
+                self.sync_chunk(msg)
+            elif op == "sync_end":
+                self.sync_end(msg)
             elif op == "delete":
                 self.delete_file(msg)
             elif op == "ping":
@@ -552,16 +566,65 @@ class Runner:
 
     # ---- workspace sync -------------------------------------------------------------------
     def sync_in(self, msg):
-        """Unpacks the host's copy of the workspace (a tar without .git) into /workspace."""
-        data = base64.b64decode(msg["data"])
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith(("/", "..")) and "/../" not in m.name]
-            tar.extractall(WORKSPACE, members=members, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(WORKSPACE, members=members)
+        """The host has copied the working tree into /workspace itself (a directory of its own,
+        bind-mounted there): there is nothing to unpack, only the manifest to take."""
+        if not msg.get("local"):
+            raise ValueError("sync_in copies nothing: the host sends a tar with sync_begin, sync_chunk and sync_end")
+        self.synced_now(msg["id"])
+
+    def sync_begin(self, msg):
+        """Starts unpacking a tar of the workspace that comes in sync_chunk frames, so that neither
+        the host nor this runner ever holds all of it. A thread reads it from a pipe the chunks
+        are written to; after a failure it keeps reading (and dropping) them, so a write never blocks."""
+        if self.unpacking:
+            raise ValueError("a workspace copy is already under way")
+        r, w = os.pipe()
+        state = {"w": w, "error": None}
+
+        def unpack():
+            f = os.fdopen(r, "rb")
+            try:
+                with tarfile.open(fileobj=f, mode="r|") as tar:
+                    for m in tar:
+                        if copyable(m):
+                            tar.extract(m, WORKSPACE, filter="data") if hasattr(tarfile, "data_filter") else tar.extract(m, WORKSPACE)
+            except Exception as e:
+                state["error"] = f"{type(e).__name__}: {e}"
+            finally:
+                while f.read(1 << 16):
+                    pass
+                f.close()
+
+        state["thread"] = threading.Thread(target=unpack, daemon=True)
+        state["thread"].start()
+        self.unpacking = state
+        self.send({"ev": "ok", "id": msg["id"]})
+
+    def sync_chunk(self, msg):
+        if not self.unpacking:
+            raise ValueError("no workspace copy under way")
+        view = memoryview(base64.b64decode(msg["data"]))
+        while view:
+            view = view[os.write(self.unpacking["w"], view) :]
+        self.send({"ev": "ok", "id": msg["id"]})
+
+    def sync_end(self, msg):
+        state, self.unpacking = self.unpacking, None
+        if not state:
+            raise ValueError("no workspace copy under way")
+        os.close(state["w"])
+        state["thread"].join()
+        if state["error"]:
+            raise OSError(state["error"])
+        self.synced_now(msg["id"])
+
+    def synced_now(self, rid):
+        """/workspace holds the host's copy of the workspace: remember it as synced."""
         for rel in READ_ONLY:  # a hint only: the host refuses changes there anyway
             for path, _ in regular_files(os.path.join(WORKSPACE, rel), skip=()):
                 os.chmod(path, 0o444)
         self.synced = manifest(WORKSPACE)
-        self.send({"ev": "ok", "id": msg["id"], "files": len(self.synced)})
+        self.send({"ev": "ok", "id": rid, "files": len(self.synced)})
 
     def delete_file(self, msg):
         path = msg["path"]

@@ -1,6 +1,6 @@
 import { createServer, type Server } from 'node:net';
 import { randomBytes } from 'node:crypto';
-import { rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
@@ -10,6 +10,16 @@ import { exec, RUNTIMES, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 const MiB = 1024 * 1024;
+
+/** "fstype source options" of the host mount at `dir`, as /proc/self/mountinfo has it. */
+function hostMountOf(dir: string): string | undefined {
+  for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
+    const f = line.split(' ');
+    const sep = f.indexOf('-');
+    if (f[4] === dir) return `${f[sep + 1]} ${f[sep + 2]} ${f[5]},${f[sep + 3]}`;
+  }
+  return undefined;
+}
 
 // Everything below runs under both runtimes: under gvisor, a workspace asks for it and the test
 // fails (never skips) when the server does not offer it (infra/docker.sh registers it).
@@ -34,6 +44,7 @@ describe.each(RUNTIMES)('%s', (runtime) => {
       inspect = await docker.getContainer(c!.Id).inspect();
     });
     afterAll(() => t.close());
+    const workspaceBind = () => inspect.Mounts.find((m) => m.Type === 'bind' && m.Destination === '/workspace');
 
     it('has no network, no capabilities, no new privileges and the default seccomp profile', () => {
       const h = inspect.HostConfig;
@@ -51,8 +62,14 @@ describe.each(RUNTIMES)('%s', (runtime) => {
       expect(inspect.Config.User).not.toBe('');
       expect(inspect.HostConfig.ReadonlyRootfs).toBe(true);
       expect(inspect.HostConfig.Tmpfs!['/tmp']).toContain('size=32m');
-      expect(inspect.HostConfig.Tmpfs!['/workspace']).toContain('size=32m');
       for (const opts of Object.values(inspect.HostConfig.Tmpfs!)) expect(opts).toMatch(/nosuid.*nodev|nodev.*nosuid/);
+      // /workspace is the host's tmpfs of its own for this sandbox (workspace-mounts.ts), sized and flagged alike.
+      expect(inspect.HostConfig.Tmpfs!['/workspace']).toBeUndefined();
+      const host = hostMountOf(workspaceBind()!.Source);
+      expect(host).toMatch(/^tmpfs kiln-workspace /);
+      expect(host).toMatch(/size=32768k/);
+      expect(host).toMatch(/nosuid/);
+      expect(host).toMatch(/nodev/);
     });
 
     it('caps memory (= memory + swap), CPU, pids, open files and file size by the server maxima', () => {
@@ -84,7 +101,9 @@ describe.each(RUNTIMES)('%s', (runtime) => {
     it('publishes no ports, mounts no Docker socket, and is labelled for the reaper', () => {
       expect(inspect.HostConfig.PortBindings ?? {}).toEqual({});
       expect(inspect.HostConfig.PublishAllPorts).toBe(false);
-      expect(inspect.Mounts.filter((m) => m.Type === 'bind')).toEqual([]);
+      // The one bind mount is the sandbox's workspace directory, nothing else of the host.
+      expect(inspect.Mounts.filter((m) => m.Type === 'bind')).toEqual([workspaceBind()]);
+      expect(workspaceBind()!.Source.endsWith(`/${inspect.Config.Labels['kiln.sandbox']}`)).toBe(true);
       expect(JSON.stringify(inspect.Mounts)).not.toContain('docker.sock');
       const labels = inspect.Config.Labels;
       expect(labels['kiln.managed']).toBe('1');

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readForSandboxes } from '../../apps/api/src/workspace/quota.ts';
-import { tarWorkspace } from '../../apps/api/src/sandbox/tar.ts';
+import { tarChunks } from '../../apps/api/src/sandbox/tar.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
@@ -135,14 +135,19 @@ describe('reading committed files for the sandbox copies', () => {
     }
   });
 
-  it('a workspace too big to copy into a sandbox is a clear error, not a crash', async () => {
+  it('the tar path streams a workspace in chunks, never as one buffer of the whole tree', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-tar-'));
     try {
-      writeFileSync(join(dir, 'big.bin'), Buffer.alloc(64 * 1024));
-      await expect(tarWorkspace(dir, 16 * 1024)).rejects.toMatchObject({
-        code: 'payload_too_large',
-        message: expect.stringContaining('too large to copy into a sandbox'),
-      });
+      writeFileSync(join(dir, 'big.bin'), Buffer.alloc(64 * 1024, 7));
+      mkdirSync(join(dir, '.git'));
+      writeFileSync(join(dir, '.git', 'HEAD'), 'ref: refs/heads/main\n');
+      const chunks: Buffer[] = [];
+      for await (const c of tarChunks(dir, 16 * 1024)) chunks.push(c);
+      expect(chunks.length).toBeGreaterThanOrEqual(4);
+      expect(Math.max(...chunks.map((c) => c.length))).toBe(16 * 1024);
+      const tar = Buffer.concat(chunks).toString('latin1');
+      expect(tar).toContain('./big.bin');
+      expect(tar).not.toContain('.git/HEAD');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -73,6 +73,8 @@ export async function createTestApp(
     model?: { baseURL: string; model: string; maxRetries?: number };
     /** Mount the platform's self-update routes (/v1/system/…), on this checkout as the source. */
     selfUpdate?: boolean;
+    /** More server settings (KILN_* variables), applied last. */
+    env?: Record<string, string>;
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
@@ -98,6 +100,8 @@ export async function createTestApp(
     KILN_SANDBOX_POOL_SIZE: '0',
     KILN_SECRETS_KEY: SECRETS_KEY,
     KILN_WORKSPACES_DIR: workspacesDir,
+    // Each sandbox's workspace mount (sandbox/workspace-mounts.ts) beside the workspaces, not in the checkout.
+    KILN_SANDBOX_MOUNT_DIR: `${workspacesDir}.mounts`,
     KILN_WORKSPACE_TEMPLATE: TEMPLATE,
     KILN_WORKSPACE_MAX_FILE_BYTES: String(opts.maxFileBytes ?? 1024 * 1024),
     KILN_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes ?? 1024 * 1024),
@@ -112,6 +116,7 @@ export async function createTestApp(
     KILN_JOBS_POLL_MS: '60000',
     KILN_JOBS_LEASE_S: '60',
     KILN_EVOLUTION_TICK_S: '60',
+    ...opts.env,
   });
   const kiln = compose({
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
@@ -174,6 +179,7 @@ export async function createTestApp(
       if (replica) return database.close();
       await database.drop();
       rmSync(workspacesDir, { recursive: true, force: true });
+      rmSync(`${workspacesDir}.mounts`, { recursive: true, force: true });
     },
   };
 }

@@ -70,6 +70,7 @@ function engineOptions(config: Config): EngineOptions {
     maxOutputBytes: s.maxOutputBytes,
     reapIntervalMs: s.reapIntervalS * 1000,
     runtimes: s.runtimes,
+    workspaceMount: s.workspaceMount,
   };
 }
 
@@ -80,7 +81,8 @@ export function compose(o: ComposeOptions): Kiln {
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
-    { ...engineOptions(config), ...o.engine },
+    // Without a container runtime (NoSandboxes) there is nothing to mount a workspace for.
+    { ...engineOptions(config), ...(o.sandboxes ? {} : { workspaceMount: undefined }), ...o.engine },
     logger,
     secrets,
   );

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
@@ -66,6 +67,12 @@ const schema = z.object({
     )
     .optional(),
   KILN_SANDBOX_MAX_OUTPUT_BYTES: int(1024, 64 * 1024 * 1024).default(65_536),
+  // How a new sandbox gets the workspace (sandbox/workspace-mounts.ts): a host tmpfs of its own
+  // bind-mounted at /workspace, filled by a local copy (auto: when possible), or a tar through the runner.
+  KILN_SANDBOX_WORKSPACE_MOUNT: z.enum(['auto', 'on', 'off']).default('auto'),
+  KILN_SANDBOX_MOUNT_DIR: z.string().min(1).optional(),
+  // What this instance's workspace mounts together may be sized at (host memory); default: half the host's.
+  KILN_SANDBOX_MOUNT_MAX_MB: int(1, 1_048_576).optional(),
   KILN_WORKSPACES_DIR: z.string().min(1).optional(),
   KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
   KILN_WORKSPACE_MAX_FILE_BYTES: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
@@ -73,8 +80,9 @@ const schema = z.object({
   // A step's changes come back in one runner frame (base64, at most 64 MiB).
   KILN_SANDBOX_MAX_BYTES_PER_STEP: int(1024, 32 * 1024 * 1024).default(32 * 1024 * 1024),
   KILN_WORKSPACE_MAX_FILES: int(1, 10_000_000).default(50_000),
-  // A new sandbox gets the workspace as one tar in memory (WORKSPACE_TAR_MAX_BYTES).
-  KILN_WORKSPACE_MAX_BYTES: int(1024, 200 * 1024 * 1024).default(200 * 1024 * 1024),
+  // Neither copy into a new sandbox holds the working tree in the API's memory (a host mount's copy
+  // is file to file, the tar path streams 4 MiB frames): the sandbox's /workspace bounds it.
+  KILN_WORKSPACE_MAX_BYTES: int(1024, 1024 ** 4).default(200 * 1024 * 1024),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
   KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
@@ -143,6 +151,14 @@ export type Config = {
     /** The runtimes workspaces may pick (KILN_SANDBOX_RUNTIMES); unset, decided at start-up from what dockerd has. */
     runtimes?: SandboxRuntime[];
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
+    /** Host workspace mounts (sandbox/workspace-mounts.ts). */
+    workspaceMount: {
+      mode: 'auto' | 'on' | 'off';
+      dir: string;
+      maxMb: number;
+      /** DOCKER_HOST is unset or a unix socket: the engine shares this host's filesystem. */
+      localDocker: boolean;
+    };
   };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
@@ -245,6 +261,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         pids: e.KILN_SANDBOX_MAX_PIDS,
         timeoutS: e.KILN_SANDBOX_MAX_TIMEOUT_S,
         diskMb: e.KILN_SANDBOX_MAX_DISK_MB,
+      },
+      workspaceMount: {
+        mode: e.KILN_SANDBOX_WORKSPACE_MOUNT,
+        dir: resolve(e.KILN_SANDBOX_MOUNT_DIR ?? join(e.KILN_DATA_DIR, 'sandbox-workspaces')),
+        maxMb: e.KILN_SANDBOX_MOUNT_MAX_MB ?? Math.floor(totalmem() / (2 * 1024 * 1024)),
+        localDocker: !e.DOCKER_HOST || e.DOCKER_HOST.startsWith('unix://'),
       },
     },
     selfUpdate: {

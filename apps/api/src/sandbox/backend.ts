@@ -48,6 +48,11 @@ export interface ContainerRequest {
   limits: SandboxLimits;
   /** runc (the engine's default runtime) or gvisor (runsc, with no network). */
   runtime: SandboxRuntime;
+  /**
+   * A directory of the runtime's host to bind-mount at /workspace instead of the container's
+   * own tmpfs (workspace-mounts.ts: already a size-limited, nosuid, nodev tmpfs); unset, the tmpfs.
+   */
+  workspaceDir?: string;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */

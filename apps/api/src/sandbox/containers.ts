@@ -1,8 +1,10 @@
 import type { Logger } from 'pino';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 import type { ContainerRequest, SandboxBackend, SandboxContainer } from './backend.ts';
-import type { SandboxLimits } from './limits.ts';
+import { copyTree } from './copy-tree.ts';
+import { type SandboxLimits, tmpfsSizes } from './limits.ts';
 import { RunnerClient } from './runner-client.ts';
+import type { WorkspaceMounts } from './workspace-mounts.ts';
 
 /** A started container with a ready runner, warm or a session's. */
 export interface Sandbox {
@@ -13,6 +15,10 @@ export interface Sandbox {
   runtime: SandboxRuntime;
   /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
   expiresAt: number;
+  /** The host directory mounted at its /workspace (workspace-mounts.ts); unset, the container's own tmpfs. */
+  workspaceDir?: string;
+  /** That directory already holds the copy of the workspace it was created for (a cold start). */
+  filled?: boolean;
 }
 
 /** The team and session a container is created for; empty for a warm one. */
@@ -31,6 +37,8 @@ export interface ContainerOptions {
 export class Containers {
   /** Sandbox ids whose container is being created right now: never reaped. */
   private readonly creating = new Set<string>();
+  /** Host workspace mounts, when this host can make them (decided once at start-up); else the tar path. */
+  private mounts: WorkspaceMounts | null = null;
 
   constructor(
     private readonly backend: SandboxBackend,
@@ -42,16 +50,31 @@ export class Containers {
     return this.creating.has(sandboxId);
   }
 
-  /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
+  /** From now on, containers get a host workspace mount (null: the container's tmpfs and the tar copy). */
+  useMounts(mounts: WorkspaceMounts | null): void {
+    this.mounts = mounts;
+  }
+
+  /** Removes the workspace mounts of sandboxes `keep` does not claim (see WorkspaceMounts.sweep). */
+  async sweepMounts(keep: (sandboxId: string) => boolean): Promise<number> {
+    return this.mounts ? this.mounts.sweep((id) => this.creating.has(id) || keep(id)) : 0;
+  }
+
+  /**
+   * Creates, starts and connects to a hardened container; a warm one is for no team or session
+   * yet. With `copyFrom` (a cold start for a session) and a host workspace mount, the working
+   * tree is copied into the mount while the container starts, so the copy costs no time of its own.
+   */
   async create(
     id: string,
     limits: SandboxLimits,
     runtime: SandboxRuntime,
     session: SessionOf = WARM,
+    copyFrom?: string,
   ): Promise<Sandbox> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, runtime, session);
+      return await this.createNow(id, limits, runtime, session, copyFrom);
     } finally {
       this.creating.delete(id);
     }
@@ -62,6 +85,25 @@ export class Containers {
     limits: SandboxLimits,
     runtime: SandboxRuntime,
     session: SessionOf,
+    copyFrom?: string,
+  ): Promise<Sandbox> {
+    // Made (empty) before the container, so that a warm one has it from the start.
+    const workspaceDir = await this.mounts?.create(id, tmpfsSizes(limits).workspace);
+    try {
+      return await this.createIn(id, limits, runtime, session, workspaceDir, copyFrom);
+    } catch (err) {
+      if (workspaceDir) await this.removeMount(id);
+      throw err;
+    }
+  }
+
+  private async createIn(
+    id: string,
+    limits: SandboxLimits,
+    runtime: SandboxRuntime,
+    session: SessionOf,
+    workspaceDir: string | undefined,
+    copyFrom: string | undefined,
   ): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
@@ -72,22 +114,57 @@ export class Containers {
       expiresAt: new Date(expiresAt),
       limits,
       runtime,
+      workspaceDir,
     });
+    let filling: Promise<unknown> | undefined;
     try {
-      await this.backend.start(container);
-      const client = await RunnerClient.start(await this.backend.attachRunner(container), undefined, true);
-      return { id, container, client, limits, runtime, expiresAt };
+      if (workspaceDir) await this.mounts?.own(workspaceDir, container.uid);
+      // No code runs in the container before its first exec: the host is the mount's only writer meanwhile.
+      if (workspaceDir && copyFrom) filling = copyTree(copyFrom, workspaceDir, container.uid);
+      const [started, filled] = await Promise.allSettled([
+        this.backend
+          .start(container)
+          .then(async () => RunnerClient.start(await this.backend.attachRunner(container), undefined, true)),
+        filling,
+      ]);
+      if (started.status === 'rejected') throw started.reason;
+      if (filled.status === 'rejected') {
+        started.value.close();
+        throw filled.reason;
+      }
+      return {
+        id,
+        container,
+        client: started.value,
+        limits,
+        runtime,
+        expiresAt,
+        workspaceDir,
+        filled: filling !== undefined,
+      };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
       throw err;
     }
   }
 
-  /** Closes the runner and removes the container. */
+  /** Closes the runner and removes the container, then its workspace mount. */
   async destroy(c: Sandbox): Promise<void> {
     c.client.close();
-    await this.backend.remove(c.container.id).catch((err) => {
-      this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+    const removed = await this.backend.remove(c.container.id).then(
+      () => true,
+      (err) => {
+        this.log.warn({ err, sandbox: c.id }, 'could not remove sandbox container');
+        return false;
+      },
+    );
+    // A container that could not be removed keeps its mount: the reaper's sweep takes it with the container.
+    if (removed && c.workspaceDir) await this.removeMount(c.id);
+  }
+
+  private async removeMount(id: string): Promise<void> {
+    await this.mounts?.remove(id).catch((err) => {
+      this.log.warn({ err, sandbox: id }, 'could not remove a sandbox workspace mount');
     });
   }
 }

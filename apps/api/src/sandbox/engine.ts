@@ -15,6 +15,7 @@ import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
 import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
 import { WarmPool } from './pool.ts';
+import { type WorkspaceMountOptions, WorkspaceMounts } from './workspace-mounts.ts';
 import { Reaper } from './reaper.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import {
@@ -52,6 +53,8 @@ export interface EngineOptions {
   defaultRuntime?: SandboxRuntime;
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
+  /** How a new sandbox gets the workspace (workspace-mounts.ts); unset, always the tar path. */
+  workspaceMount?: WorkspaceMountOptions;
 }
 
 export interface ExecOptions {
@@ -213,9 +216,14 @@ export class SandboxEngine {
     this.pool.use({ runtime: this.defaultRt });
   }
 
-  /** Reaps what a previous life of this instance left behind, fills the pool, starts the reaper. */
+  /**
+   * Decides the runtimes and how sandboxes get the workspace (a host mount or the tar path, once,
+   * logged), reaps what a previous life of this instance left behind, fills the pool, starts the reaper.
+   */
   async start(): Promise<void> {
     await this.resolveRuntimes();
+    const m = this.opts.workspaceMount;
+    this.containers.useMounts(m ? await WorkspaceMounts.open(m, this.opts.owner, this.log) : null);
     this.log.info({ runtimes: this.offered, default: this.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
     this.pool.fill();

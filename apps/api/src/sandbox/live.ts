@@ -10,7 +10,8 @@ import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
 import { RunnerGoneError } from './runner-client.ts';
-import { tarWorkspace } from './tar.ts';
+import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
+import { tarChunks } from './tar.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 
 export interface ExecContext {
@@ -197,7 +198,7 @@ export class LiveSandboxes {
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Sandbox> = warm
       ? this.fit(warm, limits)
-      : containers.create(id, limits, ctx.runtime, { teamId: ctx.teamId, sessionId: ctx.sessionId });
+      : containers.create(id, limits, ctx.runtime, { teamId: ctx.teamId, sessionId: ctx.sessionId }, ctx.workspaceDir);
     const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
@@ -216,7 +217,7 @@ export class LiveSandboxes {
         .set({ containerId, state: 'ready', lastUsedAt: new Date(this.opts.now()), expiresAt: this.idleExpiry(ctx) })
         .where(eq(sandboxes.id, id));
       // The first request to a warm runner is also the proof that it is still there.
-      if (ctx.workspaceDir) await c.value.client.syncIn(await tarWorkspace(ctx.workspaceDir));
+      if (ctx.workspaceDir) await this.copyIn(c.value, ctx.workspaceDir);
       else if (warm) await c.value.client.ping();
       const live: Live = {
         ...c.value,
@@ -248,6 +249,36 @@ export class LiveSandboxes {
       this.claiming.delete(id);
       pool.fill();
     }
+  }
+
+  /**
+   * The workspace's working tree into the sandbox's /workspace, before any code of the session
+   * runs there: copied by the host into the sandbox's own mounted directory when it has one
+   * (the runner then only takes the manifest of what it finds), else as a tar through the
+   * runner's frames. A runner that is gone fails either way, before anything is copied.
+   */
+  private async copyIn(sandbox: Sandbox, workspaceDir: string): Promise<void> {
+    if (!sandbox.workspaceDir) {
+      await sandbox.client.syncIn(tarChunks(workspaceDir)).catch((err: Error) => {
+        // Unpacking ran out of room in the sandbox's /workspace: the tenant's to shrink (or size up), not a 500.
+        if (err instanceof RunnerGoneError || !/\[Errno 28\]/.test(err.message)) throw err;
+        throw new ApiError('payload_too_large', WORKSPACE_TOO_LARGE);
+      });
+      return;
+    }
+    const t0 = performance.now();
+    // A cold start copied while its container started (containers.ts); a warm one copies now.
+    await sandbox.client.ping();
+    const copied = sandbox.filled
+      ? 'while starting'
+      : await copyTree(workspaceDir, sandbox.workspaceDir, sandbox.container.uid);
+    const t1 = performance.now();
+    await sandbox.client.syncLocal();
+    const ms = (t: number) => Math.round(t * 10) / 10;
+    this.deps.log.debug(
+      { sandbox: sandbox.id, copied, copy_ms: ms(t1 - t0), manifest_ms: ms(performance.now() - t1) },
+      'workspace copied into the sandbox',
+    );
   }
 
   /** The warm container with the session's limits (those a running container can change, applied if they differ). */

@@ -75,6 +75,7 @@ export class Reaper {
       }
     }
     removed += await this.reapContainers(now, opts.startup ?? false);
+    await this.sweepMounts();
     const liveSandboxIds = [...live.values()].map((l) => l.id);
     const orphanRows = await db
       .select({ id: sandboxes.id })
@@ -88,6 +89,20 @@ export class Reaper {
     if (removed) log.info({ removed }, 'reaped sandboxes');
     if (!opts.startup) pool.fill();
     return { removed };
+  }
+
+  /**
+   * Unmounts the workspace directories of this instance's sandboxes that are neither pooled,
+   * live nor being claimed or created: those of containers just removed, and at start-up every
+   * one a previous life of this instance left behind.
+   */
+  private async sweepMounts(): Promise<void> {
+    const { containers, live, pool, log } = this.deps;
+    const liveIds = () => new Set([...live.values()].map((l) => l.id));
+    const swept = await containers.sweepMounts(
+      (id) => live.isClaiming(id) || pool.warm.some((w) => w.id === id) || liveIds().has(id),
+    );
+    if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }
 
   /** Removes the containers the runtime lists that are past their lifetime, or this instance's and unused. */

@@ -57,7 +57,17 @@ interface Pending {
 }
 
 /** What each request op is answered with. */
-const ANSWERS = { exec: 'result', put: 'ok', sync_in: 'ok', delete: 'ok', ping: 'ok', get: 'file' } as const;
+const ANSWERS = {
+  exec: 'result',
+  put: 'ok',
+  sync_in: 'ok',
+  sync_begin: 'ok',
+  sync_chunk: 'ok',
+  sync_end: 'ok',
+  delete: 'ok',
+  ping: 'ok',
+  get: 'file',
+} as const;
 
 /** The result of an execution cancelled before its code reached the interpreter. */
 export const cancelledBeforeStart = (): RunnerResult =>
@@ -220,9 +230,24 @@ export class RunnerClient {
     return res.size as number;
   }
 
-  /** Unpacks a tar of the workspace (without .git) into /workspace and remembers it as synced. */
-  async syncIn(tar: Buffer): Promise<number> {
-    const res = await this.request({ op: 'sync_in', id: randomUUID(), data: tar.toString('base64') });
+  /**
+   * Unpacks a tar of the workspace (without .git) into /workspace, one chunk per frame as it
+   * comes, and remembers it as synced. Returns the number of files.
+   */
+  async syncIn(tar: AsyncIterable<Buffer>): Promise<number> {
+    await this.request({ op: 'sync_begin', id: randomUUID() });
+    for await (const chunk of tar)
+      await this.request({ op: 'sync_chunk', id: randomUUID(), data: chunk.toString('base64') });
+    const res = await this.request({ op: 'sync_end', id: randomUUID() });
+    return res.files as number;
+  }
+
+  /**
+   * The host has copied the workspace into /workspace itself (a directory of its own mounted
+   * there): the runner only takes what it finds as synced. Returns the number of files.
+   */
+  async syncLocal(): Promise<number> {
+    const res = await this.request({ op: 'sync_in', id: randomUUID(), local: true });
     return res.files as number;
   }
 

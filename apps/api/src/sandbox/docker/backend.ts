@@ -57,6 +57,7 @@ export class DockerBackend implements SandboxBackend {
             limits: req.limits,
             uid,
             runtime: req.runtime,
+            workspaceDir: req.workspaceDir,
             labels: {
               [LABEL]: '1',
               'kiln.sandbox': req.sandboxId,

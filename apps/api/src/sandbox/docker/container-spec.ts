@@ -59,6 +59,8 @@ export interface SpecInput {
   /** The sandbox's own uid (and gid), from SANDBOX_UID_MIN on. */
   uid: number;
   runtime: SandboxRuntime;
+  /** A host directory (its own tmpfs) bind-mounted at /workspace instead of the container's tmpfs. */
+  workspaceDir?: string;
 }
 
 export const sandboxUser = (uid: number) => `${uid}:${uid}`;
@@ -69,7 +71,15 @@ export const sandboxUser = (uid: number) => `${uid}:${uid}`;
  * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
  * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
  */
-export function containerSpec({ image, name, limits, labels, uid, runtime }: SpecInput): Docker.ContainerCreateOptions {
+export function containerSpec({
+  image,
+  name,
+  limits,
+  labels,
+  uid,
+  runtime,
+  workspaceDir,
+}: SpecInput): Docker.ContainerCreateOptions {
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
   const owned = `,uid=${uid},gid=${uid},mode=0755`;
   const sizes = tmpfsSizes(limits);
@@ -110,9 +120,24 @@ export function containerSpec({ image, name, limits, labels, uid, runtime }: Spe
       ReadonlyRootfs: true,
       Tmpfs: {
         '/tmp': tmpfs(sizes.tmp, owned),
-        '/workspace': tmpfs(sizes.workspace, owned),
+        ...(workspaceDir ? {} : { '/workspace': tmpfs(sizes.workspace, owned) }),
         '/home/sandbox': tmpfs(sizes.home, owned),
       },
+      // The host's own tmpfs for this sandbox (sized and flagged as the one above would be); a
+      // private bind, so nothing mounted under it later on either side propagates to the other.
+      ...(workspaceDir
+        ? {
+            Mounts: [
+              {
+                Type: 'bind' as const,
+                Source: workspaceDir,
+                Target: '/workspace',
+                ReadOnly: false,
+                BindOptions: { Propagation: 'rprivate' as const },
+              },
+            ],
+          }
+        : {}),
       Memory: host.memoryMb * MiB,
       MemorySwap: host.memoryMb * MiB,
       NanoCpus: Math.round(limits.cpus * 1e9),
