@@ -33,6 +33,8 @@ export interface TestApp {
   workspaces: Kiln['workspaces'];
   agent: Kiln['agent'];
   events: Kiln['events'];
+  /** Sandbox templates; their builds are jobs of `evolution.jobs` (drained by the tests). */
+  templates: Kiln['templates'];
   /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
   evolution: Kiln['evolution'];
   database: TestDatabase;
@@ -71,6 +73,8 @@ export async function createTestApp(
     dashboardDir?: string;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
+    /** More server settings (KILN_* variables), over the test defaults. */
+    env?: Record<string, string>;
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
@@ -110,6 +114,7 @@ export async function createTestApp(
     KILN_JOBS_POLL_MS: '60000',
     KILN_JOBS_LEASE_S: '60',
     KILN_EVOLUTION_TICK_S: '60',
+    ...opts.env,
   });
   const kiln = compose({
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
@@ -124,7 +129,7 @@ export async function createTestApp(
     dashboardDir: opts.dashboardDir,
   });
   await kiln.start({ background: false, repair: !replica });
-  const { app, engine, workspaces, agent, events, evolution } = kiln;
+  const { app, engine, workspaces, agent, events, evolution, templates } = kiln;
 
   const call: TestApp['call'] = async (method, path, o = {}) => {
     const headers: Record<string, string> = { ...o.headers };
@@ -166,6 +171,7 @@ export async function createTestApp(
     agent,
     events,
     evolution,
+    templates,
     async close() {
       await kiln.stop();
       if (replica) return database.close();

@@ -9,6 +9,8 @@ export interface Sandbox {
   container: SandboxContainer;
   client: RunnerClient;
   limits: SandboxLimits;
+  /** The image it runs: the base sandbox image or a template's. */
+  image: string;
   /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
   expiresAt: number;
 }
@@ -41,19 +43,24 @@ export class Containers {
   }
 
   /** Creates, starts and connects to a hardened container; a warm one is for no team or session yet. */
-  async create(id: string, limits: SandboxLimits, session: SessionOf = WARM): Promise<Sandbox> {
+  async create(
+    id: string,
+    limits: SandboxLimits,
+    session: SessionOf = WARM,
+    image = this.opts.image,
+  ): Promise<Sandbox> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, session);
+      return await this.createNow(id, limits, session, image);
     } finally {
       this.creating.delete(id);
     }
   }
 
-  private async createNow(id: string, limits: SandboxLimits, session: SessionOf): Promise<Sandbox> {
+  private async createNow(id: string, limits: SandboxLimits, session: SessionOf, image: string): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
-      image: this.opts.image,
+      image,
       sandboxId: id,
       owner: this.opts.owner,
       ...session,
@@ -63,7 +70,7 @@ export class Containers {
     try {
       await this.backend.start(container);
       const client = await RunnerClient.start(await this.backend.attachRunner(container));
-      return { id, container, client, limits, expiresAt };
+      return { id, container, client, limits, image, expiresAt };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
       throw err;

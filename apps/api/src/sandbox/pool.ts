@@ -8,7 +8,14 @@ export interface PoolOptions {
   size: number;
   /** What warm containers are created with: the default settings, capped. */
   limits: SandboxLimits;
+  /** The base sandbox image, of which the pool keeps `size`. */
+  image: string;
+  /** Warm containers kept of each template image in use (`setTemplateImages`), at most MAX_TEMPLATE_IMAGES images. */
+  templateSize: number;
 }
+
+/** The most template images the pool keeps warm containers of, whatever number of templates is in use. */
+const MAX_TEMPLATE_IMAGES = 4;
 
 /**
  * The warm pool: started containers with a ready runner, for no team or session yet, so that a
@@ -17,7 +24,9 @@ export interface PoolOptions {
  */
 export class WarmPool {
   private ready: Sandbox[] = [];
-  private readonly fills = new Set<Promise<void>>();
+  /** Containers being started, with their image. */
+  private readonly fills = new Map<Promise<void>, string>();
+  private templateImages: string[] = [];
   private stopped = false;
 
   constructor(
@@ -31,14 +40,39 @@ export class WarmPool {
     return this.ready;
   }
 
-  /** A warm container for these limits when their shape is the pool's; those whose runner is gone are thrown away. */
-  take(limits: SandboxLimits): Sandbox | undefined {
+  /** A warm container of the image for these limits when their shape is the pool's; those whose runner is gone are thrown away. */
+  take(limits: SandboxLimits, image = this.opts.image): Sandbox | undefined {
     if (!sameShape(limits, this.opts.limits)) return undefined;
-    for (let warm = this.ready.shift(); warm; warm = this.ready.shift()) {
-      if (warm.client.alive) return warm;
-      void this.containers.destroy(warm);
+    for (
+      let i = this.ready.findIndex((c) => c.image === image);
+      i >= 0;
+      i = this.ready.findIndex((c) => c.image === image)
+    ) {
+      const [warm] = this.ready.splice(i, 1);
+      if (warm!.client.alive) return warm;
+      void this.containers.destroy(warm!);
     }
     return undefined;
+  }
+
+  /**
+   * The template images workspaces use now: the pool keeps `templateSize` warm containers of
+   * each (of the first MAX_TEMPLATE_IMAGES), and drops those of images no longer in use.
+   */
+  setTemplateImages(images: string[]): void {
+    this.templateImages = this.opts.templateSize
+      ? images.filter((i) => i !== this.opts.image).slice(0, MAX_TEMPLATE_IMAGES)
+      : [];
+    const kept = new Set([this.opts.image, ...this.templateImages]);
+    const dropped = this.ready.filter((c) => !kept.has(c.image));
+    this.ready = this.ready.filter((c) => kept.has(c.image));
+    for (const c of dropped) void this.containers.destroy(c);
+    this.fill();
+  }
+
+  /** How many warm containers of the image the pool should hold. */
+  private sizeOf(image: string): number {
+    return image === this.opts.image ? this.opts.size : this.opts.templateSize;
   }
 
   /** Puts back a warm container taken for a claim that did not happen, first in line. */
@@ -55,26 +89,32 @@ export class WarmPool {
     this.ready = this.ready.filter((c) => c.container.id !== containerId);
   }
 
-  /** Starts as many warm containers as the pool lacks (counting those being started). */
+  /** Starts as many warm containers of each image as the pool lacks (counting those being started). */
   fill(): void {
-    while (!this.stopped && this.ready.length + this.fills.size < this.opts.size) {
-      const fill: Promise<void> = this.containers
-        .create(newId('sbx'), this.opts.limits)
-        .then(
-          async (c) => {
-            if (this.stopped) await this.containers.destroy(c);
-            else this.ready.push(c);
-          },
-          (err) => this.log.error({ err }, 'could not start a warm sandbox'),
-        )
-        .finally(() => this.fills.delete(fill));
-      this.fills.add(fill);
+    for (const image of [this.opts.image, ...this.templateImages]) {
+      const count = () =>
+        this.ready.filter((c) => c.image === image).length + [...this.fills.values()].filter((i) => i === image).length;
+      while (!this.stopped && count() < this.sizeOf(image)) {
+        const fill: Promise<void> = this.containers
+          .create(newId('sbx'), this.opts.limits, undefined, image)
+          .then(
+            async (c) => {
+              // A template dropped while its container was starting: not kept.
+              if (this.stopped || (image !== this.opts.image && !this.templateImages.includes(image)))
+                await this.containers.destroy(c);
+              else this.ready.push(c);
+            },
+            (err) => this.log.error({ err, image }, 'could not start a warm sandbox'),
+          )
+          .finally(() => this.fills.delete(fill));
+        this.fills.set(fill, image);
+      }
     }
   }
 
   /** Resolves once the warm containers being started right now are ready (or failed). */
   async settled(): Promise<void> {
-    while (this.fills.size) await Promise.allSettled([...this.fills]);
+    while (this.fills.size) await Promise.allSettled([...this.fills.keys()]);
   }
 
   /** No more fills; a warm container still being started removes itself once it is up. */

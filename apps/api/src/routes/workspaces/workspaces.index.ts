@@ -3,6 +3,7 @@ import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
+import type { TemplateService } from '../../templates/service.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
 import * as ws from '../../workspace/records.ts';
 import * as r from './workspaces.routes.ts';
@@ -18,12 +19,14 @@ const view = (w: ws.WorkspaceRow) => ({
   updated_at: w.updatedAt.toISOString(),
 });
 
-export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine) {
+export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine, templates: TemplateService) {
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
+      await templates.checkUsable(team, c.req.valid('json').settings?.sandbox?.template);
       const row = await service.create(team, c.req.valid('json'));
+      if (row.settings.sandbox.template) void templates.refreshPool();
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
     })
@@ -37,7 +40,10 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
-      const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
+      const team = writableTeamOf(c);
+      await templates.checkUsable(team, c.req.valid('json').settings?.sandbox?.template);
+      const { before, after } = await ws.updateWorkspace(db, team, id, c.req.valid('json'));
+      if (before.settings.sandbox.template !== after.settings.sandbox.template) void templates.refreshPool();
       // Running sandboxes take a new idle time at once, not only from their next execution.
       if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
         await engine.idleChanged(id, after.settings.sandbox);
@@ -53,6 +59,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.remove, async (c) => {
       const id = c.req.valid('param').workspace;
       const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
+      if (before.settings.sandbox.template) void templates.refreshPool();
       c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
       return c.json({ id, deleted: true as const }, 200);
     });

@@ -25,7 +25,8 @@ export class DockerBackend implements SandboxBackend {
   private readonly uidsInFlight = new Set<number>();
   private readonly sampler: StatsSampler;
 
-  constructor(private readonly docker: Docker) {
+  /** The Docker Engine it runs sandboxes on (templates build their images there too). */
+  constructor(readonly docker: Docker) {
     this.sampler = new StatsSampler(docker);
   }
 
