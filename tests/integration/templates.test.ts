@@ -244,6 +244,38 @@ describe('sandbox templates', () => {
     expect(inspect.Config.User).toBe('65534:65534');
   }, 900_000);
 
+  it('a build whose server died is taken again once its lease runs out; one whose job is gone is failed, never left building', async () => {
+    const created = await call('POST', '/v1/templates', owner.key, {
+      name: 'files-only',
+      files: [{ path: 'notes.txt', content: 'only a file' }],
+    });
+    expect(created.status).toBe(201);
+    const id = created.body.id;
+    images.add(`kiln-template:${created.body.hash}`);
+    // What a server that died mid-build leaves: its job running under an expired lease, the template building.
+    const db = t.database.db;
+    await db.execute(sql`update jobs set status = 'running', locked_by = 'dead-server', attempts = 1,
+      locked_until = now() - interval '1 second' where kind = ${TEMPLATE_BUILD_JOB} and status = 'queued'`);
+    await db.execute(sql`update templates set status = 'building', log = 'Step 1/9 : FROM sha256:…' where id = ${id}`);
+    expect((await call('GET', `/v1/templates/${id}`, owner.key)).body.status).toBe('building');
+    await replica!.evolution.jobs.drain();
+    const done = (await call('GET', `/v1/templates/${id}`, owner.key)).body;
+    expect(done).toMatchObject({ status: 'ready', image: `kiln-template:${created.body.hash}` });
+    const log = (await call('GET', `/v1/templates/${id}/log`, owner.key)).body.log;
+    expect(log.indexOf('Step 1/9 : FROM sha256:…')).toBeLessThan(log.indexOf('resuming the build'));
+    expect(log).toContain('[kiln] built');
+
+    // A template building whose job no longer exists (a database restored without it): failed at start-up.
+    await db.execute(sql`update templates set status = 'building' where id = ${id}`);
+    await replica!.templates.start();
+    const lost = (await call('GET', `/v1/templates/${id}`, owner.key)).body;
+    expect(lost.status).toBe('failed');
+    expect(lost.error).toContain('the build was lost');
+    expect(lost.image).toBe(`kiln-template:${created.body.hash}`);
+    expect((await call('DELETE', `/v1/templates/${id}`, owner.key)).status).toBe(200);
+    expect(await imageExists(`kiln-template:${created.body.hash}`)).toBe(false);
+  }, 300_000);
+
   it('a workspace with the template gets its image: the wheel imports, jq runs, hardening kept; the pool keeps one warm', async () => {
     const created = await call('POST', '/v1/workspaces', owner.key, {
       name: 'uses',
@@ -369,11 +401,13 @@ describe('sandbox templates', () => {
     expect(audit.map((a) => a.action)).toEqual([
       'template.create',
       'template.create',
+      'template.delete',
+      'template.create',
       'template.update',
       'template.delete',
       'template.delete',
     ]);
-    expect(audit.map((a) => a.team_id)).toEqual([owner.id, other.id, owner.id, owner.id, other.id]);
+    expect(audit.map((a) => a.team_id)).toEqual([owner.id, owner.id, owner.id, other.id, owner.id, owner.id, other.id]);
   });
 });
 
