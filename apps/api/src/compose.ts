@@ -12,7 +12,6 @@ import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
 import { NoSandboxes } from './sandbox/no-sandboxes.ts';
-import { DockerBackend } from './sandbox/docker/backend.ts';
 import { TemplateService } from './templates/service.ts';
 import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
@@ -111,12 +110,11 @@ export function compose(o: ComposeOptions): Kiln {
     { tickMs: config.evolutionTickMs },
   );
 
-  // Template builds are durable jobs on the same runner; their images run on the sandboxes' Docker Engine.
-  const docker = o.sandboxes instanceof DockerBackend ? o.sandboxes.docker : null;
+  // Template builds are durable jobs on the same runner; their images are built where the sandboxes run.
   const { poolSize: _, ...templateOptions } = config.templates;
   const templates = new TemplateService(
     db,
-    docker,
+    o.sandboxes?.images ?? null,
     jobs,
     { baseImage: config.sandboxImage, ...templateOptions },
     logger,

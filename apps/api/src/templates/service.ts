@@ -1,5 +1,4 @@
 import { and, eq, inArray, isNull, or, sql } from 'drizzle-orm';
-import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
@@ -9,10 +8,9 @@ import { templates, workspaces } from '../db/schema/index.ts';
 import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
+import { type ImageBuilder, ImageBuildFailed } from '../sandbox/backend.ts';
 import type { TemplateImages } from '../sandbox/live.ts';
-import { imageExists } from '../../../../sandbox-image/build.ts';
-import { BuildFailed, buildImage } from './build.ts';
-import { canonicalSpec, imageTag, specHash, type BuildSources, type TemplateSpec } from './spec.ts';
+import { canonicalSpec, imageTag, specHash, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
 
 export type TemplateRow = typeof templates.$inferSelect & { spec: TemplateSpec };
 
@@ -81,7 +79,7 @@ export class TemplateService implements TemplateImages {
 
   constructor(
     private readonly db: Db,
-    private readonly docker: Docker | null,
+    private readonly images: ImageBuilder | null,
     private readonly jobRunner: JobRunner,
     private readonly opts: TemplateOptions,
     private readonly log: Logger,
@@ -94,14 +92,14 @@ export class TemplateService implements TemplateImages {
     this.poolListener = listener;
   }
 
-  private need(): Docker {
-    if (!this.docker)
-      throw new ApiError('unavailable', 'templates need the Docker Engine, which this server has none of');
-    return this.docker;
+  private need(): ImageBuilder {
+    if (!this.images)
+      throw new ApiError('unavailable', 'templates need a container runtime that builds images; this server has none');
+    return this.images;
   }
 
-  private imageExists(ref: string): Promise<boolean> {
-    return imageExists(this.need(), ref);
+  private async imageExists(ref: string): Promise<boolean> {
+    return (await this.need().idOf(ref)) !== null;
   }
 
   /** Every template waiting for this hash's image has it now. */
@@ -111,16 +109,12 @@ export class TemplateService implements TemplateImages {
   }
 
   private async sources(): Promise<BuildSources> {
-    let baseImageId: string;
-    try {
-      baseImageId = (await this.need().getImage(this.opts.baseImage).inspect()).Id;
-    } catch (err) {
-      if ((err as { statusCode?: number }).statusCode !== 404) throw err;
+    const baseImageId = await this.need().idOf(this.opts.baseImage);
+    if (!baseImageId)
       throw new ApiError(
         'unavailable',
         `the base sandbox image ${this.opts.baseImage} is not built (npm run sandbox:build)`,
       );
-    }
     return { baseImageId, pipIndexUrl: this.opts.pipIndexUrl, debianMirror: this.opts.debianMirror };
   }
 
@@ -249,11 +243,7 @@ export class TemplateService implements TemplateImages {
         .where(or(eq(templates.image, image), eq(templates.specHash, hash)))
         .limit(1);
       // An image a running sandbox still uses stays (Docker refuses); the next delete or a prune takes it.
-      if (!others.length && this.docker)
-        await this.docker
-          .getImage(image)
-          .remove()
-          .catch(() => undefined);
+      if (!others.length && this.images) await this.images.remove(image);
     }
     void this.refreshPool();
     return before;
@@ -391,16 +381,20 @@ export class TemplateService implements TemplateImages {
       );
     };
     const timer = setInterval(flush, FLUSH_MS);
-    const done = buildImage(
-      this.need(),
+    const done = this.need().build(
       {
-        ...p.sources,
+        base: p.sources.baseImageId,
         tag,
-        spec: p.spec,
         labels: { 'kiln.template': p.hash },
+        apt: p.spec.apt,
+        pip: p.spec.pip,
+        pipIndexUrl: p.sources.pipIndexUrl,
+        debianMirror: p.sources.debianMirror,
+        files: p.spec.files,
+        filesDir: TEMPLATE_FILES_DIR,
         aptDay: new Date().toISOString().slice(0, 10),
       },
-      { onLine: (l) => log.line(l), timeoutMs: this.opts.buildTimeoutMs, signal: abort.signal },
+      { onLine: (l: string) => log.line(l), timeoutMs: this.opts.buildTimeoutMs, signal: abort.signal },
     );
     const entry = { abort, done: done.catch(() => undefined) };
     this.building.add(entry);
@@ -413,18 +407,18 @@ export class TemplateService implements TemplateImages {
     } catch (err) {
       clearInterval(timer);
       await flushing;
-      if (abort.signal.aborted && !(err instanceof BuildFailed)) {
+      if (abort.signal.aborted && !(err instanceof ImageBuildFailed)) {
         log.line('[kiln] the server is stopping: the build resumes when a server takes its job again');
         await this.setPending(p.hash, { status: 'queued', log: log.toString() });
         throw new ReleaseJob();
       }
-      if (!(err instanceof BuildFailed) && job.attempts < job.maxAttempts) {
+      if (!(err instanceof ImageBuildFailed) && job.attempts < job.maxAttempts) {
         log.line(`[kiln] the build could not run (${(err as Error).message}); it is tried again`);
         await this.setPending(p.hash, { status: 'queued', log: log.toString() });
         throw err;
       }
       const reason =
-        err instanceof BuildFailed
+        err instanceof ImageBuildFailed
           ? [err.message, '', ...log.lastLines(REASON_LINES)].join('\n')
           : `the build could not run: ${(err as Error).message}`;
       log.line(`[kiln] failed: ${(err as Error).message}`);

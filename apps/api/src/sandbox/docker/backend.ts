@@ -11,6 +11,7 @@ import type {
 } from '../backend.ts';
 import type { SandboxLimits } from '../limits.ts';
 import { containerSpec, SANDBOX_UID_COUNT, SANDBOX_UID_MIN, sandboxUser, updateSpec } from './container-spec.ts';
+import { DockerImages } from './images.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -25,8 +26,11 @@ export class DockerBackend implements SandboxBackend {
   private readonly uidsInFlight = new Set<number>();
   private readonly sampler: StatsSampler;
 
-  /** The Docker Engine it runs sandboxes on (templates build their images there too). */
-  constructor(readonly docker: Docker) {
+  /** Template images are built on the same Docker Engine. */
+  readonly images: DockerImages;
+
+  constructor(private readonly docker: Docker) {
+    this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
   }
 

@@ -1,21 +1,9 @@
 import { Readable } from 'node:stream';
 import type Docker from 'dockerode';
-import { canonicalSpec, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
+import { type ImageBuilder, ImageBuildFailed, type ImageRecipe } from '../backend.ts';
 
 /** The uid the base image's runner layer ends with (sandbox-image/Dockerfile); containers run as their own uid anyway. */
 const IMAGE_USER = '65534:65534';
-
-export interface BuildInput extends BuildSources {
-  tag: string;
-  spec: TemplateSpec;
-  /** Labels the image carries (which hash it is). */
-  labels: Record<string, string>;
-  /** Changes once a day, so a cached `apt-get update` layer is at most a day old. */
-  aptDay: string;
-}
-
-/** A build that ran and failed: `reason` is the failing step and the end of its output. */
-export class BuildFailed extends Error {}
 
 /** The base image's compiler purge, word for word (sandbox-image/Dockerfile). */
 const PURGE_COMPILERS = [
@@ -32,10 +20,10 @@ const run = (argv: string[]) => `RUN ${JSON.stringify(argv)}`;
  * against the Debian and PEP 508 grammars at the edge. Steps run from the most shared to the
  * least, so templates that differ only in their pip list reuse the apt layers.
  */
-function dockerfileOf(input: BuildInput): string {
-  const spec = canonicalSpec(input.spec);
+function dockerfileOf(input: ImageRecipe): string {
+  const spec = input;
   const lines = [
-    `FROM ${input.baseImageId}`,
+    `FROM ${input.base}`,
     'USER 0:0',
     ...(input.debianMirror ? ['COPY sources.list /etc/apt/sources.list'] : []),
     'ARG KILN_APT_DAY',
@@ -70,7 +58,7 @@ function dockerfileOf(input: BuildInput): string {
       ]),
     );
   }
-  if (spec.files.length) lines.push(`COPY files/ ${TEMPLATE_FILES_DIR}/`);
+  if (spec.files.length) lines.push(`COPY files/ ${input.filesDir}/`);
   // The base image's hardening again (sandbox-image/Dockerfile): no compiler, and no setuid or
   // setgid file, whatever the packages brought. A fixed script: no tenant input in it.
   if (usesApt) lines.push(run(['/bin/sh', '-c', PURGE_COMPILERS]));
@@ -106,11 +94,11 @@ function tarEntry(name: string, data: Buffer): Buffer {
 }
 
 /** The build context, made in memory: the Dockerfile, the apt sources when a mirror is set, the files. */
-function contextTar(input: BuildInput): Buffer {
+function contextTar(input: ImageRecipe): Buffer {
   const entries = [tarEntry('Dockerfile', Buffer.from(dockerfileOf(input)))];
   if (input.debianMirror)
     entries.push(tarEntry('sources.list', Buffer.from(`deb ${input.debianMirror} bookworm main\n`)));
-  for (const f of input.spec.files) entries.push(tarEntry(`files/${f.path}`, Buffer.from(f.content)));
+  for (const f of input.files) entries.push(tarEntry(`files/${f.path}`, Buffer.from(f.content)));
   return Buffer.concat([...entries, Buffer.alloc(1024)]);
 }
 
@@ -126,18 +114,17 @@ interface BuildEvent {
 
 /**
  * Builds the image with the Docker Engine's builder, host networking (apt reaches the mirror
- * and pip the index as the host does), each output line passed to `onLine`. Rejects with
- * BuildFailed when a step fails or the build outlasts `timeoutMs`; with the signal's reason
- * when it is aborted (the connection is dropped, which stops the build).
+ * and pip the index as the host does), each output line passed to `onLine`. An abort drops
+ * the connection, which stops the build.
  */
-export async function buildImage(
+async function buildImage(
   docker: Docker,
-  input: BuildInput,
-  opts: { onLine: (line: string) => void; timeoutMs: number; signal: AbortSignal },
+  input: ImageRecipe,
+  opts: Parameters<ImageBuilder['build']>[1],
 ): Promise<void> {
   const abort = new AbortController();
   const timer = setTimeout(
-    () => abort.abort(new BuildFailed(`the build took longer than ${opts.timeoutMs / 1000} s`)),
+    () => abort.abort(new ImageBuildFailed(`the build took longer than ${opts.timeoutMs / 1000} s`)),
     opts.timeoutMs,
   );
   const onAbort = () => abort.abort(opts.signal.reason);
@@ -167,7 +154,7 @@ export async function buildImage(
           const failed = output.find((o) => o.error);
           if (failed) {
             const message = failed.errorDetail?.message ?? failed.error ?? 'the build failed';
-            return reject(new BuildFailed(lastStep ? `${lastStep}: ${message}` : message));
+            return reject(new ImageBuildFailed(lastStep ? `${lastStep}: ${message}` : message));
           }
           resolve();
         },
@@ -185,5 +172,32 @@ export async function buildImage(
   } finally {
     clearTimeout(timer);
     opts.signal.removeEventListener('abort', onAbort);
+  }
+}
+
+/** Template images on the Docker Engine the sandboxes run on. */
+export class DockerImages implements ImageBuilder {
+  constructor(private readonly docker: Docker) {}
+
+  async idOf(ref: string): Promise<string | null> {
+    const info = await this.docker
+      .getImage(ref)
+      .inspect()
+      .catch((err: { statusCode?: number }) => {
+        if (err.statusCode === 404) return null;
+        throw err;
+      });
+    return info?.Id ?? null;
+  }
+
+  build(recipe: ImageRecipe, opts: Parameters<ImageBuilder['build']>[1]): Promise<void> {
+    return buildImage(this.docker, recipe, opts);
+  }
+
+  async remove(ref: string): Promise<void> {
+    await this.docker
+      .getImage(ref)
+      .remove()
+      .catch(() => undefined);
   }
 }
