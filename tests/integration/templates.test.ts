@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer, type Server } from 'node:http';
+import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -44,12 +44,16 @@ with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z:
 }
 
 /** A PEP 503 "simple" index on loopback with one project, kiln-tiny; counts downloads of its wheel. */
-async function serveIndex(wheel: Buffer): Promise<{ server: Server; url: string; downloads: () => number }> {
+async function serveIndex(wheel: Buffer): Promise<{ close: () => void; url: string; downloads: () => number }> {
   const sha = createHash('sha256').update(wheel).digest('hex');
   let downloads = 0;
+  const held = new Set<ServerResponse>();
   const server = createServer((req, res) => {
     const path = (req.url ?? '').split('?')[0];
-    if (path === '/simple/' || path === '/simple') {
+    if (path?.startsWith('/simple/kiln-slow')) {
+      // Never answered: a build waiting on it can only end by its timeout.
+      held.add(res);
+    } else if (path === '/simple/' || path === '/simple') {
       res.writeHead(200, { 'content-type': 'text/html' }).end('<a href="/simple/kiln-tiny/">kiln-tiny</a>');
     } else if (path === '/simple/kiln-tiny/' || path === '/simple/kiln-tiny') {
       res
@@ -64,7 +68,11 @@ async function serveIndex(wheel: Buffer): Promise<{ server: Server; url: string;
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as AddressInfo;
-  return { server, url: `http://127.0.0.1:${port}/simple`, downloads: () => downloads };
+  const close = () => {
+    for (const res of held) res.destroy();
+    server.close();
+  };
+  return { close, url: `http://127.0.0.1:${port}/simple`, downloads: () => downloads };
 }
 
 const imageExists = (ref: string) => imageOnEngine(docker, ref);
@@ -129,7 +137,7 @@ describe('sandbox templates', () => {
   afterAll(async () => {
     await replica?.close();
     await t?.close();
-    index?.server.close();
+    index?.close();
     rmSync(wheelDir, { recursive: true, force: true });
     for (const ref of images)
       await docker
@@ -374,6 +382,28 @@ describe('sandbox templates', () => {
     expect(r.stdout).toBe('tiny wheel 1.0\n');
   }, 600_000);
 
+  it('a build over KILN_TEMPLATE_BUILD_TIMEOUT_S is stopped and failed with that reason', async () => {
+    const slow = await createTestApp({
+      replicaOf: t,
+      env: { KILN_PIP_INDEX_URL: index.url, KILN_TEMPLATE_BUILD_TIMEOUT_S: '5' },
+      sandbox: { templatePoolSize: 0 },
+    });
+    try {
+      const created = await call('POST', '/v1/templates', owner.key, { name: 'slow', pip: ['kiln-slow'] });
+      expect(created.status).toBe(201);
+      images.add(`kiln-template:${created.body.hash}`);
+      await slow.evolution.jobs.drain();
+      const failed = (await call('GET', `/v1/templates/${created.body.id}`, owner.key)).body;
+      expect(failed.status).toBe('failed');
+      expect(failed.error).toContain('the build took longer than 5 s');
+      expect(failed.image).toBeNull();
+      expect(await imageExists(`kiln-template:${created.body.hash}`)).toBe(false);
+      expect((await call('DELETE', `/v1/templates/${created.body.id}`, owner.key)).status).toBe(200);
+    } finally {
+      await slow.close();
+    }
+  }, 300_000);
+
   it('delete: refused while a workspace uses it, then audited; the image goes with the last template that has it', async () => {
     const refused = await call('DELETE', `/v1/templates/${tpl}`, owner.key);
     expect(refused.status).toBe(409);
@@ -404,10 +434,22 @@ describe('sandbox templates', () => {
       'template.delete',
       'template.create',
       'template.update',
+      'template.create',
+      'template.delete',
       'template.delete',
       'template.delete',
     ]);
-    expect(audit.map((a) => a.team_id)).toEqual([owner.id, owner.id, owner.id, other.id, owner.id, owner.id, other.id]);
+    expect(audit.map((a) => a.team_id)).toEqual([
+      owner.id,
+      owner.id,
+      owner.id,
+      other.id,
+      owner.id,
+      owner.id,
+      owner.id,
+      owner.id,
+      other.id,
+    ]);
   });
 });
 

@@ -88,7 +88,7 @@ const schema = z.object({
     .url()
     .regex(/^https?:\/\/[^\s]+$/, 'must be an http(s) URL')
     .optional(),
-  KILN_TEMPLATE_BUILD_TIMEOUT_S: int(30, 6 * 3600).default(1200),
+  KILN_TEMPLATE_BUILD_TIMEOUT_S: int(5, 6 * 3600).default(1200),
   KILN_TEMPLATE_MAX_LOG_BYTES: int(4096, 16 * 1024 * 1024).default(256 * 1024),
   KILN_TEMPLATE_POOL_SIZE: int(0, 8).default(1),
 });
