@@ -183,6 +183,16 @@ describe('sandbox templates', () => {
     }
     expect((await call('GET', '/v1/templates', owner.key)).body.data).toEqual([]);
     expect(await buildJobs()).toBe(0);
+    // A viewer key writes nothing.
+    const viewer = await t.team('templates-viewer', 'viewer');
+    expect((await call('POST', '/v1/templates', viewer.key, { name: 'v' })).status).toBe(403);
+    // The routes are in the OpenAPI document.
+    const doc = (await t.call('GET', '/openapi.json')).body;
+    for (const path of ['/v1/templates', '/v1/templates/{template}', '/v1/templates/{template}/log'])
+      expect(Object.keys(doc.paths)).toContain(path);
+    expect(Object.keys(doc.paths['/v1/templates/{template}'])).toEqual(
+      expect.arrayContaining(['get', 'put', 'delete']),
+    );
     // A workspace cannot name a template that is not its team's.
     const ws = await call('POST', '/v1/workspaces', owner.key, {
       name: 'w',
@@ -190,6 +200,19 @@ describe('sandbox templates', () => {
     });
     expect(ws.status).toBe(400);
     expect(ws.body.error.message).toContain('no template tpl_nope in this team');
+  });
+
+  it('answers 503 on a server without a container runtime', async () => {
+    const bare = await createTestApp({ sandbox: false });
+    try {
+      const team = await bare.team('templates-bare');
+      const r = await bare.call('POST', '/v1/templates', { key: team.key, body: { name: 'x', apt: ['jq'] } });
+      expect(r.status).toBe(503);
+      expect(r.body.error.message).toContain('container runtime');
+      expect((await bare.call('GET', '/v1/templates', { key: team.key })).body.data).toEqual([]);
+    } finally {
+      await bare.close();
+    }
   });
 
   it('builds a template as a durable job with visible progress, resumed by another server after a stop', async () => {
