@@ -297,7 +297,9 @@ describe('sandbox templates', () => {
     expect(log).toContain('[kiln] built');
 
     // A template building whose job no longer exists (a database restored without it): failed at start-up.
-    await db.execute(sql`update templates set status = 'building' where id = ${id}`);
+    await db.execute(
+      sql`update templates set status = 'building', updated_at = now() - interval '2 minutes' where id = ${id}`,
+    );
     await replica!.templates.start();
     const lost = (await call('GET', `/v1/templates/${id}`, owner.key)).body;
     expect(lost.status).toBe('failed');

@@ -136,13 +136,15 @@ export class TemplateService implements TemplateImages {
     return { hash, sources, cached, fields };
   }
 
+  /**
+   * One build per hash at a time, whichever replica asks: the job's dedupe key is the hash, freed
+   * once its job has finished, so templates that ask while it is pending are finished by it.
+   */
   private async enqueue(payload: BuildPayload): Promise<void> {
-    const result = await this.db.execute(sql`
-      select id from jobs where kind = ${TEMPLATE_BUILD_JOB} and status in ('queued', 'running')
-        and payload->>'hash' = ${payload.hash} limit 1`);
-    // One build per hash at a time: rows that join it are finished by it.
-    if (rowsOf(result).length) return;
-    await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3 });
+    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}`;
+    await this.db.execute(sql`
+      update jobs set dedupe_key = null where dedupe_key = ${dedupeKey} and status in ('succeeded', 'failed')`);
+    await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey });
   }
 
   async create(teamId: string, input: { name: string } & TemplateSpec): Promise<{ row: TemplateRow; cached: boolean }> {
@@ -302,7 +304,8 @@ export class TemplateService implements TemplateImages {
 
   /**
    * A template left queued or building with no build job to finish it (its job gone) is failed
-   * with the reason; an interrupted build whose job remains is resumed by the job runner.
+   * with the reason; an interrupted build whose job remains is resumed by the job runner. (A
+   * minute's grace: a template is written just before its job is queued.)
    */
   async start(): Promise<void> {
     this.stopped = false;
@@ -312,7 +315,7 @@ export class TemplateService implements TemplateImages {
     await this.db.execute(sql`
       update templates set status = 'failed', updated_at = now(),
         error = 'the build was lost (its job no longer exists); PUT the template again to rebuild it'
-      where status in ('queued', 'building') and not exists (
+      where status in ('queued', 'building') and updated_at < now() - interval '1 minute' and not exists (
         select 1 from jobs j where j.kind = ${TEMPLATE_BUILD_JOB} and j.status in ('queued', 'running')
           and j.payload->>'hash' = templates.spec_hash)`);
     await this.refreshPool();
