@@ -83,10 +83,10 @@ const schema = z.object({
     .url()
     .regex(/^https?:\/\//, 'must be an http(s) URL')
     .default('https://pypi.org/simple'),
+  // Also debootstrap's (sandbox-image/build.ts), which takes file: mirrors too; templates use only an http(s) one.
   KILN_DEBIAN_MIRROR: z
     .string()
-    .url()
-    .regex(/^https?:\/\/[^\s]+$/, 'must be an http(s) URL')
+    .regex(/^[a-z]+:\S+$/, 'must be a mirror URL without spaces')
     .optional(),
   KILN_TEMPLATE_BUILD_TIMEOUT_S: int(5, 6 * 3600).default(1200),
   KILN_TEMPLATE_MAX_LOG_BYTES: int(4096, 16 * 1024 * 1024).default(256 * 1024),
@@ -256,7 +256,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     templates: {
       pipIndexUrl: e.KILN_PIP_INDEX_URL,
-      debianMirror: e.KILN_DEBIAN_MIRROR,
+      debianMirror: /^https?:\/\//.test(e.KILN_DEBIAN_MIRROR ?? '') ? e.KILN_DEBIAN_MIRROR : undefined,
       buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
       maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
       poolSize: e.KILN_TEMPLATE_POOL_SIZE,

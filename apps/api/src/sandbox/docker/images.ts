@@ -20,7 +20,7 @@ const run = (argv: string[]) => `RUN ${JSON.stringify(argv)}`;
  * against the Debian and PEP 508 grammars at the edge. Steps run from the most shared to the
  * least, so templates that differ only in their pip list reuse the apt layers.
  */
-function dockerfileOf(input: ImageRecipe): string {
+export function dockerfileOf(input: ImageRecipe): string {
   const spec = input;
   const lines = [
     `FROM ${input.base}`,
