@@ -104,8 +104,28 @@ export class TemplateService implements TemplateImages {
 
   /** Every template waiting for this hash's image has it now. */
   private async ready(hash: string, tag: string, log: BuildLog): Promise<void> {
-    await this.setPending(hash, { status: 'ready', image: tag, error: null, builtAt: new Date(), log: log.toString() });
+    const n = await this.setPending(hash, {
+      status: 'ready',
+      image: tag,
+      error: null,
+      builtAt: new Date(),
+      log: log.toString(),
+    });
+    // Every template that wanted it was deleted or changed meanwhile: the image goes unless another has it.
+    if (n === 0) await this.removeUnused(tag);
     void this.refreshPool();
+  }
+
+  /** Removes a template image no template of any team has (as its image or its pending build). */
+  private async removeUnused(image: string): Promise<void> {
+    const hash = image.slice(image.indexOf(':') + 1);
+    const others = await this.db
+      .select({ id: templates.id })
+      .from(templates)
+      .where(or(eq(templates.image, image), eq(templates.specHash, hash)))
+      .limit(1);
+    // An image a running sandbox still uses stays (Docker refuses); the next delete or a prune takes it.
+    if (!others.length && this.images) await this.images.remove(image);
   }
 
   private async sources(): Promise<BuildSources> {
@@ -236,17 +256,7 @@ export class TemplateService implements TemplateImages {
         `template ${id} is the sandbox.template of ${users.join(', ')}; set theirs to another template or null first`,
       );
     await this.db.delete(templates).where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
-    for (const image of new Set([before.image, imageTag(before.specHash)])) {
-      if (!image) continue;
-      const hash = image.slice(image.indexOf(':') + 1);
-      const others = await this.db
-        .select({ id: templates.id })
-        .from(templates)
-        .where(or(eq(templates.image, image), eq(templates.specHash, hash)))
-        .limit(1);
-      // An image a running sandbox still uses stays (Docker refuses); the next delete or a prune takes it.
-      if (!others.length && this.images) await this.images.remove(image);
-    }
+    for (const image of new Set([before.image, imageTag(before.specHash)])) if (image) await this.removeUnused(image);
     void this.refreshPool();
     return before;
   }
