@@ -333,10 +333,8 @@ describe('sandbox templates', () => {
       'setuid files: 0',
       '',
     ]);
-    const [row] = rowsOf<{ image: string }>(
-      await t.database.db.execute(sql`select image from sandboxes where id = ${r.sandbox_id}`),
-    );
-    expect(row!.image).toBe(image);
+    const listed = (await call('GET', '/v1/sandboxes', owner.key)).body.data;
+    expect(listed.find((x: { id: string }) => x.id === r.sandbox_id)?.image).toBe(image);
     // The warm container was claimed and the pool made another of the template.
     await t.engine.poolSettled();
     expect(t.engine.warmImages()).toEqual([image]);
