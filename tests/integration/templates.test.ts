@@ -296,6 +296,17 @@ describe('sandbox templates', () => {
     expect(log.indexOf('Step 1/9 : FROM sha256:…')).toBeLessThan(log.indexOf('resuming the build'));
     expect(log).toContain('[kiln] built');
 
+    // A rebuild that succeeds replaces the image, and the replaced one (no other template has it) goes.
+    const changed = await call('PUT', `/v1/templates/${id}`, owner.key, {
+      files: [{ path: 'notes.txt', content: 'changed' }],
+    });
+    expect(changed.body).toMatchObject({ status: 'queued', image: `kiln-template:${created.body.hash}` });
+    const next = `kiln-template:${changed.body.hash}`;
+    images.add(next);
+    await replica!.evolution.jobs.drain();
+    expect((await call('GET', `/v1/templates/${id}`, owner.key)).body).toMatchObject({ status: 'ready', image: next });
+    expect(await imageExists(`kiln-template:${created.body.hash}`)).toBe(false);
+
     // A template building whose job no longer exists (a database restored without it): failed at start-up.
     await db.execute(
       sql`update templates set status = 'building', updated_at = now() - interval '2 minutes' where id = ${id}`,
@@ -304,9 +315,9 @@ describe('sandbox templates', () => {
     const lost = (await call('GET', `/v1/templates/${id}`, owner.key)).body;
     expect(lost.status).toBe('failed');
     expect(lost.error).toContain('the build was lost');
-    expect(lost.image).toBe(`kiln-template:${created.body.hash}`);
+    expect(lost.image).toBe(next);
     expect((await call('DELETE', `/v1/templates/${id}`, owner.key)).status).toBe(200);
-    expect(await imageExists(`kiln-template:${created.body.hash}`)).toBe(false);
+    expect(await imageExists(next)).toBe(false);
   }, 300_000);
 
   it('a workspace with the template gets its image: the wheel imports, jq runs, hardening kept; the pool keeps one warm', async () => {
@@ -454,6 +465,7 @@ describe('sandbox templates', () => {
     expect(audit.map((a) => a.action)).toEqual([
       'template.create',
       'template.create',
+      'template.update',
       'template.delete',
       'template.create',
       'template.update',
@@ -463,6 +475,7 @@ describe('sandbox templates', () => {
       'template.delete',
     ]);
     expect(audit.map((a) => a.team_id)).toEqual([
+      owner.id,
       owner.id,
       owner.id,
       owner.id,

@@ -104,6 +104,7 @@ export class TemplateService implements TemplateImages {
 
   /** Every template waiting for this hash's image has it now. */
   private async ready(hash: string, tag: string, log: BuildLog): Promise<void> {
+    const replaced = await this.db.selectDistinct({ image: templates.image }).from(templates).where(this.pending(hash));
     const n = await this.setPending(hash, {
       status: 'ready',
       image: tag,
@@ -111,7 +112,9 @@ export class TemplateService implements TemplateImages {
       builtAt: new Date(),
       log: log.toString(),
     });
-    // Every template that wanted it was deleted or changed meanwhile: the image goes unless another has it.
+    // The images this one replaces, and this one if every template that wanted it was deleted or
+    // changed meanwhile, go unless another template has them (or a running sandbox: Docker keeps those).
+    for (const r of replaced) if (r.image && r.image !== tag) await this.removeUnused(r.image);
     if (n === 0) await this.removeUnused(tag);
     void this.refreshPool();
   }
