@@ -48,7 +48,8 @@ export function runnerHash(base: string, dir = here): string {
   return hashOf([base, ...files.flatMap((f) => [relative(dir, f), readFileSync(f)])]);
 }
 
-async function imageExists(docker: Docker, ref: string): Promise<boolean> {
+/** Whether the Docker Engine has the image (the API's templates ask it too). */
+export async function imageExists(docker: Docker, ref: string): Promise<boolean> {
   try {
     await docker.getImage(ref).inspect();
     return true;

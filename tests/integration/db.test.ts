@@ -20,6 +20,7 @@ const TABLES = [
   'api_keys',
   'workspaces',
   'workspace_secrets',
+  'templates',
   'sessions',
   'messages',
   'runs',

@@ -33,6 +33,8 @@ export interface TestApp {
   workspaces: Kiln['workspaces'];
   agent: Kiln['agent'];
   events: Kiln['events'];
+  /** Sandbox templates; their builds are jobs of `evolution.jobs` (drained by the tests). */
+  templates: Kiln['templates'];
   /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
   evolution: Kiln['evolution'];
   database: TestDatabase;
@@ -132,7 +134,7 @@ export async function createTestApp(
     dashboardDir: opts.dashboardDir,
   });
   await kiln.start({ background: false, repair: !replica });
-  const { app, engine, workspaces, agent, events, evolution } = kiln;
+  const { app, engine, workspaces, agent, events, evolution, templates } = kiln;
 
   const call: TestApp['call'] = async (method, path, o = {}) => {
     const headers: Record<string, string> = { ...o.headers };
@@ -174,6 +176,7 @@ export async function createTestApp(
     agent,
     events,
     evolution,
+    templates,
     async close() {
       await kiln.stop();
       if (replica) return database.close();

@@ -14,6 +14,36 @@ function problems(env: Record<string, string>): string[] {
 }
 
 describe('config', () => {
+  it('templates: an http(s) pip index, a Debian mirror used only when http(s), bounded builds', () => {
+    expect(loadConfig({}).templates).toEqual({
+      pipIndexUrl: 'https://pypi.org/simple',
+      debianMirror: undefined,
+      buildTimeoutMs: 1_200_000,
+      maxLogBytes: 262_144,
+      poolSize: 1,
+    });
+    const c = loadConfig({
+      KILN_PIP_INDEX_URL: 'http://127.0.0.1:3141/simple',
+      KILN_DEBIAN_MIRROR: 'http://mirror.example/debian',
+      KILN_TEMPLATE_BUILD_TIMEOUT_S: '60',
+      KILN_TEMPLATE_MAX_LOG_BYTES: '8192',
+      KILN_TEMPLATE_POOL_SIZE: '0',
+    });
+    expect(c.templates).toEqual({
+      pipIndexUrl: 'http://127.0.0.1:3141/simple',
+      debianMirror: 'http://mirror.example/debian',
+      buildTimeoutMs: 60_000,
+      maxLogBytes: 8192,
+      poolSize: 0,
+    });
+    // debootstrap may take a file: mirror; a build container could not read it, so templates keep the base's sources.
+    expect(loadConfig({ KILN_DEBIAN_MIRROR: 'file:///srv/debian' }).templates.debianMirror).toBeUndefined();
+    expect(problems({ KILN_PIP_INDEX_URL: 'file:///srv/wheels' })[0]).toContain('KILN_PIP_INDEX_URL');
+    expect(problems({ KILN_DEBIAN_MIRROR: 'http://a b' })[0]).toContain('KILN_DEBIAN_MIRROR');
+    expect(problems({ KILN_TEMPLATE_BUILD_TIMEOUT_S: '1' })[0]).toContain('KILN_TEMPLATE_BUILD_TIMEOUT_S');
+    expect(problems({ KILN_TEMPLATE_POOL_SIZE: '9' })[0]).toContain('KILN_TEMPLATE_POOL_SIZE');
+  });
+
   it('has working defaults for an empty environment', () => {
     const c = loadConfig({});
     expect(c.port).toBe(7700);

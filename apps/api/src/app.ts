@@ -35,6 +35,8 @@ import type { SelfUpdates } from './platform/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 import { workspaceSecretsRouter } from './routes/workspace-secrets/workspace-secrets.index.ts';
 import type { SecretStore } from './secrets/store.ts';
+import { templatesRouter } from './routes/templates/templates.index.ts';
+import type { TemplateService } from './templates/service.ts';
 
 export interface AppDeps {
   config: Pick<Config, 'bodyLimitBytes' | 'rateLimit'>;
@@ -48,6 +50,8 @@ export interface AppDeps {
   evolution: EvolutionService;
   /** Workspace secrets: their routes write and list them, executions get them. */
   secrets: SecretStore;
+  /** Sandbox templates (their routes; a workspace's sandbox.template is checked against them). */
+  templates: TemplateService;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
   /** Where the built dashboard is (default apps/dashboard/dist). */
@@ -111,6 +115,7 @@ export function createApp({
   events,
   evolution,
   secrets,
+  templates,
   updates,
   logger,
   now,
@@ -136,7 +141,8 @@ export function createApp({
 
   app.route('/', healthRouter(db, engine));
   app.route('/', teamsRouter(db, keys));
-  app.route('/', workspacesRouter(db, workspaces, engine));
+  app.route('/', workspacesRouter(db, workspaces, engine, templates));
+  app.route('/', templatesRouter(templates));
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', workspaceSecretsRouter(db, secrets));
   app.route('/', sessionsRouter(db, engine, workspaces));

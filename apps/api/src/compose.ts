@@ -12,6 +12,7 @@ import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
 import { NoSandboxes } from './sandbox/no-sandboxes.ts';
+import { TemplateService } from './templates/service.ts';
 import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
@@ -43,6 +44,8 @@ export interface Kiln {
   /** Every run's events: the agent writes them, reviews announce theirs, the routes stream them. */
   events: RunEventLog;
   evolution: EvolutionService;
+  /** Sandbox templates; their builds are jobs of the evolution service's job runner. */
+  templates: TemplateService;
   updates?: SelfUpdates;
   /**
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
@@ -62,6 +65,7 @@ function engineOptions(config: Config): EngineOptions {
     image: config.sandboxImage,
     owner: config.instanceId,
     poolSize: s.poolSize,
+    templatePoolSize: config.templates.poolSize,
     idleMs: s.idleS * 1000,
     maxIdleMs: s.maxIdleS * 1000,
     maxLifetimeMs: s.maxLifetimeS * 1000,
@@ -109,11 +113,23 @@ export function compose(o: ComposeOptions): Kiln {
     { tickMs: config.evolutionTickMs },
   );
 
+  // Template builds are durable jobs on the same runner; their images are built where the sandboxes run.
+  const { poolSize: _, ...templateOptions } = config.templates;
+  const templates = new TemplateService(
+    db,
+    o.sandboxes?.images ?? null,
+    jobs,
+    { baseImage: config.sandboxImage, ...templateOptions },
+    logger,
+  );
+  engine.useTemplates(templates);
+  templates.onPoolImages((images) => engine.setTemplateImages(images));
+
   const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, events, evolution, updates };
+  const parts = { engine, workspaces, agent, events, evolution, templates, updates };
   const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
 
   return {
@@ -121,6 +137,7 @@ export function compose(o: ComposeOptions): Kiln {
     app,
     async start({ background = true, repair = true } = {}) {
       await engine.start();
+      await templates.start();
       if (repair) await workspaces.repairAll();
       // Indexes built by an older chunking or ranking are rebuilt in the background: start-up does not wait.
       if (background) void workspaces.reindexStale();
@@ -135,6 +152,8 @@ export function compose(o: ComposeOptions): Kiln {
     async stop(graceMs = 0) {
       updates?.stop();
       await agent.drain(graceMs);
+      // Builds in flight go back to the queue before the job runner stops.
+      await templates.stop();
       await evolution.stop();
       await workspaces.stopReindexing();
       await agent.stop();

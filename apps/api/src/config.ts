@@ -97,6 +97,20 @@ const schema = z.object({
   KILN_JOBS_POLL_MS: int(50, 600_000).default(2000),
   KILN_JOBS_LEASE_S: int(5, 86_400).default(300),
   KILN_RUN_LEASE_S: int(3, 3_600).default(60),
+  // Templates: where their pip packages (wheels only) and apt packages come from, and their bounds.
+  KILN_PIP_INDEX_URL: z
+    .string()
+    .url()
+    .regex(/^https?:\/\//, 'must be an http(s) URL')
+    .default('https://pypi.org/simple'),
+  // Also debootstrap's (sandbox-image/build.ts), which takes file: mirrors too; templates use only an http(s) one.
+  KILN_DEBIAN_MIRROR: z
+    .string()
+    .regex(/^[a-z]+:\S+$/, 'must be a mirror URL without spaces')
+    .optional(),
+  KILN_TEMPLATE_BUILD_TIMEOUT_S: int(5, 6 * 3600).default(1200),
+  KILN_TEMPLATE_MAX_LOG_BYTES: int(4096, 16 * 1024 * 1024).default(256 * 1024),
+  KILN_TEMPLATE_POOL_SIZE: int(0, 8).default(1),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -159,6 +173,14 @@ export type Config = {
       /** DOCKER_HOST is unset or a unix socket: the engine shares this host's filesystem. */
       localDocker: boolean;
     };
+  };
+  /** Sandbox templates: package sources, build bounds, warm containers per template in use. */
+  templates: {
+    pipIndexUrl: string;
+    debianMirror?: string;
+    buildTimeoutMs: number;
+    maxLogBytes: number;
+    poolSize: number;
   };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
@@ -268,6 +290,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         maxMb: e.KILN_SANDBOX_MOUNT_MAX_MB ?? Math.floor(totalmem() / (2 * 1024 * 1024)),
         localDocker: !e.DOCKER_HOST || e.DOCKER_HOST.startsWith('unix://'),
       },
+    },
+    templates: {
+      pipIndexUrl: e.KILN_PIP_INDEX_URL,
+      debianMirror: /^https?:\/\//.test(e.KILN_DEBIAN_MIRROR ?? '') ? e.KILN_DEBIAN_MIRROR : undefined,
+      buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
+      maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
+      poolSize: e.KILN_TEMPLATE_POOL_SIZE,
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),

@@ -109,12 +109,17 @@ export class JobRunner {
       });
   }
 
-  /** Claims and runs due jobs until none is due; returns how many ran (tests call it directly). */
+  /**
+   * Claims and runs due jobs until none is due; returns how many ran (tests call it directly).
+   * A job its handler released (ReleaseJob: this process is stopping) ends the drain, which
+   * would otherwise claim it again at once.
+   */
   async drain(): Promise<number> {
     let ran = 0;
     for (let job = await this.claim(); job; job = await this.claim()) {
-      await this.execute(job);
+      const released = await this.execute(job);
       ran++;
+      if (released) break;
     }
     return ran;
   }
@@ -147,7 +152,8 @@ export class JobRunner {
     return job ?? null;
   }
 
-  private async execute(job: JobRow): Promise<void> {
+  /** Runs one claimed job; true when its handler released it (ReleaseJob). */
+  private async execute(job: JobRow): Promise<boolean> {
     const handler = this.handlers.get(job.kind)!;
     const mine = and(eq(jobs.id, job.id), eq(jobs.lockedBy, this.opts.owner));
     const heartbeat = setInterval(
@@ -177,7 +183,7 @@ export class JobRunner {
             lockedUntil: null,
           })
           .where(mine);
-        return;
+        return true;
       }
       const message = (err as Error).message ?? String(err);
       const retry = job.attempts < job.maxAttempts;
@@ -199,5 +205,6 @@ export class JobRunner {
     } finally {
       clearInterval(heartbeat);
     }
+    return false;
   }
 }

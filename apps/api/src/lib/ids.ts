@@ -14,7 +14,8 @@ export type IdPrefix =
   | 'job'
   | 'aud'
   | 'use'
-  | 'req';
+  | 'req'
+  | 'tpl';
 
 const ALPHABET = '0123456789abcdefghijklmnopqrstuvwxyz';
 let lastTime = 0;

@@ -32,7 +32,46 @@ export interface SandboxBackend {
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
   isGone(err: unknown): boolean;
+  /** Builds the images of sandbox templates; a runtime without it has no templates. */
+  readonly images?: ImageBuilder;
 }
+
+/** What a template's image is made of: the base image and what goes on top (every name already validated). */
+export interface ImageRecipe {
+  /** The base sandbox image's id. */
+  base: string;
+  tag: string;
+  labels: Record<string, string>;
+  apt: string[];
+  pip: string[];
+  pipIndexUrl: string;
+  /** The Debian mirror for apt; undefined keeps the base image's sources. */
+  debianMirror?: string;
+  files: { path: string; content: string }[];
+  /** Where the files go in the image. */
+  filesDir: string;
+  /** Changes once a day, so that what apt knows of the mirror is at most a day old. */
+  aptDay: string;
+}
+
+/** Builds and removes template images where the sandboxes run. */
+export interface ImageBuilder {
+  /** The image's id, or null when there is no such image. */
+  idOf(ref: string): Promise<string | null>;
+  /**
+   * Builds the image, passing each line of output on; rejects with ImageBuildFailed when a step
+   * fails or the build outlasts `timeoutMs`, with the signal's reason when it is aborted.
+   */
+  build(
+    recipe: ImageRecipe,
+    opts: { onLine: (line: string) => void; timeoutMs: number; signal: AbortSignal },
+  ): Promise<void>;
+  /** Removes the image; one still in use by a container stays (resolves either way). */
+  remove(ref: string): Promise<void>;
+}
+
+/** A build that ran and failed: the message names the failing step and its error. */
+export class ImageBuildFailed extends Error {}
 
 export interface ContainerRequest {
   image: string;

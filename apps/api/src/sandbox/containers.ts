@@ -13,6 +13,8 @@ export interface Sandbox {
   client: RunnerClient;
   limits: SandboxLimits;
   runtime: SandboxRuntime;
+  /** The image it runs: the base sandbox image or a template's. */
+  image: string;
   /** Its hard lifetime (epoch ms), as its container records it for every replica's reaper. */
   expiresAt: number;
   /** The host directory mounted at its /workspace (workspace-mounts.ts); unset, the container's own tmpfs. */
@@ -23,6 +25,8 @@ export interface Sandbox {
 
 /** The team and session a container is created for; empty for a warm one. */
 type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId'>;
+/** What one container is made of. */
+type Spec = { limits: SandboxLimits; runtime: SandboxRuntime; session: SessionOf; image: string };
 const WARM: SessionOf = { teamId: '', sessionId: '' };
 
 export interface ContainerOptions {
@@ -61,36 +65,34 @@ export class Containers {
   }
 
   /**
-   * Creates, starts and connects to a hardened container; a warm one is for no team or session
-   * yet. With `copyFrom` (a cold start for a session) and a host workspace mount, the working
-   * tree is copied into the mount while the container starts, so the copy costs no time of its own.
+   * Creates, starts and connects to a hardened container of `image` (default: the base sandbox
+   * image); a warm one is for no team or session yet. With `copyFrom` (a cold start for a session)
+   * and a host workspace mount, the working tree is copied into the mount while the container
+   * starts, so the copy costs no time of its own.
    */
   async create(
     id: string,
     limits: SandboxLimits,
     runtime: SandboxRuntime,
-    session: SessionOf = WARM,
-    copyFrom?: string,
+    o: { session?: SessionOf; copyFrom?: string; image?: string } = {},
   ): Promise<Sandbox> {
     this.creating.add(id);
     try {
-      return await this.createNow(id, limits, runtime, session, copyFrom);
+      return await this.createNow(
+        id,
+        { limits, runtime, session: o.session ?? WARM, image: o.image ?? this.opts.image },
+        o.copyFrom,
+      );
     } finally {
       this.creating.delete(id);
     }
   }
 
-  private async createNow(
-    id: string,
-    limits: SandboxLimits,
-    runtime: SandboxRuntime,
-    session: SessionOf,
-    copyFrom?: string,
-  ): Promise<Sandbox> {
+  private async createNow(id: string, spec: Spec, copyFrom?: string): Promise<Sandbox> {
     // Made (empty) before the container, so that a warm one has it from the start.
-    const workspaceDir = await this.mounts?.create(id, tmpfsSizes(limits).workspace);
+    const workspaceDir = await this.mounts?.create(id, tmpfsSizes(spec.limits).workspace);
     try {
-      return await this.createIn(id, limits, runtime, session, workspaceDir, copyFrom);
+      return await this.createIn(id, spec, workspaceDir, copyFrom);
     } catch (err) {
       if (workspaceDir) await this.removeMount(id);
       throw err;
@@ -99,15 +101,13 @@ export class Containers {
 
   private async createIn(
     id: string,
-    limits: SandboxLimits,
-    runtime: SandboxRuntime,
-    session: SessionOf,
+    { limits, runtime, session, image }: Spec,
     workspaceDir: string | undefined,
     copyFrom: string | undefined,
   ): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
-      image: this.opts.image,
+      image,
       sandboxId: id,
       owner: this.opts.owner,
       ...session,
@@ -138,6 +138,7 @@ export class Containers {
         client: started.value,
         limits,
         runtime,
+        image,
         expiresAt,
         workspaceDir,
         filled: filling !== undefined,

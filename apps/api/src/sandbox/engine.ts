@@ -13,7 +13,7 @@ import { Containers } from './containers.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
-import { LiveSandboxes, type ExecContext, type Live } from './live.ts';
+import { LiveSandboxes, type ExecContext, type Live, type TemplateImages } from './live.ts';
 import { WarmPool } from './pool.ts';
 import { type WorkspaceMountOptions, WorkspaceMounts } from './workspace-mounts.ts';
 import { Reaper } from './reaper.ts';
@@ -34,6 +34,8 @@ export interface EngineOptions {
   /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
   owner: string;
   poolSize: number;
+  /** Warm containers kept of each template image workspaces use (see WarmPool.setTemplateImages). */
+  templatePoolSize?: number;
   /** A session's sandbox idle this long is reclaimed, unless its workspace sets `sandbox.idle_s`. */
   idleMs: number;
   /** The largest `sandbox.idle_s` a workspace may set, in ms. */
@@ -104,12 +106,33 @@ export class SandboxEngine {
     const poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
     this.pool = new WarmPool(
       this.containers,
-      { size: opts.poolSize, limits: poolLimits, key: { runtime: 'runc' } },
+      {
+        size: opts.poolSize,
+        limits: poolLimits,
+        key: { runtime: 'runc' },
+        image,
+        templateSize: opts.templatePoolSize ?? 0,
+      },
       log,
     );
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
     this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
+  }
+
+  /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes. */
+  useTemplates(templates: TemplateImages): void {
+    this.live.templates = templates;
+  }
+
+  /** The template images workspaces use now: the warm pool keeps a few containers of each, and drops the rest. */
+  setTemplateImages(images: string[]): void {
+    this.pool.setTemplateImages(images);
+  }
+
+  /** The warm containers ready now, by image. */
+  warmImages(): string[] {
+    return this.pool.warm.map((c) => c.image);
   }
 
   /** The names of the secrets a workspace's code gets as environment variables (never their values). */

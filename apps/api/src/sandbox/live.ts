@@ -25,6 +25,13 @@ export interface ExecContext {
   idleMs?: number;
   /** The workspace's `sandbox.runtime`: a new sandbox runs in it. */
   runtime: SandboxRuntime;
+  /** The workspace's `sandbox.template`: a new sandbox gets that template's image in service. */
+  template?: string | null;
+}
+
+/** The image in service of a team's template (throws the API's error when it has none). */
+export interface TemplateImages {
+  imageOf(teamId: string, templateId: string): Promise<string>;
 }
 
 /** A session's sandbox. */
@@ -74,6 +81,8 @@ export class LiveSandboxes {
   /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
   private readonly claiming = new Set<string>();
   private stopped = false;
+  /** Set when templates are wired in (compose): without it, every sandbox gets the base image. */
+  templates: TemplateImages | undefined;
 
   constructor(
     private readonly deps: LiveDeps,
@@ -190,7 +199,9 @@ export class LiveSandboxes {
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.bySession.get(ctx.sessionId);
     if (stale) await this.release(ctx.sessionId, 'runner_lost');
-    const warm = pool.take(limits, { runtime: ctx.runtime });
+    const image =
+      ctx.template && this.templates ? await this.templates.imageOf(ctx.teamId, ctx.template) : this.opts.image;
+    const warm = pool.take(limits, { runtime: ctx.runtime }, image);
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
@@ -198,8 +209,12 @@ export class LiveSandboxes {
     // the slower of the two, not their sum. Over the cap, the container is thrown away.
     const container: Promise<Sandbox> = warm
       ? this.fit(warm, limits)
-      : containers.create(id, limits, ctx.runtime, { teamId: ctx.teamId, sessionId: ctx.sessionId }, ctx.workspaceDir);
-    const booked = this.reserve(id, ctx, limits).then(() => this.hadSandboxBefore(ctx.sessionId));
+      : containers.create(id, limits, ctx.runtime, {
+          session: { teamId: ctx.teamId, sessionId: ctx.sessionId },
+          copyFrom: ctx.workspaceDir,
+          image,
+        });
+    const booked = this.reserve(id, ctx, limits, image).then(() => this.hadSandboxBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
       if (c.status === 'rejected') throw c.reason;
@@ -303,7 +318,7 @@ export class LiveSandboxes {
   }
 
   /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
-  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits): Promise<void> {
+  private async reserve(id: string, ctx: ExecContext, limits: SandboxLimits, image: string): Promise<void> {
     const { db } = this.deps;
     await db.insert(sandboxes).values({
       id,
@@ -313,7 +328,7 @@ export class LiveSandboxes {
       owner: this.opts.owner,
       limits,
       containerId: '',
-      image: this.opts.image,
+      image,
       runtime: ctx.runtime,
       state: 'starting',
       expiresAt: this.idleExpiry(ctx),

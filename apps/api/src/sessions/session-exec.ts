@@ -43,6 +43,7 @@ export async function execInSession(
       workspaceDir: deps.workspaces.dirOf(ws.id),
       idleMs: deps.engine.idleMsFor(ws.settings.sandbox),
       runtime: ws.settings.sandbox.runtime,
+      template: ws.settings.sandbox.template,
     },
     limits,
     code,

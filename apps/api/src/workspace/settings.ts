@@ -100,6 +100,16 @@ const sections = {
             'seconds a session\u2019s sandbox may sit idle before it is reclaimed (its variables are lost); ' +
             'null = the server default (KILN_SANDBOX_IDLE_S); at most KILN_SANDBOX_MAX_IDLE_S',
         }),
+      template: z
+        .string()
+        .max(64)
+        .regex(/^tpl_[0-9a-z]+$/, 'not a template id')
+        .nullable()
+        .default(null)
+        .openapi({
+          description:
+            'a template of this team (POST /v1/templates) whose image new sandboxes get; it must have been built; null = the base sandbox image',
+        }),
       // Defaults here, not only in DEFAULT_SETTINGS: workspaces stored before these existed lack them.
       max_files_per_step: z.number().int().min(1).max(1_000_000).default(1000).openapi({
         description:
@@ -192,6 +202,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     network: 'none',
     runtime: 'runc',
     idle_s: null,
+    template: null,
     max_files_per_step: 1000,
     max_bytes_per_step: 16 * 1024 * 1024,
   },

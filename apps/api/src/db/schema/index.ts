@@ -17,3 +17,4 @@ export { auditEvents } from './audit-events.ts';
 export { usage } from './usage.ts';
 export { idempotencyKeys } from './idempotency-keys.ts';
 export { workspaceSecrets } from './workspace-secrets.ts';
+export { templates } from './templates.ts';

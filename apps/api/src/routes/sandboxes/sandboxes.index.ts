@@ -13,6 +13,7 @@ export function sandboxesRouter(engine: SandboxEngine) {
             id: row.id,
             session_id: row.sessionId,
             workspace_id: row.workspaceId,
+            image: row.image,
             state: state as 'starting' | 'idle' | 'busy',
             runtime,
             memory_bytes: memoryBytes,

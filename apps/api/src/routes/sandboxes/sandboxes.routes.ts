@@ -6,6 +6,9 @@ const Sandbox = z
     id: z.string(),
     session_id: z.string().nullable(),
     workspace_id: z.string().nullable(),
+    image: z
+      .string()
+      .openapi({ description: 'the base sandbox image, or its workspace\u2019s template image when it was created' }),
     state: z.enum(['starting', 'idle', 'busy']),
     runtime: z.enum(['runc', 'gvisor']).openapi({
       description: 'the container runtime it runs in (its workspace\u2019s sandbox.runtime when it was created)',

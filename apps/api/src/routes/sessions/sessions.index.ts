@@ -41,6 +41,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
         workspaceDir: workspaces.dirOf(workspace.id),
         idleMs: engine.idleMsFor(workspace.settings.sandbox),
         runtime: workspace.settings.sandbox.runtime,
+        template: workspace.settings.sandbox.template,
       },
       limits: engine.limitsFor(workspace.settings.sandbox),
     };

@@ -3,6 +3,7 @@ import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import type { SandboxEngine } from '../../sandbox/engine.ts';
+import type { TemplateService } from '../../templates/service.ts';
 import type { WorkspaceService } from '../../workspace/service.ts';
 import * as ws from '../../workspace/records.ts';
 import * as r from './workspaces.routes.ts';
@@ -18,17 +19,19 @@ const view = (w: ws.WorkspaceRow) => ({
   updated_at: w.updatedAt.toISOString(),
 });
 
-export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine) {
+export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine, templates: TemplateService) {
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
       const input = c.req.valid('json');
       engine.checkIdleS(input.settings?.sandbox?.idle_s);
       engine.checkRuntime(input.settings?.sandbox?.runtime);
+      await templates.checkUsable(team, input.settings?.sandbox?.template);
       // The server's default runtime is written into the new workspace: it never changes under it later.
       const runtime = input.settings?.sandbox?.runtime ?? engine.defaultRuntime;
       const settings = { ...input.settings, sandbox: { ...input.settings?.sandbox, runtime } };
       const row = await service.create(team, { ...input, settings });
+      if (row.settings.sandbox.template) void templates.refreshPool();
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
     })
@@ -43,7 +46,10 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
       const id = c.req.valid('param').workspace;
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
       engine.checkRuntime(c.req.valid('json').settings?.sandbox?.runtime);
-      const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
+      const team = writableTeamOf(c);
+      await templates.checkUsable(team, c.req.valid('json').settings?.sandbox?.template);
+      const { before, after } = await ws.updateWorkspace(db, team, id, c.req.valid('json'));
+      if (before.settings.sandbox.template !== after.settings.sandbox.template) void templates.refreshPool();
       // Running sandboxes take a new idle time at once, not only from their next execution.
       if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
         await engine.idleChanged(id, after.settings.sandbox);
@@ -59,6 +65,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.remove, async (c) => {
       const id = c.req.valid('param').workspace;
       const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
+      if (before.settings.sandbox.template) void templates.refreshPool();
       c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
       return c.json({ id, deleted: true as const }, 200);
     });

@@ -19,6 +19,7 @@ import {
   sandboxUser,
   updateSpec,
 } from './container-spec.ts';
+import { DockerImages } from './images.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -33,7 +34,11 @@ export class DockerBackend implements SandboxBackend {
   private readonly uidsInFlight = new Set<number>();
   private readonly sampler: StatsSampler;
 
+  /** Template images are built on the same Docker Engine. */
+  readonly images: DockerImages;
+
   constructor(private readonly docker: Docker) {
+    this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
   }
 

@@ -1,0 +1,448 @@
+import { and, eq, inArray, isNull, or, sql } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../db/client.ts';
+import { isUniqueViolation } from '../db/errors.ts';
+import { cursorOn, type ListParams } from '../db/pagination.ts';
+import { rowsOf } from '../db/rows.ts';
+import { templates, workspaces } from '../db/schema/index.ts';
+import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
+import { ApiError } from '../lib/errors.ts';
+import { newId } from '../lib/ids.ts';
+import { type ImageBuilder, ImageBuildFailed } from '../sandbox/backend.ts';
+import type { TemplateImages } from '../sandbox/live.ts';
+import { canonicalSpec, imageTag, specHash, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
+
+export type TemplateRow = typeof templates.$inferSelect & { spec: TemplateSpec };
+
+export const TEMPLATE_BUILD_JOB = 'template.build';
+/** A build interrupted (its process gone) more often than this is failed rather than tried again. */
+const MAX_INTERRUPTIONS = 3;
+/** Lines of the build's output in GET /v1/templates/{template}; the whole (bounded) log is at …/log. */
+const LOG_TAIL_LINES = 20;
+/** How much of the end of the output a failed build's reason quotes. */
+const REASON_LINES = 15;
+const FLUSH_MS = 1000;
+const POOL_REFRESH_MS = 60_000;
+
+interface BuildPayload {
+  hash: string;
+  spec: TemplateSpec;
+  sources: BuildSources;
+}
+
+export interface TemplateOptions {
+  /** The base sandbox image (KILN_SANDBOX_IMAGE); templates are built on its id. */
+  baseImage: string;
+  pipIndexUrl: string;
+  debianMirror?: string;
+  buildTimeoutMs: number;
+  maxLogBytes: number;
+}
+
+/** A build's output, keeping the newest `max` bytes (the end says why it failed). */
+class BuildLog {
+  private text = '';
+  private cut = false;
+  constructor(private readonly max: number) {}
+  line(s: string): void {
+    this.text += `${s}\n`;
+    if (this.text.length > this.max) {
+      this.text = this.text.slice(this.text.length - this.max);
+      this.text = this.text.slice(this.text.indexOf('\n') + 1);
+      this.cut = true;
+    }
+  }
+  toString(): string {
+    return this.cut ? `[earlier output cut: the log keeps its last ${this.max} bytes]\n${this.text}` : this.text;
+  }
+  lastLines(n: number): string[] {
+    return this.text.trimEnd().split('\n').slice(-n);
+  }
+}
+
+const nameTaken = (name: string) =>
+  new ApiError('conflict', `a template named ${JSON.stringify(name)} already exists in this team`);
+const PENDING = ['queued', 'building'] as const;
+
+/**
+ * Sandbox templates: a team's definition (apt and pip packages, small files) built into an
+ * image on the base sandbox image as a durable job, content-addressed so that the same inputs
+ * (from any team) are built once. A rebuild replaces a template's image in service only once
+ * it succeeds.
+ */
+export class TemplateService implements TemplateImages {
+  private readonly building = new Set<{ abort: AbortController; done: Promise<unknown> }>();
+  private poolListener: ((images: string[]) => void) | undefined;
+  private poolTimer: NodeJS.Timeout | undefined;
+  /** Set by `stop`: no build starts any more (a job claimed now goes back to the queue). */
+  private stopped = false;
+
+  constructor(
+    private readonly db: Db,
+    private readonly images: ImageBuilder | null,
+    private readonly jobRunner: JobRunner,
+    private readonly opts: TemplateOptions,
+    private readonly log: Logger,
+  ) {
+    jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.runBuild(p, job));
+  }
+
+  /** Called with the images of the templates workspaces use, whenever that may have changed. */
+  onPoolImages(listener: (images: string[]) => void): void {
+    this.poolListener = listener;
+  }
+
+  private need(): ImageBuilder {
+    if (!this.images)
+      throw new ApiError('unavailable', 'templates need a container runtime that builds images; this server has none');
+    return this.images;
+  }
+
+  private async imageExists(ref: string): Promise<boolean> {
+    return (await this.need().idOf(ref)) !== null;
+  }
+
+  /** Every template waiting for this hash's image has it now. */
+  private async ready(hash: string, tag: string, log: BuildLog): Promise<void> {
+    const replaced = await this.db.selectDistinct({ image: templates.image }).from(templates).where(this.pending(hash));
+    const n = await this.setPending(hash, {
+      status: 'ready',
+      image: tag,
+      error: null,
+      builtAt: new Date(),
+      log: log.toString(),
+    });
+    // The images this one replaces, and this one if every template that wanted it was deleted or
+    // changed meanwhile, go unless another template has them (or a running sandbox: Docker keeps those).
+    for (const r of replaced) if (r.image && r.image !== tag) await this.removeUnused(r.image);
+    if (n === 0) await this.removeUnused(tag);
+    void this.refreshPool();
+  }
+
+  /** Removes a template image no template of any team has (as its image or its pending build). */
+  private async removeUnused(image: string): Promise<void> {
+    const hash = image.slice(image.indexOf(':') + 1);
+    const others = await this.db
+      .select({ id: templates.id })
+      .from(templates)
+      .where(or(eq(templates.image, image), eq(templates.specHash, hash)))
+      .limit(1);
+    // An image a running sandbox still uses stays (Docker refuses); the next delete or a prune takes it.
+    if (!others.length && this.images) await this.images.remove(image);
+  }
+
+  private async sources(): Promise<BuildSources> {
+    const baseImageId = await this.need().idOf(this.opts.baseImage);
+    if (!baseImageId)
+      throw new ApiError(
+        'unavailable',
+        `the base sandbox image ${this.opts.baseImage} is not built (npm run sandbox:build)`,
+      );
+    return { baseImageId, pipIndexUrl: this.opts.pipIndexUrl, debianMirror: this.opts.debianMirror };
+  }
+
+  /** Writes the definition's hash on the row and either takes the image already built for it, or queues its build. */
+  private async plan(spec: TemplateSpec) {
+    const sources = await this.sources();
+    const hash = specHash(spec, sources);
+    const tag = imageTag(hash);
+    const cached = await this.imageExists(tag);
+    const fields = cached
+      ? {
+          status: 'ready' as const,
+          image: tag,
+          error: null,
+          log: `cached: ${tag} was built from these inputs before\n`,
+          builtAt: new Date(),
+        }
+      : { status: 'queued' as const, error: null, log: '' };
+    return { hash, sources, cached, fields };
+  }
+
+  /**
+   * One build per hash at a time, whichever replica asks: the job's dedupe key is the hash, freed
+   * once its job has finished, so templates that ask while it is pending are finished by it.
+   */
+  private async enqueue(payload: BuildPayload): Promise<void> {
+    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}`;
+    await this.db.execute(sql`
+      update jobs set dedupe_key = null where dedupe_key = ${dedupeKey} and status in ('succeeded', 'failed')`);
+    await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey });
+  }
+
+  async create(teamId: string, input: { name: string } & TemplateSpec): Promise<{ row: TemplateRow; cached: boolean }> {
+    const { name, ...rest } = input;
+    const spec = canonicalSpec(rest);
+    const p = await this.plan(spec);
+    const [row] = await this.db
+      .insert(templates)
+      .values({
+        id: newId('tpl'),
+        teamId,
+        name,
+        spec,
+        specHash: p.hash,
+        ...p.fields,
+        image: p.cached ? p.fields.image : null,
+      })
+      .onConflictDoNothing()
+      .returning();
+    if (!row) throw nameTaken(name);
+    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources });
+    return { row: row as TemplateRow, cached: p.cached };
+  }
+
+  /** A new definition: the template is rebuilt; its image in service stays until the new one is ready. */
+  async update(teamId: string, id: string, input: { name?: string } & TemplateSpec) {
+    const before = await this.get(teamId, id);
+    const { name, ...rest } = input;
+    const spec = canonicalSpec(rest);
+    const p = await this.plan(spec);
+    const [after] = await this.db
+      .update(templates)
+      .set({ name: name ?? before.name, spec, specHash: p.hash, ...p.fields, updatedAt: new Date() })
+      .where(and(eq(templates.id, id), eq(templates.teamId, teamId)))
+      .returning()
+      .catch((err: unknown) => {
+        if (isUniqueViolation(err)) throw nameTaken(name!);
+        throw err;
+      });
+    if (!after) throw ApiError.notFound('template');
+    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources });
+    else void this.refreshPool();
+    return { before, after: after as TemplateRow, cached: p.cached };
+  }
+
+  async get(teamId: string, id: string): Promise<TemplateRow> {
+    const [row] = await this.db
+      .select()
+      .from(templates)
+      .where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
+    if (!row) throw ApiError.notFound('template');
+    return row as TemplateRow;
+  }
+
+  async list(teamId: string, p: ListParams): Promise<TemplateRow[]> {
+    const c = cursorOn(templates.id, p);
+    const rows = await this.db
+      .select()
+      .from(templates)
+      .where(and(eq(templates.teamId, teamId), c.where))
+      .orderBy(c.orderBy)
+      .limit(c.limit);
+    return rows as TemplateRow[];
+  }
+
+  /** The team's workspaces (not deleted) whose sandbox.template is this template. */
+  private async usersOf(teamId: string, id: string): Promise<string[]> {
+    const rows = await this.db
+      .select({ id: workspaces.id })
+      .from(workspaces)
+      .where(
+        and(
+          eq(workspaces.teamId, teamId),
+          isNull(workspaces.deletedAt),
+          sql`${workspaces.settings}->'sandbox'->>'template' = ${id}`,
+        ),
+      )
+      .limit(5);
+    return rows.map((r) => r.id);
+  }
+
+  /** Deletes a template no workspace uses (409 otherwise); its image goes once no other template has it. */
+  async remove(teamId: string, id: string): Promise<TemplateRow> {
+    const before = await this.get(teamId, id);
+    const users = await this.usersOf(teamId, id);
+    if (users.length)
+      throw new ApiError(
+        'conflict',
+        `template ${id} is the sandbox.template of ${users.join(', ')}; set theirs to another template or null first`,
+      );
+    await this.db.delete(templates).where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
+    for (const image of new Set([before.image, imageTag(before.specHash)])) if (image) await this.removeUnused(image);
+    void this.refreshPool();
+    return before;
+  }
+
+  /** Refuses a workspace's `sandbox.template` that is not this team's (400) or has no image yet (409). */
+  async checkUsable(teamId: string, id: string | null | undefined): Promise<void> {
+    if (!id) return;
+    const [row] = await this.db
+      .select({ status: templates.status, image: templates.image })
+      .from(templates)
+      .where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
+    if (!row) {
+      const message = `no template ${id} in this team`;
+      throw new ApiError('invalid_request', `body.settings.sandbox.template: ${message}`, {
+        details: [{ path: 'body.settings.sandbox.template', message }],
+      });
+    }
+    if (!row.image)
+      throw new ApiError(
+        'conflict',
+        `template ${id} is ${row.status} and has no image yet; use it once GET /v1/templates/${id} says ready`,
+      );
+  }
+
+  async imageOf(teamId: string, id: string): Promise<string> {
+    const [row] = await this.db
+      .select({ image: templates.image })
+      .from(templates)
+      .where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
+    if (!row)
+      throw new ApiError(
+        'conflict',
+        `the workspace's template ${id} no longer exists; set sandbox.template to another or null`,
+      );
+    if (!row.image) throw new ApiError('conflict', `the workspace's template ${id} has no image yet`);
+    return row.image;
+  }
+
+  /** The images of templates some workspace uses: the warm pool keeps a container or two of each. */
+  async imagesInUse(): Promise<string[]> {
+    const result = await this.db.execute(sql`
+      select distinct t.image from templates t
+      join workspaces w on w.team_id = t.team_id and w.settings->'sandbox'->>'template' = t.id
+      where w.deleted_at is null and t.image is not null
+      order by t.image`);
+    return rowsOf<{ image: string }>(result).map((r) => r.image);
+  }
+
+  /** Tells the pool which template images are in use now (after a build, a delete, a workspace change). */
+  refreshPool(): Promise<void> {
+    const listener = this.poolListener;
+    if (!listener) return Promise.resolve();
+    return this.imagesInUse().then(listener, (err) => this.log.warn({ err }, 'could not list the templates in use'));
+  }
+
+  /**
+   * A template left queued or building with no build job to finish it (its job gone) is failed
+   * with the reason; an interrupted build whose job remains is resumed by the job runner. (A
+   * minute's grace: a template is written just before its job is queued.)
+   */
+  async start(): Promise<void> {
+    this.stopped = false;
+    // Other replicas change which templates are in use too: the pool catches up at least this often.
+    this.poolTimer = setInterval(() => void this.refreshPool(), POOL_REFRESH_MS);
+    this.poolTimer.unref();
+    await this.db.execute(sql`
+      update templates set status = 'failed', updated_at = now(),
+        error = 'the build was lost (its job no longer exists); PUT the template again to rebuild it'
+      where status in ('queued', 'building') and updated_at < now() - interval '1 minute' and not exists (
+        select 1 from jobs j where j.kind = ${TEMPLATE_BUILD_JOB} and j.status in ('queued', 'running')
+          and j.payload->>'hash' = templates.spec_hash)`);
+    await this.refreshPool();
+  }
+
+  /** Stops builds in flight: their jobs go back to the queue, to be resumed by the next runner. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.poolTimer);
+    for (const b of this.building) b.abort.abort(new Error('shutdown'));
+    await Promise.allSettled([...this.building].map((b) => b.done));
+  }
+
+  private pending(hash: string) {
+    return and(eq(templates.specHash, hash), inArray(templates.status, [...PENDING]));
+  }
+
+  private async setPending(hash: string, fields: Partial<typeof templates.$inferInsert>): Promise<number> {
+    const rows = await this.db
+      .update(templates)
+      .set({ ...fields, updatedAt: new Date() })
+      .where(this.pending(hash))
+      .returning({ id: templates.id });
+    return rows.length;
+  }
+
+  private async runBuild(p: BuildPayload, job: JobRow): Promise<void> {
+    if (this.stopped) throw new ReleaseJob();
+    const waiting = await this.db
+      .select({ id: templates.id, log: templates.log })
+      .from(templates)
+      .where(this.pending(p.hash))
+      .orderBy(templates.id);
+    if (!waiting.length) return;
+    const tag = imageTag(p.hash);
+    // What an interrupted attempt wrote stays at the top of the log.
+    const log = new BuildLog(this.opts.maxLogBytes);
+    const previous = waiting.find((w) => w.log)?.log;
+    if (previous) {
+      for (const line of previous.trimEnd().split('\n')) log.line(line);
+      log.line('[kiln] resuming the build (the previous attempt was interrupted)');
+    }
+    if (await this.imageExists(tag)) {
+      log.line(`[kiln] cached: ${tag} exists`);
+      await this.ready(p.hash, tag, log);
+      return;
+    }
+    if (job.attempts > MAX_INTERRUPTIONS) {
+      await this.setPending(p.hash, {
+        status: 'failed',
+        error: `the build was interrupted ${job.attempts - 1} times (the server stopped while it ran); PUT the template again to retry`,
+      });
+      return;
+    }
+    log.line(`[kiln] building ${tag} on ${p.sources.baseImageId}`);
+    await this.setPending(p.hash, { status: 'building', error: null, log: log.toString() });
+    const abort = new AbortController();
+    let flushing: Promise<unknown> = Promise.resolve();
+    const flush = () => {
+      flushing = flushing.then(() =>
+        this.db
+          .update(templates)
+          .set({ log: log.toString() })
+          .where(and(eq(templates.specHash, p.hash), eq(templates.status, 'building')))
+          .catch((err) => this.log.warn({ err }, 'could not save a template build log')),
+      );
+    };
+    const timer = setInterval(flush, FLUSH_MS);
+    const done = this.need().build(
+      {
+        base: p.sources.baseImageId,
+        tag,
+        labels: { 'kiln.template': p.hash },
+        apt: p.spec.apt,
+        pip: p.spec.pip,
+        pipIndexUrl: p.sources.pipIndexUrl,
+        debianMirror: p.sources.debianMirror,
+        files: p.spec.files,
+        filesDir: TEMPLATE_FILES_DIR,
+        aptDay: new Date().toISOString().slice(0, 10),
+      },
+      { onLine: (l: string) => log.line(l), timeoutMs: this.opts.buildTimeoutMs, signal: abort.signal },
+    );
+    const entry = { abort, done: done.catch(() => undefined) };
+    this.building.add(entry);
+    try {
+      await done;
+      clearInterval(timer);
+      await flushing;
+      log.line(`[kiln] built ${tag}`);
+      await this.ready(p.hash, tag, log);
+    } catch (err) {
+      clearInterval(timer);
+      await flushing;
+      if (abort.signal.aborted && !(err instanceof ImageBuildFailed)) {
+        log.line('[kiln] the server is stopping: the build resumes when a server takes its job again');
+        await this.setPending(p.hash, { status: 'queued', log: log.toString() });
+        throw new ReleaseJob();
+      }
+      if (!(err instanceof ImageBuildFailed) && job.attempts < job.maxAttempts) {
+        log.line(`[kiln] the build could not run (${(err as Error).message}); it is tried again`);
+        await this.setPending(p.hash, { status: 'queued', log: log.toString() });
+        throw err;
+      }
+      const reason =
+        err instanceof ImageBuildFailed
+          ? [err.message, '', ...log.lastLines(REASON_LINES)].join('\n')
+          : `the build could not run: ${(err as Error).message}`;
+      log.line(`[kiln] failed: ${(err as Error).message}`);
+      await this.setPending(p.hash, { status: 'failed', error: reason.slice(0, 8000), log: log.toString() });
+    } finally {
+      this.building.delete(entry);
+    }
+  }
+}
+
+export const logTail = (log: string) => log.trimEnd().split('\n').filter(Boolean).slice(-LOG_TAIL_LINES);
