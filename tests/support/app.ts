@@ -10,7 +10,7 @@ import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
-import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
@@ -71,6 +71,8 @@ export async function createTestApp(
     dashboardDir?: string;
     /** An OpenAI-compatible endpoint (the scripted fake) and its default model. */
     model?: { baseURL: string; model: string; maxRetries?: number };
+    /** More server settings (e.g. KILN_EGRESS_*), on top of the test defaults. */
+    env?: Record<string, string>;
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
@@ -110,12 +112,16 @@ export async function createTestApp(
     KILN_JOBS_POLL_MS: '60000',
     KILN_JOBS_LEASE_S: '60',
     KILN_EVOLUTION_TICK_S: '60',
+    ...opts.env,
   });
   const kiln = compose({
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
     listen: database.listen,
-    sandboxes: opts.sandbox === false ? null : new DockerBackend(connectDocker(process.env.DOCKER_HOST)),
+    sandboxes:
+      opts.sandbox === false
+        ? null
+        : new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(config, logger)),
     logger,
     selfUpdate: false,
     embedder: opts.embedder,

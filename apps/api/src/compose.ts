@@ -69,6 +69,7 @@ function engineOptions(config: Config): EngineOptions {
     maxLimits: s.max,
     maxOutputBytes: s.maxOutputBytes,
     reapIntervalMs: s.reapIntervalS * 1000,
+    egress: { enabled: config.egress.enabled, maxAllow: config.egress.maxAllow },
   };
 }
 

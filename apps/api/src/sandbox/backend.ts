@@ -29,6 +29,34 @@ export interface SandboxBackend {
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
   isGone(err: unknown): boolean;
+  /**
+   * An allowlist sandbox's new patterns: its next request through the egress proxy obeys them.
+   * Backends without egress do not implement the egress methods (their sandboxes have no network).
+   */
+  setAllow?(container: SandboxContainer, allow: readonly string[]): Promise<void>;
+  /** The egress requests the container made (allowed and refused) that the proxy has logged and no call took yet. */
+  takeEgress?(container: SandboxContainer): Promise<EgressEvent[]>;
+  /**
+   * Removes the egress networks of an owner's sandboxes whose container is gone; with `all`
+   * (start-up, shutdown: none of its sandboxes is live), its proxy and every network of it.
+   */
+  sweepEgress?(owner: string, opts?: { all?: boolean }): Promise<void>;
+}
+
+/** How a sandbox reaches the network: not at all, or through the egress proxy to the names listed. */
+export type ContainerNetwork = { mode: 'none' } | { mode: 'allowlist'; allow: readonly string[] };
+
+/** One request a sandbox made through the egress proxy, as the proxy logged it. */
+export interface EgressEvent {
+  host: string;
+  port: number;
+  method: string;
+  allowed: boolean;
+  /** The HTTP status the proxy answered (403 for a refusal; 200 for an established CONNECT). */
+  status: number;
+  /** Bytes the sandbox sent and received through the proxy. */
+  bytes_out: number;
+  bytes_in: number;
 }
 
 export interface ContainerRequest {
@@ -43,12 +71,19 @@ export interface ContainerRequest {
   /** Its hard lifetime: past this, any replica of the installation removes it. */
   expiresAt: Date;
   limits: SandboxLimits;
+  /** Unset: no network (what every warm container has). */
+  network?: ContainerNetwork;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */
 export interface SandboxContainer {
   id: string;
   uid: number;
+  /**
+   * With network allowlist: the proxy URL (with this sandbox's own credentials) its
+   * interpreter gets as HTTP_PROXY / HTTPS_PROXY at every execution.
+   */
+  proxyUrl?: string;
 }
 
 /** A sandbox container found in the runtime, with what its request recorded on it. */

@@ -14,7 +14,7 @@ export interface Sandbox {
 }
 
 /** The team and session a container is created for; empty for a warm one. */
-type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId'>;
+type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId' | 'network'>;
 const WARM: SessionOf = { teamId: '', sessionId: '' };
 
 export interface ContainerOptions {

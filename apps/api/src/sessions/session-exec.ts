@@ -42,6 +42,7 @@ export async function execInSession(
       workspaceId: ws.id,
       workspaceDir: deps.workspaces.dirOf(ws.id),
       idleMs: deps.engine.idleMsFor(ws.settings.sandbox),
+      network: deps.engine.networkFor(ws.settings.sandbox),
     },
     limits,
     code,

@@ -23,6 +23,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
+      engine.checkNetwork(c.req.valid('json').settings?.sandbox);
       const row = await service.create(team, c.req.valid('json'));
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
       return c.json(view(row), 201);
@@ -37,6 +38,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
+      engine.checkNetwork(c.req.valid('json').settings?.sandbox);
       const { before, after } = await ws.updateWorkspace(db, writableTeamOf(c), id, c.req.valid('json'));
       // Running sandboxes take a new idle time at once, not only from their next execution.
       if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
