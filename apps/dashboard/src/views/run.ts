@@ -15,6 +15,39 @@ function eventText(ev: RunEvent): string {
   return JSON.stringify(ev.data);
 }
 
+interface EgressRow {
+  host: string;
+  port: number;
+  method: string;
+  allowed: boolean;
+  status: number;
+  bytes_out: number;
+  bytes_in: number;
+}
+
+/** An execution's requests through the egress proxy (sandbox.network allowlist), allowed and refused. */
+function egressTable(ev: RunEvent): HTMLElement | null {
+  const rows = ((ev.data ?? {}) as { egress?: EgressRow[] }).egress;
+  if (ev.event !== 'exec.completed' || !rows?.length) return null;
+  return h(
+    'table',
+    { class: 'egress' },
+    h('tr', {}, ...['network', 'host', 'method', 'status', 'sent', 'received'].map((c) => h('th', {}, c))),
+    ...rows.map((r) =>
+      h(
+        'tr',
+        { class: r.allowed ? 'allowed' : 'refused' },
+        h('td', {}, r.allowed ? 'allowed' : 'refused'),
+        h('td', {}, `${r.host}:${r.port}`),
+        h('td', {}, r.method),
+        h('td', {}, String(r.status)),
+        h('td', {}, String(r.bytes_out)),
+        h('td', {}, String(r.bytes_in)),
+      ),
+    ),
+  );
+}
+
 /** One run: its status, a Cancel button and its events as they happen (SSE, resumed after a drop). */
 export function runView(id: string, dispose: Dispose[]): HTMLElement {
   const path = `/v1/runs/${encodeURIComponent(id)}`;
@@ -40,6 +73,7 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
           h('span', { class: 'seq' }, ev.id),
           h('span', { class: 'name' }, ev.event),
           h('pre', {}, eventText(ev)),
+          egressTable(ev),
         ),
       );
       if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();
