@@ -8,7 +8,9 @@ import { sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { ensureEgressImage, ensureSandboxImage } from '../../sandbox-image/build.ts';
+import { converse } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
+import { type FakeOpenAI, startFakeOpenAI } from '../support/fake-openai.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 /**
@@ -80,6 +82,7 @@ describe('sandbox egress through the allowlist proxy', () => {
   let upstreamIp: string;
   let ca: string;
   let t: TestApp;
+  let fake: FakeOpenAI;
   let teamA: { id: string; key: string };
   let teamB: { id: string; key: string };
 
@@ -139,13 +142,18 @@ describe('sandbox egress through the allowlist proxy', () => {
     });
     await upstream.start();
     upstreamIp = (await upstream.inspect()).NetworkSettings.Networks[netName]!.IPAddress;
-    t = await createTestApp({ env: { KILN_EGRESS_UPSTREAM_NETWORK: netName } });
+    fake = await startFakeOpenAI();
+    t = await createTestApp({
+      env: { KILN_EGRESS_UPSTREAM_NETWORK: netName },
+      model: { baseURL: fake.url, model: 'fake-model' },
+    });
     teamA = await t.team('egress-a');
     teamB = await t.team('egress-b');
   }, 240_000);
 
   afterAll(async () => {
     await t?.close();
+    await fake?.close();
     await upstream?.remove({ force: true }).catch(() => undefined);
     await docker
       .getNetwork(netName)
@@ -369,6 +377,59 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(off.sandbox_id).not.toBe(before.sandbox_id);
     expect(off.restarted).toBe(true);
     expect(off.stdout).toBe("['lo']\n");
+  });
+
+  it('KILN_EGRESS=off forbids allowlists (400) and runs a workspace that has one without a network; KILN_EGRESS_MAX_ALLOW caps them', async () => {
+    const { ws, session } = await allowlist(teamA, ['api.allowed.test']);
+    const off = await createTestApp({ replicaOf: t, env: { KILN_EGRESS: 'off', KILN_EGRESS_MAX_ALLOW: '2' } });
+    try {
+      const patch = (sandbox: unknown) =>
+        off.call('PATCH', `/v1/workspaces/${ws}`, { key: teamA.key, body: { settings: { sandbox } } });
+      const refused = await patch({ network: 'allowlist' });
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.message).toContain('KILN_EGRESS=off');
+      const tooMany = await patch({ allow: ['a.example.com', 'b.example.com', 'c.example.com'] });
+      expect(tooMany.status).toBe(400);
+      expect(tooMany.body.error.message).toContain('KILN_EGRESS_MAX_ALLOW');
+      const r = await exec(off, teamA.key, session, 'import os\nprint(sorted(os.listdir("/sys/class/net")))', 60);
+      expect(r.stdout).toBe("['lo']\n");
+      expect(r.egress).toEqual([]);
+    } finally {
+      await off.close();
+    }
+  });
+
+  it("records an agent run's requests in its exec.completed event and tells the model what was refused", async () => {
+    const { session } = await sessionIn(t, teamA, {
+      approval: { mode: 'auto' },
+      sandbox: { network: 'allowlist', allow: ['api.allowed.test'] },
+    });
+    const code = `${PROBES(ca)}\nprobe("ok", lambda: get("http://api.allowed.test/agent"))\nprobe("no", lambda: get("http://other.refused.test/"))`;
+    fake.script({ content: `<python>\n${code}\n</python>` }, { content: '<finish>done</finish>' });
+    const { run, events } = await converse(t, teamA.key, session, 'fetch it');
+    expect(run.status).toBe('completed');
+    const done = events.find((e) => e.event === 'exec.completed')!.data as {
+      egress: { host: string; allowed: boolean }[];
+    };
+    expect(done.egress.map((e) => [e.host, e.allowed])).toEqual([
+      ['api.allowed.test', true],
+      ['other.refused.test', false],
+    ]);
+    const feedback = JSON.stringify(fake.chats()[1].messages.at(-1));
+    expect(feedback).toContain("refused by the workspace's egress allowlist: other.refused.test:80");
+    expect(fake.refusals).toEqual([]);
+  });
+
+  it('recreates the proxy when it is gone: the next execution of a live sandbox reaches its names again', async () => {
+    const { session } = await allowlist(teamA, ['api.allowed.test']);
+    const code = `${PROBES(ca)}\nprobe("ok", lambda: get("http://api.allowed.test/again"))`;
+    const first = await exec(t, teamA.key, session, code, 60);
+    expect(probes(first.stdout).ok!.ok).toBe(true);
+    await docker.getContainer(`kiln-egress-${ownerOf(t)}`).remove({ force: true });
+    const second = await exec(t, teamA.key, session, code, 60);
+    expect(second.sandbox_id).toBe(first.sandbox_id);
+    expect(probes(second.stdout).ok).toMatchObject({ ok: true, detail: 'api.allowed.test /again' });
+    expect(second.egress).toEqual([expect.objectContaining({ host: 'api.allowed.test', allowed: true, status: 200 })]);
   });
 
   it('leaves no container or network of its own behind once the server stops', async () => {
