@@ -237,11 +237,21 @@ probe("wild_parent", lambda: get("https://wild.test/"))
 probe("ip_via_proxy", lambda: get("http://${upstreamIp}/"))
 probe("ip_tls_via_proxy", lambda: get("https://${upstreamIp}/"))
 probe("port_8080", lambda: get("http://api.allowed.test:8080/"))
+import base64, urllib.parse
+PROXY = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+AUTH = "Basic " + base64.b64encode(f"{PROXY.username}:{PROXY.password}".encode()).decode()
 def connect22():
-    c = http.client.HTTPConnection(urllib.request.getproxies()["http"].split("@")[1].split(":")[0], 3128, timeout=10)
-    c.set_tunnel("api.allowed.test", 22, headers={"Proxy-Authorization": "Basic " + __import__("base64").b64encode(urllib.parse.unquote(urllib.parse.urlsplit(os.environ["HTTP_PROXY"]).netloc.split("@")[0]).encode()).decode()})
+    c = http.client.HTTPConnection(PROXY.hostname, PROXY.port, timeout=10)
+    c.set_tunnel("api.allowed.test", 22, headers={"Proxy-Authorization": AUTH})
     c.request("GET", "/"); return c.getresponse().status
-import urllib.parse
+def raw(method, url):
+    c = http.client.HTTPConnection(PROXY.hostname, PROXY.port, timeout=10)
+    c.putrequest(method, url, skip_host=True, skip_accept_encoding=True)
+    c.putheader("Proxy-Authorization", AUTH); c.endheaders()
+    return c.getresponse().status
+probe("ftp", lambda: raw("GET", "ftp://api.allowed.test:80/"))
+probe("manager", lambda: raw("GET", "cache_object://api.allowed.test/info"))
+probe("post", lambda: raw("POST", "http://api.allowed.test/"))
 probe("connect_22", connect22)
 probe("https_on_80", lambda: get("https://api.allowed.test:80/"))
 probe("direct_ip", lambda: socket.create_connection(("${upstreamIp}", 80), timeout=3).close())
@@ -263,6 +273,10 @@ print(os.environ["HTTP_PROXY"])
     expect(p.port_8080).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
     expect(p.connect_22).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
     expect(p.https_on_80!.ok).toBe(false);
+    // Only HTTP goes through, to allowed names (no FTP, no cache manager); any method of it.
+    expect(p.ftp).toMatchObject({ ok: true, detail: 403 });
+    expect(p.manager).toMatchObject({ ok: true, detail: 403 });
+    expect(p.post).toMatchObject({ ok: true, detail: 501 });
     expect(p.direct_ip!.ok).toBe(false);
     expect(p.dns).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
     expect(p.dns_outside).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
@@ -284,7 +298,11 @@ print(os.environ["HTTP_PROXY"])
     expect(ev(upstreamIp, 443, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
     expect(ev('api.allowed.test', 8080, 'GET')).toMatchObject({ allowed: false, status: 403 });
     expect(ev('api.allowed.test', 22, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
-    expect(r.egress.filter((e) => e.allowed)).toHaveLength(4);
+    expect(ev('api.allowed.test', 80, 'POST')).toMatchObject({ allowed: true, status: 501 });
+    expect(ev('api.allowed.test', 0, 'GET')).toMatchObject({ allowed: false, status: 403 });
+    // One event per request that reached the proxy (all but the direct and DNS probes).
+    expect(r.egress).toHaveLength(14);
+    expect(r.egress.filter((e) => e.allowed)).toHaveLength(5);
 
     // The execution's record holds them too.
     const [row] = rowsOf<{ egress: unknown[] }>(

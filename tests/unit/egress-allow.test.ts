@@ -47,7 +47,7 @@ describe('egress allow patterns', () => {
 
 describe('egress proxy plumbing', () => {
   it('parses the proxy access log: CONNECT and plain requests, refusals, and nothing else', () => {
-    expect(parseLogLine('KILN-EGRESS 10.231.0.3 sbx_1 CONNECT api.example.com:443 200 812 4410 TCP_TUNNEL')).toEqual({
+    expect(parseLogLine('KILN-EGRESS 10.231.0.3 CONNECT api.example.com:443 200 812 4410 TCP_TUNNEL sbx_1')).toEqual({
       client: '10.231.0.3',
       url: 'api.example.com:443',
       event: {
@@ -61,12 +61,26 @@ describe('egress proxy plumbing', () => {
       },
     });
     expect(
-      parseLogLine('KILN-EGRESS 10.231.0.3 sbx_1 GET http://x.example.com:8080/a 403 120 3400 TCP_DENIED')?.event,
+      parseLogLine(
+        'KILN-EGRESS 10.231.0.3 GET http://x.example.com:8080/a 403 120 3400 TCP_DENIED a user name with spaces',
+      )?.event,
     ).toMatchObject({
       host: 'x.example.com',
       port: 8080,
       allowed: false,
       status: 403,
+    });
+    expect(
+      parseLogLine('KILN-EGRESS 10.231.0.3 GET cache_object://Api.Example.com/info 403 1 2 TCP_DENIED -')?.event,
+    ).toMatchObject({
+      host: 'api.example.com',
+      port: 0,
+    });
+    expect(
+      parseLogLine('KILN-EGRESS 10.231.0.3 GET ftp://u@files.example.com/x 403 1 2 TCP_DENIED -')?.event,
+    ).toMatchObject({
+      host: 'files.example.com',
+      port: 21,
     });
     expect(parseLogLine('2026/12/01 12:00:00| Starting Squid')).toBeUndefined();
     expect(parseLogLine('KILN-EGRESS too few fields')).toBeUndefined();

@@ -53,9 +53,10 @@ export function parseCidr(cidr: string): { base: number; prefix: number } | unde
 
 /** One access-log line of the proxy (squid.conf's `kiln` format), or undefined for any other line. */
 export function parseLogLine(line: string): { client: string; url: string; event: EgressEvent } | undefined {
+  // The fields after these eight (the user name the client sent) are never read.
   const f = line.trim().split(' ');
-  if (f[0] !== 'KILN-EGRESS' || f.length !== 9) return undefined;
-  const [, client = '', , method = '', url = '', status, bytesOut, bytesIn, squidStatus = ''] = f;
+  if (f[0] !== 'KILN-EGRESS' || f.length < 8) return undefined;
+  const [, client = '', method = '', url = '', status, bytesOut, bytesIn, squidStatus = ''] = f;
   let host: string;
   let port: number;
   if (method === 'CONNECT') {
@@ -63,14 +64,11 @@ export function parseLogLine(line: string): { client: string; url: string; event
     host = i > 0 ? url.slice(0, i) : url;
     port = i > 0 ? Number(url.slice(i + 1)) : 443;
   } else {
-    try {
-      const u = new URL(url);
-      host = u.hostname;
-      port = u.port ? Number(u.port) : u.protocol === 'https:' ? 443 : 80;
-    } catch {
-      host = url.slice(0, 253);
-      port = 0;
-    }
+    // scheme://[user@]host[:port]/…, whatever the scheme (squid logs ftp:// and cache_object:// too).
+    const m = /^([a-z][a-z0-9+._-]*):\/\/(?:[^@/]*@)?(\[[^\]]*\]|[^:/?#]+)(?::(\d+))?/i.exec(url);
+    host = m ? m[2]!.toLowerCase() : url;
+    const scheme = m?.[1]?.toLowerCase();
+    port = m?.[3] ? Number(m[3]) : scheme === 'http' ? 80 : scheme === 'https' ? 443 : scheme === 'ftp' ? 21 : 0;
   }
   const code = Number(status) || 0;
   const allowed = !squidStatus.startsWith('TCP_DENIED') && code !== 403 && code !== 407;
@@ -245,12 +243,12 @@ export class EgressProxy {
   private onLine(line: string): void {
     const parsed = parseLogLine(line);
     if (!parsed) return;
+    const buf = this.bySandboxIp.get(parsed.client);
     const marker = /^http:\/\/kiln-flush\.invalid\/([a-f0-9]+)$/.exec(parsed.url)?.[1];
-    if (marker) {
+    if (marker && !buf) {
       this.markers.get(marker)?.();
       return;
     }
-    const buf = this.bySandboxIp.get(parsed.client);
     if (!buf) return;
     if (buf.events.length < MAX_BUFFERED) buf.events.push(parsed.event);
     else buf.dropped++;
@@ -356,10 +354,11 @@ export class EgressProxy {
     await this.docker.getContainer(proxyId).putArchive(tar, { path: RULES_DIR });
   }
 
-  /** Replaces the sandbox's patterns; its next request obeys them. */
+  /** Replaces the sandbox's patterns (its next request obeys them), making sure the proxy runs. */
   async setAllow(sandboxId: string, allow: readonly string[]): Promise<void> {
     const a = this.attached.get(sandboxId);
     if (!a) return;
+    // Before every execution: a proxy found gone is recreated here, with every attachment.
     const proxy = await this.ensure();
     if (a.allow.length === allow.length && a.allow.every((p, i) => p === allow[i])) return;
     a.allow = [...allow];
