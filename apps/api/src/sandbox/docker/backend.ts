@@ -67,16 +67,17 @@ export class DockerBackend implements SandboxBackend {
   async create(req: ContainerRequest): Promise<SandboxContainer> {
     if (req.network?.mode !== 'allowlist') return this.createWith(req);
     const proxy = this.proxyFor(req.owner);
-    const attachment = await proxy.attach(req.sandboxId, req.network.allow);
-    try {
-      const container = await this.createWith(req, attachment);
-      this.egressOf.set(container.id, { proxy, sandboxId: req.sandboxId });
-      const { user, token, proxyIp } = attachment;
-      return { ...container, proxyUrl: `http://${user}:${token}@${proxyIp}:3128` };
-    } catch (err) {
+    const attachment = await proxy.reserve(req.sandboxId, req.network.allow);
+    // The proxy joins the new network while the container is created on it.
+    const [joined, made] = await Promise.allSettled([proxy.join(attachment), this.createWith(req, attachment)]);
+    if (joined.status === 'rejected' || made.status === 'rejected') {
+      if (made.status === 'fulfilled') await this.remove(made.value.id).catch(() => undefined);
       await proxy.detach(req.sandboxId);
-      throw err;
+      throw joined.status === 'rejected' ? joined.reason : (made as PromiseRejectedResult).reason;
     }
+    this.egressOf.set(made.value.id, { proxy, sandboxId: req.sandboxId });
+    const { user, token, proxyIp } = attachment;
+    return { ...made.value, proxyUrl: `http://${user}:${token}@${proxyIp}:3128` };
   }
 
   private async createWith(req: ContainerRequest, egress?: EgressAttachment): Promise<SandboxContainer> {

@@ -23,6 +23,8 @@ export interface EgressAttachment {
   proxyIp: string;
   user: string;
   token: string;
+  /** The patterns last written for it. */
+  allow: readonly string[];
 }
 
 const PROXY_LABEL = 'kiln.egress.proxy';
@@ -121,7 +123,7 @@ interface Buffered {
 export class EgressProxy {
   private proxy: { id: string; ip: string } | undefined;
   private starting: Promise<{ id: string; ip: string }> | undefined;
-  private readonly attached = new Map<string, EgressAttachment & { allow: readonly string[] }>();
+  private readonly attached = new Map<string, EgressAttachment>();
   private readonly bySandboxIp = new Map<string, Buffered>();
   private readonly markers = new Map<string, () => void>();
   private logStream: NodeJS.ReadableStream | undefined;
@@ -293,9 +295,9 @@ export class EgressProxy {
     }
   }
 
-  /** A new internal network for the sandbox, the proxy attached to it, the sandbox's rules written. */
-  async attach(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
-    const proxy = await this.ensure();
+  /** A new internal network for the sandbox (the proxy joins it with `join`). */
+  async reserve(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
+    await this.ensure();
     const network = `kiln-egress-${sandboxId}`;
     const slots = 2 ** (32 - this.opts.subnets.prefix) / 8;
     for (let attempt = 0; attempt < NET_ATTEMPTS; attempt++) {
@@ -323,16 +325,16 @@ export class EgressProxy {
       const a = { network, proxyIp: ipOf(base + 2), sandboxIp: ipOf(base + 3), user: sandboxId, token, allow };
       this.attached.set(sandboxId, a);
       this.bySandboxIp.set(a.sandboxIp, { events: [], dropped: 0 });
-      try {
-        await this.connect(proxy.id, a);
-        await this.writeRules(proxy.id, a, allow);
-      } catch (err) {
-        await this.detach(sandboxId);
-        throw err;
-      }
       return a;
     }
     throw new Error('no free subnet for a sandbox network; widen KILN_EGRESS_SUBNETS');
+  }
+
+  /** The proxy on the sandbox's network, with its rules: done while the sandbox's container is created. */
+  async join(a: EgressAttachment): Promise<void> {
+    const proxy = await this.ensure();
+    await this.connect(proxy.id, a);
+    await this.writeRules(proxy.id, a, a.allow);
   }
 
   private async connect(proxyId: string, a: EgressAttachment): Promise<void> {
@@ -369,8 +371,9 @@ export class EgressProxy {
   async take(sandboxId: string): Promise<EgressEvent[]> {
     const a = this.attached.get(sandboxId);
     const buf = a && this.bySandboxIp.get(a.sandboxIp);
-    if (!a || !buf) return [];
-    const proxy = await this.ensure();
+    if (!buf) return [];
+    // setAllow, before the execution, made sure the proxy runs: no second check here.
+    const proxy = this.proxy ?? (await this.ensure());
     await this.flush(proxy).catch((err) => this.log?.warn({ err }, 'egress events may be incomplete'));
     const events = buf.events.splice(0);
     if (buf.dropped) {
