@@ -450,6 +450,21 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(second.egress).toEqual([expect.objectContaining({ host: 'api.allowed.test', allowed: true, status: 200 })]);
   });
 
+  it('the reaper removes a sandbox network whose container is gone, and keeps those of live sandboxes', async () => {
+    const { session } = await allowlist(teamA, ['api.allowed.test']);
+    const live = await exec(t, teamA.key, session, 'print(1)', 60);
+    const leftover = `kiln-egress-sbx_left${tag}`;
+    await docker.createNetwork({
+      Name: leftover,
+      Internal: true,
+      Labels: { 'kiln.egress.net': 'sandbox', 'kiln.owner': ownerOf(t), 'kiln.sandbox': `sbx_left${tag}` },
+    });
+    await t.engine.reap();
+    const names = (await docker.listNetworks({ filters: { label: [`kiln.owner=${ownerOf(t)}`] } })).map((n) => n.Name);
+    expect(names).not.toContain(leftover);
+    expect(names).toContain(`kiln-egress-${live.sandbox_id}`);
+  });
+
   it('leaves no container or network of its own behind once the server stops', async () => {
     const labelled = async () => {
       const containers = await docker.listContainers({ all: true, filters: { label: [`kiln.owner=${ownerOf(t)}`] } });

@@ -423,7 +423,9 @@ export class EgressProxy {
     );
     for (const n of nets) {
       const sandbox = n.Labels?.['kiln.sandbox'] ?? '';
-      if (opts.all || !containers.has(sandbox)) await this.removeNetwork(n.Name).catch(() => undefined);
+      // A sandbox being created has its network before its container: it is not swept.
+      const gone = !containers.has(sandbox) && !this.attached.has(sandbox);
+      if (opts.all || gone) await this.removeNetwork(n.Name).catch(() => undefined);
     }
     if (!opts.all) return;
     (this.logStream as { destroy?: () => void } | undefined)?.destroy?.();
