@@ -450,6 +450,26 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(second.egress).toEqual([expect.objectContaining({ host: 'api.allowed.test', allowed: true, status: 200 })]);
   });
 
+  it('the proxy container is hardened and never routes between the networks it joins', async () => {
+    await allowlist(teamA, ['api.allowed.test']).then(({ session }) => exec(t, teamA.key, session, 'print(1)', 60));
+    const proxy = docker.getContainer(`kiln-egress-${ownerOf(t)}`);
+    const info = await proxy.inspect();
+    expect(info.HostConfig).toMatchObject({
+      ReadonlyRootfs: true,
+      CapDrop: ['ALL'],
+      SecurityOpt: ['no-new-privileges'],
+    });
+    expect(info.Config.User).toBe('proxy');
+    const run = await proxy.exec({ Cmd: ['cat', '/proc/sys/net/ipv4/ip_forward'], AttachStdout: true });
+    const stream = await run.start({});
+    let out = '';
+    stream.on('data', (d: Buffer) => {
+      out += d.toString('latin1');
+    });
+    await new Promise((resolve) => stream.on('end', resolve));
+    expect(out.trim().endsWith('0')).toBe(true);
+  });
+
   it('the reaper removes a sandbox network whose container is gone, and keeps those of live sandboxes', async () => {
     const { session } = await allowlist(teamA, ['api.allowed.test']);
     const live = await exec(t, teamA.key, session, 'print(1)', 60);

@@ -184,6 +184,9 @@ export class EgressProxy {
         ReadonlyRootfs: true,
         // An anonymous volume (removed with the container): the API writes rules into it.
         Mounts: [{ Type: 'volume', Source: '', Target: '/run/kiln-egress' }],
+        // It joins every allowlist sandbox's network: it must never route between them (a new
+        // network namespace inherits the host's forwarding, which Docker turns on).
+        Sysctls: { 'net.ipv4.ip_forward': '0', 'net.ipv4.conf.all.forwarding': '0' },
         Memory: 256 * 1024 * 1024,
         MemorySwap: 256 * 1024 * 1024,
         PidsLimit: 128,
