@@ -226,7 +226,12 @@ export class EgressProxy {
     return name;
   }
 
-  private follow(container: Docker.Container): void {
+  /**
+   * Follows the proxy's access log from its start (`fromStart`) or from now on. A stream that
+   * ends while the proxy still runs (the engine dropped it) is followed again from then on;
+   * what was logged in between is lost, and said so.
+   */
+  private follow(container: Docker.Container, fromStart = true): void {
     this.logStream?.removeAllListeners();
     (this.logStream as { destroy?: () => void } | undefined)?.destroy?.();
     const out = new PassThrough();
@@ -236,10 +241,15 @@ export class EgressProxy {
       tail = (lines.pop() ?? '').slice(-8192);
       for (const line of lines) this.onLine(line);
     });
-    void container.logs({ follow: true, stdout: true, stderr: false }).then(
+    void container.logs({ follow: true, stdout: true, stderr: false, ...(fromStart ? {} : { tail: 0 }) }).then(
       (stream) => {
         this.logStream = stream;
         this.docker.modem.demuxStream(stream, out, new PassThrough().resume());
+        stream.on('end', () => {
+          if (this.logStream !== stream || this.proxy?.id !== container.id) return;
+          this.log?.warn({ proxy: container.id }, 'the egress proxy log ended; following it again');
+          this.follow(container, false);
+        });
       },
       (err) => this.log?.warn({ err }, 'could not follow the egress proxy log'),
     );
