@@ -220,7 +220,11 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const started = Date.now();
   ensureSandboxImage()
     .then(async (tag) => {
-      const egress = await ensureEgressImage();
+      // Without the proxy image only sandboxes with network allowlist are unavailable (503).
+      const egress = await ensureEgressImage().catch((err: Error) => {
+        log(`the egress proxy image failed to build (sandbox.network allowlist will answer 503): ${err.message}`);
+        return 'no egress proxy image';
+      });
       log(
         `ready: ${tag} (also ${SANDBOX_REPO}:latest) and ${egress} in ${((Date.now() - started) / 1000).toFixed(1)} s`,
       );

@@ -427,6 +427,24 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     }
   });
 
+  it('answers 503 when the proxy cannot start (no image), and leaves nothing behind', async () => {
+    const broken = await createTestApp({ replicaOf: t, env: { KILN_EGRESS_IMAGE: `kiln-egress:missing-${tag}` } });
+    try {
+      const { session } = await allowlist(teamA, ['api.allowed.test']);
+      const r = await broken.call('POST', `/v1/sessions/${session}/exec`, {
+        key: teamA.key,
+        body: { code: 'print(1)' },
+      });
+      expect(r.status).toBe(503);
+      expect(r.body.error.code).toBe('unavailable');
+      expect(r.body.error.message).toContain('egress proxy');
+    } finally {
+      await broken.close();
+    }
+    const left = await docker.listNetworks({ filters: { label: [`kiln.owner=${ownerOf(broken)}`] } });
+    expect(left).toEqual([]);
+  });
+
   it("records an agent run's requests in its exec.completed event and tells the model what was refused", async () => {
     const { session } = await sessionIn(t, teamA, {
       approval: { mode: 'auto' },

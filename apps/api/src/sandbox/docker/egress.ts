@@ -3,6 +3,7 @@ import { request } from 'node:http';
 import { PassThrough } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
+import { ApiError } from '../../lib/errors.ts';
 import { allowRules } from '../../workspace/egress-allow.ts';
 import type { EgressEvent } from '../backend.ts';
 
@@ -154,9 +155,15 @@ export class EgressProxy {
       this.log?.warn({ proxy: this.proxy.id }, 'the egress proxy is gone; recreating it');
       this.proxy = undefined;
     }
-    this.starting = this.startProxy().finally(() => {
-      this.starting = undefined;
-    });
+    this.starting = this.startProxy()
+      .catch((err: Error) => {
+        this.log?.error({ err }, 'the egress proxy did not start');
+        // The tenant sees that egress is down here, not an internal error; the log has the cause.
+        throw new ApiError('unavailable', 'the sandbox egress proxy could not be started; try again later');
+      })
+      .finally(() => {
+        this.starting = undefined;
+      });
     return this.starting;
   }
 
