@@ -21,12 +21,17 @@ import { exec, sessionIn } from '../support/sandbox.ts';
 const docker = new Docker();
 const NAMES = ['api.allowed.test', 'other.refused.test', 'a.wild.test', 'b.c.wild.test', 'wild.test', 'y.only.test'];
 
-/** Serves every name on 80 (HTTP), 443 (HTTPS, the test's own CA) and 8080 and 22 (HTTP): each answers "<host> <path>". */
+/**
+ * Serves every name on 80 (HTTP), 443 (HTTPS, the test's own CA) and 8080 and 22 (HTTP): each
+ * answers "<host> <path>", followed by the name of any proxy header that reached it.
+ */
 const UPSTREAM = `
 import http.server, ssl, threading
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = (self.headers.get("Host", "?").split(":")[0] + " " + self.path).encode()
+        # Anything the proxy should not pass on (the sandbox's credentials, its address) shows in the body.
+        leaked = [h for h in ("Proxy-Authorization", "X-Forwarded-For", "Via") if h in self.headers]
+        body = " ".join([self.headers.get("Host", "?").split(":")[0], self.path] + leaked).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass
 def serve(port, tls):
@@ -476,6 +481,22 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(second.sandbox_id).toBe(first.sandbox_id);
     expect(probes(second.stdout).ok).toMatchObject({ ok: true, detail: 'api.allowed.test /again' });
     expect(second.egress).toEqual([expect.objectContaining({ host: 'api.allowed.test', allowed: true, status: 200 })]);
+  });
+
+  it('serves many allowlist sandboxes started at once, each crediting only its own requests', async () => {
+    const n = 6;
+    const sessions = await Promise.all(Array.from({ length: n }, () => allowlist(teamB, ['api.allowed.test'])));
+    const results = await Promise.all(
+      sessions.map(({ session }, i) =>
+        exec(t, teamB.key, session, `${PROBES(ca)}\nprobe("get", lambda: get("http://api.allowed.test/s${i}"))`, 60),
+      ),
+    );
+    results.forEach((r, i) => {
+      expect(probes(r.stdout).get).toMatchObject({ ok: true, detail: `api.allowed.test /s${i}` });
+      expect(r.egress).toEqual([expect.objectContaining({ host: 'api.allowed.test', allowed: true, status: 200 })]);
+    });
+    expect(new Set(results.map((r) => r.sandbox_id)).size).toBe(n);
+    for (const { session } of sessions) await t.call('DELETE', `/v1/sessions/${session}`, { key: teamB.key });
   });
 
   it('the proxy container is hardened and never routes between the networks it joins', async () => {
