@@ -405,6 +405,18 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(probes(after.stdout).other).toMatchObject({ ok: true, detail: 'other.refused.test /' });
     expect(after.egress).toEqual([expect.objectContaining({ host: 'other.refused.test', allowed: true })]);
 
+    // A file put into the sandbox keeps it (and its network).
+    const put = await t.call('PUT', `/v1/sessions/${session}/files?path=/tmp/in.txt`, {
+      key: teamA.key,
+      raw: 'hello',
+      headers: { 'content-type': 'application/octet-stream' },
+    });
+    expect(put.status).toBe(200);
+    const kept = await exec(t, teamA.key, session, `print(open("/tmp/in.txt").read(), x)\n${code}`, 60);
+    expect(kept.sandbox_id).toBe(before.sandbox_id);
+    expect(kept.stdout.startsWith('hello 1\n')).toBe(true);
+    expect(probes(kept.stdout).other!.ok).toBe(true);
+
     expect((await patch({ network: 'none' })).status).toBe(200);
     const off = await exec(t, teamA.key, session, 'import os\nprint(sorted(os.listdir("/sys/class/net")))', 60);
     expect(off.sandbox_id).not.toBe(before.sandbox_id);

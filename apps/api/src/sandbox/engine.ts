@@ -137,6 +137,12 @@ export class SandboxEngine {
     return { mode: 'allowlist', allow: settings.allow ?? [] };
   }
 
+  /** The context with its workspace's network as its row says now, when that may matter (see exec). */
+  private async withNetworkNow(ctx: ExecContext): Promise<ExecContext> {
+    if (!ctx.network && !this.live.get(ctx.sessionId)?.container.proxyUrl) return ctx;
+    return { ...ctx, network: await this.networkNow(ctx.workspaceId) };
+  }
+
   /** The network a workspace's sandboxes get now, read from its row (none once it is deleted). */
   private async networkNow(workspaceId: string): Promise<ContainerNetwork | undefined> {
     const [row] = await this.db
@@ -245,9 +251,7 @@ export class SandboxEngine {
     // of the settings a request cache or a run holds: narrowing or ending its egress takes
     // effect at this execution, on every replica. (A change to a workspace without a network
     // reaches it with the caller's settings: within the session cache's 2 s, or at the next run.)
-    const current = this.live.get(ctx.sessionId);
-    if (ctx.network || current?.container.proxyUrl) ctx = { ...ctx, network: await this.networkNow(ctx.workspaceId) };
-    const live = await this.live.acquire(ctx, limits);
+    const live = await this.live.acquire(await this.withNetworkNow(ctx), limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
@@ -344,7 +348,7 @@ export class SandboxEngine {
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
-    const live = await this.live.acquire(ctx, limits);
+    const live = await this.live.acquire(await this.withNetworkNow(ctx), limits);
     return live.client.putFile(path, data);
   }
 

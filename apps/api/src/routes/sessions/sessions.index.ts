@@ -40,6 +40,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
         sessionId,
         workspaceDir: workspaces.dirOf(workspace.id),
         idleMs: engine.idleMsFor(workspace.settings.sandbox),
+        network: engine.networkFor(workspace.settings.sandbox),
       },
       limits: engine.limitsFor(workspace.settings.sandbox),
     };
