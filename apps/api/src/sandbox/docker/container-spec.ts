@@ -53,9 +53,10 @@ export const sandboxUser = (uid: number) => `${uid}:${uid}`;
 
 /**
  * Create options for a sandbox container with the full hardening list of the security model: no
- * network (or, with allowlist, only its own internal network to the egress proxy), every capability dropped, no-new-privileges, default seccomp, non-root users,
- * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
- * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
+ * network (or, with allowlist, only its own internal network to the egress proxy), every
+ * capability dropped, no-new-privileges, default seccomp, non-root users, read-only root with
+ * size-limited tmpfs, memory = memory+swap, CPU and pid limits, nofile/fsize ulimits, an init
+ * process, no published ports and no Docker socket.
  */
 export function containerSpec({ image, name, limits, labels, uid, network }: SpecInput): Docker.ContainerCreateOptions {
   const net = networkSpec(network);
