@@ -42,8 +42,10 @@ export interface EngineOptions {
   maxLimits: SandboxLimits;
   maxOutputBytes: number;
   reapIntervalMs: number;
-  /** Whether `sandbox.network: allowlist` is permitted here (KILN_EGRESS) and the
-   * most patterns a workspace may list. */
+  /**
+   * Whether `sandbox.network: allowlist` is permitted here (KILN_EGRESS) and the most patterns a
+   * workspace may list.
+   */
   egress?: { enabled: boolean; maxAllow: number };
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
