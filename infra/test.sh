@@ -4,6 +4,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ensure_node_deps
 [ -x /usr/bin/chromium ] || apt_install chromium
+# The egress test signs its upstream servers' certificates with openssl.
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 bash "$KILN_ROOT/infra/docker.sh"
 bash "$KILN_ROOT/infra/postgres.sh"
 cd "$KILN_ROOT"

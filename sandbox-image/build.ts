@@ -3,6 +3,7 @@
  * matplotlib from Debian packages), `docker import` it, then build the runner layer on top.
  * Both images are tagged with a hash of their inputs, so an unchanged build is a no-op.
  * `KILN_SANDBOX_BASE` replaces the debootstrapped base with any image that has python3.
+ * The egress proxy image (egress/: Squid from Debian's packages) is built on the same base.
  */
 import { createHash } from 'node:crypto';
 import { spawn } from 'node:child_process';
@@ -13,6 +14,9 @@ import { fileURLToPath } from 'node:url';
 import Docker from 'dockerode';
 
 export const SANDBOX_REPO = 'kiln-sandbox';
+export const EGRESS_REPO = 'kiln-egress';
+/** The egress proxy's sources: its own image, never part of the sandbox image's inputs. */
+const EGRESS_DIR = 'egress';
 const BASE_REPO = 'kiln-sandbox-base';
 const SUITE = 'bookworm';
 const BASE_PACKAGES = ['python3', 'python3-numpy', 'python3-pandas', 'python3-matplotlib', 'ca-certificates'];
@@ -44,8 +48,15 @@ export function baseHash(): string {
 
 /** Hash of the runner layer's inputs plus the base it builds on. */
 export function runnerHash(base: string, dir = here): string {
-  const files = filesUnder(dir).filter((f) => relative(dir, f) !== 'build.ts');
+  const files = filesUnder(dir).filter((f) => isRunnerInput(relative(dir, f)));
   return hashOf([base, ...files.flatMap((f) => [relative(dir, f), readFileSync(f)])]);
+}
+
+const isRunnerInput = (rel: string) => rel !== 'build.ts' && !rel.startsWith(`${EGRESS_DIR}/`);
+
+/** Hash of the egress proxy image's inputs (Dockerfile, squid.conf, the helper) plus its base. */
+export function egressHash(base: string, dir = join(here, EGRESS_DIR)): string {
+  return hashOf([base, ...filesUnder(dir).flatMap((f) => [relative(dir, f), readFileSync(f)])]);
 }
 
 /** Whether the Docker Engine has the image (the API's templates ask it too). */
@@ -137,8 +148,8 @@ function followProgress(docker: Docker, stream: NodeJS.ReadableStream, onEvent?:
   });
 }
 
-/** Ensures the sandbox image exists and returns its content-addressed tag. */
-export async function ensureSandboxImage(docker = new Docker(), base = process.env.KILN_SANDBOX_BASE): Promise<string> {
+/** The base image both images build on: KILN_SANDBOX_BASE, else the debootstrapped one (built when missing). */
+async function ensureBase(docker: Docker, base: string | undefined): Promise<string> {
   let baseRef = base;
   if (!baseRef) {
     baseRef = `${BASE_REPO}:${baseHash()}`;
@@ -148,33 +159,77 @@ export async function ensureSandboxImage(docker = new Docker(), base = process.e
     log(`pulling ${baseRef}`);
     await followProgress(docker, await docker.pull(baseRef));
   }
-  const tag = `${SANDBOX_REPO}:${runnerHash(baseRef)}`;
+  return baseRef;
+}
+
+/**
+ * Builds `repo:<hash>` from a Dockerfile context on the base unless it exists, and tags it
+ * `repo:latest` too: an unchanged build is a no-op.
+ */
+async function ensureLayer(
+  docker: Docker,
+  l: { repo: string; hash: string; context: string; src: string[]; baseRef: string; what: string },
+): Promise<string> {
+  const tag = `${l.repo}:${l.hash}`;
   if (await imageExists(docker, tag)) {
     log(`${tag} is up to date`);
   } else {
-    log(`building runner layer ${tag} on ${baseRef}`);
-    const src = filesUnder(here)
-      .map((f) => relative(here, f))
-      .filter((f) => f !== 'build.ts');
+    log(`building ${l.what} ${tag} on ${l.baseRef}`);
     const stream = await docker.buildImage(
-      { context: here, src },
-      { t: tag, buildargs: { BASE: baseRef }, rm: true, forcerm: true },
+      { context: l.context, src: l.src },
+      { t: tag, buildargs: { BASE: l.baseRef }, rm: true, forcerm: true },
     );
     await followProgress(docker, stream, (e) => {
       const line = e.stream?.trim();
       if (line?.startsWith('Step ')) log(line);
     });
   }
-  await docker.getImage(tag).tag({ repo: SANDBOX_REPO, tag: 'latest' });
+  await docker.getImage(tag).tag({ repo: l.repo, tag: 'latest' });
   return tag;
+}
+
+/** Ensures the sandbox image exists and returns its content-addressed tag. */
+export async function ensureSandboxImage(docker = new Docker(), base = process.env.KILN_SANDBOX_BASE): Promise<string> {
+  const baseRef = await ensureBase(docker, base);
+  const src = filesUnder(here)
+    .map((f) => relative(here, f))
+    .filter(isRunnerInput);
+  const hash = runnerHash(baseRef);
+  return ensureLayer(docker, { repo: SANDBOX_REPO, hash, context: here, src, baseRef, what: 'runner layer' });
+}
+
+/**
+ * Ensures the egress proxy image exists (Squid installed with apt from the base's Debian
+ * mirror, inside the build) and returns its content-addressed tag; also tagged `latest`.
+ */
+export async function ensureEgressImage(docker = new Docker(), base = process.env.KILN_SANDBOX_BASE): Promise<string> {
+  const baseRef = await ensureBase(docker, base);
+  const dir = join(here, EGRESS_DIR);
+  const src = filesUnder(dir).map((f) => relative(dir, f));
+  const hash = egressHash(baseRef, dir);
+  return ensureLayer(docker, {
+    repo: EGRESS_REPO,
+    hash,
+    context: dir,
+    src,
+    baseRef,
+    what: 'the egress proxy (apt-get install squid)',
+  });
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const started = Date.now();
   ensureSandboxImage()
-    .then((tag) =>
-      log(`ready: ${tag} (also ${SANDBOX_REPO}:latest) in ${((Date.now() - started) / 1000).toFixed(1)} s`),
-    )
+    .then(async (tag) => {
+      // Without the proxy image only sandboxes with network allowlist are unavailable (503).
+      const egress = await ensureEgressImage().catch((err: Error) => {
+        log(`the egress proxy image failed to build (sandbox.network allowlist will answer 503): ${err.message}`);
+        return 'no egress proxy image';
+      });
+      log(
+        `ready: ${tag} (also ${SANDBOX_REPO}:latest) and ${egress} in ${((Date.now() - started) / 1000).toFixed(1)} s`,
+      );
+    })
     .catch((err: Error) => {
       log(`failed: ${err.message}`);
       process.exit(1);

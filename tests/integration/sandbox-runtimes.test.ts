@@ -39,6 +39,41 @@ describe('sandbox runtimes with gVisor available (the default KILN_SANDBOX_RUNTI
     expect(got.body.settings.sandbox.runtime).toBe('gvisor');
   });
 
+  it('a workspace with an egress allowlist runs under runc: picked for it when it names no runtime, refused with gvisor', async () => {
+    const allow = { network: 'allowlist', allow: ['api.example.com'] };
+    const picked = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'net-default', settings: { sandbox: allow } },
+    });
+    expect(picked.status).toBe(201);
+    expect(picked.body.settings.sandbox).toMatchObject({ runtime: 'runc', network: 'allowlist' });
+    const both = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'net-gvisor', settings: { sandbox: { ...allow, runtime: 'gvisor' } } },
+    });
+    expect(both.status).toBe(400);
+    expect(both.body.error.message).toContain('allowlist needs sandbox.runtime runc');
+    const g = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'gv-then-net' } });
+    expect(g.body.settings.sandbox.runtime).toBe('gvisor');
+    const patched = await t.call('PATCH', `/v1/workspaces/${g.body.id}`, {
+      key: team.key,
+      body: { settings: { sandbox: allow } },
+    });
+    expect(patched.status).toBe(400);
+    const toGvisor = await t.call('PATCH', `/v1/workspaces/${picked.body.id}`, {
+      key: team.key,
+      body: { settings: { sandbox: { runtime: 'gvisor' } } },
+    });
+    expect(toGvisor.status).toBe(400);
+    // Nothing was written: both keep what they had.
+    expect((await t.call('GET', `/v1/workspaces/${g.body.id}`, { key: team.key })).body.settings.sandbox.network).toBe(
+      'none',
+    );
+    expect(
+      (await t.call('GET', `/v1/workspaces/${picked.body.id}`, { key: team.key })).body.settings.sandbox.runtime,
+    ).toBe('runc');
+  });
+
   it('runs a gvisor workspace in runsc from the warm pool, and a runc one cold in the default runtime; the list says which', async () => {
     expect(t.engine.poolReady).toBe(1);
     const g = await sessionIn(t, team, { sandbox: { runtime: 'gvisor' } });

@@ -10,7 +10,7 @@ import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
-import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
 import { createTestDatabase, type Driver, type TestDatabase } from './db.ts';
@@ -124,7 +124,10 @@ export async function createTestApp(
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
     listen: database.listen,
-    sandboxes: opts.sandbox === false ? null : new DockerBackend(connectDocker(process.env.DOCKER_HOST)),
+    sandboxes:
+      opts.sandbox === false
+        ? null
+        : new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(config, logger)),
     logger,
     selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,

@@ -1,3 +1,4 @@
+import type { EgressEvent } from '../../apps/api/src/sandbox/backend.ts';
 import type { TestApp } from './app.ts';
 
 /**
@@ -39,5 +40,6 @@ export async function exec(t: TestApp, key: string, session: string, code: strin
     sandbox_id: string;
     execution_id: string;
     duration_ms: number;
+    egress: EgressEvent[];
   };
 }

@@ -75,6 +75,7 @@ function engineOptions(config: Config): EngineOptions {
     reapIntervalMs: s.reapIntervalS * 1000,
     runtimes: s.runtimes,
     workspaceMount: s.workspaceMount,
+    egress: { enabled: config.egress.enabled, maxAllow: config.egress.maxAllow },
   };
 }
 

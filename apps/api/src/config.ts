@@ -4,7 +4,9 @@ import { totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { parseCidr } from './sandbox/docker/egress.ts';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
+import { MAX_ALLOW } from './workspace/egress-allow.ts';
 import type { QuotaMax } from './workspace/quota.ts';
 import { SANDBOX_RUNTIMES, type SandboxRuntime } from './workspace/settings.ts';
 
@@ -73,6 +75,21 @@ const schema = z.object({
   KILN_SANDBOX_MOUNT_DIR: z.string().min(1).optional(),
   // What this instance's workspace mounts together may be sized at (host memory); default: half the host's.
   KILN_SANDBOX_MOUNT_MAX_MB: int(1, 1_048_576).optional(),
+  // Egress: whether workspaces may set sandbox.network = allowlist, and how the proxy is set up.
+  KILN_EGRESS: z.enum(['on', 'off']).default('on'),
+  KILN_EGRESS_IMAGE: z.string().min(1).default('kiln-egress:latest'),
+  KILN_EGRESS_MAX_ALLOW: int(0, MAX_ALLOW).default(MAX_ALLOW),
+  KILN_EGRESS_SUBNETS: z
+    .string()
+    .refine((v) => {
+      const c = parseCidr(v);
+      return c !== undefined && c.prefix >= 8 && c.prefix <= 24;
+    }, 'must be an IPv4 CIDR from /8 to /24, e.g. 10.231.0.0/16')
+    .default('10.231.0.0/16'),
+  KILN_EGRESS_UPSTREAM_NETWORK: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/, 'a Docker network name')
+    .optional(),
   KILN_WORKSPACES_DIR: z.string().min(1).optional(),
   KILN_WORKSPACE_TEMPLATE: z.string().min(1).optional(),
   KILN_WORKSPACE_MAX_FILE_BYTES: int(1024, 100 * 1024 * 1024).default(1024 * 1024),
@@ -181,6 +198,18 @@ export type Config = {
     buildTimeoutMs: number;
     maxLogBytes: number;
     poolSize: number;
+  };
+  /**
+   * Sandbox egress: off forbids `sandbox.network: allowlist` (and treats workspaces that have it
+   * as none); the proxy image, the pool the sandboxes' own /29 networks are drawn from, and a
+   * Docker network the proxy joins whose private addresses it may reach (tests' upstreams).
+   */
+  egress: {
+    enabled: boolean;
+    image: string;
+    maxAllow: number;
+    subnets: { base: number; prefix: number };
+    upstreamNetwork?: string;
   };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
@@ -297,6 +326,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
       maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
       poolSize: e.KILN_TEMPLATE_POOL_SIZE,
+    },
+    egress: {
+      enabled: e.KILN_EGRESS === 'on',
+      image: e.KILN_EGRESS_IMAGE,
+      maxAllow: e.KILN_EGRESS_MAX_ALLOW,
+      subnets: parseCidr(e.KILN_EGRESS_SUBNETS)!,
+      upstreamNetwork: e.KILN_EGRESS_UPSTREAM_NETWORK,
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),

@@ -4,7 +4,7 @@ import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
 import { compose } from './compose.ts';
 import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
-import { DockerBackend } from './sandbox/docker/backend.ts';
+import { DockerBackend, egressOf } from './sandbox/docker/backend.ts';
 import { connectDocker } from './sandbox/docker/connect.ts';
 
 export interface RunningServer {
@@ -22,7 +22,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     config,
     db: database.db,
     listen: database.listen,
-    sandboxes: new DockerBackend(connectDocker(config.dockerHost)),
+    sandboxes: new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger)),
     logger,
   });
   await kiln.start();

@@ -23,6 +23,9 @@ export function execFeedback(
     );
   if (r.restarted) lines.push('[Note] The interpreter was restarted: variables from earlier steps are gone.');
   if (r.artifacts.length) lines.push(`[Note] ${r.artifacts.length} figure(s) were shown to the user.`);
+  const refused = [...new Set((r.egress ?? []).filter((e) => !e.allowed).map((e) => `${e.host}:${e.port}`))];
+  if (refused.length)
+    lines.push(`[Network] refused by the workspace's egress allowlist: ${refused.slice(0, 20).join(', ')}`);
   if (commit?.commit) lines.push(`[Committed] ${commit.commit.sha.slice(0, 12)}: ${commit.commit.paths.join(', ')}`);
   for (const red of commit?.redactions ?? [])
     lines.push(

@@ -376,6 +376,7 @@ export class RunLoop {
       restarted: result.restarted,
       duration_ms: result.duration_ms,
       artifacts: result.artifacts,
+      egress: result.egress,
       commit: commit?.commit ? { sha: commit.commit.sha, kind: commit.commit.kind, paths: commit.commit.paths } : null,
       redactions: commit?.redactions ?? [],
       refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],

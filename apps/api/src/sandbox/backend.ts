@@ -34,6 +34,34 @@ export interface SandboxBackend {
   isGone(err: unknown): boolean;
   /** Builds the images of sandbox templates; a runtime without it has no templates. */
   readonly images?: ImageBuilder;
+  /**
+   * An allowlist sandbox's new patterns: its next request through the egress proxy obeys them.
+   * Backends without egress do not implement the egress methods (their sandboxes have no network).
+   */
+  setAllow?(container: SandboxContainer, allow: readonly string[]): Promise<void>;
+  /** The egress requests the container made (allowed and refused) that the proxy has logged and no call took yet. */
+  takeEgress?(container: SandboxContainer): Promise<EgressEvent[]>;
+  /**
+   * Removes the egress networks of an owner's sandboxes whose container is gone; with `all`
+   * (start-up, shutdown: none of its sandboxes is live), its proxy and every network of it.
+   */
+  sweepEgress?(owner: string, opts?: { all?: boolean }): Promise<void>;
+}
+
+/** How a sandbox reaches the network: not at all, or through the egress proxy to the names listed. */
+export type ContainerNetwork = { mode: 'none' } | { mode: 'allowlist'; allow: readonly string[] };
+
+/** One request a sandbox made through the egress proxy, as the proxy logged it. */
+export interface EgressEvent {
+  host: string;
+  port: number;
+  method: string;
+  allowed: boolean;
+  /** The HTTP status the proxy answered (403 for a refusal; 200 for an established CONNECT). */
+  status: number;
+  /** Bytes the sandbox sent and received through the proxy. */
+  bytes_out: number;
+  bytes_in: number;
 }
 
 /** What a template's image is made of: the base image and what goes on top (every name already validated). */
@@ -92,6 +120,8 @@ export interface ContainerRequest {
    * own tmpfs (workspace-mounts.ts: already a size-limited, nosuid, nodev tmpfs); unset, the tmpfs.
    */
   workspaceDir?: string;
+  /** Unset: no network (what every warm container has). */
+  network?: ContainerNetwork;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */
@@ -99,6 +129,11 @@ export interface SandboxContainer {
   id: string;
   uid: number;
   runtime: SandboxRuntime;
+  /**
+   * With network allowlist: the proxy URL (with this sandbox's own credentials) its
+   * interpreter gets as HTTP_PROXY / HTTPS_PROXY at every execution.
+   */
+  proxyUrl?: string;
 }
 
 /** A sandbox container found in the runtime, with what its request recorded on it. */

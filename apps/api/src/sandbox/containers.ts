@@ -24,7 +24,7 @@ export interface Sandbox {
 }
 
 /** The team and session a container is created for; empty for a warm one. */
-type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId'>;
+type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId' | 'network'>;
 /** What one container is made of. */
 type Spec = { limits: SandboxLimits; runtime: SandboxRuntime; session: SessionOf; image: string };
 const WARM: SessionOf = { teamId: '', sessionId: '' };

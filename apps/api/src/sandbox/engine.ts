@@ -1,14 +1,14 @@
-import { and, eq, inArray, ne, type SQL } from 'drizzle-orm';
+import { and, eq, inArray, isNull, ne, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { combine } from '../db/batch.ts';
-import { sandboxes } from '../db/schema/index.ts';
+import { sandboxes, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { SecretMask } from '../secrets/masking.ts';
 import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
 import { ConfigError } from '../config.ts';
 import { DEFAULT_SETTINGS, type SandboxRuntime, type WorkspaceSettings } from '../workspace/settings.ts';
-import type { SandboxBackend } from './backend.ts';
+import type { ContainerNetwork, EgressEvent, SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
@@ -53,6 +53,11 @@ export interface EngineOptions {
    * apps pin runc so that only the suites written for both runtimes pay for gVisor.)
    */
   defaultRuntime?: SandboxRuntime;
+  /**
+   * Whether `sandbox.network: allowlist` is permitted here (KILN_EGRESS) and the most patterns a
+   * workspace may list.
+   */
+  egress?: { enabled: boolean; maxAllow: number };
   /** Clock for idle and lifetime decisions (injectable for tests). */
   now?: () => number;
   /** How a new sandbox gets the workspace (workspace-mounts.ts); unset, always the tar path. */
@@ -74,6 +79,8 @@ export interface ExecOptions {
 export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   sandbox_id: string;
   execution_id: string;
+  /** Every request the code made through the egress proxy, allowed or refused (empty without a network). */
+  egress: EgressEvent[];
 }
 
 /**
@@ -168,6 +175,54 @@ export class SandboxEngine {
     checkIdleS(idleS, this.opts);
   }
 
+  /** The network a workspace's sandboxes get: its `sandbox.network` and `allow`, unless this server forbids egress. */
+  networkFor(settings: Pick<WorkspaceSettings['sandbox'], 'network' | 'allow'>): ContainerNetwork | undefined {
+    if (settings.network !== 'allowlist' || !this.opts.egress?.enabled) return undefined;
+    return { mode: 'allowlist', allow: settings.allow ?? [] };
+  }
+
+  /** The context with its workspace's network as its row says now, when that may matter (see exec). */
+  private async withNetworkNow(ctx: ExecContext): Promise<ExecContext> {
+    if (!ctx.network && !this.live.get(ctx.sessionId)?.container.proxyUrl) return ctx;
+    return { ...ctx, network: await this.networkNow(ctx.workspaceId) };
+  }
+
+  /** The network a workspace's sandboxes get now, read from its row (none once it is deleted). */
+  private async networkNow(workspaceId: string): Promise<ContainerNetwork | undefined> {
+    const [row] = await this.db
+      .select({ settings: workspaces.settings })
+      .from(workspaces)
+      .where(and(eq(workspaces.id, workspaceId), isNull(workspaces.deletedAt)));
+    const sandbox = (row?.settings as WorkspaceSettings | undefined)?.sandbox;
+    return sandbox && this.networkFor(sandbox);
+  }
+
+  /** Refuses (400) a network this server forbids (KILN_EGRESS=off) or more patterns than it permits. */
+  checkNetwork(patch: Partial<Pick<WorkspaceSettings['sandbox'], 'network' | 'allow'>> | undefined): void {
+    const egress = this.opts.egress ?? { enabled: false, maxAllow: 0 };
+    const refuse = (field: string, message: string) => {
+      const path = `body.settings.sandbox.${field}`;
+      throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
+    };
+    if (patch?.network === 'allowlist' && !egress.enabled)
+      refuse('network', 'this server forbids sandbox network access (KILN_EGRESS=off)');
+    if (patch?.allow && patch.allow.length > egress.maxAllow)
+      refuse('allow', `at most ${egress.maxAllow} patterns (this server's KILN_EGRESS_MAX_ALLOW)`);
+  }
+
+  /**
+   * Refuses (400) a workspace whose sandboxes would run under gVisor with a network: the runsc
+   * this platform installs (Debian 12's) cannot join a Docker network ("cannot run with network
+   * enabled in root network namespace"), so allowlist sandboxes run under runc.
+   */
+  checkRuntimeNetwork(settings: Pick<WorkspaceSettings['sandbox'], 'runtime' | 'network'>): void {
+    if (settings.runtime !== 'gvisor' || settings.network !== 'allowlist') return;
+    const path = 'body.settings.sandbox.network';
+    const message =
+      'allowlist needs sandbox.runtime runc: gVisor sandboxes have no network here (set runtime to runc, or network to none)';
+    throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
+  }
+
   /** A workspace's idle time changed: its running sandboxes, on every replica, count from their last use with it. */
   idleChanged(workspaceId: string, settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>): Promise<void> {
     return this.live.setIdle(workspaceId, this.idleMsFor(settings));
@@ -249,6 +304,8 @@ export class SandboxEngine {
     this.containers.useMounts(m ? await WorkspaceMounts.open(m, this.opts.owner, this.log) : null);
     this.log.info({ runtimes: this.offered, default: this.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
+    // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.
+    await this.backend.sweepEgress?.(this.opts.owner, { all: true });
     this.pool.fill();
     this.reaper.start();
   }
@@ -267,6 +324,9 @@ export class SandboxEngine {
       ...live.map((l) => this.release(l.sessionId, 'shutdown')),
       ...warm.map((w) => this.containers.destroy(w)),
     ]);
+    await this.backend.sweepEgress?.(this.opts.owner, { all: true }).catch((err) => {
+      this.log.warn({ err }, 'could not remove the egress proxy');
+    });
   }
 
   get poolReady(): number {
@@ -288,6 +348,12 @@ export class SandboxEngine {
    * changed since it was set) gets none: it never silently runs in another runtime than it asked for.
    */
   private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    if (ctx.runtime === 'gvisor' && ctx.network?.mode === 'allowlist')
+      throw new ApiError(
+        'conflict',
+        "this workspace's sandboxes would run under gVisor with network allowlist, which gVisor cannot do here: " +
+          'set sandbox.runtime to runc or sandbox.network to none',
+      );
     if (!this.offered.includes(ctx.runtime))
       throw new ApiError(
         'conflict',
@@ -304,7 +370,11 @@ export class SandboxEngine {
     code: string,
     opts: ExecOptions = {},
   ): Promise<ExecOutcome & { changes?: WorkspaceChanges; record?: SQL[] }> {
-    const live = await this.acquire(ctx, limits);
+    // A sandbox with a network (or about to get one) follows the workspace's row, not the copy
+    // of the settings a request cache or a run holds: narrowing or ending its egress takes
+    // effect at this execution, on every replica. (A change to a workspace without a network
+    // reaches it with the caller's settings: within the session cache's 2 s, or at the next run.)
+    const live = await this.acquire(await this.withNetworkNow(ctx), limits);
     // The signal is checked at every hand-off (claimed and synced, dequeued, sent): an abort
     // while waiting has no listener to tell, and the code must then not run at all.
     const run = live.queue.then(() => this.execOn(live, ctx, code, opts));
@@ -323,6 +393,11 @@ export class SandboxEngine {
     const secrets = await this.secretsFor(live.workspaceId);
     const mask = new SecretMask(secrets instanceof SecretUnreadable ? [] : secrets);
     const output = mask.listener(opts.onOutput);
+    // The patterns exec() read for this execution: a change reaches the proxy here at the latest.
+    const proxyUrl = live.container.proxyUrl;
+    if (proxyUrl)
+      await this.backend.setAllow?.(live.container, live.network.mode === 'allowlist' ? live.network.allow : []);
+    const env = proxyUrl ? { ...mask.env(), ...proxyEnv(proxyUrl) } : mask.env();
     live.busy = true;
     let result: RunnerResult;
     try {
@@ -337,7 +412,7 @@ export class SandboxEngine {
               signal: opts.signal,
               sync: live.synced,
               syncCaps: opts.sync,
-              env: mask.env(),
+              env,
             });
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
@@ -351,12 +426,16 @@ export class SandboxEngine {
     }
     // Nothing of what the sandbox sent is stored, streamed or returned before it is masked.
     result = await mask.result(result);
+    // Every request that ended before the code did (the proxy logs a request when it ends).
+    const egress = proxyUrl
+      ? ((await this.backend.takeEgress?.(live.container)) ?? []).map((e) => ({ ...e, host: mask.text(e.host) }))
+      : [];
     if (live.replacesLost) {
       result.restarted = true;
       live.replacesLost = false;
     }
     const rec = executionWrite(
-      { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result },
+      { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result, egress },
       opts.audit,
     );
     // The sandbox's new idle deadline is written with the execution's record, in the same statement.
@@ -371,6 +450,7 @@ export class SandboxEngine {
       ...rest,
       sandbox_id: live.id,
       execution_id: executionId,
+      egress,
       changes,
       record: opts.deferRecord ? writes : undefined,
     };
@@ -391,7 +471,7 @@ export class SandboxEngine {
   }
 
   async putFile(ctx: ExecContext, limits: SandboxLimits, path: string, data: Buffer): Promise<number> {
-    const live = await this.acquire(ctx, limits);
+    const live = await this.acquire(await this.withNetworkNow(ctx), limits);
     return live.client.putFile(path, data);
   }
 
@@ -458,6 +538,11 @@ export class SandboxEngine {
   reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
     return this.reaper.reap(opts);
   }
+}
+
+/** The interpreter's proxy variables (both spellings: curl reads the lowercase ones, others the uppercase). */
+function proxyEnv(url: string): Record<string, string> {
+  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url };
 }
 
 function lostResult(reason: string): RunnerResult {

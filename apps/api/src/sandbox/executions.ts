@@ -4,6 +4,7 @@ import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { AuditDraft } from '../audit/draft.ts';
 import type { Principal } from '../auth/principal.ts';
 import { newId } from '../lib/ids.ts';
+import type { EgressEvent } from './backend.ts';
 import type { RunnerResult } from './runner-client.ts';
 
 export interface ExecutionRecord {
@@ -13,6 +14,8 @@ export interface ExecutionRecord {
   runId?: string;
   code: string;
   result: RunnerResult;
+  /** Its requests through the egress proxy, allowed and refused. */
+  egress?: EgressEvent[];
 }
 
 /** Who to write the audit event for, when the execution is audited together with its record. */
@@ -31,9 +34,9 @@ export function executionWrite(rec: ExecutionRecord, audit?: ExecAudit): { id: s
   const codeHash = createHash('sha256').update(rec.code).digest('hex');
   const error = r.error ? `${r.error.type}: ${r.error.message}`.slice(0, 2000) : null;
   const insertExecution = sql`insert into executions
-      (id, team_id, session_id, sandbox_id, run_id, code_hash, duration_ms, exit_code, error, truncated, stdout_bytes, stderr_bytes)
+      (id, team_id, session_id, sandbox_id, run_id, code_hash, duration_ms, exit_code, error, truncated, stdout_bytes, stderr_bytes, egress)
     values (${id}, ${rec.teamId}, ${rec.sessionId}, ${rec.sandboxId}, ${rec.runId ?? null}, ${codeHash}, ${Math.round(r.duration_ms)},
-      ${r.exit_code}, ${error}, ${r.truncated}, ${r.stdout_bytes}, ${r.stderr_bytes})`;
+      ${r.exit_code}, ${error}, ${r.truncated}, ${r.stdout_bytes}, ${r.stderr_bytes}, ${JSON.stringify(rec.egress ?? [])}::jsonb)`;
   if (!audit) return { id, writes: [insertExecution] };
   const draft: AuditDraft = {
     action: 'session.exec',
@@ -47,6 +50,14 @@ export function executionWrite(rec: ExecutionRecord, audit?: ExecAudit): { id: s
       code_sha256: codeHash,
       exit_code: r.exit_code,
       error: r.error?.type ?? null,
+      ...(rec.egress?.length
+        ? {
+            egress: {
+              allowed: rec.egress.filter((e) => e.allowed).length,
+              refused: rec.egress.filter((e) => !e.allowed).length,
+            },
+          }
+        : {}),
     },
   };
   const a = auditRow(draft, audit.actor, audit.requestId);

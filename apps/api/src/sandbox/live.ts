@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import type { SandboxBackend } from './backend.ts';
+import type { ContainerNetwork, SandboxBackend } from './backend.ts';
 import type { Containers, Sandbox } from './containers.ts';
 import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
@@ -27,12 +27,16 @@ export interface ExecContext {
   runtime: SandboxRuntime;
   /** The workspace's `sandbox.template`: a new sandbox gets that template's image in service. */
   template?: string | null;
+  /** The workspace's network (`sandbox.network` and `allow`, as the server permits); unset, none. */
+  network?: ContainerNetwork;
 }
 
 /** The image in service of a team's template (throws the API's error when it has none). */
 export interface TemplateImages {
   imageOf(teamId: string, templateId: string): Promise<string>;
 }
+
+const modeOf = (n: ContainerNetwork | undefined) => n?.mode ?? 'none';
 
 /** A session's sandbox. */
 export interface Live extends Sandbox {
@@ -49,6 +53,8 @@ export interface Live extends Sandbox {
   workspaceId: string;
   /** /workspace holds a copy of the workspace that is synced back after each execution. */
   synced: boolean;
+  /** Its network mode, fixed when the container was created; `allow` is pushed to the proxy before each execution. */
+  network: ContainerNetwork;
 }
 
 export interface LiveOptions {
@@ -111,7 +117,9 @@ export class LiveSandboxes {
   /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
   acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
     const existing = this.bySession.get(ctx.sessionId);
-    if (existing?.client.alive) {
+    // A container's network cannot change: another mode takes a new sandbox (claimOnce releases this one).
+    if (existing?.client.alive && modeOf(existing.network) === modeOf(ctx.network)) {
+      if (ctx.network) existing.network = ctx.network;
       // The workspace's idle time as of this use: a settings change reaches the sandbox here at the latest.
       existing.idleMs = ctx.idleMs ?? this.opts.idleMs;
       return Promise.resolve(existing);
@@ -198,10 +206,11 @@ export class LiveSandboxes {
     const { db, containers, pool, log } = this.deps;
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.bySession.get(ctx.sessionId);
-    if (stale) await this.release(ctx.sessionId, 'runner_lost');
+    if (stale) await this.release(ctx.sessionId, stale.client.alive ? 'network_changed' : 'runner_lost');
     const image =
       ctx.template && this.templates ? await this.templates.imageOf(ctx.teamId, ctx.template) : this.opts.image;
-    const warm = pool.take(limits, { runtime: ctx.runtime }, image);
+    // The warm pool holds containers without a network only: an allowlist sandbox is created cold.
+    const warm = modeOf(ctx.network) === 'none' ? pool.take(limits, { runtime: ctx.runtime }, image) : undefined;
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
@@ -210,7 +219,11 @@ export class LiveSandboxes {
     const container: Promise<Sandbox> = warm
       ? this.fit(warm, limits)
       : containers.create(id, limits, ctx.runtime, {
-          session: { teamId: ctx.teamId, sessionId: ctx.sessionId },
+          session: {
+            teamId: ctx.teamId,
+            sessionId: ctx.sessionId,
+            network: modeOf(ctx.network) === 'none' ? undefined : ctx.network,
+          },
           copyFrom: ctx.workspaceDir,
           image,
         });
@@ -245,6 +258,7 @@ export class LiveSandboxes {
         busy: false,
         queue: Promise.resolve(),
         replacesLost: lost.value,
+        network: ctx.network ?? { mode: 'none' },
       };
       this.bySession.set(ctx.sessionId, live);
       live.client.onExit((reason) => {

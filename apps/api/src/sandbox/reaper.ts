@@ -87,6 +87,8 @@ export class Reaper {
       opts.startup ? 'server_restarted' : 'orphaned',
     );
     if (removed) log.info({ removed }, 'reaped sandboxes');
+    // Egress networks whose sandbox container is gone (removed behind this server's back).
+    if (!opts.startup) await this.deps.backend.sweepEgress?.(this.opts.owner);
     if (!opts.startup) pool.fill();
     return { removed };
   }

@@ -44,6 +44,7 @@ export async function execInSession(
       idleMs: deps.engine.idleMsFor(ws.settings.sandbox),
       runtime: ws.settings.sandbox.runtime,
       template: ws.settings.sandbox.template,
+      network: deps.engine.networkFor(ws.settings.sandbox),
     },
     limits,
     code,

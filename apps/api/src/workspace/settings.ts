@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { Cron } from 'croner';
+import { AllowPattern, MAX_ALLOW } from './egress-allow.ts';
 import { ruleProblem } from './rule-pattern.ts';
 
 const validCron = (s: string) => {
@@ -76,7 +77,17 @@ const sections = {
       pids: z.number().int().min(16).max(32768),
       timeout_s: z.number().int().min(1).max(3600),
       disk_mb: z.number().int().min(16).max(65536),
-      network: z.literal('none'),
+      network: z.enum(['none', 'allowlist']).openapi({
+        description:
+          'none: no network at all; allowlist: HTTP(S) only through the egress proxy, only to the names in `allow` ' +
+          '(refused when the server sets KILN_EGRESS=off)',
+      }),
+      allow: z
+        .array(AllowPattern)
+        .max(MAX_ALLOW)
+        .refine((a) => new Set(a).size === a.length, 'must not repeat a pattern')
+        .default([])
+        .openapi({ description: 'with network allowlist: the names code may reach (at most KILN_EGRESS_MAX_ALLOW)' }),
       // Default runc here: workspaces stored before runtimes existed keep it. New workspaces get the
       // server's default (gvisor when it is available) written in when they are created.
       runtime: z
@@ -201,6 +212,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     disk_mb: 256,
     network: 'none',
     runtime: 'runc',
+    allow: [],
     idle_s: null,
     template: null,
     max_files_per_step: 1000,

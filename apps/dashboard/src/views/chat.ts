@@ -4,7 +4,7 @@ import { flash, link, type Dispose } from '../panel.ts';
 import type { RunEvent } from '../sse.ts';
 import type { List, Run, Session, Workspace } from '../types.ts';
 import { commitHref } from './change.ts';
-import { streamRun } from './run.ts';
+import { egressTable, streamRun } from './run.ts';
 
 interface Message {
   id: string;
@@ -105,6 +105,8 @@ function followTurn(runId: string, into: HTMLElement, dispose: Dispose[], onEnd:
             ),
           );
         }
+        const egress = egressTable(ev);
+        if (egress) turn.append(egress);
         for (const r of (d.refused as { path: string; reason: string }[] | undefined) ?? [])
           turn.append(h('p', { class: 'warn' }, `${r.path} not committed: ${r.reason}`));
         break;

@@ -15,6 +15,39 @@ function eventText(ev: RunEvent): string {
   return JSON.stringify(ev.data);
 }
 
+interface EgressRow {
+  host: string;
+  port: number;
+  method: string;
+  allowed: boolean;
+  status: number;
+  bytes_out: number;
+  bytes_in: number;
+}
+
+/** An execution's requests through the egress proxy (sandbox.network allowlist), allowed and refused. */
+export function egressTable(ev: RunEvent): HTMLElement | null {
+  const rows = ((ev.data ?? {}) as { egress?: EgressRow[] }).egress;
+  if (ev.event !== 'exec.completed' || !rows?.length) return null;
+  return h(
+    'table',
+    { class: 'egress' },
+    h('tr', {}, ...['network', 'host', 'method', 'status', 'sent', 'received'].map((c) => h('th', {}, c))),
+    ...rows.map((r) =>
+      h(
+        'tr',
+        { class: r.allowed ? 'allowed' : 'refused' },
+        h('td', {}, r.allowed ? 'allowed' : 'refused'),
+        h('td', {}, `${r.host}:${r.port}`),
+        h('td', {}, r.method),
+        h('td', {}, String(r.status)),
+        h('td', {}, String(r.bytes_out)),
+        h('td', {}, String(r.bytes_in)),
+      ),
+    ),
+  );
+}
+
 /**
  * Follows a run's events (SSE, resumed after a drop with Last-Event-ID) until it ends or the view
  * goes; `state` shows the connection's state (connecting, live, reconnecting, ended, or the error).
@@ -53,6 +86,7 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
         h('span', { class: 'seq' }, ev.id),
         h('span', { class: 'name' }, ev.event),
         h('pre', {}, eventText(ev)),
+        egressTable(ev),
       ),
     );
     if (ev.event.startsWith('run.') || ev.event.startsWith('approval.')) void refreshRun();

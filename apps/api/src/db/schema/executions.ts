@@ -1,4 +1,4 @@
-import { boolean, index, integer, pgTable, text } from 'drizzle-orm/pg-core';
+import { boolean, index, integer, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
 import { createdAt, teamId } from './columns.ts';
 
 export const executions = pgTable(
@@ -16,6 +16,8 @@ export const executions = pgTable(
     truncated: boolean('truncated').notNull().default(false),
     stdoutBytes: integer('stdout_bytes').notNull().default(0),
     stderrBytes: integer('stderr_bytes').notNull().default(0),
+    /** The execution's requests through the egress proxy (host, port, method, allowed, status, bytes). */
+    egress: jsonb('egress').notNull().default([]),
     createdAt: createdAt(),
   },
   (t) => [index('executions_session_idx').on(t.sessionId, t.id)],

@@ -42,6 +42,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
         idleMs: engine.idleMsFor(workspace.settings.sandbox),
         runtime: workspace.settings.sandbox.runtime,
         template: workspace.settings.sandbox.template,
+        network: engine.networkFor(workspace.settings.sandbox),
       },
       limits: engine.limitsFor(workspace.settings.sandbox),
     };

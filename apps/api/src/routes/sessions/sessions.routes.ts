@@ -15,6 +15,17 @@ const Session = z
   .openapi('Session');
 
 const Artifact = z.object({ name: z.string(), mime: z.string(), base64: z.string() });
+const EgressEvent = z
+  .object({
+    host: z.string(),
+    port: z.number().int(),
+    method: z.string().openapi({ description: 'CONNECT for HTTPS, else the HTTP method' }),
+    allowed: z.boolean(),
+    status: z.number().int().openapi({ description: 'what the proxy answered: 403 refused, 200 tunnel established' }),
+    bytes_out: z.number().int(),
+    bytes_in: z.number().int(),
+  })
+  .openapi('EgressEvent');
 const ExecResult = z
   .object({
     stdout: z.string(),
@@ -31,6 +42,10 @@ const ExecResult = z
     artifacts: z.array(Artifact),
     sandbox_id: z.string(),
     execution_id: z.string(),
+    egress: z.array(EgressEvent).openapi({
+      description:
+        'every request the code made through the egress proxy (sandbox.network allowlist), allowed or refused; empty without a network',
+    }),
   })
   .openapi('ExecResult');
 

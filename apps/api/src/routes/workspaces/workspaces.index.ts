@@ -26,9 +26,13 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
       const input = c.req.valid('json');
       engine.checkIdleS(input.settings?.sandbox?.idle_s);
       engine.checkRuntime(input.settings?.sandbox?.runtime);
+      engine.checkNetwork(input.settings?.sandbox);
       await templates.checkUsable(team, input.settings?.sandbox?.template);
-      // The server's default runtime is written into the new workspace: it never changes under it later.
-      const runtime = input.settings?.sandbox?.runtime ?? engine.defaultRuntime;
+      // The server's default runtime is written into the new workspace: it never changes under it
+      // later. A workspace that asks for a network and no runtime gets runc (gVisor has none here).
+      const wantsNetwork = input.settings?.sandbox?.network === 'allowlist';
+      const runtime = input.settings?.sandbox?.runtime ?? (wantsNetwork ? 'runc' : engine.defaultRuntime);
+      engine.checkRuntimeNetwork({ runtime, network: input.settings?.sandbox?.network ?? 'none' });
       const settings = { ...input.settings, sandbox: { ...input.settings?.sandbox, runtime } };
       const row = await service.create(team, { ...input, settings });
       if (row.settings.sandbox.template) void templates.refreshPool();
@@ -46,8 +50,17 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
       const id = c.req.valid('param').workspace;
       engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
       engine.checkRuntime(c.req.valid('json').settings?.sandbox?.runtime);
+      engine.checkNetwork(c.req.valid('json').settings?.sandbox);
       const team = writableTeamOf(c);
       await templates.checkUsable(team, c.req.valid('json').settings?.sandbox?.template);
+      const patch = c.req.valid('json').settings?.sandbox;
+      if (patch?.runtime || patch?.network) {
+        const current = (await ws.getWorkspace(db, team, id)).settings.sandbox;
+        engine.checkRuntimeNetwork({
+          runtime: patch.runtime ?? current.runtime,
+          network: patch.network ?? current.network,
+        });
+      }
       const { before, after } = await ws.updateWorkspace(db, team, id, c.req.valid('json'));
       if (before.settings.sandbox.template !== after.settings.sandbox.template) void templates.refreshPool();
       // Running sandboxes take a new idle time at once, not only from their next execution.

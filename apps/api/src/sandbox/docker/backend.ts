@@ -1,8 +1,11 @@
 import { randomInt } from 'node:crypto';
 import type Docker from 'dockerode';
+import type { Logger } from 'pino';
+import type { Config } from '../../config.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type {
   ContainerRequest,
+  EgressEvent,
   ListedContainer,
   RunnerChannel,
   SandboxBackend,
@@ -20,6 +23,7 @@ import {
   updateSpec,
 } from './container-spec.ts';
 import { DockerImages } from './images.ts';
+import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS } from './egress.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -28,18 +32,42 @@ const LABEL = 'kiln.managed';
 const UID_LABEL = 'kiln.uid';
 const UID_ATTEMPTS = 8;
 
+/** The egress proxy's options from the server's configuration; undefined when KILN_EGRESS=off. */
+export function egressOf(config: Pick<Config, 'egress'>, log?: Logger): (EgressOptions & { log?: Logger }) | undefined {
+  const { enabled, image, subnets, upstreamNetwork } = config.egress;
+  return enabled ? { image, subnets, upstreamNetwork, log } : undefined;
+}
+
 /** Sandboxes as containers of one Docker Engine, recorded in `kiln.*` labels. */
 export class DockerBackend implements SandboxBackend {
   /** Uids of containers this backend is creating, before Docker lists them. */
   private readonly uidsInFlight = new Set<number>();
   private readonly sampler: StatsSampler;
+  /** The egress proxy of each owner (one per API instance), made when its first allowlist sandbox is. */
+  private readonly proxies = new Map<string, EgressProxy>();
+  /** Allowlist sandboxes' containers: their proxy and sandbox id. */
+  private readonly egressOf = new Map<string, { proxy: EgressProxy; sandboxId: string }>();
 
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
 
-  constructor(private readonly docker: Docker) {
+  constructor(
+    private readonly docker: Docker,
+    /** Unset: no egress proxy (a request for an allowlist sandbox is refused). */
+    private readonly egress?: EgressOptions & { log?: Logger },
+  ) {
     this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
+  }
+
+  private proxyFor(owner: string): EgressProxy {
+    if (!this.egress) throw new ApiError('unavailable', 'this server has no egress proxy (KILN_EGRESS=off)');
+    let proxy = this.proxies.get(owner);
+    if (!proxy) {
+      proxy = new EgressProxy(this.docker, owner, this.egress, this.egress.log);
+      this.proxies.set(owner, proxy);
+    }
+    return proxy;
   }
 
   /**
@@ -50,6 +78,23 @@ export class DockerBackend implements SandboxBackend {
    * ever runs beside another holder).
    */
   async create(req: ContainerRequest): Promise<SandboxContainer> {
+    if (req.network?.mode !== 'allowlist') return this.createWith(req);
+    const proxy = this.proxyFor(req.owner);
+    const attachment = await proxy.reserve(req.sandboxId, req.network.allow);
+    // The proxy joins the new network while the container is created on it.
+    const [joined, made] = await Promise.allSettled([proxy.join(attachment), this.createWith(req, attachment)]);
+    if (joined.status === 'rejected' || made.status === 'rejected') {
+      if (made.status === 'fulfilled') await this.remove(made.value.id).catch(() => undefined);
+      await proxy.detach(req.sandboxId);
+      throw joined.status === 'rejected' ? joined.reason : (made as PromiseRejectedResult).reason;
+    }
+    this.egressOf.set(made.value.id, { proxy, sandboxId: req.sandboxId });
+    const { user, token, proxyIp } = attachment;
+    return { ...made.value, proxyUrl: `http://${user}:${token}@${proxyIp}:3128` };
+  }
+
+  private async createWith(req: ContainerRequest, egress?: EgressAttachment): Promise<SandboxContainer> {
+    const network = egress && { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS };
     for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
       const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
       if (this.uidsInFlight.has(uid)) continue;
@@ -63,6 +108,7 @@ export class DockerBackend implements SandboxBackend {
             uid,
             runtime: req.runtime,
             workspaceDir: req.workspaceDir,
+            network,
             labels: {
               [LABEL]: '1',
               'kiln.sandbox': req.sandboxId,
@@ -108,6 +154,29 @@ export class DockerBackend implements SandboxBackend {
       .catch((err: { statusCode?: number }) => {
         if (err.statusCode !== 404) throw err;
       });
+    const egress = this.egressOf.get(containerId);
+    this.egressOf.delete(containerId);
+    if (egress) await egress.proxy.detach(egress.sandboxId);
+  }
+
+  async setAllow(container: SandboxContainer, allow: readonly string[]): Promise<void> {
+    const egress = this.egressOf.get(container.id);
+    if (egress) await egress.proxy.setAllow(egress.sandboxId, allow);
+  }
+
+  async takeEgress(container: SandboxContainer): Promise<EgressEvent[]> {
+    const egress = this.egressOf.get(container.id);
+    return egress ? egress.proxy.take(egress.sandboxId) : [];
+  }
+
+  /**
+   * The networks of an owner's sandboxes whose container is gone (a crash's leftovers); with
+   * `all` (the owner shuts down), its proxy and egress network too.
+   */
+  async sweepEgress(owner: string, opts: { all?: boolean } = {}): Promise<void> {
+    if (!this.egress) return;
+    await this.proxyFor(owner).sweep(opts);
+    if (opts.all) this.proxies.delete(owner);
   }
 
   async list(): Promise<ListedContainer[]> {

@@ -61,15 +61,37 @@ export interface SpecInput {
   runtime: SandboxRuntime;
   /** A host directory (its own tmpfs) bind-mounted at /workspace instead of the container's tmpfs. */
   workspaceDir?: string;
+  /** With network allowlist: the sandbox's own internal network and its address on it; unset, no network. */
+  network?: SandboxNetwork;
+}
+
+interface SandboxNetwork {
+  name: string;
+  ip: string;
+  /** Where its resolver forwards queries: an address that answers nothing (only the proxy resolves names). */
+  dns: string;
+}
+
+/** The network part of a sandbox's create options: none at all, or its own internal network only. */
+function networkSpec(network: SandboxNetwork | undefined) {
+  if (!network) return { NetworkDisabled: true, NetworkMode: 'none' };
+  return {
+    NetworkDisabled: false,
+    NetworkMode: network.name,
+    Dns: [network.dns],
+    DnsOptions: ['timeout:1', 'attempts:1'],
+    NetworkingConfig: { EndpointsConfig: { [network.name]: { IPAMConfig: { IPv4Address: network.ip } } } },
+  };
 }
 
 export const sandboxUser = (uid: number) => `${uid}:${uid}`;
 
 /**
  * Create options for a sandbox container with the full hardening list of the security model: no
- * network, every capability dropped, no-new-privileges, default seccomp, non-root users,
- * read-only root with size-limited tmpfs, memory = memory+swap, CPU and pid limits,
- * nofile/fsize ulimits, an init process, no published ports and no Docker socket.
+ * network (or, with allowlist, only its own internal network to the egress proxy), every
+ * capability dropped, no-new-privileges, default seccomp, non-root users, read-only root with
+ * size-limited tmpfs, memory = memory+swap, CPU and pid limits, nofile/fsize ulimits, an init
+ * process, no published ports and no Docker socket.
  */
 export function containerSpec({
   image,
@@ -79,7 +101,9 @@ export function containerSpec({
   uid,
   runtime,
   workspaceDir,
+  network,
 }: SpecInput): Docker.ContainerCreateOptions {
+  const net = networkSpec(network);
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
   const owned = `,uid=${uid},gid=${uid},mode=0755`;
   const sizes = tmpfsSizes(limits);
@@ -106,14 +130,16 @@ export function containerSpec({
       ...inside.env,
     ],
     Labels: labels,
-    NetworkDisabled: true,
+    NetworkDisabled: net.NetworkDisabled,
+    ...(net.NetworkingConfig ? { NetworkingConfig: net.NetworkingConfig } : {}),
     AttachStdin: false,
     AttachStdout: false,
     AttachStderr: false,
     HostConfig: {
-      // Unset for runc: the engine's default runtime.
+      // Unset for runc: the engine's default runtime. gVisor sandboxes have no network (see checkNetwork).
       ...(runtime === 'gvisor' ? { Runtime: GVISOR_NONET_RUNTIME } : {}),
-      NetworkMode: 'none',
+      NetworkMode: net.NetworkMode,
+      ...(net.Dns ? { Dns: net.Dns, DnsOptions: net.DnsOptions } : {}),
       CapDrop: ['ALL'],
       SecurityOpt: ['no-new-privileges'],
       Privileged: false,

@@ -1,0 +1,1 @@
+ALTER TABLE "executions" ADD COLUMN "egress" jsonb DEFAULT '[]'::jsonb NOT NULL;
