@@ -291,7 +291,12 @@ describe('ops dashboard in chromium', () => {
     await row.waitFor();
     // Its runtime is a cell of its own (the test apps' workspaces run in runc).
     expect(live.runtime).toBe('runc');
-    expect(await row.locator('td').allTextContents()).toContain('runc');
+    const cells = await row.locator('td').allTextContents();
+    expect(cells).toContain('runc');
+    // Its image, and its memory and CPU from its first moment (Docker's readings since its start).
+    expect(cells).toContain(live.image);
+    expect(await row.locator('td').nth(5).textContent()).toMatch(/^\d+\.\d MiB \/ \d+ MiB$/);
+    expect(await row.locator('td').nth(6).textContent()).toMatch(/^\d+\.\d %$/);
     page.once('dialog', (d) => void d.accept());
     await row.getByRole('button', { name: 'Kill' }).click();
     // The panel reloads after the action: the row goes, and the API agrees.

@@ -91,11 +91,19 @@ describe('sandbox lifecycle', () => {
   it('GET /v1/sandboxes shows the team\u2019s sandboxes with memory and CPU use', async () => {
     const { session } = await sessionIn(t, team);
     const r = await exec(t, team.key, session, 'import numpy\nbig = numpy.ones(20_000_000)');
-    const list = await t.call('GET', '/v1/sandboxes', { key: team.key });
-    const mine = list.body.data.find((s: { id: string }) => s.id === r.sandbox_id);
-    expect(mine).toMatchObject({ session_id: session, state: 'idle' });
-    expect(mine.memory_bytes).toBeGreaterThan(100 * 1024 * 1024);
+    const mineNow = async () =>
+      (await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.find(
+        (s: { id: string }) => s.id === r.sandbox_id,
+      );
+    // Known from the sandbox's first moment: a new sandbox's listing has both figures at once.
+    const mine = await mineNow();
+    expect(mine).toMatchObject({ session_id: session, state: 'idle', runtime: 'runc', image: expect.any(String) });
+    expect(mine.memory_bytes).toBeGreaterThan(0);
     expect(typeof mine.cpu_percent).toBe('number');
+    // The figures are Docker's stream of readings, one a second: the array shows within a few.
+    await expect
+      .poll(async () => (await mineNow()).memory_bytes, { timeout: 10_000 })
+      .toBeGreaterThan(100 * 1024 * 1024);
     const other = await t.team('lifecycle-other');
     const theirs = await t.call('GET', '/v1/sandboxes', { key: other.key });
     expect(theirs.body.data).toEqual([]);

@@ -31,6 +31,8 @@ export interface Sandbox {
   state: string;
   /** runc or gvisor. */
   runtime: string;
+  /** The base sandbox image or a template's. */
+  image: string;
   memory_bytes: number | null;
   cpu_percent: number | null;
   limits: { memoryMb: number };

@@ -122,13 +122,14 @@ export function overview(dispose: Dispose[]): HTMLElement {
       () => api<List<Sandbox>>('GET', '/v1/sandboxes'),
       (p, reload) =>
         table(
-          ['sandbox', 'session', 'state', 'runtime', 'memory', 'CPU', 'last used', 'reclaimed at', '', ''],
+          ['sandbox', 'session', 'state', 'runtime', 'image', 'memory', 'CPU', 'last used', 'reclaimed at', '', ''],
           p.data,
           (s) => [
             s.id,
             s.session_id ?? '—',
             s.state,
             s.runtime,
+            h('code', { class: 'image' }, s.image),
             s.memory_bytes === null ? '—' : `${(s.memory_bytes / 1048576).toFixed(1)} MiB / ${s.limits.memoryMb} MiB`,
             s.cpu_percent === null ? '—' : `${s.cpu_percent.toFixed(1)} %`,
             when(s.last_used_at),

@@ -136,6 +136,8 @@ export class DockerBackend implements SandboxBackend {
 
   async start(container: SandboxContainer): Promise<void> {
     await this.docker.getContainer(container.id).start();
+    // Its memory and CPU are known from now on, not from a listing's first (second-long) reading.
+    this.sampler.watch(container.id);
   }
 
   attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
