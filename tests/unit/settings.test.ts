@@ -24,6 +24,23 @@ describe('workspace settings', () => {
     expect(DEFAULT_SETTINGS.sandbox.memory_mb).toBe(512);
   });
 
+  it('a patch parsed as the routes parse it leaves every sandbox field it does not name as stored (defaults only at creation)', () => {
+    const stored = applySettingsPatch(DEFAULT_SETTINGS, {
+      sandbox: {
+        idle_s: 600,
+        runtime: 'gvisor',
+        template: 'tpl_1',
+        network: 'allowlist',
+        allow: ['api.example.com'],
+        max_files_per_step: 5,
+        max_bytes_per_step: 4096,
+      },
+    });
+    const patch = SettingsPatch.parse({ sandbox: { memory_mb: 1024 } });
+    expect(patch).toEqual({ sandbox: { memory_mb: 1024 } });
+    expect(applySettingsPatch(stored, patch).sandbox).toEqual({ ...stored.sandbox, memory_mb: 1024 });
+  });
+
   it.each([
     [{ sandbox: { memory_mb: 1 } }, 'sandbox.memory_mb'],
     [{ sandbox: { network: 'bridge' } }, 'sandbox.network'],

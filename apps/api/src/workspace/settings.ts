@@ -183,13 +183,33 @@ export const WorkspaceSettings = z.object(sections).strict().openapi('WorkspaceS
 export type WorkspaceSettings = z.infer<typeof WorkspaceSettings>;
 
 /** What a client may send on create or update: any subset, one level deep per section. */
+/** A section's fields as a patch takes them: each optional and without its default. */
+type PatchShape<S extends z.ZodRawShape> = {
+  [K in keyof S]: z.ZodOptional<S[K] extends z.ZodDefault<infer I> ? I : S[K]>;
+};
+
+/**
+ * A section as a patch: every field optional, and none defaulted, so that a patch changes only
+ * what it names (`.partial()` keeps defaults, which would reset every defaulted field of the
+ * section, e.g. a patch of sandbox.memory_mb setting sandbox.idle_s back to null).
+ */
+function patchOf<S extends z.ZodRawShape>(section: z.ZodObject<S>) {
+  const shape = Object.fromEntries(
+    Object.entries(section.shape).map(([k, f]) => [
+      k,
+      (f instanceof z.ZodDefault ? (f.removeDefault() as z.ZodType) : (f as z.ZodType)).optional(),
+    ]),
+  ) as unknown as PatchShape<S>;
+  return z.object(shape).strict();
+}
+
 export const SettingsPatch = z
   .object({
     model: sections.model.optional(),
     protocol: sections.protocol.optional(),
     max_steps: sections.max_steps.optional(),
     approval: sections.approval.partial().optional(),
-    sandbox: sections.sandbox.partial().optional(),
+    sandbox: patchOf(sections.sandbox).optional(),
     quota: sections.quota.removeDefault().partial().optional(),
     context: sections.context.partial().optional(),
     evolution: sections.evolution.partial().optional(),

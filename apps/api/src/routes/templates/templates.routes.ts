@@ -52,6 +52,7 @@ const Update = z
   .openapi('TemplateUpdate');
 
 export const create = createRoute({
+  operationId: 'createTemplate',
   method: 'post',
   path: '/v1/templates',
   tags,
@@ -68,6 +69,7 @@ export const create = createRoute({
 });
 
 export const list = createRoute({
+  operationId: 'listTemplates',
   method: 'get',
   path: '/v1/templates',
   tags,
@@ -78,6 +80,7 @@ export const list = createRoute({
 });
 
 export const get = createRoute({
+  operationId: 'getTemplate',
   method: 'get',
   path: '/v1/templates/{template}',
   tags,
@@ -88,6 +91,7 @@ export const get = createRoute({
 });
 
 export const log = createRoute({
+  operationId: 'getTemplateLog',
   method: 'get',
   path: '/v1/templates/{template}/log',
   tags,
@@ -101,6 +105,7 @@ export const log = createRoute({
 });
 
 export const update = createRoute({
+  operationId: 'updateTemplate',
   method: 'put',
   path: '/v1/templates/{template}',
   tags,
@@ -111,6 +116,7 @@ export const update = createRoute({
 });
 
 export const remove = createRoute({
+  operationId: 'deleteTemplate',
   method: 'delete',
   path: '/v1/templates/{template}',
   tags,
