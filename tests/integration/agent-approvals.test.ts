@@ -178,6 +178,27 @@ describe('approvals', () => {
     await restarted.stop();
   });
 
+  it('lists approvals oldest first and pages them with the cursor', async () => {
+    const { ws } = await sessionIn(ctx.t, ctx.team);
+    const made: string[] = [];
+    const runIds: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const s = (await ctx.t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: ctx.team.key, body: {} })).body.id;
+      ctx.fake.script({ content: `<python>print(${i})</python>` });
+      runIds.push((await converse(ctx.t, ctx.team.key, s, 'go', paused)).run.id);
+      made.push((await pending(s)).id);
+    }
+    const q = `/v1/approvals?status=pending&workspace=${ws}&limit=2`;
+    const p1 = await ctx.t.call('GET', q, { key: ctx.team.key });
+    expect(p1.body).toMatchObject({ has_more: true, last_id: made[1] });
+    expect(p1.body.data.map((a: { id: string }) => a.id)).toEqual(made.slice(0, 2));
+    const p2 = await ctx.t.call('GET', `${q}&after=${p1.body.last_id}`, { key: ctx.team.key });
+    expect(p2.body).toMatchObject({ has_more: false, last_id: made[2] });
+    expect(p2.body.data.map((a: { id: string }) => a.id)).toEqual([made[2]]);
+    for (const id of made)
+      await ctx.t.call('POST', `/v1/approvals/${id}`, { key: ctx.team.key, body: { decision: 'deny' } });
+  });
+
   it('another team cannot see or decide this team\u2019s approvals', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team);
     ctx.fake.script({ content: '<python>print("secret")</python>' });

@@ -152,5 +152,8 @@ export function filterForm(id: string, list: { restart: () => Promise<void> }, .
   return h('form', { class: 'filters', id, onsubmit: submit }, ...fields, h('button', { type: 'submit' }, 'Filter'));
 }
 
+/** The query part that asks a list for the page after `after` ('' for the first page). */
+export const afterParam = (after: string | undefined) => (after ? `&after=${encodeURIComponent(after)}` : '');
+
 /** A route link. */
 export const link = (href: string, text: Child) => h('a', { href }, text);

@@ -7,11 +7,12 @@
  * session's auto-approve flag (`approve_session`) and the approval events of the run. Never the
  * run's transcript, its end, or a sandbox.
  */
-import { and, asc, eq, lt } from 'drizzle-orm';
+import { and, eq, lt } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Principal } from '../auth/principal.ts';
 import type { Db } from '../db/client.ts';
 import { approvals, runs, sessions, type ApprovalRow, type RunRow } from '../db/schema/index.ts';
+import { cursorOn } from '../db/pagination.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
@@ -31,7 +32,13 @@ export class Approvals {
   ) {}
 
   /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
-  async list(teamId: string | null, f: { status?: string; workspace?: string }) {
+  async list(
+    teamId: string | null,
+    f: { status?: string; workspace?: string },
+    page: { limit: number; after?: string },
+  ) {
+    // Oldest first: a queue of decisions to make.
+    const c = cursorOn(approvals.id, { ...page, order: 'asc' });
     return this.deps.db
       .select()
       .from(approvals)
@@ -40,10 +47,11 @@ export class Approvals {
           teamId ? eq(approvals.teamId, teamId) : eq(approvals.requiresOrgAdmin, true),
           f.status ? eq(approvals.status, f.status as ApprovalRow['status']) : undefined,
           f.workspace ? eq(approvals.workspaceId, f.workspace) : undefined,
+          c.where,
         ),
       )
-      .orderBy(asc(approvals.id))
-      .limit(200);
+      .orderBy(c.orderBy)
+      .limit(c.limit);
   }
 
   async decide(

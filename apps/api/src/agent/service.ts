@@ -195,8 +195,12 @@ export class AgentService {
   }
 
   /** A team's approvals; for an org admin (`teamId` null), those only an org admin may decide. */
-  listApprovals(teamId: string | null, f: { status?: string; workspace?: string }) {
-    return this.approvals.list(teamId, f);
+  listApprovals(
+    teamId: string | null,
+    f: { status?: string; workspace?: string },
+    page: { limit: number; after?: string },
+  ) {
+    return this.approvals.list(teamId, f, page);
   }
 
   decide(

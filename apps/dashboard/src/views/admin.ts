@@ -1,6 +1,6 @@
 import { api, messageOf } from '../api.ts';
 import { h, replace, table, when } from '../dom.ts';
-import { action, pagedPanel, panel, type Dispose } from '../panel.ts';
+import { action, afterParam, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { List, Team, Update, Version } from '../types.ts';
 
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
@@ -68,8 +68,7 @@ export function adminView(dispose: Dispose[]): HTMLElement {
   const updates = pagedPanel<Update>(
     'updates',
     'Platform updates',
-    (after) =>
-      api<List<Update>>('GET', `/v1/system/updates?limit=20${after ? `&after=${encodeURIComponent(after)}` : ''}`),
+    (after) => api<List<Update>>('GET', `/v1/system/updates?limit=20${afterParam(after)}`),
     (rows, reload) => {
       reloadUpdates = reload;
       if (rows.length === 0) return h('p', { class: 'empty' }, 'no update');

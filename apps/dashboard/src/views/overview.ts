@@ -1,6 +1,6 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
-import { action, link, panel, type Dispose } from '../panel.ts';
+import { action, afterParam, link, pagedPanel, panel, type Dispose } from '../panel.ts';
 import { dayChart, type DayPoint } from '../chart.ts';
 import type { Approval, DailyUsage, List, Run, Sandbox, UsageRow, Workspace } from '../types.ts';
 
@@ -76,24 +76,24 @@ export function overview(dispose: Dispose[]): HTMLElement {
   return h(
     'div',
     { class: 'view' },
-    panel(
+    pagedPanel<Run>(
       'runs',
       'Runs in flight',
-      () => api<List<Run>>('GET', `/v1/runs?status=${IN_FLIGHT}&limit=50`),
-      (p) => runsTable(p.data, 'no run in flight'),
+      (after) => api<List<Run>>('GET', `/v1/runs?status=${IN_FLIGHT}&limit=20${afterParam(after)}`),
+      (rows) => runsTable(rows, 'no run in flight'),
       { everyMs: EVERY_MS, dispose },
-    ),
-    panel(
+    ).box,
+    pagedPanel<Approval>(
       'approvals',
       'Pending approvals',
-      () => api<List<Approval>>('GET', '/v1/approvals?status=pending'),
-      (p, reload) =>
-        p.data.length === 0
+      (after) => api<List<Approval>>('GET', `/v1/approvals?status=pending&limit=20${afterParam(after)}`),
+      (rows, reload) =>
+        rows.length === 0
           ? h('p', { class: 'empty' }, 'nothing waits for approval')
           : h(
               'ul',
               { class: 'approvals' },
-              ...p.data.map((a) =>
+              ...rows.map((a) =>
                 h(
                   'li',
                   { 'data-approval': a.id },
@@ -115,7 +115,7 @@ export function overview(dispose: Dispose[]): HTMLElement {
               ),
             ),
       { everyMs: EVERY_MS, dispose },
-    ),
+    ).box,
     panel(
       'sandboxes',
       'Sandboxes',
@@ -145,19 +145,19 @@ export function overview(dispose: Dispose[]): HTMLElement {
         ),
       { everyMs: EVERY_MS, dispose },
     ),
-    panel(
+    pagedPanel<Workspace>(
       'workspaces',
       'Workspaces',
-      () => api<List<Workspace>>('GET', '/v1/workspaces?limit=100'),
-      (p) =>
+      (after) => api<List<Workspace>>('GET', `/v1/workspaces?limit=20${afterParam(after)}`),
+      (rows) =>
         table(
           ['workspace', 'id', 'approval', 'created'],
-          p.data,
+          rows,
           (w) => [link(`#/ws/${w.id}`, w.name), w.id, w.settings.approval.mode, when(w.created_at)],
           'no workspace yet',
         ),
       { everyMs: EVERY_MS * 5, dispose },
-    ),
+    ).box,
     panel(
       'usage',
       'Usage by workspace (last 14 days)',

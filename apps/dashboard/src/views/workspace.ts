@@ -1,6 +1,6 @@
 import { api } from '../api.ts';
 import { h, table, when } from '../dom.ts';
-import { action, link, pagedPanel, panel, type Dispose } from '../panel.ts';
+import { action, afterParam, link, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.ts';
 import { commitHref, evolutionHref } from './change.ts';
 import { chatHref } from './chat.ts';
@@ -9,7 +9,6 @@ import { runsTable } from './overview.ts';
 
 const EVERY_MS = 5000;
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
-const page = (after: string | undefined) => (after ? `&after=${encodeURIComponent(after)}` : '');
 
 /** One workspace: its runs and sessions, its history with Revert, its evolutions with Undo. */
 export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
@@ -57,14 +56,14 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
     pagedPanel<Run>(
       'ws-runs',
       'Runs',
-      (after) => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20${page(after)}`),
+      (after) => api<List<Run>>('GET', `/v1/runs?workspace=${encodeURIComponent(ws)}&limit=20${afterParam(after)}`),
       (rows) => runsTable(rows, 'no run yet'),
       { everyMs: EVERY_MS, dispose, actions: [link(`#/runs?workspace=${encodeURIComponent(ws)}`, 'filter…')] },
     ).box,
     pagedPanel<Session>(
       'sessions',
       'Sessions',
-      (after) => api<List<Session>>('GET', `${base}/sessions?limit=20${page(after)}`),
+      (after) => api<List<Session>>('GET', `${base}/sessions?limit=20${afterParam(after)}`),
       (rows) =>
         table(
           ['session', 'title', 'status', 'last activity', ''],
@@ -89,7 +88,7 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
     pagedPanel<Commit>(
       'commits',
       'Commits',
-      (after) => api<List<Commit>>('GET', `${base}/commits?limit=20${page(after)}`),
+      (after) => api<List<Commit>>('GET', `${base}/commits?limit=20${afterParam(after)}`),
       (rows, reload) => {
         remember(reload);
         return table(
@@ -120,7 +119,7 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
     pagedPanel<Evolution>(
       'evolutions',
       'Evolutions',
-      (after) => api<List<Evolution>>('GET', `${base}/evolutions?limit=20${page(after)}`),
+      (after) => api<List<Evolution>>('GET', `${base}/evolutions?limit=20${afterParam(after)}`),
       (rows, reload) => {
         remember(reload);
         return table(

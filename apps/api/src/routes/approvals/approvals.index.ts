@@ -1,6 +1,7 @@
 import type { AgentService } from '../../agent/service.ts';
 import type { ApprovalRow } from '../../db/schema/index.ts';
 import { teamOf } from '../../http/guards.ts';
+import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
 import * as r from './approvals.routes.ts';
 
@@ -22,10 +23,9 @@ export function approvalsRouter(agent: AgentService) {
   return createRouter()
     .openapi(r.listApprovals, async (c) => {
       const orgAdmin = c.get('principal').role === 'org_admin';
-      return c.json(
-        { data: (await agent.listApprovals(orgAdmin ? null : teamOf(c), c.req.valid('query'))).map(approvalView) },
-        200,
-      );
+      const q = c.req.valid('query');
+      const rows = await agent.listApprovals(orgAdmin ? null : teamOf(c), q, q);
+      return c.json(toPage(rows, q, approvalView), 200);
     })
     .openapi(r.decideApproval, async (c) => {
       // Org admins decide the approvals only they may (platform source updates), in any team.

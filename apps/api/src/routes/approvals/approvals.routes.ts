@@ -1,4 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import { listOf } from '../../http/pagination.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
 const Approval = z
@@ -32,9 +33,11 @@ export const listApprovals = createRoute({
     query: z.object({
       status: z.enum(['pending', 'approved', 'denied', 'expired']).optional(),
       workspace: z.string().max(64).optional(),
+      limit: z.coerce.number().int().min(1).max(200).default(200).openapi({ description: '1–200, default 200' }),
+      after: z.string().min(1).max(64).optional().openapi({ description: 'last_id of the previous page' }),
     }),
   },
-  responses: { 200: jsonContent(z.object({ data: z.array(Approval) }), 'Approvals'), ...errorResponses },
+  responses: { 200: jsonContent(listOf(Approval), 'Approvals, oldest first'), ...errorResponses },
 });
 
 export const decideApproval = createRoute({
