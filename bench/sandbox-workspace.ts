@@ -78,6 +78,16 @@ async function withServer(image: string, mount: 'auto' | 'off', body: (series: S
       for (let i = 0; i < SIZE_N; i++) {
         // Also before a cold start: no refill of the pool competes with the sample for the CPU.
         while ((await warmCount()) < POOL) await new Promise((r) => setTimeout(r, 50));
+        // And the container the server fills for this workspace's next session (host mounts:
+        // after each claim) is ready, as the pool's are: the server says so in its log.
+        const filled = () =>
+          server
+            .stdout()
+            .split('\n')
+            .filter((l) => l.includes(`"workspace":"${wsId}"`) && l.includes('next session')).length;
+        const until = performance.now() + 10_000;
+        while (copy === 'mount' && i > 0 && filled() < i && performance.now() < until)
+          await new Promise((r) => setTimeout(r, 50));
         const t0 = performance.now();
         const s = (await call(key, 'POST', `/v1/workspaces/${wsId}/sessions`, {})).id as string;
         await call(key, 'POST', `/v1/sessions/${s}/exec`, { code: 'print(1)' });

@@ -410,3 +410,95 @@ describe('under gVisor', () => {
     }
   });
 });
+
+/**
+ * Containers filled ahead of time: after a session of a workspace claims a sandbox, the pool
+ * fills another with the workspace's tree, so the workspace's next session skips the copy.
+ */
+describe('warm containers filled for a workspace', () => {
+  const mountDir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
+  const owner = `prep-${randomBytes(4).toString('hex')}`;
+  let t: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    t = await createTestApp({
+      sandbox: { poolSize: 1, perTeamMax: 20, preparedPoolSize: 2 },
+      env: { KILN_INSTANCE_ID: owner, KILN_SANDBOX_WORKSPACE_MOUNT: 'on', KILN_SANDBOX_MOUNT_DIR: mountDir },
+    });
+    team = await t.team('prepared');
+  });
+  afterAll(async () => {
+    await t.close();
+    expect(mountsUnder(join(mountDir, owner)).size).toBe(0);
+    rmSync(mountDir, { recursive: true, force: true });
+  });
+  const put = (ws: string, path: string, raw: string) =>
+    t.call('PUT', `/v1/workspaces/${ws}/files?path=${path}`, { key: team.key, raw });
+  const newSession = async (ws: string) =>
+    (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id as string;
+  /** The mounts of sandboxes the pool holds filled with a workspace: its file is there, and no session has them. */
+  const filledFor = async (file: string) => {
+    await t.engine.poolSettled();
+    const live = (await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.map((x: { id: string }) => x.id);
+    return [...mountsUnder(join(mountDir, owner)).keys()].filter(
+      (d) => existsSync(join(d, file)) && !live.includes(d.split('/').at(-1)),
+    );
+  };
+
+  it('the next session of the workspace takes a container already holding its tree; another workspace never does', async () => {
+    const { ws, session } = await sessionIn(t, team);
+    expect((await put(ws, 'knowledge/prepared.md', 'filled ahead\n')).status).toBe(200);
+    const first = await exec(t, team.key, session, 'print(open("/workspace/knowledge/prepared.md").read(), end="")');
+    expect(first.stdout).toBe('filled ahead\n');
+    const [filled] = await filledFor('knowledge/prepared.md');
+    expect(filled).toBeDefined();
+    const filledId = filled!.split('/').at(-1);
+    expect(filledId).not.toBe(first.sandbox_id);
+
+    // Another workspace of the same team gets a plain warm or cold container, never that one.
+    const other = await sessionIn(t, team);
+    const o = await exec(
+      t,
+      team.key,
+      other.session,
+      'import os\nprint(os.path.exists("/workspace/knowledge/prepared.md"))',
+    );
+    expect(o.stdout).toBe('False\n');
+    expect(o.sandbox_id).not.toBe(filledId);
+
+    const second = await newSession(ws);
+    const s = await exec(t, team.key, second, 'print(open("/workspace/knowledge/prepared.md").read(), end="")');
+    expect(s.sandbox_id).toBe(filledId);
+    expect(s.stdout).toBe('filled ahead\n');
+    // What the session changes still comes back through the runner and is committed.
+    await exec(t, team.key, second, 'open("/workspace/knowledge/second.md", "w").write("from the second\\n")');
+    const got = await t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/second.md`, { key: team.key });
+    expect(got.body.content).toBe('from the second\n');
+  });
+
+  it('a commit after the fill makes it stale: the next session gets a fresh copy with the change', async () => {
+    const { ws, session } = await sessionIn(t, team);
+    expect((await put(ws, 'knowledge/v.md', 'one\n')).status).toBe(200);
+    await exec(t, team.key, session, 'pass');
+    const [filled] = await filledFor('knowledge/v.md');
+    expect(filled).toBeDefined();
+    expect((await put(ws, 'knowledge/v.md', 'two\n')).status).toBe(200);
+    const next = await newSession(ws);
+    const r = await exec(t, team.key, next, 'print(open("/workspace/knowledge/v.md").read(), end="")');
+    expect(r.stdout).toBe('two\n');
+    expect(r.sandbox_id).not.toBe(filled!.split('/').at(-1));
+    // The stale one goes, with its mount.
+    await expect.poll(() => existsSync(filled!), { timeout: 10_000 }).toBe(false);
+  });
+
+  it('deleting the workspace removes the containers filled with it', async () => {
+    const { ws, session } = await sessionIn(t, team);
+    expect((await put(ws, 'knowledge/bye.md', 'bye\n')).status).toBe(200);
+    await exec(t, team.key, session, 'pass');
+    const [filled] = await filledFor('knowledge/bye.md');
+    expect(filled).toBeDefined();
+    await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+    expect((await t.call('DELETE', `/v1/workspaces/${ws}`, { key: team.key })).status).toBe(200);
+    await expect.poll(() => existsSync(filled!), { timeout: 10_000 }).toBe(false);
+  });
+});

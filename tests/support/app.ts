@@ -100,6 +100,8 @@ export async function createTestApp(
     // The image under test (a new build's tag); the default is kiln-sandbox:latest.
     ...(process.env.KILN_SANDBOX_IMAGE ? { KILN_SANDBOX_IMAGE: process.env.KILN_SANDBOX_IMAGE } : {}),
     KILN_SANDBOX_POOL_SIZE: '0',
+    // Filled containers for recent workspaces hold extra mounts: the suites that want them say so.
+    KILN_SANDBOX_PREPARED_POOL_SIZE: '0',
     KILN_SECRETS_KEY: SECRETS_KEY,
     KILN_WORKSPACES_DIR: workspacesDir,
     // Each sandbox's workspace mount (sandbox/workspace-mounts.ts) beside the workspaces, not in the checkout.

@@ -65,6 +65,7 @@ function engineOptions(config: Config): EngineOptions {
     image: config.sandboxImage,
     owner: config.instanceId,
     poolSize: s.poolSize,
+    preparedPoolSize: s.preparedPoolSize,
     templatePoolSize: config.templates.poolSize,
     idleMs: s.idleS * 1000,
     maxIdleMs: s.maxIdleS * 1000,

@@ -46,6 +46,8 @@ const schema = z.object({
     .regex(/^[A-Za-z0-9._-]{1,64}$/, 'letters, digits, . _ - only (max 64)')
     .optional(),
   KILN_SANDBOX_POOL_SIZE: int(0, 64).default(2),
+  // Warm containers kept filled with a recently used workspace's tree (host mounts only; 0: none).
+  KILN_SANDBOX_PREPARED_POOL_SIZE: int(0, 16).default(2),
   KILN_SANDBOX_IDLE_S: int(10, 7 * 86_400).default(900),
   // The most a workspace's sandbox.idle_s may be (within the bounds workspace/settings.ts gives it).
   KILN_SANDBOX_MAX_IDLE_S: int(60, 30 * 86_400).default(86_400),
@@ -172,6 +174,7 @@ export type Config = {
   evolutionTickMs: number;
   sandbox: {
     poolSize: number;
+    preparedPoolSize: number;
     idleS: number;
     /** The largest `sandbox.idle_s` a workspace may set. */
     maxIdleS: number;
@@ -299,6 +302,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     sandbox: {
       poolSize: e.KILN_SANDBOX_POOL_SIZE,
+      preparedPoolSize: e.KILN_SANDBOX_PREPARED_POOL_SIZE,
       idleS: e.KILN_SANDBOX_IDLE_S,
       maxIdleS: e.KILN_SANDBOX_MAX_IDLE_S,
       maxLifetimeS: e.KILN_SANDBOX_MAX_LIFETIME_S,

@@ -50,6 +50,11 @@ export class Containers {
     private readonly log: Logger,
   ) {}
 
+  /** Whether containers get a host workspace mount (decided at start-up). */
+  get mountsWorkspaces(): boolean {
+    return this.mounts !== null;
+  }
+
   isCreating(sandboxId: string): boolean {
     return this.creating.has(sandboxId);
   }

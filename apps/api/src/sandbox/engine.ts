@@ -34,6 +34,8 @@ export interface EngineOptions {
   /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
   owner: string;
   poolSize: number;
+  /** Warm containers kept filled with a recently claimed workspace's tree (host mounts only). */
+  preparedPoolSize?: number;
   /** Warm containers kept of each template image workspaces use (see WarmPool.setTemplateImages). */
   templatePoolSize?: number;
   /** A session's sandbox idle this long is reclaimed, unless its workspace sets `sandbox.idle_s`. */
@@ -119,6 +121,7 @@ export class SandboxEngine {
         key: { runtime: 'runc' },
         image,
         templateSize: opts.templatePoolSize ?? 0,
+        preparedSize: opts.preparedPoolSize ?? 0,
       },
       log,
     );
@@ -327,6 +330,11 @@ export class SandboxEngine {
     await this.backend.sweepEgress?.(this.opts.owner, { all: true }).catch((err) => {
       this.log.warn({ err }, 'could not remove the egress proxy');
     });
+  }
+
+  /** A deleted workspace: the warm containers filled with its tree go. */
+  forgetWorkspace(workspaceId: string): void {
+    this.pool.forgetWorkspace(workspaceId);
   }
 
   get poolReady(): number {

@@ -12,6 +12,7 @@ import { ACTIVE, markRemoved } from './rows.ts';
 import { RunnerGoneError } from './runner-client.ts';
 import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
 import { tarChunks } from './tar.ts';
+import { readHead } from '../workspace/git.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 
 export interface ExecContext {
@@ -210,7 +211,14 @@ export class LiveSandboxes {
     const image =
       ctx.template && this.templates ? await this.templates.imageOf(ctx.teamId, ctx.template) : this.opts.image;
     // The warm pool holds containers without a network only: an allowlist sandbox is created cold.
-    const warm = modeOf(ctx.network) === 'none' ? pool.take(limits, { runtime: ctx.runtime }, image) : undefined;
+    // First choice, one already filled with this workspace at its HEAD (no copy at all).
+    const key = { runtime: ctx.runtime };
+    const offNet = modeOf(ctx.network) === 'none';
+    const head = ctx.workspaceDir ? readHead(ctx.workspaceDir) : null;
+    const warm = offNet
+      ? (ctx.workspaceDir && pool.takePrepared(limits, key, image, { id: ctx.workspaceId, head })) ||
+        pool.take(limits, key, image)
+      : undefined;
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
     this.claiming.add(id);
@@ -277,6 +285,9 @@ export class LiveSandboxes {
     } finally {
       this.claiming.delete(id);
       pool.fill();
+      // The workspace's next session gets a container filled with its tree ahead of time.
+      if (ctx.workspaceDir && offNet && this.bySession.get(ctx.sessionId)?.id === id)
+        pool.prepare(ctx.workspaceId, ctx.workspaceDir, image);
     }
   }
 

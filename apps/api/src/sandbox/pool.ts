@@ -1,6 +1,8 @@
 import type { Logger } from 'pino';
 import { newId } from '../lib/ids.ts';
 import type { Containers, Sandbox } from './containers.ts';
+import { copyTree } from './copy-tree.ts';
+import { readHead } from '../workspace/git.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 import { sameShape, type SandboxLimits } from './limits.ts';
 
@@ -21,12 +23,22 @@ export interface PoolOptions {
   key: PoolKey;
   /** The base sandbox image, of which the pool keeps `size`. */
   image: string;
+  /** Warm containers kept filled with a workspace's tree, one per workspace, the most recently claimed. */
+  preparedSize: number;
   /** Warm containers kept of each template image in use (`setTemplateImages`), at most MAX_TEMPLATE_IMAGES images. */
   templateSize: number;
 }
 
 /** The most template images the pool keeps warm containers of, whatever number of templates is in use. */
 const MAX_TEMPLATE_IMAGES = 4;
+
+/** A warm container that already holds a copy of a workspace's working tree at a commit. */
+interface Prepared {
+  sandbox: Sandbox;
+  workspaceId: string;
+  /** The workspace's HEAD when it was copied: a claim after another commit does not take it. */
+  head: string | null;
+}
 
 /**
  * The warm pool: started containers with a ready runner, for no team or session yet, so that a
@@ -38,6 +50,10 @@ export class WarmPool {
   /** Containers being started, with their image. */
   private readonly fills = new Map<Promise<void>, string>();
   private templateImages: string[] = [];
+  /** Filled for a workspace, most recent last; claimed only by a session of that workspace. */
+  private prepared: Prepared[] = [];
+  /** Containers being filled for a workspace (created, copy under way), by container id. */
+  private readonly preparing = new Map<string, { sandboxId: string; workspaceId: string }>();
   private stopped = false;
 
   constructor(
@@ -94,18 +110,108 @@ export class WarmPool {
     return image === this.opts.image ? this.opts.size : this.opts.templateSize;
   }
 
+  /**
+   * The container filled for this workspace at its current HEAD, if the pool holds one for the
+   * claim's shape, runtime and image: its copy is done, so the claim costs nothing per megabyte.
+   * One filled at another HEAD (a commit since) is thrown away.
+   */
+  takePrepared(
+    limits: SandboxLimits,
+    key: PoolKey,
+    image: string,
+    workspace: { id: string; head: string | null },
+  ): Sandbox | undefined {
+    const i = this.prepared.findIndex((p) => p.workspaceId === workspace.id);
+    if (i < 0) return undefined;
+    const [p] = this.prepared.splice(i, 1);
+    const fits =
+      p!.head === workspace.head &&
+      p!.sandbox.image === image &&
+      key.runtime === this.opts.key.runtime &&
+      sameShape(limits, this.opts.limits, key.runtime);
+    if (fits && p!.sandbox.client.alive) return p!.sandbox;
+    void this.containers.destroy(p!.sandbox);
+    return undefined;
+  }
+
+  /**
+   * Fills a warm container with the workspace's working tree (its own host mount), for the next
+   * session of the workspace, off the path of any request; the least recently prepared goes
+   * when `preparedSize` are held. Only with host mounts (the tar path copies through the runner),
+   * and only when the copy saw one HEAD from start to end.
+   */
+  prepare(workspaceId: string, dir: string, image = this.opts.image): void {
+    if (this.stopped || !this.opts.preparedSize || !this.containers.mountsWorkspaces || image !== this.opts.image)
+      return;
+    if (this.prepared.some((p) => p.workspaceId === workspaceId)) return;
+    if ([...this.preparing.values()].some((p) => p.workspaceId === workspaceId)) return;
+    const fill: Promise<void> = this.containers
+      .create(newId('sbx'), this.opts.limits, this.opts.key.runtime, { image })
+      .then(async (c) => {
+        this.preparing.set(c.container.id, { sandboxId: c.id, workspaceId });
+        try {
+          const head = readHead(dir);
+          if (!c.workspaceDir) throw new Error('no workspace mount');
+          const t0 = performance.now();
+          const copied = await copyTree(dir, c.workspaceDir, c.container.uid);
+          if (this.stopped || readHead(dir) !== head) {
+            await this.containers.destroy(c);
+            return;
+          }
+          c.filled = true;
+          this.prepared.push({ sandbox: c, workspaceId, head });
+          this.log.info(
+            { workspace: workspaceId, sandbox: c.id, ...copied, copy_ms: Math.round(performance.now() - t0) },
+            "sandbox filled for the workspace's next session",
+          );
+          while (this.prepared.length > this.opts.preparedSize)
+            void this.containers.destroy(this.prepared.shift()!.sandbox);
+        } catch (err) {
+          await this.containers.destroy(c);
+          throw err;
+        } finally {
+          this.preparing.delete(c.container.id);
+        }
+      })
+      .catch((err) => this.log.warn({ err, workspace: workspaceId }, 'could not prepare a sandbox for a workspace'))
+      .finally(() => this.fills.delete(fill));
+    this.fills.set(fill, `prepared:${workspaceId}`);
+  }
+
+  /** A deleted workspace's filled containers go with it. */
+  forgetWorkspace(workspaceId: string): void {
+    const gone = this.prepared.filter((p) => p.workspaceId === workspaceId);
+    this.prepared = this.prepared.filter((p) => p.workspaceId !== workspaceId);
+    for (const p of gone) void this.containers.destroy(p.sandbox);
+  }
+
   /** Puts back a warm container taken for a claim that did not happen, first in line. */
   giveBack(warm: Sandbox): void {
     this.ready.unshift(warm);
   }
 
+  /** Whether the pool holds the container: warm, filled for a workspace, or being filled. */
   has(containerId: string): boolean {
-    return this.ready.some((c) => c.container.id === containerId);
+    return (
+      this.ready.some((c) => c.container.id === containerId) ||
+      this.prepared.some((p) => p.sandbox.container.id === containerId) ||
+      this.preparing.has(containerId)
+    );
+  }
+
+  /** Whether the pool holds the sandbox (by sandbox id), as `has` does by container. */
+  holds(sandboxId: string): boolean {
+    return (
+      this.ready.some((c) => c.id === sandboxId) ||
+      this.prepared.some((p) => p.sandbox.id === sandboxId) ||
+      [...this.preparing.values()].some((p) => p.sandboxId === sandboxId)
+    );
   }
 
   /** Forgets a warm container that was removed. */
   drop(containerId: string): void {
     this.ready = this.ready.filter((c) => c.container.id !== containerId);
+    this.prepared = this.prepared.filter((p) => p.sandbox.container.id !== containerId);
   }
 
   /** Starts as many warm containers of each image as the pool lacks (counting those being started). */
@@ -143,6 +249,6 @@ export class WarmPool {
 
   /** Empties the pool, handing its containers to the caller to destroy. */
   drain(): Sandbox[] {
-    return this.ready.splice(0);
+    return [...this.ready.splice(0), ...this.prepared.splice(0).map((p) => p.sandbox)];
   }
 }

@@ -101,9 +101,7 @@ export class Reaper {
   private async sweepMounts(): Promise<void> {
     const { containers, live, pool, log } = this.deps;
     const liveIds = () => new Set([...live.values()].map((l) => l.id));
-    const swept = await containers.sweepMounts(
-      (id) => live.isClaiming(id) || pool.warm.some((w) => w.id === id) || liveIds().has(id),
-    );
+    const swept = await containers.sweepMounts((id) => live.isClaiming(id) || pool.holds(id) || liveIds().has(id));
     if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }
 

@@ -79,6 +79,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
       const id = c.req.valid('param').workspace;
       const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
       if (before.settings.sandbox.template) void templates.refreshPool();
+      engine.forgetWorkspace(id);
       c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
       return c.json({ id, deleted: true as const }, 200);
     });
