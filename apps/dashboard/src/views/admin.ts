@@ -117,13 +117,13 @@ export function adminView(dispose: Dispose[]): HTMLElement {
   return h(
     'div',
     { class: 'view' },
-    panel(
+    pagedPanel<Team>(
       'teams',
       'Teams',
-      () => api<List<Team>>('GET', '/v1/teams'),
-      (p) => table(['team', 'id', 'created'], p.data, (t) => [t.name, t.id, when(t.created_at)]),
+      (after) => api<List<Team>>('GET', `/v1/teams?limit=20${afterParam(after)}`),
+      (rows) => table(['team', 'id', 'created'], rows, (t) => [t.name, t.id, when(t.created_at)]),
       { dispose },
-    ),
+    ).box,
     panel(
       'version',
       'Running version',
