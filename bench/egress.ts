@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
 import { startKiln } from '../tests/support/server.ts';
-import { heading, row, summarize, timeEach } from './lib.ts';
+import { apiCaller, heading, row, summarize, timeEach } from './lib.ts';
 
 const N = Number(process.env.BENCH_N ?? 100);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 10);
@@ -56,16 +56,7 @@ async function main() {
     KILN_SANDBOX_IMAGE: image,
     KILN_EGRESS_UPSTREAM_NETWORK: net,
   });
-  const call = async (key: string, method: string, path: string, body?: unknown) => {
-    const res = await fetch(`${server.url}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const json = await res.json();
-    if (res.status >= 300) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(json)}`);
-    return json;
-  };
+  const call = apiCaller(() => server.url);
   try {
     const team = await call(adminKey, 'POST', '/v1/teams', { name: 'bench' });
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });

@@ -130,3 +130,13 @@ export interface Version {
   pid: number;
   started_at: string;
 }
+/** One request of an execution through the egress proxy (`exec.completed`'s `egress`). */
+export interface EgressRow {
+  host: string;
+  port: number;
+  method: string;
+  allowed: boolean;
+  status: number;
+  bytes_out: number;
+  bytes_in: number;
+}

@@ -2,7 +2,7 @@ import { api, authHeaders, messageOf } from '../api.ts';
 import { h, replace, when } from '../dom.ts';
 import { action, link, panel, type Dispose } from '../panel.ts';
 import { followRun, type RunEvent } from '../sse.ts';
-import type { List, Run, Sandbox } from '../types.ts';
+import type { EgressRow, List, Run, Sandbox } from '../types.ts';
 import { keepAlive } from './overview.ts';
 
 const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
@@ -13,16 +13,6 @@ function eventText(ev: RunEvent): string {
   for (const k of ['data', 'code', 'text', 'content', 'summary', 'message'])
     if (typeof d[k] === 'string') return d[k] as string;
   return JSON.stringify(ev.data);
-}
-
-interface EgressRow {
-  host: string;
-  port: number;
-  method: string;
-  allowed: boolean;
-  status: number;
-  bytes_out: number;
-  bytes_in: number;
 }
 
 /** An execution's requests through the egress proxy (sandbox.network allowlist), allowed and refused. */

@@ -1,3 +1,4 @@
+import { stripVTControlCharacters } from 'node:util';
 import { Readable } from 'node:stream';
 import type Docker from 'dockerode';
 import { type ImageBuilder, ImageBuildFailed, type ImageRecipe } from '../backend.ts';
@@ -102,9 +103,6 @@ function contextTar(input: ImageRecipe): Buffer {
   return Buffer.concat([...entries, Buffer.alloc(1024)]);
 }
 
-/** Docker colours a step's stderr; the log keeps plain text. */
-const COLOUR = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*m`, 'g');
-
 interface BuildEvent {
   stream?: string;
   status?: string;
@@ -159,7 +157,8 @@ async function buildImage(
           resolve();
         },
         (e: BuildEvent) => {
-          for (const line of (e.stream ?? e.status ?? '').replace(COLOUR, '').split('\n')) {
+          // Docker colours a step's stderr: the log keeps plain text.
+          for (const line of stripVTControlCharacters(e.stream ?? e.status ?? '').split('\n')) {
             const text = line.trimEnd();
             if (!text.trim()) continue;
             if (/^Step \d+\/\d+ : /.test(text)) lastStep = text;
