@@ -4,6 +4,7 @@ import { totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { parseAllowEntry } from './lib/outbound.ts';
 import { parseCidr } from './sandbox/docker/egress.ts';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import { MAX_ALLOW } from './workspace/egress-allow.ts';
@@ -130,6 +131,14 @@ const schema = z.object({
   KILN_TEMPLATE_BUILD_TIMEOUT_S: int(5, 6 * 3600).default(1200),
   KILN_TEMPLATE_MAX_LOG_BYTES: int(4096, 16 * 1024 * 1024).default(256 * 1024),
   KILN_TEMPLATE_POOL_SIZE: int(0, 8).default(1),
+  /** Non-public addresses (or CIDRs) that tenant-chosen URLs (MCP servers, webhooks) may reach, comma-separated. */
+  KILN_OUTBOUND_ALLOW: z
+    .string()
+    .refine(
+      (v) => v.split(',').every((x) => !x.trim() || parseAllowEntry(x) !== null),
+      'must be comma-separated IP addresses or CIDRs, e.g. 127.0.0.1,10.0.0.0/8',
+    )
+    .default(''),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -214,6 +223,11 @@ export type Config = {
     subnets: { base: number; prefix: number };
     upstreamNetwork?: string;
   };
+  /**
+   * Requests to URLs tenants chose (their MCP servers, webhook receivers) reach public addresses
+   * only, and these non-public ones (KILN_OUTBOUND_ALLOW).
+   */
+  outbound: { allow: string[] };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -337,6 +351,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxAllow: e.KILN_EGRESS_MAX_ALLOW,
       subnets: parseCidr(e.KILN_EGRESS_SUBNETS)!,
       upstreamNetwork: e.KILN_EGRESS_UPSTREAM_NETWORK,
+    },
+    outbound: {
+      allow: e.KILN_OUTBOUND_ALLOW.split(',')
+        .map((x) => x.trim())
+        .filter(Boolean),
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),

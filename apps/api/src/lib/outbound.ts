@@ -1,0 +1,152 @@
+/**
+ * Requests the server makes to URLs a tenant chose (MCP servers in workspace settings, webhook
+ * receivers). Such a URL is untrusted: it must not reach this host's own services (the API,
+ * Postgres, dockerd's socket proxy, a cloud metadata endpoint) or a private network unless the
+ * operator allowed that address (KILN_OUTBOUND_ALLOW). The check is made on the address the
+ * connection actually uses: the lookup that resolves the name refuses a private answer, so a DNS
+ * name that resolves to a public address when checked and a private one when used (rebinding)
+ * gets nowhere, and redirects are not followed (each would be another URL to check).
+ */
+import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
+import { BlockList, isIP } from 'node:net';
+import { Agent, fetch as undiciFetch } from 'undici';
+
+/** Addresses that are not the public internet: loopback, private, link-local, CGNAT, multicast, reserved. */
+const NON_PUBLIC: [string, number, 'ipv4' | 'ipv6'][] = [
+  ['0.0.0.0', 8, 'ipv4'],
+  ['10.0.0.0', 8, 'ipv4'],
+  ['100.64.0.0', 10, 'ipv4'],
+  ['127.0.0.0', 8, 'ipv4'],
+  ['169.254.0.0', 16, 'ipv4'],
+  ['172.16.0.0', 12, 'ipv4'],
+  ['192.0.0.0', 24, 'ipv4'],
+  ['192.0.2.0', 24, 'ipv4'],
+  ['192.168.0.0', 16, 'ipv4'],
+  ['198.18.0.0', 15, 'ipv4'],
+  ['198.51.100.0', 24, 'ipv4'],
+  ['203.0.113.0', 24, 'ipv4'],
+  ['224.0.0.0', 4, 'ipv4'],
+  ['240.0.0.0', 4, 'ipv4'],
+  ['::', 128, 'ipv6'],
+  ['::1', 128, 'ipv6'],
+  ['64:ff9b::', 96, 'ipv6'],
+  ['100::', 64, 'ipv6'],
+  ['2001:db8::', 32, 'ipv6'],
+  ['fc00::', 7, 'ipv6'],
+  ['fe80::', 10, 'ipv6'],
+  ['ff00::', 8, 'ipv6'],
+];
+
+/** One KILN_OUTBOUND_ALLOW entry: an address or a CIDR, IPv4 or IPv6. */
+export function parseAllowEntry(entry: string): { address: string; prefix: number; family: 'ipv4' | 'ipv6' } | null {
+  const [address = '', prefixText, extra] = entry.trim().split('/');
+  if (extra !== undefined) return null;
+  const v = isIP(address);
+  if (!v) return null;
+  const max = v === 4 ? 32 : 128;
+  const prefix = prefixText === undefined ? max : Number(prefixText);
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > max || (prefixText ?? '').match(/[^0-9]/)) return null;
+  return { address, prefix, family: v === 4 ? 'ipv4' : 'ipv6' };
+}
+
+export class OutboundRefused extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'OutboundRefused';
+  }
+}
+
+/** Which addresses a tenant's URL may reach: public ones, and the non-public ones the operator allowed. */
+export class OutboundPolicy {
+  private readonly blocked = new BlockList();
+  private readonly allowed = new BlockList();
+
+  /** `allow`: KILN_OUTBOUND_ALLOW's entries (addresses or CIDRs), already validated by the config. */
+  constructor(allow: readonly string[] = []) {
+    for (const [a, p, f] of NON_PUBLIC) this.blocked.addSubnet(a, p, f);
+    for (const entry of allow) {
+      const e = parseAllowEntry(entry);
+      if (!e) throw new Error(`not an address or CIDR: ${entry}`);
+      this.allowed.addSubnet(e.address, e.prefix, e.family);
+    }
+  }
+
+  /** Whether a connection to this resolved address is permitted. */
+  permits(address: string): boolean {
+    const v = isIP(address);
+    if (!v) return false;
+    const family = v === 4 ? 'ipv4' : 'ipv6';
+    // An IPv4-mapped IPv6 address (::ffff:10.0.0.1) is judged as the IPv4 address it carries.
+    const mapped = family === 'ipv6' ? /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1] : undefined;
+    if (mapped) return this.permits(mapped);
+    if (this.allowed.check(address, family)) return true;
+    return !this.blocked.check(address, family);
+  }
+
+  /** Checks a URL's form and, when its host is an address literal, the address. Names are checked when resolved. */
+  checkUrl(raw: string | URL): URL {
+    let url: URL;
+    try {
+      url = new URL(raw);
+    } catch {
+      throw new OutboundRefused('not a URL');
+    }
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new OutboundRefused('only http and https URLs');
+    if (url.username || url.password) throw new OutboundRefused('credentials in the URL are not allowed (use headers)');
+    const host = url.hostname.replace(/^\[|\]$/g, '');
+    if (isIP(host) && !this.permits(host)) throw new OutboundRefused(`${host} is not a public address`);
+    return url;
+  }
+
+  /** A dns.lookup that answers only permitted addresses, for the connections of `fetch()` below. */
+  private lookup = (
+    hostname: string,
+    options: { all?: boolean; family?: number } | number,
+    callback: (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void,
+  ): void => {
+    const opts = typeof options === 'number' ? { family: options } : options;
+    dnsLookup(hostname, { family: opts.family ?? 0, all: true }, (err, addresses) => {
+      if (err) return callback(err, '');
+      const ok = addresses.filter((a) => this.permits(a.address));
+      if (!ok.length) {
+        const e = new OutboundRefused(`${hostname} resolves only to addresses that are not public`) as Error &
+          NodeJS.ErrnoException;
+        e.code = 'EKILNOUTBOUND';
+        return callback(e, '');
+      }
+      if (opts.all) return callback(null, ok);
+      callback(null, ok[0]!.address, ok[0]!.family);
+    });
+  };
+
+  private agent?: Agent;
+
+  /**
+   * A fetch for tenant URLs: only http(s), only permitted addresses (checked at connect time),
+   * no redirects (a 3xx is returned as it is), and a whole-request timeout unless the caller
+   * passes its own signal.
+   */
+  fetch(timeoutMs: number): typeof globalThis.fetch {
+    this.agent ??= new Agent({ connect: { lookup: this.lookup as never }, connections: 16 });
+    const dispatcher = this.agent;
+    return (async (input: string | URL | Request, init?: RequestInit) => {
+      const url = typeof input === 'string' || input instanceof URL ? input : input.url;
+      this.checkUrl(url);
+      const signal = init?.signal ?? AbortSignal.timeout(timeoutMs);
+      const requestInit =
+        input instanceof Request ? { method: input.method, headers: input.headers, body: input.body } : {};
+      return undiciFetch(String(url), {
+        ...(requestInit as object),
+        ...(init as object),
+        signal,
+        redirect: 'manual',
+        dispatcher,
+        ...(requestInit.body || init?.body ? { duplex: 'half' } : {}),
+      } as never);
+    }) as unknown as typeof globalThis.fetch;
+  }
+
+  async close(): Promise<void> {
+    await this.agent?.close();
+  }
+}
