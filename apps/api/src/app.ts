@@ -14,6 +14,7 @@ import { idempotency } from './http/idempotency.ts';
 import { rateLimit } from './http/rate-limit.ts';
 import { requestLog } from './http/request-log.ts';
 import { createRouter } from './http/router.ts';
+import { mcpHandler, mcpRoute } from './mcp/server.ts';
 import { auditRouter } from './routes/audit/audit.index.ts';
 import { healthRouter } from './routes/health/health.index.ts';
 import { sandboxesRouter } from './routes/sandboxes/sandboxes.index.ts';
@@ -137,7 +138,12 @@ export function createApp({
     }),
   );
   const keys = new KeyCache(db);
-  app.use('/v1/*', authn(keys), rateLimit(config.rateLimit, now), idempotency(db), auditTrail(db));
+  // One limiter for the API and /mcp: a team's MCP requests and API requests share its bucket.
+  const limit = rateLimit(config.rateLimit, now);
+  app.use('/v1/*', authn(keys), limit, idempotency(db), auditTrail(db));
+  // The MCP tools act through the /v1 routes (in-process, with the caller's key): those requests
+  // are audited there, in the API's own terms, under this request's id (see docs/mcp.md).
+  app.use('/mcp', authn(keys), limit);
 
   app.route('/', healthRouter(db, engine));
   app.route('/', teamsRouter(db, keys));
@@ -155,6 +161,21 @@ export function createApp({
   app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
   if (updates) app.route('/', systemRouter(db, updates));
+  const mcp = mcpHandler({
+    fetch: (req, env) => app.fetch(req, env),
+    events,
+    maxBodyBytes: config.bodyLimitBytes,
+    logger,
+  });
+  app.openAPIRegistry.registerPath(mcpRoute);
+  app.on(['GET', 'POST', 'DELETE'], '/mcp', (c) =>
+    mcp.serve(c.req.raw, {
+      keyId: c.get('principal').keyId,
+      authorization: c.req.header('authorization') ?? '',
+      requestId: c.get('requestId'),
+      log: c.get('log'),
+    }),
+  );
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', {
     type: 'http',
