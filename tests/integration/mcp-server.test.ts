@@ -218,12 +218,13 @@ describe('Kiln as an MCP server', () => {
     expect(r.approval).toMatchObject({ status: 'pending', code: 'print("needs a person")', run_id: r.run_id });
     const pending = await ctx.t.call('GET', '/v1/approvals?status=pending', { key: ctx.team.key });
     expect(pending.body.data.map((a: any) => a.id)).toContain(r.approval.id);
+    // What the model answers once the run goes on (queued before the decision lets it).
+    ctx.fake.script({ content: '<finish>ok, not running it</finish>' });
     const denied = await ctx.t.call('POST', `/v1/approvals/${r.approval.id}`, {
       key: ctx.team.key,
       body: { decision: 'deny' },
     });
     expect(denied.status).toBe(200);
-    ctx.fake.script({ content: '<finish>ok, not running it</finish>' });
     // Deciding lets the run go on to its end, which the API shows.
     const events = await fetch(`${url}/v1/runs/${r.run_id}/events`, {
       headers: { authorization: `Bearer ${ctx.team.key}` },
@@ -331,6 +332,18 @@ describe('Kiln as an MCP server', () => {
     });
     expect(init.status).toBe(200);
     expect(await init.text()).toContain('"serverInfo":{"name":"kiln"');
+    // Stateless: a call needs no session from the initialize before it.
+    const call = await post({
+      jsonrpc: '2.0',
+      id: 2,
+      method: 'tools/call',
+      params: { name: 'list_commits', arguments: { workspace: ws.name } },
+    });
+    expect(call.status).toBe(200);
+    const frame = /^data: (.*)$/m.exec(await call.text())!;
+    const result = JSON.parse(frame[1]!).result;
+    expect(result.isError).toBeFalsy();
+    expect(result.structuredContent.workspace_id).toBe(ws.id);
     const get = await fetch(`${url}/mcp`, { headers: { authorization: `Bearer ${ctx.team.key}` } });
     expect(get.status).toBe(405);
   });
@@ -390,5 +403,56 @@ describe('MCP and the rate limit', () => {
     expect(inner.some((l) => l.status === 429)).toBe(false);
     // The API shares the bucket: it is empty for this team now.
     expect((await t.call('GET', '/v1/workspaces', { key: team.key })).status).toBe(429);
+  });
+});
+
+describe('MCP behind a load balancer', () => {
+  let a: TestApp;
+  let b: TestApp;
+  const servers: ServerType[] = [];
+  const urls: string[] = [];
+  beforeAll(async () => {
+    a = await createTestApp({ sandbox: false });
+    b = await createTestApp({ sandbox: false, replicaOf: a });
+    for (const t of [a, b]) {
+      const s = await listen(t);
+      servers.push(s.server);
+      urls.push(s.url);
+    }
+  });
+  afterAll(async () => {
+    await Promise.all(servers.map(closeServer));
+    await b?.close();
+    await a?.close();
+  });
+
+  it('keeps no MCP session: requests spread over two replicas of one database all work', async () => {
+    const team = await a.team('mcp-replicas');
+    const ws = (await a.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'spread' } })).body;
+    let n = 0;
+    // Every request of the client goes to the next replica in turn.
+    const roundRobin = (input: string | URL | Request, init?: RequestInit) => {
+      const u = new URL(input instanceof Request ? input.url : input);
+      return fetch(`${urls[n++ % 2]}${u.pathname}${u.search}`, init);
+    };
+    const client = new Client({ name: 'kiln-test', version: '1' });
+    await client.connect(
+      new StreamableHTTPClientTransport(new URL(`${urls[0]}/mcp`), {
+        fetch: roundRobin,
+        requestInit: { headers: { authorization: `Bearer ${team.key}` } },
+      }),
+    );
+    const call = async (name: string, args: Record<string, unknown>) => {
+      const r = (await client.callTool({ name, arguments: args })) as Result;
+      expect(r.isError, textOf(r)).toBeFalsy();
+      return r.structuredContent;
+    };
+    const w = await call('write_file', { workspace: 'spread', path: 'knowledge/a.md', content: 'from one replica\n' });
+    const r = await call('read_file', { workspace: 'spread', path: 'knowledge/a.md' });
+    expect(r.content).toBe('from one replica\n');
+    const log = await call('list_commits', { workspace: ws.id });
+    expect(log.commits[0].sha).toBe(w.commit.sha);
+    await client.close();
+    for (const t of [a, b]) expect(t.logs.some((l) => l.path === '/mcp' && l.status === 200)).toBe(true);
   });
 });
