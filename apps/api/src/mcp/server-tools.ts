@@ -35,7 +35,7 @@ function clip(text: string, max = MAX_TEXT): { text: string; cut: boolean } {
 }
 
 const answer = (value: Record<string, unknown>): CallToolResult => ({
-  content: [{ type: 'text', text: JSON.stringify(value, null, 2) }],
+  content: [{ type: 'text', text: JSON.stringify(value) }],
   structuredContent: value,
 });
 
