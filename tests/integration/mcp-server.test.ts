@@ -203,6 +203,12 @@ describe('Kiln as an MCP server', () => {
     expect(r.commits[0].paths).toEqual(['knowledge/agent-note.md']);
     const log = await ok('list_commits', { workspace: auto.id });
     expect(log.commits[0]).toMatchObject({ sha: r.commits[0].sha, author: 'agent', run_id: r.run_id });
+    // The message is audited as the API audits one, by the key that called the tool.
+    const audit = await ctx.t.call('GET', `/v1/audit?action=session.message&resource=${r.run_id}`, {
+      key: ctx.team.key,
+    });
+    expect(audit.body.data).toHaveLength(1);
+    expect(audit.body.data[0]).toMatchObject({ actor_role: 'owner', resource_type: 'run' });
     // The same session continues: the model sees the earlier turn.
     ctx.fake.script({ content: '<finish>still here</finish>' });
     const again = await ok('ask_agent', { workspace: auto.id, session: r.session_id, message: 'and now?' });
@@ -272,6 +278,9 @@ describe('Kiln as an MCP server', () => {
     }
     const after = await ok('list_commits', { workspace: ws.id }, viewer);
     expect(after.commits[0].sha).toBe(before.commits[0].sha);
+    // An org-admin key belongs to no team: it is told to use a team key.
+    const admin = await tool('list_commits', { workspace: ws.id }, ctx.t.adminKey);
+    expect(textOf(admin)).toMatch(/^forbidden: .*team key/);
   });
 
   it('bad arguments are tool errors that say what is wrong', async () => {
@@ -452,6 +461,15 @@ describe('MCP behind a load balancer', () => {
     expect(r.content).toBe('from one replica\n');
     const log = await call('list_commits', { workspace: ws.id });
     expect(log.commits[0].sha).toBe(w.commit.sha);
+    // Without a model, ask_agent says so, and the session it started is ended again.
+    const ask = (await client.callTool({
+      name: 'ask_agent',
+      arguments: { workspace: 'spread', message: 'hi' },
+    })) as Result;
+    expect(ask.isError).toBe(true);
+    expect(textOf(ask)).toMatch(/^model_unavailable: /);
+    const sessions = await a.call('GET', `/v1/workspaces/${ws.id}/sessions`, { key: team.key });
+    expect(sessions.body.data.map((s: any) => s.status)).toEqual(['ended']);
     await client.close();
     for (const t of [a, b]) expect(t.logs.some((l) => l.path === '/mcp' && l.status === 200)).toBe(true);
   });

@@ -63,6 +63,26 @@ async function sessionFor(api: KilnApi, ws: WorkspaceRef, session: string | unde
   return s.id;
 }
 
+/**
+ * Runs `fn` in the session to use; a session started for it is ended again when `fn` fails, so
+ * a refused call leaves no empty session behind.
+ */
+async function inSession<T>(
+  api: KilnApi,
+  ws: WorkspaceRef,
+  session: string | undefined,
+  title: string,
+  fn: (sessionId: string) => Promise<T>,
+): Promise<T> {
+  const id = await sessionFor(api, ws, session, title);
+  try {
+    return await fn(id);
+  } catch (err) {
+    if (!session) await api.call('DELETE', `/v1/sessions/${id}`).catch(() => undefined);
+    throw err;
+  }
+}
+
 const filesPath = (ws: WorkspaceRef, path: string) => `/v1/workspaces/${ws.id}/files?${new URLSearchParams({ path })}`;
 
 interface ExecAnswer {
@@ -170,8 +190,10 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
     },
     wrap('run_python', async ({ workspace, session, code }) => {
       const ws = await api.workspace(workspace);
-      const sessionId = await sessionFor(api, ws, session, 'MCP run_python');
-      const r = await api.call<ExecAnswer>('POST', `/v1/sessions/${sessionId}/exec`, { json: { code } });
+      const { sessionId, r } = await inSession(api, ws, session, 'MCP run_python', async (sessionId) => ({
+        sessionId,
+        r: await api.call<ExecAnswer>('POST', `/v1/sessions/${sessionId}/exec`, { json: { code } }),
+      }));
       const stdout = clip(r.stdout);
       const stderr = clip(r.stderr);
       return {
@@ -343,11 +365,12 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
     },
     wrap('ask_agent', async ({ workspace, session, message }, ctx) => {
       const ws = await api.workspace(workspace);
-      const sessionId = await sessionFor(api, ws, session, 'MCP ask_agent');
-      const posted = await api.call<{ run: { id: string } }>('POST', `/v1/sessions/${sessionId}/messages`, {
-        json: { content: message },
+      const { sessionId, runId } = await inSession(api, ws, session, 'MCP ask_agent', async (sessionId) => {
+        const posted = await api.call<{ run: { id: string } }>('POST', `/v1/sessions/${sessionId}/messages`, {
+          json: { content: message },
+        });
+        return { sessionId, runId: posted.run.id };
       });
-      const runId = posted.run.id;
       const { seen, stopped } = await followRun(
         deps.events,
         runId,
