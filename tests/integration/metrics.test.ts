@@ -8,7 +8,7 @@ import { KilnMetrics } from '../../apps/api/src/metrics/metrics.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
-import { rowsOf } from '../support/db.ts';
+import { createTestDatabase, DRIVERS, rowsOf } from '../support/db.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 interface Sample {
@@ -324,5 +324,37 @@ describe('GET /metrics of an app with a warm pool, on PGlite, whose database goe
     expect(down.has('kiln_jobs')).toBe(false);
     expect(down.get('kiln_sandbox_pool_warm')).toBe(1);
     expect(down.get('kiln_http_request_duration_seconds_count', { route: '/metrics', status: '200' })).toBe(1);
+  });
+});
+
+describe.each(DRIVERS)('statement timings on %s', (driver) => {
+  it('tell every statement once, in transactions and savepoints and when it fails, and none after unsubscribing', async () => {
+    const d = await createTestDatabase(driver);
+    try {
+      const seen: string[] = [];
+      const off = d.onStatement((drv, kind, s) => {
+        expect(drv).toBe(driver);
+        expect(s).toBeGreaterThanOrEqual(0);
+        seen.push(kind);
+      });
+      await d.db.execute(sql`select 1`);
+      await d.db.transaction(async (tx) => {
+        await tx.execute(sql`insert into jobs (id, kind, payload) values ('job_metrics1', 'k', '{}'::jsonb)`);
+        await tx.execute(sql`update jobs set attempts = 1 where id = 'job_metrics1'`);
+        await tx.transaction(async (sp) => {
+          await sp.execute(
+            sql`with gone as (delete from jobs where id = 'job_metrics1' returning id) select count(*) from gone`,
+          );
+        });
+      });
+      await expect(d.db.execute(sql`select * from no_such_table`)).rejects.toThrow(/no_such_table/);
+      off();
+      await d.db.execute(sql`select 2`);
+      // postgres.js opens savepoints itself; drizzle sends PGlite's as statements.
+      const savepoint = driver === 'pglite' ? ['other'] : [];
+      expect(seen).toEqual(['select', 'insert', 'update', ...savepoint, 'delete', ...savepoint, 'select']);
+    } finally {
+      await d.drop();
+    }
   });
 });

@@ -18,6 +18,7 @@ import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { SANDBOX_RUNTIMES } from './workspace/settings.ts';
 
 export interface ComposeOptions {
   config: Config;
@@ -90,7 +91,7 @@ export function compose(o: ComposeOptions): Kiln {
   const { config, db, logger } = o;
   const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
   // A registry of this app's own: several apps (tests, replicas) may share the process.
-  const metrics = new KilnMetrics({ db, log: logger, models: [model] });
+  const metrics = new KilnMetrics({ db, log: logger, models: [model], runtimes: SANDBOX_RUNTIMES });
   const secrets = new SecretStore(db, new Sealer(config.secretsKey));
   const engine = new SandboxEngine(
     db,

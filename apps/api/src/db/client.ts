@@ -94,7 +94,7 @@ async function openPglite(dataDir?: string): Promise<Database> {
  * The postgres.js client as drizzle sees it, with each statement timed: drizzle sends every
  * statement through `unsafe()` (on the client, or on a transaction's or savepoint's client, which
  * are wrapped the same way). A query of postgres.js runs when it is first awaited, so the clock
- * starts in its `then`; while nobody listens the query is returned untouched.
+ * starts in its first `then`; while nobody listens the query is returned untouched.
  */
 function timed(sql: postgres.Sql, timings: StatementTimings): postgres.Sql {
   const wrapTx =
@@ -116,6 +116,9 @@ function timed(sql: postgres.Sql, timings: StatementTimings): postgres.Sql {
             onFulfilled?: (v: unknown) => unknown,
             onRejected?: (e: unknown) => unknown,
           ) {
+            // The first then is the await that runs it; postgres.js adds its own later (a
+            // transaction's catch), which must not count the statement again.
+            q.then = then;
             const started = performance.now();
             return then.call(
               this,

@@ -3,7 +3,6 @@ import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom
 import type { Db } from '../db/client.ts';
 import { RUN_STATUSES } from '../db/schema/runs.ts';
 import type { StatementKind } from '../db/statements.ts';
-import { SANDBOX_RUNTIMES } from '../workspace/settings.ts';
 import { CountsReader, type DatabaseCounts, JOB_STATES, SANDBOX_STATES } from './database-counts.ts';
 import { BoundedLabel } from './labels.ts';
 
@@ -18,6 +17,8 @@ export interface MetricsOptions {
   processMetrics?: boolean;
   /** How long a scrape waits for the database's counts (default 2000 ms). */
   databaseTimeoutMs?: number;
+  /** The sandbox runtimes whose timeout and OOM counters start at zero (default runc, gvisor). */
+  runtimes?: readonly string[];
 }
 
 const seconds = (ms: number) => ms / 1000;
@@ -103,7 +104,7 @@ export class KilnMetrics {
       labelNames: ['runtime'],
       registers,
     });
-    for (const runtime of SANDBOX_RUNTIMES) {
+    for (const runtime of opts.runtimes ?? ['runc', 'gvisor']) {
       this.execTimeouts.inc({ runtime }, 0);
       this.oomKills.inc({ runtime }, 0);
     }
