@@ -110,6 +110,7 @@ function timed(sql: postgres.Sql, timings: StatementTimings): postgres.Sql {
           const q = (target.unsafe as (...a: unknown[]) => postgres.PendingQuery<postgres.Row[]>)(query, ...rest);
           if (!timings.active) return q;
           const then = q.then;
+          let counted = false;
           // biome-ignore lint/suspicious/noThenProperty: the query runs when awaited, through its own then, which this wraps
           q.then = function (
             this: typeof q,
@@ -118,7 +119,8 @@ function timed(sql: postgres.Sql, timings: StatementTimings): postgres.Sql {
           ) {
             // The first then is the await that runs it; postgres.js adds its own later (a
             // transaction's catch), which must not count the statement again.
-            q.then = then;
+            if (counted) return then.call(this, onFulfilled, onRejected);
+            counted = true;
             const started = performance.now();
             return then.call(
               this,
