@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { sql } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../../apps/api/src/config.ts';
 import { statementKind } from '../../apps/api/src/db/statements.ts';
 import { JobRunner } from '../../apps/api/src/jobs/runner.ts';
 import { KilnMetrics } from '../../apps/api/src/metrics/metrics.ts';
@@ -355,6 +356,24 @@ describe.each(DRIVERS)('statement timings on %s', (driver) => {
       expect(seen).toEqual(['select', 'insert', 'update', ...savepoint, 'delete', ...savepoint, 'select']);
     } finally {
       await d.drop();
+    }
+  });
+});
+
+describe('KILN_METRICS_TOKEN', () => {
+  it('is optional, at least 16 printable characters without spaces, and never echoed when wrong', () => {
+    expect(loadConfig({}).metrics.token).toBeUndefined();
+    expect(loadConfig({ KILN_METRICS_TOKEN: TOKEN }).metrics.token).toBe(TOKEN);
+    for (const bad of ['short-secret', 'sixteen chars with spaces']) {
+      let problems: string[] = [];
+      try {
+        loadConfig({ KILN_METRICS_TOKEN: bad });
+      } catch (err) {
+        if (err instanceof ConfigError) problems = err.problems;
+      }
+      expect(problems).toHaveLength(1);
+      expect(problems[0]).toMatch(/^KILN_METRICS_TOKEN: .*\(value hidden\)$/);
+      expect(problems[0]).not.toContain(bad);
     }
   });
 });
