@@ -126,6 +126,7 @@ export async function createTestApp(
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
     listen: database.listen,
+    onStatement: database.onStatement,
     sandboxes:
       opts.sandbox === false
         ? null

@@ -13,6 +13,8 @@ import { ApiError, errorBody } from './lib/errors.ts';
 import { idempotency } from './http/idempotency.ts';
 import { rateLimit } from './http/rate-limit.ts';
 import { requestLog } from './http/request-log.ts';
+import type { KilnMetrics } from './metrics/metrics.ts';
+import { metricsRouter } from './metrics/route.ts';
 import { createRouter } from './http/router.ts';
 import { mcpHandler, mcpRoute } from './mcp/server.ts';
 import { auditRouter } from './routes/audit/audit.index.ts';
@@ -40,7 +42,7 @@ import { templatesRouter } from './routes/templates/templates.index.ts';
 import type { TemplateService } from './templates/service.ts';
 
 export interface AppDeps {
-  config: Pick<Config, 'bodyLimitBytes' | 'rateLimit'>;
+  config: Pick<Config, 'bodyLimitBytes' | 'rateLimit' | 'metrics'>;
   db: Db;
   logger: Logger;
   engine: SandboxEngine;
@@ -57,6 +59,8 @@ export interface AppDeps {
   updates?: SelfUpdates;
   /** Where the built dashboard is (default apps/dashboard/dist). */
   dashboardDir?: string;
+  /** This app's metrics: requests are observed, and GET /metrics serves them. */
+  metrics: KilnMetrics;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
 }
@@ -121,10 +125,11 @@ export function createApp({
   logger,
   now,
   dashboardDir,
+  metrics,
 }: AppDeps) {
   const app = createRouter();
 
-  app.use('*', requestLog(logger));
+  app.use('*', requestLog(logger, metrics));
   app.use('*', (c, next) =>
     (c.req.path === '/docs' || c.req.path.startsWith('/docs/') ? docsHeaders : pageHeaders)(c, next),
   );
@@ -176,6 +181,7 @@ export function createApp({
       log: c.get('log'),
     }),
   );
+  app.route('/', metricsRouter(metrics, keys, config.metrics.token));
 
   app.openAPIRegistry.registerComponent('securitySchemes', 'bearer', {
     type: 'http',

@@ -7,6 +7,7 @@ import type { Config } from './config.ts';
 import type { Database, Db } from './db/client.ts';
 import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
+import { KilnMetrics } from './metrics/metrics.ts';
 import { type Embedder, openAiEmbedder } from './memory/embeddings.ts';
 import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
@@ -17,12 +18,15 @@ import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { SANDBOX_RUNTIMES } from './workspace/settings.ts';
 
 export interface ComposeOptions {
   config: Config;
   db: Db;
   /** The database's LISTEN/NOTIFY (Postgres): run events and cancels then reach every replica. */
   listen?: Database['listen'];
+  /** The database's statement timings: their latency is one of the app's metrics. */
+  onStatement?: Database['onStatement'];
   /** Where sandboxes run; null for none (running code answers 503, /readyz says why). */
   sandboxes: SandboxBackend | null;
   logger: Logger;
@@ -47,6 +51,8 @@ export interface Kiln {
   /** Sandbox templates; their builds are jobs of the evolution service's job runner. */
   templates: TemplateService;
   updates?: SelfUpdates;
+  /** This app's Prometheus metrics (its own registry), served at GET /metrics. */
+  metrics: KilnMetrics;
   /**
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
    * repository (`repair`, default on; a second in-process replica of a running app skips it),
@@ -83,6 +89,9 @@ function engineOptions(config: Config): EngineOptions {
 /** The one place the parts are built and wired: `server.ts` and the tests' in-process apps call it. */
 export function compose(o: ComposeOptions): Kiln {
   const { config, db, logger } = o;
+  const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
+  // A registry of this app's own: several apps (tests, replicas) may share the process.
+  const metrics = new KilnMetrics({ db, log: logger, models: [model], runtimes: SANDBOX_RUNTIMES });
   const secrets = new SecretStore(db, new Sealer(config.secretsKey));
   const engine = new SandboxEngine(
     db,
@@ -91,9 +100,10 @@ export function compose(o: ComposeOptions): Kiln {
     { ...engineOptions(config), ...(o.sandboxes ? {} : { workspaceMount: undefined }), ...o.engine },
     logger,
     secrets,
+    metrics,
   );
+  metrics.watchPool(() => engine.poolReady);
 
-  const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
   const embedder =
     o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
@@ -102,10 +112,10 @@ export function compose(o: ComposeOptions): Kiln {
   // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
   workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
 
-  const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs });
+  const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs, metrics });
   const events = new RunEventLog(db);
   const lease = { owner: config.instanceId, leaseMs: config.runLeaseMs };
-  const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease);
+  const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease, metrics);
 
   // Reviews and dreams are durable jobs, taken by this instance's job runner.
   const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs }, logger);
@@ -131,8 +141,10 @@ export function compose(o: ComposeOptions): Kiln {
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, events, evolution, templates, updates };
+  const parts = { engine, workspaces, agent, events, evolution, templates, updates, metrics };
   const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
+  // Statements are timed from the moment the app is built until it stops.
+  const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
 
   return {
     ...parts,
@@ -162,6 +174,7 @@ export function compose(o: ComposeOptions): Kiln {
       await events.disconnect();
       await agent.disconnectCancels();
       await engine.stop();
+      stopTimings?.();
     },
   };
 }

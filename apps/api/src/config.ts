@@ -139,10 +139,15 @@ const schema = z.object({
       'must be comma-separated IP addresses or CIDRs, e.g. 127.0.0.1,10.0.0.0/8',
     )
     .default(''),
+  /** The bearer token Prometheus scrapes GET /metrics with (an org-admin key works too). */
+  KILN_METRICS_TOKEN: z
+    .string()
+    .regex(/^[\x21-\x7e]{16,512}$/, 'must be 16 to 512 printable characters without spaces (e.g. openssl rand -hex 32)')
+    .optional(),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
-const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL', 'OPENAI_API_KEY', 'KILN_SECRETS_KEY']);
+const SECRETS = new Set(['KILN_ADMIN_KEY', 'DATABASE_URL', 'OPENAI_API_KEY', 'KILN_SECRETS_KEY', 'KILN_METRICS_TOKEN']);
 
 export type Config = {
   port: number;
@@ -228,6 +233,8 @@ export type Config = {
    * only, and these non-public ones (KILN_OUTBOUND_ALLOW).
    */
   outbound: { allow: string[] };
+  /** GET /metrics: the bearer token that may scrape it besides org-admin keys (KILN_METRICS_TOKEN). */
+  metrics: { token?: string };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -357,6 +364,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         .map((x) => x.trim())
         .filter(Boolean),
     },
+    metrics: { token: e.KILN_METRICS_TOKEN },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
       checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,

@@ -1,5 +1,6 @@
 import OpenAI from 'openai';
 import type { ChatCompletionMessageParam, ChatCompletionTool } from 'openai/resources/chat/completions';
+import type { KilnMetrics } from '../metrics/metrics.ts';
 
 export type ChatMessage = ChatCompletionMessageParam;
 
@@ -34,6 +35,8 @@ export interface ModelClientOptions {
   /** Retries on 429 and 5xx, with the SDK's exponential backoff. */
   maxRetries: number;
   timeoutMs: number;
+  /** Where each call's duration and tokens are counted (the app's metrics). */
+  metrics?: Pick<KilnMetrics, 'modelCall'>;
 }
 
 /** Any OpenAI-compatible chat endpoint, always streamed (so a cancel stops it mid-answer). */
@@ -69,6 +72,7 @@ export class ModelClient {
         'model_not_configured',
         'no model endpoint is configured: set OPENAI_BASE_URL / OPENAI_API_KEY and KILN_MODEL',
       );
+    const started = performance.now();
     try {
       const stream = await this.client.chat.completions.create(
         {
@@ -96,9 +100,12 @@ export class ModelClient {
           if (tc.function?.arguments) call.arguments += tc.function.arguments;
         }
       }
+      this.opts.metrics?.modelCall(req.model, performance.now() - started, { usage });
       return { content, toolCalls: calls.filter(Boolean), usage };
     } catch (err) {
-      throw toModelError(err, req.signal);
+      const e = toModelError(err, req.signal);
+      this.opts.metrics?.modelCall(req.model, performance.now() - started, { error: e.code });
+      throw e;
     }
   }
 }

@@ -23,6 +23,7 @@ import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
+import type { KilnMetrics } from '../metrics/metrics.ts';
 import { getWorkspace, type WorkspaceRow } from '../workspace/records.ts';
 import type { Approvals, Resume } from './approvals.ts';
 import type { TranscriptEntry } from './context.ts';
@@ -68,6 +69,8 @@ export interface RunLoopDeps {
   approvals: Pick<Approvals, 'request'>;
   /** Where approved source updates go, as it is now (it is set after start-up); none: they are refused. */
   sourceUpdates: () => su.SourceUpdateSink | undefined;
+  /** Counts the steps (the app's metrics). */
+  metrics?: Pick<KilnMetrics, 'runStep'>;
 }
 
 /** What a run's loop starts from. */
@@ -132,6 +135,7 @@ export class RunLoop {
       // The step count is written with the step's usage (one statement), and by `finishRun`.
       this.run = { ...this.run, steps: this.run.steps + 1 };
       this.writes.emit('step.created', { step: this.run.steps });
+      this.deps.metrics?.runStep();
       // Stored while the model thinks; the model call does not need it.
       this.writes.writeBehind();
 

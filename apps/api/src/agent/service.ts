@@ -6,6 +6,7 @@ import type { Database, Db } from '../db/client.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { messages, runs, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
+import type { KilnMetrics } from '../metrics/metrics.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import { getActiveSessionWithWorkspace } from '../sessions/sessions.ts';
@@ -51,13 +52,15 @@ export class AgentService {
     repo: WorkspaceService,
     private readonly log: Logger,
     lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
+    /** Counts run steps (the app's metrics). */
+    metrics?: Pick<KilnMetrics, 'runStep'>,
   ) {
     this.model = model;
     this.writeDeps = { db, events };
     this.leases = new Leases({ db, events, log }, lease, this.active);
     this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
     const sourceUpdates = () => this.sourceUpdates;
-    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates };
+    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates, metrics };
   }
 
   /**

@@ -8,6 +8,7 @@ import { drizzle as drizzlePostgres } from 'drizzle-orm/postgres-js';
 import { migrate as migratePostgres } from 'drizzle-orm/postgres-js/migrator';
 import postgres from 'postgres';
 import { PgliteThread } from './pglite-thread.ts';
+import { type StatementListener, StatementTimings } from './statements.ts';
 import * as schema from './schema/index.ts';
 
 /** The one database type the rest of the code sees, whichever driver is underneath. */
@@ -21,6 +22,11 @@ export interface Database {
    * PGlite, which only one process can open.
    */
   listen?: (channel: string, onMessage: (payload: string) => void) => Promise<() => Promise<void>>;
+  /**
+   * Calls `listener` after every statement of `db` with its driver, kind and duration, until the
+   * returned function is called (the metrics' statement latency; nothing is timed while none listens).
+   */
+  onStatement: (listener: StatementListener) => () => void;
   close(): Promise<void>;
 }
 
@@ -47,9 +53,11 @@ async function openPostgres(url: string): Promise<Database> {
     await migrator.end();
   }
   const client = postgres(url, { max: 10, onnotice: () => {} });
+  const timings = new StatementTimings('postgres');
   return {
-    db: drizzlePostgres(client, { schema }) as unknown as Db,
+    db: drizzlePostgres(timed(client, timings), { schema }) as unknown as Db,
     driver: 'postgres',
+    onStatement: (listener) => timings.on(listener),
     listen: async (channel, onMessage) => {
       const sub = await client.listen(channel, onMessage);
       return () => sub.unlisten();
@@ -65,13 +73,75 @@ async function openPglite(dataDir?: string): Promise<Database> {
     mkdirSync(path, { recursive: true });
   }
   // In its own thread, so that statements do not stop the API's event loop (see PgliteThread).
-  const client = await PgliteThread.open(path);
+  const timings = new StatementTimings('pglite');
+  const client = await PgliteThread.open(path, timings);
   try {
     const db = drizzlePglite(client.asPglite(), { schema });
     await migratePglite(db, { migrationsFolder });
-    return { db: db as unknown as Db, driver: 'pglite', close: () => client.close() };
+    return {
+      db: db as unknown as Db,
+      driver: 'pglite',
+      onStatement: (listener) => timings.on(listener),
+      close: () => client.close(),
+    };
   } catch (err) {
     await client.close();
     throw err;
   }
+}
+
+/**
+ * The postgres.js client as drizzle sees it, with each statement timed: drizzle sends every
+ * statement through `unsafe()` (on the client, or on a transaction's or savepoint's client, which
+ * are wrapped the same way). A query of postgres.js runs when it is first awaited, so the clock
+ * starts in its first `then`; while nobody listens the query is returned untouched.
+ */
+function timed(sql: postgres.Sql, timings: StatementTimings): postgres.Sql {
+  const wrapTx =
+    (begin: (...args: unknown[]) => unknown) =>
+    (...args: unknown[]) => {
+      const fn = args.at(-1) as (tx: postgres.Sql) => unknown;
+      return begin(...args.slice(0, -1), (tx: postgres.Sql) => fn(timed(tx, timings)));
+    };
+  return new Proxy(sql, {
+    get(target, key, receiver) {
+      if (key === 'unsafe')
+        return (query: string, ...rest: unknown[]) => {
+          const q = (target.unsafe as (...a: unknown[]) => postgres.PendingQuery<postgres.Row[]>)(query, ...rest);
+          if (!timings.active) return q;
+          const then = q.then;
+          let counted = false;
+          // biome-ignore lint/suspicious/noThenProperty: the query runs when awaited, through its own then, which this wraps
+          q.then = function (
+            this: typeof q,
+            onFulfilled?: (v: unknown) => unknown,
+            onRejected?: (e: unknown) => unknown,
+          ) {
+            // The first then is the await that runs it; postgres.js adds its own later (a
+            // transaction's catch), which must not count the statement again.
+            if (counted) return then.call(this, onFulfilled, onRejected);
+            counted = true;
+            const started = performance.now();
+            return then.call(
+              this,
+              (v) => {
+                timings.done(query, started);
+                return onFulfilled ? onFulfilled(v) : (v as never);
+              },
+              (err) => {
+                timings.done(query, started);
+                if (onRejected) return onRejected(err);
+                throw err;
+              },
+            );
+          } as typeof q.then;
+          return q;
+        };
+      if (key === 'begin' || key === 'savepoint') {
+        const begin = Reflect.get(target, key, receiver) as ((...args: unknown[]) => unknown) | undefined;
+        return begin && wrapTx(begin.bind(target));
+      }
+      return Reflect.get(target, key, receiver);
+    },
+  });
 }

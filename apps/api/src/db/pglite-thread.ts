@@ -1,5 +1,6 @@
 import { Worker } from 'node:worker_threads';
 import type { PGlite, QueryOptions, Results, Transaction } from '@electric-sql/pglite';
+import type { StatementTimings } from './statements.ts';
 
 type Request =
   | { op: 'query'; sql: string; params?: unknown[]; rowMode?: string; parsers?: number[]; tx?: number }
@@ -36,7 +37,11 @@ export class PgliteThread {
   private failure?: Error;
   readonly ready: Promise<void>;
 
-  constructor(dataDir?: string) {
+  constructor(
+    dataDir?: string,
+    /** Told how long each statement took, from the post to the answer (the metrics' statement latency). */
+    private readonly timings?: StatementTimings,
+  ) {
     this.worker = new Worker(new URL('./pglite-thread.worker.mjs', import.meta.url), { workerData: { dataDir } });
     this.ready = new Promise((resolve, reject) => this.pending.set(0, { resolve: () => resolve(), reject }));
     this.worker.on(
@@ -58,8 +63,8 @@ export class PgliteThread {
     this.worker.on('exit', (code) => fail(new Error(`the database thread exited (code ${code})`)));
   }
 
-  static async open(dataDir?: string): Promise<PgliteThread> {
-    const thread = new PgliteThread(dataDir);
+  static async open(dataDir?: string, timings?: StatementTimings): Promise<PgliteThread> {
+    const thread = new PgliteThread(dataDir, timings);
     try {
       await thread.ready;
     } catch (err) {
@@ -79,11 +84,13 @@ export class PgliteThread {
   }
 
   query<T>(sql: string, params?: unknown[], options?: QueryOptions, tx?: number): Promise<Results<T>> {
-    return this.send({ op: 'query', sql, params, ...portable(options), tx });
+    const answer = this.send<Results<T>>({ op: 'query', sql, params, ...portable(options), tx });
+    return this.timings ? this.timings.track(answer, sql) : answer;
   }
 
   exec(sql: string, options?: QueryOptions, tx?: number): Promise<Results[]> {
-    return this.send({ op: 'exec', sql, ...portable(options), tx });
+    const answer = this.send<Results[]>({ op: 'exec', sql, ...portable(options), tx });
+    return this.timings ? this.timings.track(answer, sql) : answer;
   }
 
   /**

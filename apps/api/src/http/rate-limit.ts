@@ -9,7 +9,7 @@ import { ApiError } from '../lib/errors.ts';
  */
 const INNER_CALL: unique symbol = Symbol('kiln.inner-call');
 export const innerCallEnv = () => ({ [INNER_CALL]: true });
-const isInnerCall = (env: unknown) =>
+export const isInnerCall = (env: unknown) =>
   typeof env === 'object' && env !== null && (env as Record<symbol, unknown>)[INNER_CALL] === true;
 
 interface Bucket {

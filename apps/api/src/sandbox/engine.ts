@@ -7,6 +7,7 @@ import { ApiError } from '../lib/errors.ts';
 import { SecretMask } from '../secrets/masking.ts';
 import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
 import { ConfigError } from '../config.ts';
+import type { KilnMetrics } from '../metrics/metrics.ts';
 import { DEFAULT_SETTINGS, type SandboxRuntime, type WorkspaceSettings } from '../workspace/settings.ts';
 import type { ContainerNetwork, EgressEvent, SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
@@ -107,6 +108,8 @@ export class SandboxEngine {
     private readonly log: Logger,
     /** The workspace secrets each execution gets as environment variables (and masks in what comes back). */
     private readonly secrets: SecretSource,
+    /** Where each execution that reached a runner is counted: its duration, timeouts, OOM kills. */
+    private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution'>,
   ) {
     const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
     const now = () => this.now();
@@ -408,26 +411,34 @@ export class SandboxEngine {
     const env = proxyUrl ? { ...mask.env(), ...proxyEnv(proxyUrl) } : mask.env();
     live.busy = true;
     let result: RunnerResult;
+    // Set when the code was sent to the runner: only those executions are measured.
+    let sent: number | undefined;
     try {
-      result = opts.signal?.aborted
-        ? cancelledBeforeStart()
-        : secrets instanceof SecretUnreadable
-          ? notRun(1, { type: 'SecretUnreadable', message: secrets.message }, false)
-          : await live.client.exec(code, {
-              timeoutMs: timeoutS * 1000,
-              maxOutputBytes: this.opts.maxOutputBytes,
-              onOutput: output.onOutput,
-              signal: opts.signal,
-              sync: live.synced,
-              syncCaps: opts.sync,
-              env,
-            });
+      if (opts.signal?.aborted) result = cancelledBeforeStart();
+      else if (secrets instanceof SecretUnreadable)
+        result = notRun(1, { type: 'SecretUnreadable', message: secrets.message }, false);
+      else {
+        sent = performance.now();
+        result = await live.client.exec(code, {
+          timeoutMs: timeoutS * 1000,
+          maxOutputBytes: this.opts.maxOutputBytes,
+          onOutput: output.onOutput,
+          signal: opts.signal,
+          sync: live.synced,
+          syncCaps: opts.sync,
+          env,
+        });
+      }
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
       this.log.warn({ sandbox: live.id, reason: mask.text(err.message) }, 'sandbox runner lost');
       await this.live.release(live.sessionId, 'runner_lost');
       result = lostResult(err.message);
     } finally {
+      if (sent !== undefined) {
+        const errorType = (result! as RunnerResult | undefined)?.error?.type;
+        this.metrics?.sandboxExecution(ctx.runtime, performance.now() - sent, errorType);
+      }
       output.flush();
       live.busy = false;
       live.lastUsed = this.now();
