@@ -139,6 +139,8 @@ const schema = z.object({
       'must be comma-separated IP addresses or CIDRs, e.g. 127.0.0.1,10.0.0.0/8',
     )
     .default(''),
+  // The longest a workspace's MCP server may take to connect, to list its tools, or to answer one call.
+  KILN_MCP_TIMEOUT_S: int(1, 600).default(30),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -228,6 +230,8 @@ export type Config = {
    * only, and these non-public ones (KILN_OUTBOUND_ALLOW).
    */
   outbound: { allow: string[] };
+  /** The agent as an MCP client: each connect, tool listing and call to a workspace's server is cut off after this. */
+  mcp: { timeoutMs: number };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -357,6 +361,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         .map((x) => x.trim())
         .filter(Boolean),
     },
+    mcp: { timeoutMs: e.KILN_MCP_TIMEOUT_S * 1000 },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
       checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,
