@@ -96,6 +96,55 @@ async function closedPortUrl() {
   return `http://127.0.0.1:${port}/mcp`;
 }
 
+/** A hostile MCP server: too many tools, odd names, long descriptions, wild schemas, oversized results. */
+async function startHostileServer() {
+  const handler = createMcpHandler(() => {
+    const s = new McpServer({ name: 'hostile', version: '1.0.0' });
+    s.registerTool('big', { description: 'a large answer' }, async () => ({
+      content: [{ type: 'text', text: 'x'.repeat(100_000) }],
+    }));
+    s.registerTool('huge', { description: 'a response over the byte bound' }, async () => ({
+      content: [{ type: 'text', text: 'y'.repeat(2 * 1024 * 1024) }],
+    }));
+    for (let i = 0; i < 60; i++)
+      s.registerTool(
+        `tool_${i}`,
+        { description: 'd'.repeat(10_000), inputSchema: z.object({ a: z.string() }) },
+        async () => ({
+          content: [{ type: 'text', text: 'ok' }],
+        }),
+      );
+    return s;
+  });
+  const server: ServerType = serve({ fetch: (req) => handler.fetch(req), hostname: '127.0.0.1', port: 0 });
+  await new Promise<void>((r) => (server.listening ? r() : server.once('listening', () => r())));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`,
+    close: () =>
+      new Promise<void>((r) => {
+        (server as Server).closeAllConnections();
+        (server as Server).close(() => r());
+      }),
+  };
+}
+
+/** An HTTP server that answers every request with 200 and text that is not MCP. */
+async function startGarbageServer() {
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end('{"this is": "not json-rpc"');
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`,
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
+}
+
 type Mcp = Awaited<ReturnType<typeof startMcpServer>>;
 
 describe('the agent as an MCP client', () => {
@@ -338,6 +387,44 @@ describe('the agent as an MCP client', () => {
     expect(results).toHaveLength(3);
     expect(results.every((r) => typeof r.error === 'string' && r.error.length > 0)).toBe(true);
     expect(hanging.requests()).toBeGreaterThan(0);
+  });
+
+  it('a hostile server is bounded: the request stays valid, big results are cut, oversized ones and garbage are errors', async () => {
+    const hostile = await startHostileServer();
+    const garbage = await startGarbageServer();
+    try {
+      const { session } = await sessionWith(
+        [
+          { name: 'evil', url: hostile.url },
+          { name: 'junk', url: garbage.url },
+        ],
+        { protocol: 'tools' },
+      );
+      ctx.fake.script(
+        { tool_calls: [{ name: 'evil__big', arguments: {} }] },
+        { tool_calls: [{ name: 'evil__huge', arguments: {} }] },
+        { content: 'done' },
+      );
+      const { run } = await converse(ctx.t, ctx.team.key, session, 'go');
+      expect(run.status).toBe('completed');
+      const [first, second, third] = ctx.fake.chats().slice(-3);
+      // The strict fake accepted every request (useAgentApp checks no refusal): names and schemas are valid.
+      const names = first.tools.map((t: { function: { name: string } }) => t.function.name) as string[];
+      const mcpNames = names.filter((n) => n.startsWith('evil__'));
+      expect(mcpNames.length).toBeLessThanOrEqual(32);
+      expect(mcpNames).toContain('evil__big');
+      expect(JSON.stringify(first.tools).length).toBeLessThan(64 * 1024);
+      const system = first.messages[0].content as string;
+      expect(system).toMatch(/server evil: \d+ tool\(s\) not offered/);
+      expect(system).toMatch(/server junk is unavailable now: /);
+      const big = second.messages.at(-1).content as string;
+      expect(big).toContain('[truncated: the result had 100000 characters]');
+      expect(big.length).toBeLessThan(17_000);
+      expect(third.messages.at(-1).content).toMatch(/evil\.huge gave no result: .*more than 1048576 bytes/);
+    } finally {
+      await hostile.close();
+      await garbage.close();
+    }
   });
 
   it('bad settings are a 400 envelope and change nothing; an unknown secret is a clear tool error at call time', async () => {

@@ -112,8 +112,12 @@ export function resolveHeaders(headers: Record<string, string>, secrets: OpenSec
 
 const referencesSecrets = (s: McpServerConfig) => Object.values(s.headers).some((v) => v.search(SECRET_REF) >= 0);
 
-/** A fetch whose responses end in an error past `max` bytes. */
-function bounded(fetch: typeof globalThis.fetch, max: number): typeof globalThis.fetch {
+/** A fetch whose responses end in an error past `max` bytes (`onError` hears it at once: the SDK may not say). */
+function bounded(
+  fetch: typeof globalThis.fetch,
+  max: number,
+  onError: (err: McpError) => void,
+): typeof globalThis.fetch {
   return (async (input: RequestInfo | URL, init?: RequestInit) => {
     const res = await fetch(input, init);
     if (!res.body) return res;
@@ -122,9 +126,10 @@ function bounded(fetch: typeof globalThis.fetch, max: number): typeof globalThis
       new TransformStream<Uint8Array, Uint8Array>({
         transform(chunk, ctl) {
           seen += chunk.byteLength;
-          if (seen > max)
-            ctl.error(new McpError('too_large', `the server sent more than ${max} bytes in one response`));
-          else ctl.enqueue(chunk);
+          if (seen <= max) return ctl.enqueue(chunk);
+          const err = new McpError('too_large', `the server sent more than ${max} bytes in one response`);
+          onError(err);
+          ctl.error(err);
         },
       }),
     );
@@ -144,7 +149,9 @@ async function within<T>(
     () => ctl.abort(new McpError('timeout', `${what} took longer than ${ms / 1000} s (KILN_MCP_TIMEOUT_S)`)),
     ms,
   );
-  const cancel = () => ctl.abort(new McpError('cancelled', 'the run was cancelled'));
+  // An McpError as the reason is the session's own (a response over its bound); anything else is the run's cancel.
+  const cancel = () =>
+    ctl.abort(outer?.reason instanceof McpError ? outer.reason : new McpError('cancelled', 'the run was cancelled'));
   if (outer?.aborted) cancel();
   outer?.addEventListener('abort', cancel, { once: true });
   const aborted = new Promise<never>((_, reject) =>
@@ -367,16 +374,18 @@ export class McpClients {
   ): Promise<T> {
     const url = this.policy.checkUrl(server.url);
     const headers = resolveHeaders(server.headers, secrets);
+    const broken = new AbortController();
     const transport = new StreamableHTTPClientTransport(url, {
-      fetch: bounded(this.policy.fetch(this.opts.timeoutMs), MAX_RESPONSE_BYTES),
+      fetch: bounded(this.policy.fetch(this.opts.timeoutMs), MAX_RESPONSE_BYTES, (err) => broken.abort(err)),
       requestInit: { headers, redirect: 'manual' },
     });
     const client = new Client({ name: 'kiln', version: '1.0.0' });
+    const stop = signal ? AbortSignal.any([signal, broken.signal]) : broken.signal;
     try {
-      await within(this.opts.timeoutMs, signal, `connecting to ${server.name}`, (inner) =>
+      await within(this.opts.timeoutMs, stop, `connecting to ${server.name}`, (inner) =>
         client.connect(transport, { signal: inner, timeout: this.opts.timeoutMs }),
       );
-      return await fn(client, signal);
+      return await fn(client, stop);
     } finally {
       // Not awaited for long: a server that hangs must not hold the run at the close either.
       await within(1000, undefined, 'closing', () => client.close()).catch(() => undefined);
