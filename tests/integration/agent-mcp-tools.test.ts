@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
@@ -21,6 +22,7 @@ const AUTH = 'Bearer ${secrets.GH_TOKEN}';
 async function startMcpServer() {
   const authorizations: (string | null)[] = [];
   const calls: { tool: string; args: unknown }[] = [];
+  const called = new EventEmitter();
   let lastAuth: string | null = null;
   const handler = createMcpHandler(() => {
     const s = new McpServer({ name: 'test-tracker', version: '1.0.0' });
@@ -40,6 +42,7 @@ async function startMcpServer() {
     // Never answers (until the client gives up).
     s.registerTool('sleep', { description: 'Sleeps forever' }, async () => {
       calls.push({ tool: 'sleep', args: {} });
+      called.emit('sleep');
       return new Promise<never>(() => undefined);
     });
     return s;
@@ -59,6 +62,8 @@ async function startMcpServer() {
     url: `http://127.0.0.1:${port}/mcp`,
     authorizations,
     calls,
+    /** Resolves when the next call of `sleep` arrives. */
+    sleeping: () => new Promise<void>((r) => called.once('sleep', () => r())),
     close: () => new Promise<void>((r) => (server as Server).close(() => r())),
     closeAll: () => (server as Server).closeAllConnections(),
   };
@@ -344,6 +349,27 @@ describe('the agent as an MCP client', () => {
     expect(mcp.calls.length).toBe(before + 1);
   });
 
+  it('tool calling: a call that needs approval pauses; once approved the tool message answers that call', async () => {
+    const rules = [{ tool: 'gh.*', behavior: 'ask' }];
+    const { session } = await sessionWith([tracker()], { protocol: 'tools', approval: { mode: 'auto', rules } });
+    const before = mcp.calls.length;
+    ctx.fake.script(
+      { tool_calls: [{ name: 'gh__create_issue', arguments: { title: 'Native approval' }, id: 'call_native_1' }] },
+      { content: 'Filed.' },
+    );
+    const first = await converse(ctx.t, ctx.team.key, session, 'file it', PAUSED);
+    expect(first.run.status).toBe('requires_action');
+    const a = await pendingApproval(ctx.t, ctx.team.key, session);
+    expect(a.code).toContain('Kiln MCP tool call: gh.create_issue');
+    await ctx.t.call('POST', `/v1/approvals/${a.id}`, { key: ctx.team.key, body: { decision: 'approve' } });
+    const done = await eventsUntil(ctx.t, first.run.id, TERMINAL);
+    expect(done.at(-1)!.event).toBe('run.completed');
+    expect(mcp.calls.slice(before)).toEqual([{ tool: 'create_issue', args: { title: 'Native approval' } }]);
+    const answer = ctx.fake.chats().at(-1).messages.at(-1);
+    expect(answer).toMatchObject({ role: 'tool', tool_call_id: 'call_native_1' });
+    expect(answer.content).toContain('created issue "Native approval"');
+  });
+
   it('a deny rule with a pattern on the arguments refuses the call without asking', async () => {
     const rules = [{ tool: 'gh.*', match: '"title":"prod', behavior: 'deny' }];
     const { session } = await sessionWith([tracker()], { approval: { mode: 'ask', rules } });
@@ -498,6 +524,35 @@ describe('the agent as an MCP client', () => {
     expect(r.status).toBe(404);
     const after = await ctx.t.call('GET', `/v1/workspaces/${ws}`, { key: ctx.team.key });
     expect(after.body.settings.mcp_servers).toHaveLength(1);
+  });
+
+  it('a run cancelled while a call hangs ends at once, long before the MCP deadline', async () => {
+    const fake = await startFakeOpenAI();
+    const t = await createTestApp({
+      sandbox: false,
+      model: { baseURL: fake.url, model: 'fake-model' },
+      env: { KILN_OUTBOUND_ALLOW: '127.0.0.1', KILN_MCP_TIMEOUT_S: '600' },
+    });
+    try {
+      const team = await t.team('mcp-cancel');
+      const { session } = await sessionIn(t, team, {
+        approval: { mode: 'auto', rules: [] },
+        mcp_servers: [{ name: 'gh', url: mcp.url }],
+      });
+      fake.script({ content: '<tool name="gh.sleep">{}</tool>' });
+      const sleeping = mcp.sleeping();
+      const r = await t.call('POST', `/v1/sessions/${session}/messages`, { key: team.key, body: { content: 'wait' } });
+      expect(r.status).toBe(202);
+      await sleeping;
+      const cancel = await t.call('POST', `/v1/runs/${r.body.run.id}/cancel`, { key: team.key });
+      expect(cancel.status).toBeLessThan(300);
+      const events = await eventsUntil(t, r.body.run.id, TERMINAL);
+      expect(events.at(-1)!.event).toBe('run.cancelled');
+      expect(events.find((e) => e.event === 'tool.result')?.data).toMatchObject({ error: 'the run was cancelled' });
+    } finally {
+      await t.close();
+      await fake.close();
+    }
   });
 
   it('without KILN_OUTBOUND_ALLOW a loopback server is refused before any request reaches it', async () => {

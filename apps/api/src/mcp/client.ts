@@ -252,21 +252,19 @@ export class McpClients {
 
   private async list(workspaceId: string, servers: McpServerConfig[]): Promise<ToolSet> {
     const secrets = await this.secretsOf(workspaceId, servers).catch((err: unknown) => err as Error);
-    const listed = await Promise.all(
-      servers.map(async (s): Promise<ServerTools> => {
+    // Every server at once (each within its deadlines); what each offered, or why nothing.
+    const answers = await Promise.all(
+      servers.map(async (s): Promise<{ raw: unknown[] } | { error: string }> => {
         try {
           if (secrets instanceof Error) throw secrets;
-          const raw = await this.session(s, secrets, undefined, (client, sig) =>
+          const listed = await this.session(s, secrets, undefined, (client, sig) =>
             within(this.opts.timeoutMs, sig, `listing the tools of ${s.name}`, (inner) =>
               client.listTools(undefined, { signal: inner, timeout: this.opts.timeoutMs }),
             ),
           );
-          return { server: s.name, tools: [], error: null, dropped: 0, raw: raw.tools } as ServerTools & {
-            raw: unknown;
-          };
+          return { raw: Array.isArray(listed.tools) ? listed.tools : [] };
         } catch (err) {
-          const mask = secrets instanceof Error ? null : new SecretMask(secrets);
-          return { server: s.name, tools: [], error: describe(err, mask).message, dropped: 0 };
+          return { error: describe(err, secrets instanceof Error ? null : new SecretMask(secrets)).message };
         }
       }),
     );
@@ -274,12 +272,17 @@ export class McpClients {
     let budget = MAX_OFFERED_CHARS;
     const all: McpTool[] = [];
     const natives = new Set<string>();
-    for (const entry of listed as (ServerTools & { raw?: unknown })[]) {
-      const raw = Array.isArray(entry.raw) ? (entry.raw as Record<string, unknown>[]) : [];
-      delete entry.raw;
-      for (const t of raw) {
-        const name = typeof t.name === 'string' ? t.name : '';
-        const native = TOOL_NAME.test(name) ? nativeName(entry.server, name) : '';
+    const listed = servers.map((s, i): ServerTools => {
+      const answer = answers[i]!;
+      const entry: ServerTools = {
+        server: s.name,
+        tools: [],
+        error: 'error' in answer ? answer.error : null,
+        dropped: 0,
+      };
+      for (const t of 'raw' in answer ? (answer.raw as Record<string, unknown>[]) : []) {
+        const name = typeof t?.name === 'string' ? t.name : '';
+        const native = TOOL_NAME.test(name) ? nativeName(s.name, name) : '';
         if (!native || natives.has(native) || entry.tools.length >= MAX_TOOLS_PER_SERVER || all.length >= MAX_TOOLS) {
           entry.dropped++;
           continue;
@@ -293,11 +296,12 @@ export class McpClients {
         }
         budget -= cost;
         natives.add(native);
-        const tool = { server: entry.server, name, native, description, schema };
+        const tool = { server: s.name, name, native, description, schema };
         entry.tools.push(tool);
         all.push(tool);
       }
-    }
+      return entry;
+    });
     return { servers: listed, tools: all };
   }
 
