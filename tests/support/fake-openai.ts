@@ -78,6 +78,8 @@ const refuse = (message: string, param: string | null, code: string | null = nul
 });
 const ROLES = ['system', 'developer', 'user', 'assistant', 'tool'];
 const TOOL_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+/** OpenAI's limit on the functions of one request. */
+const MAX_TOOLS = 128;
 const SCHEMA_TYPES = new Set(['object', 'string', 'number', 'integer', 'boolean', 'array', 'null']);
 const isObject = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const filled = (content: unknown) =>
@@ -127,6 +129,12 @@ export function refusal(body: any): Refusal | null {
   if (body.tools !== undefined) {
     if (!Array.isArray(body.tools) || !body.tools.length)
       return refuse("Invalid 'tools': empty array. Expected an array with minimum length 1.", 'tools', 'empty_array');
+    if (body.tools.length > MAX_TOOLS)
+      return refuse(
+        `Invalid 'tools': array too long. Expected an array with maximum length ${MAX_TOOLS}, but got an array with length ${body.tools.length} instead.`,
+        'tools',
+        'array_above_max_length',
+      );
     const names = new Set<string>();
     for (const [i, tool] of body.tools.entries()) {
       const fn = isObject(tool) ? tool.function : undefined;

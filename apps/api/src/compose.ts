@@ -8,6 +8,7 @@ import type { Database, Db } from './db/client.ts';
 import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { KilnMetrics } from './metrics/metrics.ts';
+import { McpClients } from './mcp/client.ts';
 import { type Embedder, openAiEmbedder } from './memory/embeddings.ts';
 import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
@@ -116,6 +117,9 @@ export function compose(o: ComposeOptions): Kiln {
   const events = new RunEventLog(db);
   const lease = { owner: config.instanceId, leaseMs: config.runLeaseMs };
   const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease, metrics);
+  // Workspaces' MCP servers are tenants' URLs: only through the outbound policy, each step bounded in time.
+  const mcp = new McpClients({ allow: config.outbound.allow, timeoutMs: config.mcp.timeoutMs, secrets });
+  agent.useMcpServers(mcp);
 
   // Reviews and dreams are durable jobs, taken by this instance's job runner.
   const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs }, logger);
@@ -173,6 +177,7 @@ export function compose(o: ComposeOptions): Kiln {
       await agent.stop();
       await events.disconnect();
       await agent.disconnectCancels();
+      await mcp.close();
       await engine.stop();
       stopTimings?.();
     },

@@ -144,6 +144,8 @@ const schema = z.object({
     .string()
     .regex(/^[\x21-\x7e]{16,512}$/, 'must be 16 to 512 printable characters without spaces (e.g. openssl rand -hex 32)')
     .optional(),
+  // The longest a workspace's MCP server may take to connect, to list its tools, or to answer one call.
+  KILN_MCP_TIMEOUT_S: int(1, 600).default(30),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -235,6 +237,8 @@ export type Config = {
   outbound: { allow: string[] };
   /** GET /metrics: the bearer token that may scrape it besides org-admin keys (KILN_METRICS_TOKEN). */
   metrics: { token?: string };
+  /** The agent as an MCP client: each connect, tool listing and call to a workspace's server is cut off after this. */
+  mcp: { timeoutMs: number };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -365,6 +369,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         .filter(Boolean),
     },
     metrics: { token: e.KILN_METRICS_TOKEN },
+    mcp: { timeoutMs: e.KILN_MCP_TIMEOUT_S * 1000 },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
       checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,

@@ -1,6 +1,7 @@
 import type { ChatCompletionTool } from 'openai/resources/chat/completions';
 import type { ToolCall } from './llm.ts';
 import { SOURCE_UPDATE_TOOL } from './source-update.ts';
+import type { McpTool } from '../mcp/client.ts';
 import type { WorkspaceSettings } from '../workspace/settings.ts';
 import { tag, withoutBlock } from '../lib/text.ts';
 
@@ -9,7 +10,9 @@ export type Action =
   | { type: 'memory_search'; query: string; path?: string; since?: string; until?: string }
   | { type: 'finish'; summary: string }
   | { type: 'source_update'; patch: string; reason: string }
-  | { type: 'undo_evolution'; evolutionId: string };
+  | { type: 'undo_evolution'; evolutionId: string }
+  /** A tool of one of the workspace's MCP servers; `problem`: the call could not be read (told to the model). */
+  | { type: 'tool'; server: string; tool: string; arguments: Record<string, unknown>; problem?: string };
 
 export interface Parsed {
   thinking: string | null;
@@ -29,7 +32,47 @@ function parseSourceUpdate(reply: string): Action | null {
   return { type: 'source_update', patch: patch ? `${patch}\n` : '', reason: tag(block, 'reason') ?? '' };
 }
 
-/** The XML protocol: <thinking>, then one of <python>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
+/** A tool call's arguments: one JSON object (empty: none), or why not. */
+function toolArguments(text: string): { arguments: Record<string, unknown>; problem?: string } {
+  if (!text.trim()) return { arguments: {} };
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    return { arguments: {}, problem: `the arguments are not valid JSON (${(err as Error).message.slice(0, 200)})` };
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    return { arguments: {}, problem: 'the arguments must be one JSON object, e.g. {"key": "value"}' };
+  return { arguments: value as Record<string, unknown> };
+}
+
+/**
+ * `<tool name="server.tool">{json}</tool>`: the first such tag, read with plain searches (the reply
+ * is the model's). A tag without a `server.tool` name or with arguments that are not one JSON
+ * object is still a tool action, with the problem to tell the model.
+ */
+function parseToolTag(reply: string): Action | null {
+  const lower = reply.toLowerCase();
+  const at = lower.indexOf('<tool');
+  if (at < 0) return null;
+  const close = reply.indexOf('>', at);
+  const end = lower.indexOf('</tool>', close);
+  if (close < 0 || end < 0) return null;
+  const head = reply.slice(at + 5, close);
+  if (head && !/^\s/.test(head)) return null;
+  const name = /^\s*name\s*=\s*(?:"([^"]*)"|'([^']*)')\s*\/?$/.exec(head);
+  const full = name ? (name[1] ?? name[2] ?? '') : '';
+  const dot = full.indexOf('.');
+  const [server, tool] = dot > 0 ? [full.slice(0, dot), full.slice(dot + 1)] : ['', ''];
+  const args = toolArguments(reply.slice(close + 1, end));
+  const problem =
+    !server || !tool
+      ? 'a <tool> tag needs name="server.tool", e.g. <tool name="github.create_issue">{"title": "…"}</tool>'
+      : args.problem;
+  return { type: 'tool', server, tool, arguments: args.arguments, ...(problem ? { problem } : {}) };
+}
+
+/** The XML protocol: <thinking>, then one of <python>, <tool>, <memory_search>, <undo_evolution>, <finish> (or <propose_source_update>). */
 export function parseXml(reply: string): Parsed {
   const update = parseSourceUpdate(reply);
   if (update) return { thinking: tag(withoutBlock(reply, 'propose_source_update'), 'thinking'), action: update };
@@ -41,14 +84,16 @@ export function parseXml(reply: string): Parsed {
   let action: Action | null = null;
   if (finish !== null) action = { type: 'finish', summary: finish };
   else if (python) action = { type: 'python', code: unfence(python) };
-  else if (search) action = { type: 'memory_search', query: search };
-  else if (undo) action = { type: 'undo_evolution', evolutionId: undo };
+  else
+    action =
+      parseToolTag(reply) ??
+      (search ? { type: 'memory_search', query: search } : undo ? { type: 'undo_evolution', evolutionId: undo } : null);
   return { thinking, action };
 }
 
 export const XML_CORRECTION =
   'Kiln System: [Protocol Violation] Your reply has no action tag. Reply with <thinking>…</thinking> followed by exactly one of ' +
-  '<python>code</python>, <memory_search>query</memory_search>, <undo_evolution>evolution id</undo_evolution> or <finish>summary</finish>. Try again.';
+  '<python>code</python>, <tool name="server.tool">{json arguments}</tool> (when MCP tools are listed), <memory_search>query</memory_search>, <undo_evolution>evolution id</undo_evolution> or <finish>summary</finish>. Try again.';
 
 export const TOOLS: ChatCompletionTool[] = [
   {
@@ -107,9 +152,21 @@ export const TOOLS: ChatCompletionTool[] = [
   },
 ];
 
-/** The tools offered to the model: `propose_source_update` only where an org admin enabled it. */
-export const toolsFor = (settings: WorkspaceSettings): ChatCompletionTool[] =>
-  settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS;
+/** The function tool of an MCP server's tool (its name, description and schema already bounded). */
+const mcpFunction = (t: McpTool): ChatCompletionTool => ({
+  type: 'function',
+  function: {
+    name: t.native,
+    description: `[MCP server ${t.server}, tool ${t.name}] ${t.description}`.trim(),
+    parameters: t.schema,
+  },
+});
+
+/** The tools offered to the model: `propose_source_update` only where an org admin enabled it, then the MCP servers' tools. */
+export const toolsFor = (settings: WorkspaceSettings, mcp: McpTool[] = []): ChatCompletionTool[] => [
+  ...(settings.source_updates ? [...TOOLS, SOURCE_UPDATE_TOOL] : TOOLS),
+  ...mcp.map(mcpFunction),
+];
 
 /** One tool call of a model message: the action it asks for, or why it cannot be carried out. */
 export type Call = { toolCallId: string; action: Action } | { toolCallId: string; violation: string };
@@ -119,8 +176,15 @@ export type Call = { toolCallId: string; action: Action } | { toolCallId: string
  * several: OpenAI-compatible models call tools in parallel by default). Arguments that are not
  * valid JSON, an unknown tool or a missing argument are a protocol violation of that call only.
  */
-export function parseToolCall(call: ToolCall): Call {
+export function parseToolCall(call: ToolCall, mcp: McpTool[] = []): Call {
   const toolCallId = call.id;
+  if (call.name.includes('__')) {
+    const tool = mcp.find((t) => t.native === call.name);
+    if (!tool) return { violation: `unknown tool ${call.name} (not among the MCP tools offered now)`, toolCallId };
+    const args = toolArguments(call.arguments);
+    const action = { type: 'tool' as const, server: tool.server, tool: tool.name, arguments: args.arguments };
+    return { action: args.problem ? { ...action, problem: args.problem } : action, toolCallId };
+  }
   let args: Record<string, unknown>;
   try {
     args = JSON.parse(call.arguments || '{}') as Record<string, unknown>;

@@ -13,11 +13,13 @@
 import { randomUUID } from 'node:crypto';
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
+import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
 import { messages, runs, sessions, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import { recentEvolutions } from '../evolution-log/evolutions.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
 import { ApiError } from '../lib/errors.ts';
+import { EMPTY_TOOLSET, type McpClients, type ToolSet } from '../mcp/client.ts';
 import { filterProblem } from '../memory/search.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
@@ -40,7 +42,7 @@ import {
 } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
-import { decideCode } from './policy.ts';
+import { decideCode, decideTool } from './policy.ts';
 import {
   parseToolCall,
   parseXml,
@@ -52,6 +54,7 @@ import {
 } from './protocol.ts';
 import { finishRun, INTERRUPTED, RunWrites, type RunEnd, type RunError } from './run-writes.ts';
 import * as su from './source-update.ts';
+import * as tc from './tool-calls.ts';
 import { fitTranscript, summariseTurns, systemMessage, type RecentEvolutions } from './transcript.ts';
 
 const MAX_VIOLATIONS = 3;
@@ -71,6 +74,8 @@ export interface RunLoopDeps {
   sourceUpdates: () => su.SourceUpdateSink | undefined;
   /** Counts the steps (the app's metrics). */
   metrics?: Pick<KilnMetrics, 'runStep'>;
+  /** The workspace's MCP servers (their tools offered to the model, each call under the policy); none: no MCP. */
+  mcp: () => McpClients | undefined;
 }
 
 /** What a run's loop starts from. */
@@ -79,6 +84,8 @@ export type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
 export class RunLoop {
   private readonly writes: RunWrites;
   private readonly model: string;
+  /** The MCP tools offered in the current step (listed again, from a short cache, before every model call). */
+  private mcpTools: ToolSet = EMPTY_TOOLSET;
 
   private constructor(
     private readonly deps: RunLoopDeps,
@@ -120,6 +127,7 @@ export class RunLoop {
       this.run = { ...this.run, status: 'in_progress', startedAt };
     }
     if (resume) {
+      await this.listMcpTools();
       // The decided call first, then the calls of its message still unanswered (it paused there).
       await this.afterApproval(resume);
       const decided = resume.approval.toolCallId;
@@ -140,8 +148,9 @@ export class RunLoop {
       this.writes.writeBehind();
 
       let turn: ModelTurn;
+      await this.listMcpTools();
       try {
-        const tools = settings.protocol === 'tools' ? toolsFor(settings) : undefined;
+        const tools = settings.protocol === 'tools' ? toolsFor(settings, this.mcpTools.tools) : undefined;
         const call = async (force?: { budget: number }) =>
           this.deps.model.complete({ model: this.model, messages: await this.transcript(force), tools, signal });
         try {
@@ -167,7 +176,7 @@ export class RunLoop {
       this.say({ role: 'assistant', content: turn.content, toolCalls });
 
       if (toolCalls) {
-        const calls = toolCalls.map(parseToolCall);
+        const calls = toolCalls.map((c) => parseToolCall(c, this.mcpTools.tools));
         const broken = calls.flatMap((c) => ('violation' in c ? [c.violation] : []));
         // Only a message with no call that can be carried out counts towards the limit.
         violations = broken.length === calls.length ? violations + 1 : 0;
@@ -243,7 +252,7 @@ export class RunLoop {
     const answered = new Set(this.rows.slice(at + 1).flatMap((r) => (r.role === 'tool' ? [r.toolCallId] : [])));
     return calls(this.rows[at]!)
       .filter((c) => !answered.has(c.id))
-      .map(parseToolCall);
+      .map((c) => parseToolCall(c, this.mcpTools.tools));
   }
 
   /**
@@ -285,6 +294,13 @@ export class RunLoop {
       return false;
     }
     if (action.type === 'source_update') return this.proposeSourceUpdate(action, toolCallId);
+    if (action.type === 'tool') return this.proposeTool(action, toolCallId);
+    if (tc.isToolApprovalText(action.code)) {
+      // Never Python, and an approval of it would read as a tool call's.
+      this.reply(toolCallId, tc.NOT_PYTHON);
+      this.writes.writeBehind();
+      return false;
+    }
     this.writes.emit('code.proposed', { code: action.code });
     const policy = decideCode(this.ws.settings.approval, action.code);
     if (policy.decision === 'deny') {
@@ -300,6 +316,87 @@ export class RunLoop {
     }
     await this.runCode(action.code, toolCallId);
     return false;
+  }
+
+  /** The MCP tools of the workspace for this step (a server that fails is named in the prompt, not fatal). */
+  private async listMcpTools(): Promise<void> {
+    const mcp = this.deps.mcp();
+    this.mcpTools =
+      mcp && this.ws.settings.mcp_servers.length ? await mcp.toolsFor(this.ws, this.signal) : EMPTY_TOOLSET;
+  }
+
+  /**
+   * A call of an MCP tool: refused at once when it cannot be made (unreadable, no such server or
+   * tool), then the approval policy as for code (deny, ask: the run pauses, allow).
+   */
+  private async proposeTool(
+    action: Extract<Action, { type: 'tool' }>,
+    toolCallId: string | undefined,
+  ): Promise<boolean> {
+    const call = { server: action.server, tool: action.tool, arguments: action.arguments };
+    const mcp = this.deps.mcp();
+    const listed = this.mcpTools.servers.find((s) => s.server === call.server);
+    const problem =
+      action.problem ??
+      (!mcp
+        ? 'this server has no MCP client'
+        : !this.ws.settings.mcp_servers.some((s) => s.name === call.server)
+          ? `this workspace has no MCP server named ${JSON.stringify(call.server)} (servers: ${this.ws.settings.mcp_servers.map((s) => s.name).join(', ') || 'none'})`
+          : listed && !listed.error && !listed.tools.some((t) => t.name === call.tool)
+            ? `the server ${call.server} has no tool ${JSON.stringify(call.tool)} (tools: ${listed.tools.map((t) => t.name).join(', ') || 'none'})`
+            : undefined);
+    if (problem) {
+      this.reply(toolCallId, tc.TOOL_PROBLEM(call, problem));
+      this.writes.writeBehind();
+      return false;
+    }
+    const policy = decideTool(this.ws.settings.approval, call);
+    const args = mcp ? await mcp.maskArguments(this.ws.id, call.arguments) : call.arguments;
+    this.writes.emit('tool.call', { server: call.server, tool: call.tool, arguments: args, decision: policy.decision });
+    if (policy.decision === 'deny') {
+      this.reply(toolCallId, tc.TOOL_DENIED_BY_POLICY(policy.rule));
+      this.writes.writeBehind();
+      return false;
+    }
+    if (policy.decision === 'ask' && !this.session.autoApprove) {
+      await this.writes.flush();
+      await this.requestApproval(tc.toolApprovalText(call), toolCallId);
+      return true;
+    }
+    await this.runTool(call, toolCallId);
+    return false;
+  }
+
+  /** Makes the call (bounded by KILN_MCP_TIMEOUT_S), records it (event and audit row) and answers the model. */
+  private async runTool(call: tc.ToolCallRequest, toolCallId: string | undefined): Promise<void> {
+    if (this.signal.aborted) return;
+    const mcp = this.deps.mcp();
+    const outcome = mcp
+      ? await mcp.call(this.ws, call, this.signal)
+      : { text: '', isError: true, error: 'this server has no MCP client', truncated: false, durationMs: 0 };
+    const result = {
+      server: call.server,
+      tool: call.tool,
+      duration_ms: outcome.durationMs,
+      error: outcome.error,
+      is_error: outcome.isError,
+      truncated: outcome.truncated,
+    };
+    this.writes.emit('tool.result', { ...result, content: outcome.text });
+    const audit = auditRow(
+      {
+        action: 'agent.tool_call',
+        resourceType: 'run',
+        resourceId: this.run.id,
+        teamId: this.run.teamId,
+        after: result,
+      },
+      undefined,
+    );
+    audit.actorRole = 'agent';
+    this.writes.write(insertAudit(audit));
+    this.reply(toolCallId, tc.toolFeedback(call, outcome));
+    this.writes.writeBehind();
   }
 
   /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
@@ -341,6 +438,23 @@ export class RunLoop {
             .then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
         : su.SOURCE_UPDATE_DISABLED;
       this.reply(toolCallId, answer);
+      await this.writes.flush();
+      return;
+    }
+    const call = tc.fromToolApprovalText(approval.code);
+    if (call) {
+      const timeout = this.ws.settings.approval.timeout_s;
+      // A deny rule added while the call waited still wins.
+      const now = decideTool(this.ws.settings.approval, call);
+      if (outcome === 'approved' && now.decision !== 'deny') return this.runTool(call, toolCallId);
+      this.reply(
+        toolCallId,
+        outcome === 'approved'
+          ? tc.TOOL_DENIED_BY_POLICY(now.rule)
+          : outcome === 'denied'
+            ? tc.TOOL_DENIED_BY_USER(approval.reason)
+            : tc.TOOL_APPROVAL_EXPIRED(timeout),
+      );
       await this.writes.flush();
       return;
     }
@@ -425,7 +539,13 @@ export class RunLoop {
   /** The request for the next model call (`fitTranscript`), with its condensation recorded. */
   private async transcript(force?: { budget: number }): Promise<ChatMessage[]> {
     const { messages, condensed } = await fitTranscript(this.rows, this.ws.settings.context, {
-      system: () => systemMessage(this.deps, { ws: this.ws, session: this.session, evolutions: this.evolutions }),
+      system: () =>
+        systemMessage(this.deps, {
+          ws: this.ws,
+          session: this.session,
+          evolutions: this.evolutions,
+          mcp: this.mcpTools,
+        }),
       summarise: (turns) => this.condense(turns),
       force,
     });

@@ -15,6 +15,7 @@ import { Approvals, type Resume } from './approvals.ts';
 import type { RunEventLog } from './events.ts';
 import { Leases, type RunLeases } from './leases.ts';
 import type { ModelClient } from './llm.ts';
+import type { McpClients } from '../mcp/client.ts';
 import { RunLoop, SHUTDOWN, type Loaded, type RunLoopDeps } from './run-loop.ts';
 import { finishRun, isActive, startRun, type WriteDeps } from './run-writes.ts';
 import type { SourceUpdateSink } from './source-update.ts';
@@ -39,6 +40,7 @@ export class AgentService {
   private readonly active = new Map<string, AbortController>();
   private readonly running = new Set<Promise<void>>();
   private sourceUpdates: SourceUpdateSink | undefined;
+  private mcp: McpClients | undefined;
   private readonly leases: Leases;
   private readonly approvals: Approvals;
   private readonly loopDeps: RunLoopDeps;
@@ -60,7 +62,8 @@ export class AgentService {
     this.leases = new Leases({ db, events, log }, lease, this.active);
     this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
     const sourceUpdates = () => this.sourceUpdates;
-    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates, metrics };
+    const mcp = () => this.mcp;
+    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates, metrics, mcp };
   }
 
   /**
@@ -77,6 +80,11 @@ export class AgentService {
   /** Where approved `propose_source_update` patches go; without it the action is refused. */
   allowSourceUpdates(sink: SourceUpdateSink): void {
     this.sourceUpdates = sink;
+  }
+
+  /** The client of workspaces' MCP servers; without it, MCP tools are neither offered nor called. */
+  useMcpServers(clients: McpClients): void {
+    this.mcp = clients;
   }
 
   /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */

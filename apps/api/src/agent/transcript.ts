@@ -12,6 +12,7 @@ import { eq, inArray } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { messages, sessions, type MessageRow, type RunRow } from '../db/schema/index.ts';
+import type { ToolSet } from '../mcp/client.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
@@ -156,7 +157,7 @@ export async function fitTranscript(
 /** The system prompt, rebuilt from the workspace's files, the session's project state and recent evolutions. */
 export async function systemMessage(
   deps: { repo: WorkspaceService; engine: SandboxEngine },
-  at: { ws: WorkspaceRow; session: SessionRow; evolutions: RecentEvolutions },
+  at: { ws: WorkspaceRow; session: SessionRow; evolutions: RecentEvolutions; mcp?: ToolSet },
 ): Promise<ChatMessage> {
   return {
     role: 'system',
@@ -167,6 +168,7 @@ export async function systemMessage(
       snapshot: at.session.stateSnapshot,
       now: new Date(),
       evolutions: at.evolutions,
+      mcp: at.mcp,
       secrets: await deps.engine.secretNames(at.ws.id),
     }),
   };

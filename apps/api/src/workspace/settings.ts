@@ -21,26 +21,114 @@ const validTimeZone = (tz: string) => {
   }
 };
 
+const RulePattern = z
+  .string()
+  .min(1)
+  .max(500)
+  .superRefine((match, ctx) => {
+    const problem = ruleProblem(match);
+    if (problem)
+      ctx.addIssue({
+        code: 'custom',
+        message: `${JSON.stringify(match)} is not a regular expression RE2 accepts (no lookaround or backreferences): ${problem}`,
+      });
+  });
+
+/** `server.tool`, `server.*` or `*`: which MCP tools a rule is about (no pattern syntax beyond `*`). */
+const ToolRulePattern = z
+  .string()
+  .max(200)
+  .regex(
+    /^(\*|[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*\.(\*|[A-Za-z0-9_./-]{1,128}))$/,
+    'must be server.tool, server.* or * (server: an mcp_servers name)',
+  );
+
+/**
+ * A rule is about code (`match` only: an RE2 pattern searched for in the code, as always) or about
+ * MCP tool calls (`tool`, optionally with `match` searched for in the call's arguments as JSON).
+ */
 const Rule = z
   .object({
-    match: z
-      .string()
-      .min(1)
-      .max(500)
-      .superRefine((match, ctx) => {
-        const problem = ruleProblem(match);
-        if (problem)
-          ctx.addIssue({
-            code: 'custom',
-            message: `${JSON.stringify(match)} is not a regular expression RE2 accepts (no lookaround or backreferences): ${problem}`,
-          });
-      })
-      .openapi({
-        description: 'an RE2 regular expression searched for in the code (^ and $ match at line boundaries)',
-      }),
+    match: RulePattern.optional().openapi({
+      description:
+        'an RE2 regular expression searched for in the code (^ and $ match at line boundaries); with `tool`, in the call\u2019s arguments as JSON',
+    }),
+    tool: ToolRulePattern.optional().openapi({
+      description:
+        'makes this a rule about MCP tool calls: server.tool, server.* or * (e.g. github.create_issue); without it the rule is about code',
+    }),
     behavior: z.enum(['allow', 'ask', 'deny']),
   })
+  .strict()
+  .refine((r) => r.match !== undefined || r.tool !== undefined, 'a rule needs `match` (code) or `tool` (MCP tools)');
+
+/** The most MCP servers a workspace may name, and the most headers each may send. */
+const MAX_MCP_SERVERS = 8;
+const MAX_MCP_HEADERS = 16;
+
+/** A server's name: a short identifier, the namespace of its tools (`name.tool`, `name__tool`); never `__` in it. */
+const McpServerName = z
+  .string()
+  .max(24)
+  .regex(
+    /^[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*$/,
+    'must be a short identifier: lower-case letters and digits, single - or _ between them, starting with a letter (at most 24)',
+  );
+
+/** `${secrets.NAME}` in a header value: the workspace secret's value, filled in when a call is made. */
+// biome-ignore lint/suspicious/noTemplateCurlyInString: the syntax itself, for messages
+const REF = '${secrets.NAME}';
+export const SECRET_REF = /\$\{secrets\.([A-Z_][A-Z0-9_]{0,63})\}/g;
+
+const McpHeaderValue = z
+  .string()
+  .max(2048)
+  .refine((v) => !/[\r\n\0]/.test(v), 'must not contain line breaks or NUL')
+  .refine((v) => !v.replace(SECRET_REF, '').includes('${'), `may reference secrets only as ${REF} (NAME: A-Z, 0-9, _)`);
+
+const McpServer = z
+  .object({
+    name: McpServerName,
+    url: z
+      .string()
+      .max(2048)
+      .url()
+      .regex(/^https?:\/\//i, 'must be an http(s) URL')
+      .refine((u) => {
+        try {
+          const url = new URL(u);
+          return !url.username && !url.password;
+        } catch {
+          return false;
+        }
+      }, 'must not carry credentials (put them in a header that references a secret)')
+      .openapi({
+        description:
+          'the server\u2019s Streamable HTTP endpoint (public addresses only, unless the operator allows others: KILN_OUTBOUND_ALLOW)',
+      }),
+    headers: z
+      .record(z.string().regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/, 'must be an HTTP header name'), McpHeaderValue)
+      .refine((h) => Object.keys(h).length <= MAX_MCP_HEADERS, `at most ${MAX_MCP_HEADERS} headers`)
+      .refine(
+        (h) =>
+          Object.entries(h).every(([k, v]) => !/^(proxy-)?authorization$/i.test(k) || v.replace(SECRET_REF, '') !== v),
+        `an Authorization header must take its credential from a workspace secret (${REF}): settings are readable by every key of the team`,
+      )
+      .default({})
+      .openapi({
+        description: `sent with every request; a value may reference a workspace secret as ${REF}, filled in at call time`,
+      }),
+  })
   .strict();
+
+const McpServers = z
+  .array(McpServer)
+  .max(MAX_MCP_SERVERS)
+  .refine((a) => new Set(a.map((s) => s.name)).size === a.length, 'server names must be unique')
+  .default([])
+  .openapi({
+    description: `MCP servers (Streamable HTTP) whose tools the agent may call, each call under the approval policy; at most ${MAX_MCP_SERVERS}`,
+  });
 
 /** The container runtimes a sandbox can run in (the server offers those in KILN_SANDBOX_RUNTIMES). */
 export const SANDBOX_RUNTIMES = ['runc', 'gvisor'] as const;
@@ -161,6 +249,7 @@ const sections = {
       max_turns: z.number().int().min(2).max(10_000),
     })
     .strict(),
+  mcp_servers: McpServers,
   evolution: z
     .object({
       review_enabled: z.boolean(),
@@ -213,6 +302,7 @@ export const SettingsPatch = z
     quota: sections.quota.removeDefault().partial().optional(),
     context: sections.context.partial().optional(),
     evolution: sections.evolution.partial().optional(),
+    mcp_servers: sections.mcp_servers.removeDefault().optional(),
   })
   .strict()
   .openapi('WorkspaceSettingsPatch');
@@ -240,6 +330,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
   },
   quota: { max_files: 10_000, max_bytes: 100 * 1024 * 1024 },
   context: { max_tokens: 64_000, max_turns: 40 },
+  mcp_servers: [],
   evolution: {
     review_enabled: true,
     review_idle_minutes: 10,
@@ -255,12 +346,14 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
 type Section = 'approval' | 'sandbox' | 'quota' | 'context' | 'evolution';
 const SECTIONS: Section[] = ['approval', 'sandbox', 'quota', 'context', 'evolution'];
 
-/** Applies a validated patch to full settings; sections merge field by field, `rules` is replaced whole. */
+/** Applies a validated patch to full settings; sections merge field by field, `rules` and `mcp_servers` are replaced whole. */
 export function applySettingsPatch(base: WorkspaceSettings, patch: SettingsPatch): WorkspaceSettings {
   const next: WorkspaceSettings = structuredClone(base);
   if (patch.model !== undefined) next.model = patch.model;
   if (patch.protocol !== undefined) next.protocol = patch.protocol;
   if (patch.max_steps !== undefined) next.max_steps = patch.max_steps;
+  // Replaced whole, like `rules`.
+  if (patch.mcp_servers !== undefined) next.mcp_servers = patch.mcp_servers;
   for (const s of SECTIONS) {
     const part = patch[s];
     // A section added after the workspace was stored starts from its defaults.

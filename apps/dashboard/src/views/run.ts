@@ -7,9 +7,20 @@ import { keepAlive } from './overview.ts';
 
 const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
 
-/** The readable part of an event: output text, code, thinking; otherwise its data as JSON. */
+/** An MCP tool call (`tool.call`) or its result (`tool.result`), in one readable block. */
+function toolText(ev: RunEvent, d: Record<string, unknown>): string | null {
+  const name = `${String(d.server)}.${String(d.tool)}`;
+  if (ev.event === 'tool.call') return `${name} (${String(d.decision)})\n${JSON.stringify(d.arguments, null, 2)}`;
+  if (ev.event !== 'tool.result') return null;
+  const head = `${name} · ${String(d.duration_ms)} ms${d.is_error ? ' · error' : ''}${d.truncated ? ' · truncated' : ''}`;
+  return `${head}\n${typeof d.error === 'string' ? d.error : String(d.content ?? '')}`;
+}
+
+/** The readable part of an event: output text, code, thinking, a tool call; otherwise its data as JSON. */
 function eventText(ev: RunEvent): string {
   const d = (ev.data ?? {}) as Record<string, unknown>;
+  const tool = toolText(ev, d);
+  if (tool !== null) return tool;
   for (const k of ['data', 'code', 'text', 'content', 'summary', 'message'])
     if (typeof d[k] === 'string') return d[k] as string;
   return JSON.stringify(ev.data);
