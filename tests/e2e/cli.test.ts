@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -37,6 +38,7 @@ describe('the kiln CLI', () => {
   let dir: string;
   let env: Record<string, string>;
   let wsId: string;
+  let teamKey: string;
 
   beforeAll(async () => {
     fake = await startFakeOpenAI();
@@ -59,6 +61,7 @@ describe('the kiln CLI', () => {
       ).json();
     const team = await api(adminKey, 'POST', '/v1/teams', { name: 'cli' });
     const { key } = await api(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'cli', role: 'owner' });
+    teamKey = key;
     wsId = (await api(key, 'POST', '/v1/workspaces', { name: 'research' })).id;
     env = { KILN_URL: server.url, KILN_API_KEY: key };
   });
@@ -101,6 +104,45 @@ describe('the kiln CLI', () => {
     expect(bad.err).toContain('usage: kiln revert WORKSPACE SHA');
     const noKey = await kiln({ KILN_URL: server.url }, ['workspaces']);
     expect(noKey.code).toBe(2);
+  });
+
+  it('failures print the API\u2019s code and message (typed SDK errors); exec runs Python in a session', async () => {
+    const missing = await kiln(env, ['runs', 'run_nope']);
+    expect(missing.code).toBe(1);
+    expect(missing.err).toBe('kiln: not_found: run not found\n');
+    expect((await kiln(env, ['log', 'nosuch'])).err).toBe('kiln: not_found: no workspace named nosuch\n');
+    expect((await kiln(env, ['log', 'research', '--kind', 'bogus'])).err).toMatch(
+      /^kiln: invalid_request: query\.kind: /,
+    );
+    const badKey = await kiln({ ...env, KILN_API_KEY: 'kiln_nope' }, ['workspaces']);
+    expect(badKey.code).toBe(1);
+    expect(badKey.err).toMatch(/^kiln: unauthorized: /);
+    // A port nothing listens on: no answer, said as such.
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const port = (closed.address() as AddressInfo).port;
+    await new Promise((resolve) => closed.close(resolve));
+    const down = await kiln({ ...env, KILN_URL: `http://127.0.0.1:${port}` }, ['workspaces']);
+    expect(down.code).toBe(1);
+    expect(down.err).toContain(`kiln: no answer from GET http://127.0.0.1:${port}/v1/workspaces`);
+    expect(down.err).toContain('ECONNREFUSED');
+
+    // In a workspace of its own: a session in `research` would be the one the review below looks at.
+    const post = async (path: string, body: unknown) =>
+      (
+        await fetch(`${server.url}${path}`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${teamKey}`, 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        })
+      ).json();
+    const scratch = await post('/v1/workspaces', { name: 'scratch' });
+    const session = await post(`/v1/workspaces/${scratch.id}/sessions`, {});
+    const ok = await kiln(env, ['exec', session.id, 'x = 6 * 7; print(x)']);
+    expect(ok, ok.err).toMatchObject({ code: 0, out: '42\n' });
+    const failed = await kiln(env, ['exec', session.id, 'print(x + 1); 1/0']);
+    expect(failed.code).toBe(1);
+    expect(failed.out).toMatch(/^43\nTraceback[\s\S]*\n\[ZeroDivisionError\] division by zero\n$/);
   });
 
   it('evolution verbs: review, evolutions, undo (the server runs the review as a job)', async () => {

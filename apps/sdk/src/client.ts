@@ -69,12 +69,12 @@ export function createKiln(options: KilnOptions) {
   });
   raw.use({
     // fetch threw: no answer at all. An abort stays the caller's AbortError.
-    onError: ({ error, request }) =>
-      isAbort(error)
-        ? (error as Error)
-        : new KilnConnectionError(`${request.method} ${request.url}: ${(error as Error)?.message ?? error}`, {
-            cause: error,
-          }),
+    onError: ({ error, request }) => {
+      if (isAbort(error)) return error as Error;
+      const e = error as Error & { cause?: Error };
+      const reason = e?.cause?.message ?? e?.message ?? String(error);
+      return new KilnConnectionError(`no answer from ${request.method} ${request.url}: ${reason}`, { cause: error });
+    },
   });
 
   const ws = (workspace: string) => ({ path: { workspace } });
