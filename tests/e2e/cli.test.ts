@@ -32,6 +32,43 @@ function kiln(
   });
 }
 
+/**
+ * Runs `kiln` in a real pseudo-terminal (util-linux `script`), so readline is in terminal mode
+ * as for a person: keys are typed with `type`, `until` waits for text to appear after what an
+ * earlier `until` saw.
+ */
+function kilnInTerminal(env: Record<string, string>, args: string[]) {
+  const command = [process.execPath, KILN, ...args].map((a) => `'${a.replaceAll("'", "'\\''")}'`).join(' ');
+  const child = spawn('script', ['-q', '-e', '-c', command, '/dev/null'], {
+    env: { PATH: process.env.PATH!, TERM: 'xterm', ...env },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let raw = '';
+  let seen = 0;
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: strips the terminal's colour and cursor codes.
+  const text = () => raw.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '').replaceAll('\r', '');
+  child.stdout.on('data', (d) => (raw += d));
+  const exited = new Promise<number>((resolve) => child.on('exit', (code) => resolve(code ?? -1)));
+  return {
+    type: (keys: string) => child.stdin.write(keys),
+    until: (wanted: string) =>
+      new Promise<void>((resolve, reject) => {
+        const check = () => {
+          const at = text().indexOf(wanted, seen);
+          if (at < 0) return;
+          seen = at + wanted.length;
+          child.stdout.off('data', check);
+          resolve();
+        };
+        child.stdout.on('data', check);
+        exited.then(() => reject(new Error(`kiln exited before printing ${JSON.stringify(wanted)}:\n${text()}`)));
+        check();
+      }),
+    text,
+    exited,
+  };
+}
+
 describe('the kiln CLI', () => {
   let fake: FakeOpenAI;
   let server: KilnProcess;
@@ -104,6 +141,35 @@ describe('the kiln CLI', () => {
     expect(bad.err).toContain('usage: kiln revert WORKSPACE SHA');
     const noKey = await kiln({ KILN_URL: server.url }, ['workspaces']);
     expect(noKey.code).toBe(2);
+  });
+
+  it('chat in a terminal: the approval asked inline, then Ctrl-C cancels a run in flight', async () => {
+    fake.script(
+      { content: '<python>print(6 * 7)</python>' },
+      { content: '<finish>It is 42.</finish>' },
+      { hang: true },
+    );
+    const term = kilnInTerminal(env, ['chat', 'research']);
+    await term.until('╰─> ');
+    term.type('six times seven?\r');
+    await term.until('run this code? (y/n/a');
+    term.type('y\r');
+    await term.until('[finished] It is 42.');
+    await term.until('╰─> ');
+    const asked = fake.chats().length;
+    term.type('and now wait\r');
+    await fake.chatRequests(asked + 1);
+    term.type('\x03');
+    await term.until('[cancelled]');
+    await term.until('╰─> ');
+    term.type('exit\r');
+    expect(await term.exited, term.text()).toBe(0);
+    expect(term.text()).toContain('42\n');
+    expect(term.text().trimEnd().endsWith('bye')).toBe(true);
+    const runs = await (
+      await fetch(`${server.url}/v1/runs?limit=1`, { headers: { authorization: `Bearer ${teamKey}` } })
+    ).json();
+    expect(runs.data[0].status).toBe('cancelled');
   });
 
   it('failures print the API\u2019s code and message (typed SDK errors); exec runs Python in a session', async () => {
