@@ -19,7 +19,6 @@ import {
   KilnError,
   NotFoundError,
   type RunEvent,
-  SseParser,
 } from '../../apps/sdk/src/index.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 
@@ -332,38 +331,5 @@ describe('@kiln/sdk against the real server over HTTP', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
-  });
-});
-
-describe('the SSE parser (WHATWG event stream interpretation)', () => {
-  const parse = (...chunks: string[]) => {
-    const got: { id: string; event: string; data: string }[] = [];
-    const p = new SseParser((m) => got.push(m));
-    for (const c of chunks) p.feed(c);
-    p.end();
-    return { got, p };
-  };
-
-  it('multi-line data, comments, CRLF / CR / LF split anywhere, BOM, ids persisting, retry', () => {
-    const { got, p } = parse(
-      '\uFEFF: a comment\r',
-      '\nid: 7\r\nevent: a\r\ndata: one\r\ndata:two\r\ndata\r\n\r',
-      '\nretry: 1500\ndata: x\n\n',
-      'event: b\rdata: y\r\r',
-      'id: 9\0\ndata: z\n\n',
-      'id\ndata: ignored at the end',
-    );
-    expect(got).toEqual([
-      { id: '7', event: 'a', data: 'one\ntwo\n' },
-      { id: '7', event: 'message', data: 'x' },
-      { id: '7', event: 'b', data: 'y' },
-      { id: '7', event: 'message', data: 'z' },
-    ]);
-    expect(p.retry).toBe(1500);
-  });
-
-  it('an event with no data is not dispatched but its id counts; a space after the colon is dropped once', () => {
-    const { got } = parse('id: 3\nevent: ping\n\n', 'data:  two spaces\n\n');
-    expect(got).toEqual([{ id: '3', event: 'message', data: ' two spaces' }]);
   });
 });
