@@ -1,4 +1,4 @@
-import { KilnError } from '@kiln/sdk';
+import { KilnError } from '../../sdk/src/index.ts';
 
 /**
  * What the command line prints for a failure: the API's code and message ("not_found: run not
