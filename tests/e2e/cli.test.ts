@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -31,12 +32,50 @@ function kiln(
   });
 }
 
+/**
+ * Runs `kiln` in a real pseudo-terminal (util-linux `script`), so readline is in terminal mode
+ * as for a person: keys are typed with `type`, `until` waits for text to appear after what an
+ * earlier `until` saw.
+ */
+function kilnInTerminal(env: Record<string, string>, args: string[]) {
+  const command = [process.execPath, KILN, ...args].map((a) => `'${a.replaceAll("'", "'\\''")}'`).join(' ');
+  const child = spawn('script', ['-q', '-e', '-c', command, '/dev/null'], {
+    env: { PATH: process.env.PATH!, TERM: 'xterm', ...env },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let raw = '';
+  let seen = 0;
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: strips the terminal's colour and cursor codes.
+  const text = () => raw.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, '').replaceAll('\r', '');
+  child.stdout.on('data', (d) => (raw += d));
+  const exited = new Promise<number>((resolve) => child.on('exit', (code) => resolve(code ?? -1)));
+  return {
+    type: (keys: string) => child.stdin.write(keys),
+    until: (wanted: string) =>
+      new Promise<void>((resolve, reject) => {
+        const check = () => {
+          const at = text().indexOf(wanted, seen);
+          if (at < 0) return;
+          seen = at + wanted.length;
+          child.stdout.off('data', check);
+          resolve();
+        };
+        child.stdout.on('data', check);
+        exited.then(() => reject(new Error(`kiln exited before printing ${JSON.stringify(wanted)}:\n${text()}`)));
+        check();
+      }),
+    text,
+    exited,
+  };
+}
+
 describe('the kiln CLI', () => {
   let fake: FakeOpenAI;
   let server: KilnProcess;
   let dir: string;
   let env: Record<string, string>;
   let wsId: string;
+  let teamKey: string;
 
   beforeAll(async () => {
     fake = await startFakeOpenAI();
@@ -59,6 +98,7 @@ describe('the kiln CLI', () => {
       ).json();
     const team = await api(adminKey, 'POST', '/v1/teams', { name: 'cli' });
     const { key } = await api(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'cli', role: 'owner' });
+    teamKey = key;
     wsId = (await api(key, 'POST', '/v1/workspaces', { name: 'research' })).id;
     env = { KILN_URL: server.url, KILN_API_KEY: key };
   });
@@ -101,6 +141,74 @@ describe('the kiln CLI', () => {
     expect(bad.err).toContain('usage: kiln revert WORKSPACE SHA');
     const noKey = await kiln({ KILN_URL: server.url }, ['workspaces']);
     expect(noKey.code).toBe(2);
+  });
+
+  it('chat in a terminal: the approval asked inline, then Ctrl-C cancels a run in flight', async () => {
+    fake.script(
+      { content: '<python>print(6 * 7)</python>' },
+      { content: '<finish>It is 42.</finish>' },
+      { hang: true },
+    );
+    const term = kilnInTerminal(env, ['chat', 'research']);
+    await term.until('╰─> ');
+    term.type('six times seven?\r');
+    await term.until('run this code? (y/n/a');
+    term.type('y\r');
+    await term.until('[finished] It is 42.');
+    await term.until('╰─> ');
+    const asked = fake.chats().length;
+    term.type('and now wait\r');
+    await fake.chatRequests(asked + 1);
+    term.type('\x03');
+    await term.until('[cancelled]');
+    await term.until('╰─> ');
+    term.type('exit\r');
+    expect(await term.exited, term.text()).toBe(0);
+    expect(term.text()).toContain('42\n');
+    expect(term.text().trimEnd().endsWith('bye')).toBe(true);
+    const runs = await (
+      await fetch(`${server.url}/v1/runs?limit=1`, { headers: { authorization: `Bearer ${teamKey}` } })
+    ).json();
+    expect(runs.data[0].status).toBe('cancelled');
+  });
+
+  it('failures print the API\u2019s code and message (typed SDK errors); exec runs Python in a session', async () => {
+    const missing = await kiln(env, ['runs', 'run_nope']);
+    expect(missing.code).toBe(1);
+    expect(missing.err).toBe('kiln: not_found: run not found\n');
+    expect((await kiln(env, ['log', 'nosuch'])).err).toBe('kiln: not_found: no workspace named nosuch\n');
+    expect((await kiln(env, ['log', 'research', '--kind', 'bogus'])).err).toMatch(
+      /^kiln: invalid_request: query\.kind: /,
+    );
+    const badKey = await kiln({ ...env, KILN_API_KEY: 'kiln_nope' }, ['workspaces']);
+    expect(badKey.code).toBe(1);
+    expect(badKey.err).toMatch(/^kiln: unauthorized: /);
+    // A port nothing listens on: no answer, said as such.
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const port = (closed.address() as AddressInfo).port;
+    await new Promise((resolve) => closed.close(resolve));
+    const down = await kiln({ ...env, KILN_URL: `http://127.0.0.1:${port}` }, ['workspaces']);
+    expect(down.code).toBe(1);
+    expect(down.err).toContain(`kiln: no answer from GET http://127.0.0.1:${port}/v1/workspaces`);
+    expect(down.err).toContain('ECONNREFUSED');
+
+    // In a workspace of its own: a session in `research` would be the one the review below looks at.
+    const post = async (path: string, body: unknown) =>
+      (
+        await fetch(`${server.url}${path}`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${teamKey}`, 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        })
+      ).json();
+    const scratch = await post('/v1/workspaces', { name: 'scratch' });
+    const session = await post(`/v1/workspaces/${scratch.id}/sessions`, {});
+    const ok = await kiln(env, ['exec', session.id, 'x = 6 * 7; print(x)']);
+    expect(ok, ok.err).toMatchObject({ code: 0, out: '42\n' });
+    const failed = await kiln(env, ['exec', session.id, 'print(x + 1); 1/0']);
+    expect(failed.code).toBe(1);
+    expect(failed.out).toMatch(/^43\nTraceback[\s\S]*\n\[ZeroDivisionError\] division by zero\n$/);
   });
 
   it('evolution verbs: review, evolutions, undo (the server runs the review as a job)', async () => {

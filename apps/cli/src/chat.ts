@@ -1,6 +1,6 @@
 import type { Interface } from 'node:readline';
-import type { KilnClient } from './client.ts';
-import type { Run, Session } from './views.ts';
+import type { Kiln } from '../../sdk/src/index.ts';
+import { describeError } from './errors.ts';
 
 const C = {
   reset: '\x1b[0m',
@@ -13,20 +13,16 @@ const C = {
 };
 
 /**
- * The agent's terminal loop over the HTTP API: thinking, code, output and the finish in colour,
- * live from the run's SSE stream; approvals asked inline as y/n/a (a = approve for the
- * session); Ctrl-C cancels the running run; `exit` quits.
+ * The agent's terminal loop over the SDK: thinking, code, output and the finish in colour, live
+ * from the run's event stream (`runs.stream`, which resumes by itself when the connection
+ * drops); approvals asked inline as y/n/a (a = approve for the session, `approvals.decide`);
+ * Ctrl-C cancels the running run; `exit` quits.
  */
-export async function chat(
-  client: KilnClient,
-  workspace: string,
-  rl: Interface,
-  out: NodeJS.WritableStream,
-): Promise<void> {
+export async function chat(kiln: Kiln, workspace: string, rl: Interface, out: NodeJS.WritableStream): Promise<void> {
   // Take lines from the start: input piped in before the session exists must not be lost.
   const lines = rl[Symbol.asyncIterator]();
-  const ws = await client.workspace(workspace);
-  const session = await client.call<Session>('POST', `/v1/workspaces/${ws.id}/sessions`, { title: 'kiln chat' });
+  const ws = await kiln.workspaces.resolve(workspace);
+  const session = await kiln.sessions.create(ws.id, { title: 'kiln chat' });
   const ask = async (prompt: string): Promise<string | null> => {
     out.write(prompt);
     const next = await lines.next();
@@ -39,21 +35,20 @@ export async function chat(
     if (!input) continue;
     let runId: string;
     try {
-      runId = (await client.call<{ run: Run }>('POST', `/v1/sessions/${session.id}/messages`, { content: input })).run
-        .id;
+      runId = (await kiln.messages.send(session.id, input)).run.id;
     } catch (err) {
-      out.write(`${C.red}${(err as Error).message}${C.reset}\n`);
+      out.write(`${C.red}${describeError(err)}${C.reset}\n`);
       continue;
     }
     const abort = new AbortController();
     const onSigint = () => {
       out.write(`\n${C.yellow}cancelling…${C.reset}\n`);
-      void client.call('POST', `/v1/runs/${runId}/cancel`).catch(() => undefined);
+      void kiln.runs.cancel(runId).catch(() => undefined);
     };
     rl.on('SIGINT', onSigint);
     process.on('SIGINT', onSigint);
     try {
-      for await (const ev of client.events(runId, abort.signal)) {
+      for await (const ev of kiln.runs.stream(runId, { signal: abort.signal })) {
         const d = ev.data;
         if (ev.event === 'thinking' && !d.protocol_violation) out.write(`${C.cyan}[thinking] ${d.text}${C.reset}\n`);
         else if (ev.event === 'thinking')
@@ -75,22 +70,23 @@ export async function chat(
           while (answer !== null && !['y', 'n', 'a'].includes(answer))
             answer = await ask(`${C.yellow}⚠ run this code? (y/n/a — a approves for this session) ${C.reset}`);
           const decision = answer === 'y' ? 'approve' : answer === 'a' ? 'approve_session' : 'deny';
-          await client
-            .call('POST', `/v1/approvals/${d.approval_id}`, { decision })
-            .catch((err) => out.write(`${C.red}${(err as Error).message}${C.reset}\n`));
+          await kiln.approvals
+            .decide(d.approval_id!, decision)
+            .catch((err) => out.write(`${C.red}${describeError(err)}${C.reset}\n`));
         } else if (ev.event === 'message.created' && d.role === 'assistant')
           out.write(`\n${C.green}[finished] ${d.content}${C.reset}\n`);
         else if (ev.event === 'run.failed')
           out.write(`${C.red}[failed] ${d.error?.code}: ${d.error?.message}${C.reset}\n`);
         else if (ev.event === 'run.cancelled') out.write(`${C.yellow}[cancelled]${C.reset}\n`);
-        if (['run.completed', 'run.failed', 'run.cancelled'].includes(ev.event)) break;
       }
+    } catch (err) {
+      out.write(`${C.red}${describeError(err)}${C.reset}\n`);
     } finally {
       abort.abort();
       rl.off('SIGINT', onSigint);
       process.off('SIGINT', onSigint);
     }
   }
-  await client.call('DELETE', `/v1/sessions/${session.id}`).catch(() => undefined);
+  await kiln.sessions.end(session.id).catch(() => undefined);
   out.write(`${C.green}bye${C.reset}\n`);
 }

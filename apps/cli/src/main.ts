@@ -1,9 +1,9 @@
 import { createInterface } from 'node:readline';
+import { createKiln } from '../../sdk/src/index.ts';
 import { chat } from './chat.ts';
-import { KilnClient } from './client.ts';
-import type { Approval, Commit, Evolution, ExecResult, Page, Run, Session, Workspace } from './views.ts';
+import { describeError } from './errors.ts';
 
-const USAGE = `kiln — the Kiln command line (talks to the HTTP API)
+const USAGE = `kiln — the Kiln command line (talks to the HTTP API through @kiln/sdk)
 
   kiln chat WORKSPACE                 interactive agent session (y/n/a approvals, Ctrl-C cancels, exit quits)
   kiln workspaces                     list workspaces
@@ -33,7 +33,7 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write('kiln: set KILN_API_KEY to a team key\n');
     return 2;
   }
-  const client = new KilnClient((process.env.KILN_URL ?? 'http://127.0.0.1:7700').replace(/\/$/, ''), key);
+  const kiln = createKiln({ baseUrl: process.env.KILN_URL ?? 'http://127.0.0.1:7700', apiKey: key });
   const print = (value: unknown, table: () => string) =>
     process.stdout.write(`${json ? JSON.stringify(value, null, 2) : table()}\n`);
   const need = (n: number, what: string) => {
@@ -43,12 +43,12 @@ async function main(argv: string[]): Promise<number> {
     case 'chat': {
       need(1, 'WORKSPACE');
       const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY });
-      await chat(client, rest[0]!, rl, process.stdout);
+      await chat(kiln, rest[0]!, rl, process.stdout);
       rl.close();
       return 0;
     }
     case 'workspaces': {
-      const r = await client.call<Page<Workspace>>('GET', '/v1/workspaces?limit=100');
+      const r = await kiln.workspaces.list({ limit: 100 });
       print(r, () =>
         r.data
           .map(
@@ -61,8 +61,8 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'sessions': {
       need(1, 'WORKSPACE');
-      const ws = await client.workspace(rest[0]!);
-      const r = await client.call<Page<Session>>('GET', `/v1/workspaces/${ws.id}/sessions?limit=100`);
+      const ws = await kiln.workspaces.resolve(rest[0]!);
+      const r = await kiln.sessions.list(ws.id, { limit: 100 });
       print(r, () =>
         r.data.map((s) => `${s.id}  ${s.status}  ${s.title ?? ''}  last ${s.last_activity_at}`).join('\n'),
       );
@@ -70,7 +70,7 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'runs': {
       need(1, 'RUN');
-      const r = await client.call<Run>('GET', `/v1/runs/${rest[0]}`);
+      const r = await kiln.runs.get(rest[0]!);
       print(
         r,
         () =>
@@ -79,10 +79,7 @@ async function main(argv: string[]): Promise<number> {
       return 0;
     }
     case 'approvals': {
-      const r = await client.call<Page<Approval>>(
-        'GET',
-        `/v1/approvals${rest.includes('--pending') ? '?status=pending' : ''}`,
-      );
+      const r = await kiln.approvals.list(rest.includes('--pending') ? { status: 'pending' } : {});
       print(r, () =>
         r.data
           .map(
@@ -95,9 +92,10 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'log': {
       need(1, 'WORKSPACE');
-      const ws = await client.workspace(rest[0]!);
-      const kind = rest.indexOf('--kind') >= 0 ? `&kind=${rest[rest.indexOf('--kind') + 1]}` : '';
-      const r = await client.call<Page<Commit>>('GET', `/v1/workspaces/${ws.id}/commits?limit=50${kind}`);
+      const ws = await kiln.workspaces.resolve(rest[0]!);
+      // The server checks the kind (a wrong one is its invalid_request, naming the ones it takes).
+      const kind = rest.indexOf('--kind') >= 0 ? rest[rest.indexOf('--kind') + 1] : undefined;
+      const r = await kiln.commits.list(ws.id, { limit: 50, ...(kind ? { kind: kind as 'user' } : {}) });
       print(r, () =>
         r.data.map((c) => `${c.sha.slice(0, 10)}  ${c.kind.padEnd(9)} ${c.author.padEnd(6)} ${c.summary}`).join('\n'),
       );
@@ -105,23 +103,21 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'revert': {
       need(2, 'WORKSPACE SHA');
-      const ws = await client.workspace(rest[0]!);
-      const r = await client.call<{ commit: Commit }>('POST', `/v1/workspaces/${ws.id}/commits/${rest[1]}/revert`);
-      print(r, () => `reverted: new commit ${r.commit.sha.slice(0, 10)} ${r.commit.summary}`);
+      const ws = await kiln.workspaces.resolve(rest[0]!);
+      const r = await kiln.commits.revert(ws.id, rest[1]!);
+      print(r, () => `reverted: new commit ${r.commit?.sha.slice(0, 10)} ${r.commit?.summary}`);
       return 0;
     }
     case 'exec': {
       need(2, 'SESSION CODE');
-      const r = await client.call<ExecResult>('POST', `/v1/sessions/${rest[0]}/exec`, {
-        code: rest.slice(1).join(' '),
-      });
+      const r = await kiln.sessions.exec(rest[0]!, rest.slice(1).join(' '));
       print(r, () => `${r.stdout}${r.stderr}${r.error ? `[${r.error.type}] ${r.error.message}` : ''}`.trimEnd());
       return r.error ? 1 : 0;
     }
     case 'evolutions': {
       need(1, 'WORKSPACE');
-      const ws = await client.workspace(rest[0]!);
-      const r = await client.call<Page<Evolution>>('GET', `/v1/workspaces/${ws.id}/evolutions?limit=50`);
+      const ws = await kiln.workspaces.resolve(rest[0]!);
+      const r = await kiln.evolutions.list(ws.id, { limit: 50 });
       print(r, () =>
         r.data
           .map(
@@ -135,20 +131,19 @@ async function main(argv: string[]): Promise<number> {
     case 'review':
     case 'dream': {
       need(1, cmd === 'review' ? 'WORKSPACE [SESSION]' : 'WORKSPACE [--days N]');
-      const ws = await client.workspace(rest[0]!);
+      const ws = await kiln.workspaces.resolve(rest[0]!);
       const days = rest.indexOf('--days') >= 0 ? Number(rest[rest.indexOf('--days') + 1]) : undefined;
-      const body = cmd === 'review' ? (rest[1] ? { session_id: rest[1] } : {}) : days ? { days } : {};
-      const r = await client.call<Evolution>('POST', `/v1/workspaces/${ws.id}/${cmd}`, body);
+      const r =
+        cmd === 'review'
+          ? await kiln.evolutions.review(ws.id, rest[1] ? { session_id: rest[1] } : {})
+          : await kiln.evolutions.dream(ws.id, days ? { days } : {});
       print(r, () => `${r.id}  ${r.kind} ${r.status}: follow it with kiln evolutions ${rest[0]}`);
       return 0;
     }
     case 'undo': {
       need(2, 'WORKSPACE EVOLUTION');
-      const ws = await client.workspace(rest[0]!);
-      const r = await client.call<{ evolution: Evolution; commit_sha: string }>(
-        'POST',
-        `/v1/workspaces/${ws.id}/evolutions/${rest[1]}/undo`,
-      );
+      const ws = await kiln.workspaces.resolve(rest[0]!);
+      const r = await kiln.evolutions.undo(ws.id, rest[1]!);
       print(
         r,
         () =>
@@ -164,8 +159,8 @@ async function main(argv: string[]): Promise<number> {
 
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
-  (err: Error) => {
-    process.stderr.write(`kiln: ${err.message}\n`);
+  (err: unknown) => {
+    process.stderr.write(`kiln: ${describeError(err)}\n`);
     process.exit(1);
   },
 );

@@ -22,7 +22,8 @@ const Commit = z
 const Redaction = z.object({ path: z.string(), line: z.number().int(), type: z.string() });
 const CommitOutcome = z
   .object({
-    commit: Commit.nullable().openapi({ description: 'null when nothing changed' }),
+    // A union, not Commit.nullable(): that would register the nullable copy as the Commit component.
+    commit: z.union([Commit, z.null()]).openapi({ description: 'null when nothing changed' }),
     redactions: z.array(Redaction).openapi({ description: 'secrets replaced by [REDACTED:type] before the commit' }),
     refused: z.array(z.object({ path: z.string(), reason: z.string() })),
   })
@@ -81,7 +82,15 @@ export const putFile = createRoute({
   tags,
   security,
   summary: 'Write a file (body = its bytes); commits it as Kiln-Author: user',
-  request: { params: WsParams, query: PathQuery },
+  request: {
+    params: WsParams,
+    query: PathQuery,
+    // Documented for clients (the SDK's types); not validated: any content type, the bytes as sent.
+    body: {
+      content: { 'application/octet-stream': { schema: z.string().openapi({ format: 'binary' }) } },
+      required: true,
+    },
+  },
   responses: { 200: jsonContent(CommitOutcome, 'The commit (null if the content was unchanged)'), ...errorResponses },
 });
 

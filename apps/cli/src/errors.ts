@@ -1,0 +1,8 @@
+import { KilnError } from '../../sdk/src/index.ts';
+
+/**
+ * What the command line prints for a failure: the API's code and message ("not_found: run not
+ * found"); a server that did not answer says so ("no answer from GET …: connect ECONNREFUSED …").
+ */
+export const describeError = (err: unknown): string =>
+  err instanceof KilnError ? `${err.code}: ${err.message}` : err instanceof Error ? err.message : String(err);
