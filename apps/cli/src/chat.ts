@@ -1,5 +1,5 @@
 import type { Interface } from 'node:readline';
-import type { Kiln } from '../../sdk/src/index.ts';
+import type { Kiln } from '@kiln/sdk';
 import { describeError } from './errors.ts';
 
 const C = {

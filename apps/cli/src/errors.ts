@@ -1,4 +1,4 @@
-import { KilnError } from '../../sdk/src/index.ts';
+import { KilnError } from '@kiln/sdk';
 
 /**
  * What the command line prints for a failure: the API's code and message ("not_found: run not

@@ -1,5 +1,5 @@
 import { createInterface } from 'node:readline';
-import { createKiln } from '../../sdk/src/index.ts';
+import { createKiln } from '@kiln/sdk';
 import { chat } from './chat.ts';
 import { describeError } from './errors.ts';
 

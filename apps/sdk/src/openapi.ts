@@ -846,6 +846,46 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/mcp': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Model Context Protocol endpoint (Streamable HTTP, stateless): Kiln’s tools and resources for MCP clients
+     * @description One JSON-RPC message per request (initialize, tools/list, tools/call, resources/list, resources/read, …), answered as JSON or as a one-request SSE stream (send `Accept: application/json, text/event-stream`). No MCP session is kept: every request is served on its own, so any replica can answer it. GET and DELETE (session streams) are answered 405. See docs/mcp.md.
+     */
+    post: operations['postMcpMessage'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/metrics': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * Prometheus metrics
+     * @description The Prometheus text exposition format (version 0.0.4). The bearer is the server’s `KILN_METRICS_TOKEN` or an org-admin key; every metric is described in docs/metrics.md.
+     */
+    get: operations['getMetrics'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -906,8 +946,10 @@ export interface components {
         /** @enum {string} */
         mode: 'ask' | 'auto' | 'deny';
         rules: {
-          /** @description an RE2 regular expression searched for in the code (^ and $ match at line boundaries) */
-          match: string;
+          /** @description an RE2 regular expression searched for in the code (^ and $ match at line boundaries); with `tool`, in the call’s arguments as JSON */
+          match?: string;
+          /** @description makes this a rule about MCP tool calls: server.tool, server.* or * (e.g. github.create_issue); without it the rule is about code */
+          tool?: string;
           /** @enum {string} */
           behavior: 'allow' | 'ask' | 'deny';
         }[];
@@ -972,6 +1014,22 @@ export interface components {
         max_tokens: number;
         max_turns: number;
       };
+      /**
+       * @description MCP servers (Streamable HTTP) whose tools the agent may call, each call under the approval policy; at most 8
+       * @default []
+       */
+      mcp_servers: {
+        name: string;
+        /** @description the server’s Streamable HTTP endpoint (public addresses only, unless the operator allows others: KILN_OUTBOUND_ALLOW) */
+        url: string;
+        /**
+         * @description sent with every request; a value may reference a workspace secret as ${secrets.NAME}, filled in at call time
+         * @default {}
+         */
+        headers: {
+          [key: string]: string;
+        };
+      }[];
       evolution: {
         review_enabled: boolean;
         review_idle_minutes: number;
@@ -993,8 +1051,10 @@ export interface components {
         /** @enum {string} */
         mode?: 'ask' | 'auto' | 'deny';
         rules?: {
-          /** @description an RE2 regular expression searched for in the code (^ and $ match at line boundaries) */
-          match: string;
+          /** @description an RE2 regular expression searched for in the code (^ and $ match at line boundaries); with `tool`, in the call’s arguments as JSON */
+          match?: string;
+          /** @description makes this a rule about MCP tool calls: server.tool, server.* or * (e.g. github.create_issue); without it the rule is about code */
+          tool?: string;
           /** @enum {string} */
           behavior: 'allow' | 'ask' | 'deny';
         }[];
@@ -1039,6 +1099,18 @@ export interface components {
         memory_max_entries?: number;
         memory_max_bytes?: number;
       };
+      mcp_servers?: {
+        name: string;
+        /** @description the server’s Streamable HTTP endpoint (public addresses only, unless the operator allows others: KILN_OUTBOUND_ALLOW) */
+        url: string;
+        /**
+         * @description sent with every request; a value may reference a workspace secret as ${secrets.NAME}, filled in at call time
+         * @default {}
+         */
+        headers: {
+          [key: string]: string;
+        };
+      }[];
     };
     Template: {
       id: string;
@@ -1392,6 +1464,15 @@ export interface components {
       source_dir: string;
       pid: number;
       started_at: string;
+    };
+    JsonRpcMessage: {
+      /** @enum {string} */
+      jsonrpc: '2.0';
+      id?: string | number;
+      method: string;
+      params?: {
+        [key: string]: unknown;
+      };
     };
   };
   responses: never;
@@ -6173,6 +6254,137 @@ export interface operations {
       };
       /** @description Rate limited; see Retry-After */
       429: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+    };
+  };
+  postMcpMessage: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['JsonRpcMessage'];
+      };
+    };
+    responses: {
+      /** @description The JSON-RPC response (tool errors are results with isError: true) */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': {
+            [key: string]: unknown;
+          };
+          'text/event-stream': string;
+        };
+      };
+      /** @description A notification was accepted */
+      202: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      /** @description Malformed or out-of-range input */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Missing or unknown API key */
+      401: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description The key may not do this */
+      403: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description No such resource (or another team’s) */
+      404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description GET/DELETE: this endpoint keeps no MCP sessions */
+      405: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      /** @description The Accept header does not allow application/json and text/event-stream */
+      406: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      /** @description Rate limited; see Retry-After */
+      429: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+    };
+  };
+  getMetrics: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description Every metric of this server */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'text/plain': string;
+        };
+      };
+      /** @description Missing or unknown API key */
+      401: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description The key may not do this */
+      403: {
         headers: {
           [name: string]: unknown;
         };
