@@ -41,5 +41,5 @@ export {
 } from './errors.ts';
 export type { components, operations, paths } from './openapi.ts';
 export { type Page, paginate } from './pagination.ts';
-export { type SseMessage, SseParser } from './sse.ts';
+export type { SseMessage } from './sse.ts';
 export { type RunEvent, type RunEventData, type StreamOptions, TERMINAL_EVENTS } from './stream.ts';
