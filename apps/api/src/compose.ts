@@ -17,6 +17,7 @@ import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
+import { WebhookService } from './webhooks/service.ts';
 
 export interface ComposeOptions {
   config: Config;
@@ -32,6 +33,8 @@ export interface ComposeOptions {
   embedder?: Embedder;
   engine?: Partial<EngineOptions>;
   now?: () => number;
+  /** The job runner's clock (due times, leases, webhook retry schedules); default the wall clock. */
+  jobsNow?: () => number;
   dashboardDir?: string;
 }
 
@@ -46,6 +49,8 @@ export interface Kiln {
   evolution: EvolutionService;
   /** Sandbox templates; their builds are jobs of the evolution service's job runner. */
   templates: TemplateService;
+  /** Webhooks; their fan-outs and deliveries are jobs of the evolution service's job runner. */
+  webhooks: WebhookService;
   updates?: SelfUpdates;
   /**
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
@@ -83,7 +88,8 @@ function engineOptions(config: Config): EngineOptions {
 /** The one place the parts are built and wired: `server.ts` and the tests' in-process apps call it. */
 export function compose(o: ComposeOptions): Kiln {
   const { config, db, logger } = o;
-  const secrets = new SecretStore(db, new Sealer(config.secretsKey));
+  const sealer = new Sealer(config.secretsKey);
+  const secrets = new SecretStore(db, sealer);
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
@@ -108,7 +114,7 @@ export function compose(o: ComposeOptions): Kiln {
   const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease);
 
   // Reviews and dreams are durable jobs, taken by this instance's job runner.
-  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs }, logger);
+  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
   const evolution = new EvolutionService(
     { db, model: modelClient, workspaces, events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
     jobs,
@@ -127,11 +133,20 @@ export function compose(o: ComposeOptions): Kiln {
   engine.useTemplates(templates);
   templates.onPoolImages((images) => engine.setTemplateImages(images));
 
+  // Webhook deliveries are durable jobs on the same runner; the events that owe them are written by their owners.
+  const webhooks = new WebhookService(
+    db,
+    sealer,
+    jobs,
+    { ...config.webhooks, outboundAllow: config.outbound.allow },
+    logger,
+  );
+
   const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, events, evolution, templates, updates };
+  const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates };
   const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
 
   return {
@@ -162,6 +177,7 @@ export function compose(o: ComposeOptions): Kiln {
       await events.disconnect();
       await agent.disconnectCancels();
       await engine.stop();
+      await webhooks.close();
     },
   };
 }

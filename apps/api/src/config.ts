@@ -139,6 +139,11 @@ const schema = z.object({
       'must be comma-separated IP addresses or CIDRs, e.g. 127.0.0.1,10.0.0.0/8',
     )
     .default(''),
+  // Webhooks: attempts per delivery, the first retry's wait (each later one 3 times longer, ±20 %), one attempt's deadline.
+  KILN_WEBHOOK_MAX_ATTEMPTS: int(1, 20).default(8),
+  KILN_WEBHOOK_RETRY_BASE_S: int(1, 86_400).default(60),
+  KILN_WEBHOOK_TIMEOUT_S: int(1, 120).default(10),
+  KILN_WEBHOOK_MAX_PER_TEAM: int(1, 1000).default(20),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -228,6 +233,8 @@ export type Config = {
    * only, and these non-public ones (KILN_OUTBOUND_ALLOW).
    */
   outbound: { allow: string[] };
+  /** Webhook deliveries: attempts, the backoff's first wait, one attempt's deadline, webhooks per team. */
+  webhooks: { maxAttempts: number; retryBaseMs: number; timeoutMs: number; maxPerTeam: number };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -356,6 +363,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       allow: e.KILN_OUTBOUND_ALLOW.split(',')
         .map((x) => x.trim())
         .filter(Boolean),
+    },
+    webhooks: {
+      maxAttempts: e.KILN_WEBHOOK_MAX_ATTEMPTS,
+      retryBaseMs: e.KILN_WEBHOOK_RETRY_BASE_S * 1000,
+      timeoutMs: e.KILN_WEBHOOK_TIMEOUT_S * 1000,
+      maxPerTeam: e.KILN_WEBHOOK_MAX_PER_TEAM,
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
