@@ -9,7 +9,7 @@ const Url = z
   .trim()
   .min(1)
   .max(2048)
-  .regex(/^https?:\/\//i, 'must be an http or https URL')
+  .regex(/^https?:\/\//, 'must be an http or https URL')
   .openapi({
     description:
       'http(s) only, no credentials; a public address (or one KILN_OUTBOUND_ALLOW names), checked again when it is resolved at every attempt',
