@@ -1,6 +1,9 @@
-import { createHmac, timingSafeEqual } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
@@ -59,24 +62,20 @@ async function startReceiver(port = 0) {
 }
 
 /**
- * The verification docs/webhooks.md documents (Standard Webhooks): HMAC-SHA256 keyed with the
- * base64-decoded part of the secret after `whsec_`, over `${id}.${timestamp}.${body}`, base64,
- * compared with each `v1,` signature of the header in constant time; the timestamp within 5 minutes.
+ * The verification docs/webhooks.md documents, imported from the page itself (its first js block
+ * under "Verifying a request"), so the snippet people copy is the one that checks every delivery here.
  */
-function verify(secret: string, headers: IncomingHttpHeaders, body: string): boolean {
-  const id = String(headers['webhook-id']);
-  const timestamp = String(headers['webhook-timestamp']);
-  if (Math.abs(Date.now() / 1000 - Number(timestamp)) > 300) return false;
-  const key = Buffer.from(secret.slice('whsec_'.length), 'base64');
-  const expected = createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest();
-  return String(headers['webhook-signature'])
-    .split(' ')
-    .some((s) => {
-      const [version, sig] = s.split(',');
-      const given = Buffer.from(sig ?? '', 'base64');
-      return version === 'v1' && given.length === expected.length && timingSafeEqual(given, expected);
-    });
-}
+type Verify = (secret: string, headers: IncomingHttpHeaders, body: string) => boolean;
+let verify: Verify;
+beforeAll(async () => {
+  const page = readFileSync(fileURLToPath(new URL('../../docs/webhooks.md', import.meta.url)), 'utf8');
+  const section = page.slice(page.indexOf('\n## Verifying a request\n'));
+  const block = /```js\n([\s\S]*?)```/.exec(section)![1]!;
+  const dir = mkdtempSync(join(tmpdir(), 'kiln-verify-'));
+  writeFileSync(join(dir, 'verify.mjs'), block);
+  verify = (await import(pathToFileURL(join(dir, 'verify.mjs')).href)).verifyWebhook;
+  rmSync(dir, { recursive: true, force: true });
+});
 
 const ALL = ['run.completed', 'run.failed', 'run.requires_action', 'evolution.committed', 'sandbox.oom'];
 
