@@ -77,7 +77,8 @@ export async function endEvolution(
               kind: r.kind,
               status: 'committed',
               commit_sha: v.commitSha ?? null,
-              changed_paths: v.changedPaths ?? [],
+              // The first 100: a body stays small whatever the commit.
+              changed_paths: (v.changedPaths ?? []).slice(0, 100),
               links: {
                 evolution: `/v1/workspaces/${r.workspaceId}/evolutions/${id}`,
                 ...(v.commitSha ? { commit: `/v1/workspaces/${r.workspaceId}/commits/${v.commitSha}` } : {}),

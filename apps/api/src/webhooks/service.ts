@@ -344,11 +344,15 @@ export class WebhookService {
     const attempt = job.attempts;
     let outcome: Outcome;
     const started = performance.now();
-    if (!row.enabled) {
-      outcome = { kind: 'failed', status: null, error: 'the webhook was disabled' };
-    } else {
-      outcome = await this.attempt(row.url, this.sealer.open(d.webhookId, row.sealed), d);
-    }
+    const secret = this.openSecret(d.webhookId, row.sealed);
+    if (!row.enabled) outcome = { kind: 'failed', status: null, error: 'the webhook was disabled' };
+    else if (secret === null)
+      outcome = {
+        kind: 'failed',
+        status: null,
+        error: 'the signing secret does not open with this server\u2019s KILN_SECRETS_KEY: rotate it',
+      };
+    else outcome = await this.attempt(row.url, secret, d);
     if (outcome.kind === 'retry' && attempt >= d.maxAttempts) outcome = { ...outcome, kind: 'failed' };
     const delay = outcome.kind === 'retry' ? retryDelayMs(this.opts.retryBaseMs, attempt) : 0;
     const entry: Attempt = {
@@ -377,6 +381,15 @@ export class WebhookService {
     if (outcome.kind === 'failed') {
       this.log.warn({ delivery: d.id, webhook: d.webhookId, attempt, error: outcome.error }, 'webhook delivery failed');
       throw new FailJob(outcome.error);
+    }
+  }
+
+  /** The signing secret, or null when it was sealed with another key (KILN_SECRETS_KEY changed). */
+  private openSecret(webhookId: string, sealed: string): string | null {
+    try {
+      return this.sealer.open(webhookId, sealed);
+    } catch {
+      return null;
     }
   }
 
