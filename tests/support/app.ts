@@ -61,6 +61,8 @@ export async function createTestApp(
     rateLimit?: { perMinute: number; burst: number };
     bodyLimitBytes?: number;
     now?: () => number;
+    /** The job runner's clock (due times, leases, webhook retry schedules); default the wall clock. */
+    jobsNow?: () => number;
     /** Engine timings and limits, or false for no container runtime (running code answers 503). */
     sandbox?: Partial<EngineOptions> | false;
     embedder?: Embedder;
@@ -137,6 +139,7 @@ export async function createTestApp(
     // runc unless a test asks for another: only the suites written for both runtimes pay for gVisor.
     engine: { defaultRuntime: 'runc', ...(opts.sandbox || {}) },
     now: opts.now,
+    jobsNow: opts.jobsNow,
     dashboardDir: opts.dashboardDir,
   });
   await kiln.start({ background: false, repair: !replica });

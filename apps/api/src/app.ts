@@ -40,6 +40,8 @@ import { workspaceSecretsRouter } from './routes/workspace-secrets/workspace-sec
 import type { SecretStore } from './secrets/store.ts';
 import { templatesRouter } from './routes/templates/templates.index.ts';
 import type { TemplateService } from './templates/service.ts';
+import { webhooksRouter } from './routes/webhooks/webhooks.index.ts';
+import type { WebhookService } from './webhooks/service.ts';
 
 export interface AppDeps {
   config: Pick<Config, 'bodyLimitBytes' | 'rateLimit' | 'metrics'>;
@@ -55,6 +57,8 @@ export interface AppDeps {
   secrets: SecretStore;
   /** Sandbox templates (their routes; a workspace's sandbox.template is checked against them). */
   templates: TemplateService;
+  /** Webhooks (their routes). */
+  webhooks: WebhookService;
   /** Platform self-update; without it the /v1/system routes are not mounted (in-process test apps). */
   updates?: SelfUpdates;
   /** Where the built dashboard is (default apps/dashboard/dist). */
@@ -121,6 +125,7 @@ export function createApp({
   evolution,
   secrets,
   templates,
+  webhooks,
   updates,
   logger,
   now,
@@ -165,6 +170,7 @@ export function createApp({
   app.route('/', usageRouter(db));
   app.route('/', evolutionsRouter(db, evolution));
   app.route('/', auditRouter(db));
+  app.route('/', webhooksRouter(webhooks));
   if (updates) app.route('/', systemRouter(db, updates));
   const mcp = mcpHandler({
     fetch: (req, env) => app.fetch(req, env),

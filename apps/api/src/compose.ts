@@ -20,6 +20,7 @@ import { SecretStore } from './secrets/store.ts';
 import { WorkspaceRepos } from './workspace/git-repos.ts';
 import { WorkspaceService } from './workspace/service.ts';
 import { SANDBOX_RUNTIMES } from './workspace/settings.ts';
+import { WebhookService } from './webhooks/service.ts';
 
 export interface ComposeOptions {
   config: Config;
@@ -37,6 +38,8 @@ export interface ComposeOptions {
   embedder?: Embedder;
   engine?: Partial<EngineOptions>;
   now?: () => number;
+  /** The job runner's clock (due times, leases, webhook retry schedules); default the wall clock. */
+  jobsNow?: () => number;
   dashboardDir?: string;
 }
 
@@ -51,6 +54,8 @@ export interface Kiln {
   evolution: EvolutionService;
   /** Sandbox templates; their builds are jobs of the evolution service's job runner. */
   templates: TemplateService;
+  /** Webhooks; their fan-outs and deliveries are jobs of the evolution service's job runner. */
+  webhooks: WebhookService;
   updates?: SelfUpdates;
   /** This app's Prometheus metrics (its own registry), served at GET /metrics. */
   metrics: KilnMetrics;
@@ -93,7 +98,8 @@ export function compose(o: ComposeOptions): Kiln {
   const { baseURL, apiKey, embeddingsModel, model, maxRetries, timeoutMs } = config.openai;
   // A registry of this app's own: several apps (tests, replicas) may share the process.
   const metrics = new KilnMetrics({ db, log: logger, models: [model], runtimes: SANDBOX_RUNTIMES });
-  const secrets = new SecretStore(db, new Sealer(config.secretsKey));
+  const sealer = new Sealer(config.secretsKey);
+  const secrets = new SecretStore(db, sealer);
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
@@ -122,7 +128,7 @@ export function compose(o: ComposeOptions): Kiln {
   agent.useMcpServers(mcp);
 
   // Reviews and dreams are durable jobs, taken by this instance's job runner.
-  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs }, logger);
+  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
   const evolution = new EvolutionService(
     { db, model: modelClient, workspaces, events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
     jobs,
@@ -141,11 +147,20 @@ export function compose(o: ComposeOptions): Kiln {
   engine.useTemplates(templates);
   templates.onPoolImages((images) => engine.setTemplateImages(images));
 
+  // Webhook deliveries are durable jobs on the same runner; the events that owe them are written by their owners.
+  const webhooks = new WebhookService(
+    db,
+    sealer,
+    jobs,
+    { ...config.webhooks, outboundAllow: config.outbound.allow },
+    logger,
+  );
+
   const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, events, evolution, templates, updates, metrics };
+  const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates, metrics };
   const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
   // Statements are timed from the moment the app is built until it stops.
   const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
@@ -180,6 +195,7 @@ export function compose(o: ComposeOptions): Kiln {
       await mcp.close();
       await engine.stop();
       stopTimings?.();
+      await webhooks.close();
     },
   };
 }

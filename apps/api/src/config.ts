@@ -146,6 +146,11 @@ const schema = z.object({
     .optional(),
   // The longest a workspace's MCP server may take to connect, to list its tools, or to answer one call.
   KILN_MCP_TIMEOUT_S: int(1, 600).default(30),
+  // Webhooks: attempts per delivery, the first retry's wait (each later one 3 times longer, ±20 %), one attempt's deadline.
+  KILN_WEBHOOK_MAX_ATTEMPTS: int(1, 20).default(8),
+  KILN_WEBHOOK_RETRY_BASE_S: int(1, 86_400).default(60),
+  KILN_WEBHOOK_TIMEOUT_S: int(1, 120).default(10),
+  KILN_WEBHOOK_MAX_PER_TEAM: int(1, 1000).default(20),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -239,6 +244,8 @@ export type Config = {
   metrics: { token?: string };
   /** The agent as an MCP client: each connect, tool listing and call to a workspace's server is cut off after this. */
   mcp: { timeoutMs: number };
+  /** Webhook deliveries: attempts, the backoff's first wait, one attempt's deadline, webhooks per team. */
+  webhooks: { maxAttempts: number; retryBaseMs: number; timeoutMs: number; maxPerTeam: number };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -370,6 +377,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     metrics: { token: e.KILN_METRICS_TOKEN },
     mcp: { timeoutMs: e.KILN_MCP_TIMEOUT_S * 1000 },
+    webhooks: {
+      maxAttempts: e.KILN_WEBHOOK_MAX_ATTEMPTS,
+      retryBaseMs: e.KILN_WEBHOOK_RETRY_BASE_S * 1000,
+      timeoutMs: e.KILN_WEBHOOK_TIMEOUT_S * 1000,
+      maxPerTeam: e.KILN_WEBHOOK_MAX_PER_TEAM,
+    },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
       checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,

@@ -17,6 +17,7 @@ import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceRow } from '../workspace/records.ts';
+import { runLinks, webhookEventWrite } from '../webhooks/events.ts';
 import type { RunEventLog } from './events.ts';
 
 /** How a paused run continues once its approval is decided. */
@@ -127,7 +128,16 @@ export class Approvals {
     await db.update(runs).set({ status: 'requires_action' }).where(eq(runs.id, runId));
     const requested = { approval_id: a.id, code, expires_at: a.expiresAt.toISOString(), requires_org_admin: orgAdmin };
     await events.append(runId, 'approval.requested', requested);
-    await events.append(runId, 'run.requires_action', { approval_id: a.id });
+    // The webhooks subscribed to run.requires_action are owed it in the same statement as the event.
+    const owed = webhookEventWrite('run.requires_action', at.run.teamId, {
+      run_id: runId,
+      session_id: at.session.id,
+      workspace_id: at.ws.id,
+      status: 'requires_action',
+      approval_id: a.id,
+      links: { ...runLinks(runId), approval: `/v1/approvals/${a.id}` },
+    });
+    await events.appendMany(runId, [['run.requires_action', { approval_id: a.id }]], [owed]);
     this.scheduleExpiry(a);
   }
 

@@ -23,6 +23,11 @@ export const TERMINAL_EVENTS = new Set(['run.completed', 'run.failed', 'run.canc
 export interface GuardedEvents {
   write: SQL;
   events: [event: string, data: unknown][];
+  /**
+   * More writes of the same statement that take effect only with the guard: given the guard's
+   * CTE name, each selects from it (e.g. the webhook delivery a run's end owes).
+   */
+  also?: (guard: SQL) => SQL[];
 }
 
 /**
@@ -184,7 +189,7 @@ export class RunEventLog {
         const last = ifWritten.at(-1)?.seq ?? seq + evs.length - 1;
         const notify = this.remote ? sql`, pg_notify(${CHANNEL}, ${`${runId}:${last}`})` : sql``;
         statement = combine(
-          [...writes, guarded.write, insert],
+          [...writes, guarded.write, insert, ...(guarded.also?.(guard) ?? [])],
           sql`select (select json_agg(json_build_object('seq', seq, 'data', data)) from ${inserted}) as inserted${notify}`,
         );
       }

@@ -17,6 +17,7 @@ import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
+import { runLinks, webhookEventWrite } from '../webhooks/events.ts';
 import type { WorkspaceRow } from '../workspace/records.ts';
 import { TERMINAL_EVENTS, type RunEventLog } from './events.ts';
 import { insertMessage, messageRow } from './message-rows.ts';
@@ -225,7 +226,30 @@ export async function finishRun(
     where id = ${run.id} and status in (${active})
     returning jsonb_build_object('steps', steps) as data`;
   const terminal: [string, unknown][] = [[`run.${status}`, { status, error: error ?? null }]];
-  const stored = await deps.events.appendMany(run.id, queued.events, queued.writes, { write: end, events: terminal });
+  // A completed or failed run owes its webhooks a delivery: written with the end itself, only if the end took effect.
+  const also =
+    status === 'cancelled'
+      ? undefined
+      : (guard: SQL) => [
+          webhookEventWrite(
+            `run.${status}`,
+            run.teamId,
+            {
+              run_id: run.id,
+              session_id: run.sessionId,
+              workspace_id: run.workspaceId,
+              status,
+              error_code: error?.code ?? null,
+              links: runLinks(run.id),
+            },
+            guard,
+          ),
+        ];
+  const stored = await deps.events.appendMany(run.id, queued.events, queued.writes, {
+    write: end,
+    events: terminal,
+    also,
+  });
   // Ended elsewhere in the meantime (a cancel on another replica): the run row stays as that
   // end left it, but the tokens of the last model call still count.
   if (queued.run && !stored.some((e) => TERMINAL_EVENTS.has(e.event))) {

@@ -3,6 +3,7 @@ import type { Db } from '../db/client.ts';
 import { evolutions } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
+import { webhookEventWrite } from '../webhooks/events.ts';
 import { readHead } from '../workspace/git.ts';
 
 export type EvolutionRow = typeof evolutions.$inferSelect;
@@ -47,20 +48,46 @@ export async function endEvolution(
     checks?: unknown;
   },
 ): Promise<void> {
-  const [row] = await db
-    .update(evolutions)
-    .set({
-      status: v.status,
-      summary: v.summary ?? null,
-      commitSha: v.commitSha ?? null,
-      changedPaths: v.changedPaths ?? [],
-      diary: v.diary ?? null,
-      error: v.error ?? null,
-      checks: v.checks ?? null,
-      finishedAt: new Date(),
-    })
-    .where(eq(evolutions.id, id))
-    .returning({ workspaceId: evolutions.workspaceId });
+  const end = (tx: Db) =>
+    tx
+      .update(evolutions)
+      .set({
+        status: v.status,
+        summary: v.summary ?? null,
+        commitSha: v.commitSha ?? null,
+        changedPaths: v.changedPaths ?? [],
+        diary: v.diary ?? null,
+        error: v.error ?? null,
+        checks: v.checks ?? null,
+        finishedAt: new Date(),
+      })
+      .where(eq(evolutions.id, id))
+      .returning({ workspaceId: evolutions.workspaceId, teamId: evolutions.teamId, kind: evolutions.kind });
+  // A commit owes the webhooks subscribed to evolution.committed a delivery, in the same transaction as its record.
+  const [row] =
+    v.status !== 'committed'
+      ? await end(db)
+      : await db.transaction(async (tx) => {
+          const rows = await end(tx as unknown as Db);
+          const r = rows[0];
+          if (r?.workspaceId) {
+            const data = {
+              evolution_id: id,
+              workspace_id: r.workspaceId,
+              kind: r.kind,
+              status: 'committed',
+              commit_sha: v.commitSha ?? null,
+              // The first 100: a body stays small whatever the commit.
+              changed_paths: (v.changedPaths ?? []).slice(0, 100),
+              links: {
+                evolution: `/v1/workspaces/${r.workspaceId}/evolutions/${id}`,
+                ...(v.commitSha ? { commit: `/v1/workspaces/${r.workspaceId}/commits/${v.commitSha}` } : {}),
+              },
+            };
+            await tx.execute(webhookEventWrite('evolution.committed', r.teamId, data));
+          }
+          return rows;
+        });
   if (row?.workspaceId) forgetRecent(row.workspaceId);
 }
 

@@ -9,6 +9,17 @@ export type JobRow = typeof jobs.$inferSelect;
 
 /** Thrown by a handler that was stopped from outside (shutdown): the job goes back to the queue as it was, no attempt used. */
 export class ReleaseJob extends Error {}
+/** Thrown by a handler whose job should be tried again after `delayMs` (its own schedule), if it has attempts left. */
+export class RetryJob extends Error {
+  constructor(
+    message: string,
+    readonly delayMs: number,
+  ) {
+    super(message);
+  }
+}
+/** Thrown by a handler whose job must not be tried again, whatever attempts are left. */
+export class FailJob extends Error {}
 type JobHandler = (payload: unknown, job: JobRow) => Promise<void>;
 
 export interface JobRunnerOptions {
@@ -26,7 +37,8 @@ export interface JobRunnerOptions {
  * Durable jobs in Postgres. A runner claims one due job at a time with
  * `FOR UPDATE SKIP LOCKED` and a lease, so several runners (API replicas) on one database
  * never run a job twice; a job whose runner died (its lease ran out) is claimed again, so a
- * restart loses no job. Failures are retried with exponential backoff up to `max_attempts`.
+ * restart loses no job. Failures are retried with exponential backoff up to `max_attempts` (or
+ * after the delay a handler names with RetryJob; FailJob ends a job at once).
  */
 export class JobRunner {
   private readonly handlers = new Map<string, JobHandler>();
@@ -41,7 +53,8 @@ export class JobRunner {
     private readonly log: Logger,
   ) {}
 
-  private now(): number {
+  /** The runner's clock (injectable in tests): due times and leases are compared with it. */
+  now(): number {
     return this.opts.now ? this.opts.now() : Date.now();
   }
 
@@ -186,7 +199,8 @@ export class JobRunner {
         return true;
       }
       const message = (err as Error).message ?? String(err);
-      const retry = job.attempts < job.maxAttempts;
+      const retry = !(err instanceof FailJob) && job.attempts < job.maxAttempts;
+      const delayMs = err instanceof RetryJob ? err.delayMs : 1000 * 2 ** job.attempts;
       this.log.warn({ job: job.id, kind: job.kind, attempt: job.attempts, retry, err }, 'job failed');
       await this.db
         .update(jobs)
@@ -197,7 +211,7 @@ export class JobRunner {
                 lastError: message,
                 lockedBy: null,
                 lockedUntil: null,
-                runAt: new Date(this.now() + 1000 * 2 ** job.attempts),
+                runAt: new Date(this.now() + delayMs),
               }
             : { status: 'failed', lastError: message, finishedAt: new Date(this.now()), lockedUntil: null },
         )

@@ -15,7 +15,10 @@ export type IdPrefix =
   | 'aud'
   | 'use'
   | 'req'
-  | 'tpl';
+  | 'tpl'
+  | 'whk'
+  | 'whd'
+  | 'evt';
 
 const ALPHABET = '0123456789abcdefghijklmnopqrstuvwxyz';
 let lastTime = 0;

@@ -14,6 +14,7 @@ import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
+import { webhookEventWrite } from '../webhooks/events.ts';
 import {
   capLog,
   IDENTITY,
@@ -445,11 +446,26 @@ export class SelfUpdates implements SourceUpdateSink {
       log: capLog(relayLog),
     };
     const checks = [...((row?.checks as CheckStep[] | undefined) ?? []), restart];
-    const [done] = await this.db
-      .update(platformUpdates)
-      .set({ status: outcome, error, checks, finishedAt: new Date() })
-      .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'applying')))
-      .returning();
+    const finish = (db: Db) =>
+      db
+        .update(platformUpdates)
+        .set({ status: outcome, error, checks, finishedAt: new Date() })
+        .where(and(eq(platformUpdates.id, id), eq(platformUpdates.status, 'applying')))
+        .returning();
+    // An applied update owes update.applied to every team's subscribed webhooks (all of them run on
+    // the new code), in the same transaction; what they get is the update's id and time only, not
+    // its commit or patch, which are the org admin's to see.
+    const [done] =
+      outcome !== 'applied'
+        ? await finish(this.db)
+        : await this.db.transaction(async (tx) => {
+            const rows = await finish(tx as unknown as Db);
+            if (rows[0]) {
+              const data = { update_id: id, status: 'applied', applied_at: new Date().toISOString() };
+              await tx.execute(webhookEventWrite('update.applied', null, data));
+            }
+            return rows;
+          });
     if (done)
       await this.audit(
         {

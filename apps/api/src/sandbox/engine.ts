@@ -11,6 +11,7 @@ import type { KilnMetrics } from '../metrics/metrics.ts';
 import { DEFAULT_SETTINGS, type SandboxRuntime, type WorkspaceSettings } from '../workspace/settings.ts';
 import type { ContainerNetwork, EgressEvent, SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
+import { webhookEventWrite } from '../webhooks/events.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
 import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
 import { effectiveLimits, type SandboxLimits } from './limits.ts';
@@ -459,6 +460,20 @@ export class SandboxEngine {
     );
     // The sandbox's new idle deadline is written with the execution's record, in the same statement.
     const writes = [this.live.deadlineWrite(live), ...rec.writes];
+    // Code killed for memory owes the webhooks subscribed to sandbox.oom a delivery, written with the execution's record.
+    if (result.error?.type === 'OutOfMemory') {
+      const data = {
+        execution_id: rec.id,
+        sandbox_id: live.id,
+        session_id: ctx.sessionId,
+        workspace_id: ctx.workspaceId,
+        run_id: ctx.runId ?? null,
+        status: 'oom',
+        memory_mb: live.limits.memoryMb,
+        links: { session: `/v1/sessions/${ctx.sessionId}`, ...(ctx.runId ? { run: `/v1/runs/${ctx.runId}` } : {}) },
+      };
+      writes.push(webhookEventWrite('sandbox.oom', ctx.teamId, data));
+    }
     if (!opts.deferRecord) await this.db.execute(combine(writes));
     const executionId = rec.id;
     const { ok: _ok, changes, ...rest } = result as RunnerResult & { ev?: string; id?: string };

@@ -18,3 +18,4 @@ export { usage } from './usage.ts';
 export { idempotencyKeys } from './idempotency-keys.ts';
 export { workspaceSecrets } from './workspace-secrets.ts';
 export { templates } from './templates.ts';
+export { webhooks, webhookDeliveries } from './webhooks.ts';
