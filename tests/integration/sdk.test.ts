@@ -1,6 +1,7 @@
 import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server, Socket } from 'node:net';
+import { createServer as createHttpServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -86,7 +87,7 @@ function cuttingProxy(target: number, cutAfter: number) {
 }
 
 describe('@kiln/sdk against the real server over HTTP', () => {
-  const ctx = useAgentApp('sdk', { selfUpdate: true });
+  const ctx = useAgentApp('sdk', { selfUpdate: true, env: { KILN_OUTBOUND_ALLOW: '127.0.0.1' } });
   let server: ServerType;
   let url: string;
   let port: number;
@@ -118,6 +119,53 @@ describe('@kiln/sdk against the real server over HTTP', () => {
         'apps/sdk/src/openapi.ts is stale against the live /openapi.json: run `npm run sdk:generate` and commit the result',
       );
     expect(committed).not.toMatch(/127\.0\.0\.1|localhost|kiln\.invalid/);
+  });
+
+  it('webhooks: create (the secret once), test ping delivered and logged, replay, rotate, update, delete', async () => {
+    const got: { id: string; body: string }[] = [];
+    const receiver = createHttpServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => (body += c));
+      req.on('end', () => {
+        got.push({ id: String(req.headers['webhook-id']), body });
+        res.end('ok');
+      });
+    });
+    await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', r));
+    try {
+      const target = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/hook`;
+      const hook = await kiln.webhooks.create({ url: target, events: ['run.completed'] });
+      expect(hook.secret).toMatch(/^whsec_/);
+      const listed = await kiln.webhooks.get(hook.id);
+      expect(listed).not.toHaveProperty('secret');
+      expect((await kiln.webhooks.list()).data.map((w) => w.id)).toContain(hook.id);
+
+      await kiln.webhooks.test(hook.id);
+      while ((await ctx.t.evolution.jobs.drain()) > 0);
+      expect(got).toHaveLength(1);
+      const [first] = (await kiln.webhooks.deliveries.list(hook.id)).data;
+      expect(first).toMatchObject({ status: 'succeeded' });
+      const again = await kiln.webhooks.deliveries.replay(hook.id, first!.id);
+      expect(again.id).not.toBe(first!.id);
+      while ((await ctx.t.evolution.jobs.drain()) > 0);
+      expect(got).toHaveLength(2);
+      expect(got[1]!.body).toBe(got[0]!.body);
+      expect(got[1]!.id).not.toBe(got[0]!.id);
+      expect((await kiln.webhooks.deliveries.get(hook.id, again.id)).status).toBe('succeeded');
+
+      const rotated = await kiln.webhooks.rotateSecret(hook.id);
+      expect(rotated.secret).toMatch(/^whsec_/);
+      expect(rotated.secret).not.toBe(hook.secret);
+      expect((await kiln.webhooks.update(hook.id, { enabled: false })).enabled).toBe(false);
+      await kiln.webhooks.delete(hook.id);
+      await expect(kiln.webhooks.get(hook.id)).rejects.toBeInstanceOf(NotFoundError);
+      // A private address literal is refused at the edge with the envelope's code.
+      const refused = await kiln.webhooks.create({ url: 'http://10.0.0.1/x', events: ['run.failed'] }).catch((e) => e);
+      expect(refused).toBeInstanceOf(KilnError);
+      expect((refused as KilnError).code).toBe('invalid_request');
+    } finally {
+      await new Promise<void>((r) => receiver.close(() => r()));
+    }
   });
 
   it('workspaces, files and commits round trip; byName; update', async () => {

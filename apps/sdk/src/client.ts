@@ -281,6 +281,34 @@ export function createKiln(options: KilnOptions) {
       ok(raw.DELETE('/v1/workspaces/{workspace}/secrets/{name}', { params: { path: { workspace, name } } })),
   };
 
+  const hook = (webhook: string) => ({ path: { webhook } });
+  const whd = (webhook: string, delivery: string) => ({ path: { webhook, delivery } });
+  const webhooks = {
+    /** Creates a webhook; the answer's `secret` (whsec_…) is shown this once: keep it to verify signatures. */
+    create: (body: Body<'createWebhook'>) => ok(raw.POST('/v1/webhooks', { body })),
+    list: (query?: Query<'listWebhooks'>) => ok(raw.GET('/v1/webhooks', { params: { query } })),
+    all: (query?: Query<'listWebhooks'>) => paginate((q?: Query<'listWebhooks'>) => webhooks.list(q), query),
+    get: (webhook: string) => ok(raw.GET('/v1/webhooks/{webhook}', { params: hook(webhook) })),
+    update: (webhook: string, body: Body<'updateWebhook'>) =>
+      ok(raw.PATCH('/v1/webhooks/{webhook}', { params: hook(webhook), body })),
+    delete: (webhook: string) => ok(raw.DELETE('/v1/webhooks/{webhook}', { params: hook(webhook) })),
+    /** A new signing secret (shown this once); the old one stops at once. */
+    rotateSecret: (webhook: string) => ok(raw.POST('/v1/webhooks/{webhook}/rotate-secret', { params: hook(webhook) })),
+    /** Sends a `webhook.test` event (delivered and retried like any other). */
+    test: (webhook: string) => ok(raw.POST('/v1/webhooks/{webhook}/test', { params: hook(webhook) })),
+    deliveries: {
+      list: (webhook: string, query?: Query<'listWebhookDeliveries'>) =>
+        ok(raw.GET('/v1/webhooks/{webhook}/deliveries', { params: { ...hook(webhook), query } })),
+      all: (webhook: string, query?: Query<'listWebhookDeliveries'>) =>
+        paginate((q?: Query<'listWebhookDeliveries'>) => webhooks.deliveries.list(webhook, q), query),
+      get: (webhook: string, delivery: string) =>
+        ok(raw.GET('/v1/webhooks/{webhook}/deliveries/{delivery}', { params: whd(webhook, delivery) })),
+      /** Delivers the same payload again, as a new delivery (a new webhook-id). */
+      replay: (webhook: string, delivery: string) =>
+        ok(raw.POST('/v1/webhooks/{webhook}/deliveries/{delivery}/replay', { params: whd(webhook, delivery) })),
+    },
+  };
+
   const usage = {
     get: (query?: Query<'getUsage'>) => ok(raw.GET('/v1/usage', { params: { query } })),
     daily: (query?: Query<'getDailyUsage'>) => ok(raw.GET('/v1/usage/daily', { params: { query } })),
@@ -304,6 +332,7 @@ export function createKiln(options: KilnOptions) {
     evolutions,
     templates,
     secrets,
+    webhooks,
     usage,
     audit,
     /** Every item of any list operation, page after page, following `last_id` while `has_more`. */
