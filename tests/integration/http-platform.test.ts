@@ -4,8 +4,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sql } from 'drizzle-orm';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { tableCounts } from '../support/counts.ts';
+import { rowsOf } from '../support/db.ts';
 
 describe('ops endpoints and documentation', () => {
   let t: TestApp;
@@ -113,6 +115,36 @@ describe('idempotency', () => {
     expect(second.body).toEqual(first.body);
     expect(second.headers.get('idempotent-replayed')).toBe('true');
     expect(await tableCounts(t.database.db)).toEqual(before);
+  });
+
+  it('stores the answer sealed: a replayed key creation returns the key, the table never holds it', async () => {
+    const headers = { 'idempotency-key': 'create-key-1' };
+    const body = { name: 'ci', role: 'member' };
+    const first = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body, headers });
+    expect(first.status).toBe(201);
+    expect(first.body.key).toMatch(/^kiln_/);
+    const again = await t.call('POST', `/v1/teams/${team.id}/keys`, { key: team.key, body, headers });
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(again.body).toEqual(first.body);
+    const rows = rowsOf<{ response_body: unknown }>(
+      await t.database.db.execute(sql`select response_body from idempotency_keys where key = 'create-key-1'`),
+    );
+    expect(rows).toHaveLength(1);
+    const stored = JSON.stringify(rows[0]!.response_body);
+    expect(stored).not.toContain(first.body.key);
+    expect(stored).not.toContain(first.body.key.slice(-16));
+    // Sealed for its caller and key: copied under another key, it does not open (a 500, never the answer).
+    await t.database.db.execute(
+      sql`insert into idempotency_keys (scope, key, request_hash, status_code, response_body)
+          select scope, 'copied', request_hash, status_code, response_body from idempotency_keys where key = 'create-key-1'`,
+    );
+    const copied = await t.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: team.key,
+      body,
+      headers: { 'idempotency-key': 'copied' },
+    });
+    expect(copied.status).toBe(500);
+    expect(JSON.stringify(copied.body)).not.toContain(first.body.key);
   });
 
   it('refuses the same key with a different body', async () => {

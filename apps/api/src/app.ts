@@ -37,6 +37,7 @@ import { systemRouter } from './routes/system/system.index.ts';
 import type { SelfUpdates } from './platform/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 import { workspaceSecretsRouter } from './routes/workspace-secrets/workspace-secrets.index.ts';
+import type { Sealer } from './secrets/sealing.ts';
 import type { SecretStore } from './secrets/store.ts';
 import { templatesRouter } from './routes/templates/templates.index.ts';
 import type { TemplateService } from './templates/service.ts';
@@ -55,6 +56,8 @@ export interface AppDeps {
   evolution: EvolutionService;
   /** Workspace secrets: their routes write and list them, executions get them. */
   secrets: SecretStore;
+  /** The secrets key's sealer: idempotent answers are stored sealed (they may carry a secret shown once). */
+  sealer: Sealer;
   /** Sandbox templates (their routes; a workspace's sandbox.template is checked against them). */
   templates: TemplateService;
   /** Webhooks (their routes). */
@@ -124,6 +127,7 @@ export function createApp({
   events,
   evolution,
   secrets,
+  sealer,
   templates,
   webhooks,
   updates,
@@ -150,7 +154,7 @@ export function createApp({
   const keys = new KeyCache(db);
   // One limiter for the API and /mcp: a team's MCP requests and API requests share its bucket.
   const limit = rateLimit(config.rateLimit, now);
-  app.use('/v1/*', authn(keys), limit, idempotency(db), auditTrail(db));
+  app.use('/v1/*', authn(keys), limit, idempotency(db, sealer), auditTrail(db));
   // The MCP tools act through the /v1 routes (in-process, with the caller's key): those requests
   // are audited there, in the API's own terms, under this request's id (see docs/mcp.md).
   app.use('/mcp', authn(keys), limit);

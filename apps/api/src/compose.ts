@@ -161,7 +161,7 @@ export function compose(o: ComposeOptions): Kiln {
   if (updates) agent.allowSourceUpdates(updates);
 
   const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates, metrics };
-  const app = createApp({ ...parts, secrets, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
+  const app = createApp({ ...parts, secrets, sealer, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
   // Statements are timed from the moment the app is built until it stops.
   const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
 
