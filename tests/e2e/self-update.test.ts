@@ -1,4 +1,6 @@
 import { execFileSync } from 'node:child_process';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -84,12 +86,28 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     return `${git(scratch, 'diff', '--cached')}\n`;
   };
 
+  // A team's webhook receiver for update.applied (the one platform-wide event).
+  const received: {
+    headers: Record<string, unknown>;
+    body: { type: string; team_id: string; data: Record<string, unknown> };
+  }[] = [];
+  let receiver: Server;
+
   beforeAll(async () => {
     // The project as it is now (uncommitted changes too), as a git checkout of its own.
     checkout = mkTemp('kiln-src-');
     cloneProject(ROOT, checkout);
 
     fake = await startFakeOpenAI();
+    receiver = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => (body += c));
+      req.on('end', () => {
+        received.push({ headers: req.headers, body: JSON.parse(body) });
+        res.end();
+      });
+    });
+    await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', r));
     dataDir = mkTemp('kiln-selfupdate-data-');
     const port = await freePort();
     first = await startKiln(
@@ -105,6 +123,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         OPENAI_BASE_URL: fake.url,
         OPENAI_API_KEY: 'test-key',
         KILN_MODEL: 'fake-model',
+        // The webhook receiver is on loopback; deliveries are looked for often.
+        KILN_OUTBOUND_ALLOW: '127.0.0.1',
+        KILN_JOBS_POLL_MS: '200',
       },
       checkout,
     );
@@ -116,6 +137,15 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       body: JSON.stringify({ name: 'o', role: 'owner' }),
     });
     teamKey = key.body.key;
+    const hook = await fetch(`${url}/v1/webhooks`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${teamKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        url: `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/kiln`,
+        events: ['update.applied'],
+      }),
+    });
+    expect(hook.status).toBe(201);
   });
 
   afterAll(async () => {
@@ -132,6 +162,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     for (const p of pids) if (alive(p)) process.kill(p, 'SIGKILL');
     await waitFor('every server to be gone', async () => ([...pids].some(alive) ? undefined : true), 10_000);
     await fake?.close();
+    await new Promise((r) => (receiver ? receiver.close(r) : r(undefined)));
     for (const d of temp) rmSync(d, { recursive: true, force: true });
   });
 
@@ -351,6 +382,14 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         'system.update.applied',
       ]),
     );
+    // The team's webhook hears of it: owed in the transaction that marked it applied, delivered
+    // by the server running the new code.
+    const heard = await waitFor('the update.applied delivery', async () =>
+      received.find((d) => d.body.type === 'update.applied' && d.body.data.update_id === r.body.id),
+    );
+    expect(heard.body.data).toMatchObject({ status: 'applied' });
+    expect(heard.headers['webhook-signature']).toMatch(/^v1,/);
+    expect(JSON.stringify(heard.body)).not.toContain(commit);
     applied = { id: r.body.id, commit, before };
   });
 

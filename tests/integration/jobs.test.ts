@@ -48,6 +48,100 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
     expect(rows.every((r) => r.status === 'succeeded' && r.attempts === 1)).toBe(true);
   });
 
+  /** A promise and the function that settles it: a handler waits on it until the test says. */
+  const gate = () => {
+    let open!: () => void;
+    const opened = new Promise<void>((r) => (open = r));
+    return { open, opened };
+  };
+  /** Resolves once `cond()` holds, checked each time `tick` is called (no polling on a timer). */
+  const when = (cond: () => boolean) => {
+    const waiters: (() => void)[] = [];
+    return {
+      tick: () => {
+        if (cond()) for (const w of waiters.splice(0)) w();
+      },
+      reached: () => new Promise<void>((r) => (cond() ? r() : waiters.push(r))),
+    };
+  };
+
+  it('a lane of its own runs while the default lane is busy with a long job', async () => {
+    const r = runner(a, 'replica-lanes');
+    const long = gate();
+    const order: string[] = [];
+    const started = when(() => order.includes('build started'));
+    r.handle('build', async () => {
+      order.push('build started');
+      started.tick();
+      await long.opened;
+      order.push('build done');
+    });
+    const lane = { name: 'quick-lane', concurrency: 2 };
+    const quickDone = when(() => order.filter((o) => o.startsWith('quick')).length === 3);
+    r.handle(
+      'quick',
+      async (p: { n: number }) => {
+        order.push(`quick ${p.n}`);
+        quickDone.tick();
+      },
+      lane,
+    );
+    // Running as a server does: enqueue wakes the runner.
+    await r.start();
+    await r.enqueue('build', {});
+    // The long job holds the default lane; the quick lane's jobs, enqueued after it started, still run.
+    await started.reached();
+    for (let n = 0; n < 3; n++) await r.enqueue('quick', { n });
+    await quickDone.reached();
+    expect(order).toContain('build started');
+    expect(order).not.toContain('build done');
+    expect(order.filter((o) => o.startsWith('quick')).sort()).toEqual(['quick 0', 'quick 1', 'quick 2']);
+    long.open();
+    await r.stop();
+    expect(order.at(-1)).toBe('build done');
+  });
+
+  it('a group limit holds across two replicas: a group never has more running, other groups go on', async () => {
+    const lane = { name: 'fair', concurrency: 3, groupLimit: 2 };
+    const ra = runner(a, 'replica-fair-a');
+    const rb = runner(b, 'replica-fair-b');
+    const held = gate();
+    const running = new Map<string, number>();
+    let peakA = 0;
+    const done: string[] = [];
+    const bothBRan = when(() => done.filter((d) => d.startsWith('b')).length === 2);
+    const aFull = when(() => (running.get('a') ?? 0) === 2);
+    for (const r of [ra, rb])
+      r.handle(
+        'deliver',
+        async (p: { group: string; n: number }) => {
+          running.set(p.group, (running.get(p.group) ?? 0) + 1);
+          peakA = Math.max(peakA, running.get('a') ?? 0);
+          aFull.tick();
+          // Group a's jobs hang (a silent receiver) until the test lets them go.
+          if (p.group === 'a') await held.opened;
+          running.set(p.group, running.get(p.group)! - 1);
+          done.push(`${p.group}${p.n}`);
+          bothBRan.tick();
+        },
+        lane,
+      );
+    for (let n = 0; n < 5; n++) await ra.enqueue('deliver', { group: 'a', n });
+    for (let n = 0; n < 2; n++) await ra.enqueue('deliver', { group: 'b', n });
+    const drains = Promise.all([ra.drain(), rb.drain()]);
+    // Six workers on two replicas, five of group a's jobs first in line: two run, and b's both get through meanwhile.
+    await aFull.reached();
+    await bothBRan.reached();
+    expect(done.filter((d) => d.startsWith('a'))).toEqual([]);
+    expect(running.get('a')).toBe(2);
+    held.open();
+    await drains;
+    // The workers that found only a's jobs at their limit stopped; what is left is due and runs at the next drain.
+    while ((await ra.drain()) > 0);
+    expect(done.filter((d) => d.startsWith('a')).sort()).toEqual(['a0', 'a1', 'a2', 'a3', 'a4']);
+    expect(peakA).toBe(2);
+  });
+
   it('a dedupe key enqueues once, even from two replicas', async () => {
     const ra = runner(a, 'replica-a');
     const rb = runner(b, 'replica-b');

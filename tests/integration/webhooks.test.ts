@@ -1,5 +1,5 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -327,7 +327,8 @@ describe('webhooks', () => {
       content:
         '<write_file path="skills/sums/SKILL.md">\n---\nname: sums\ndescription: Add numbers with sum()\n---\n\nUse `sum(list)`.\n</write_file>\n<finish>Saved how to add numbers</finish>',
     });
-    await drain();
+    // The review runs in the jobs' default lane; the deliveries it owes go out in the webhooks lane after it.
+    while ((await drain()) > 0);
     const evo = (await call('GET', `/v1/workspaces/${ws}/evolutions/${review.body.id}`, ctx.team.key)).body;
     expect(evo.status).toBe('committed');
 
@@ -487,6 +488,76 @@ describe('webhooks on PGlite', () => {
     } finally {
       await rx.close();
       await t.close();
+    }
+  });
+});
+
+describe('webhooks: one team cannot hold up another team’s deliveries', () => {
+  const ctx = useAgentApp('hooks-fair', {
+    env: { ...ENV, KILN_WEBHOOK_CONCURRENCY: '4', KILN_WEBHOOK_TEAM_CONCURRENCY: '2' },
+  });
+
+  it('a team whose receivers never answer holds at most its share of the workers; the other team’s delivery goes out', async () => {
+    const slowTeam = ctx.team;
+    const fastTeam = await ctx.t.team('hooks-fast');
+    // The slow team's receiver takes every request and answers none until the test lets it.
+    const held: ServerResponse[] = [];
+    let inFlight = 0;
+    let peak = 0;
+    let answer = false;
+    const silent = createServer((req, res) => {
+      req.resume();
+      inFlight++;
+      peak = Math.max(peak, inFlight);
+      res.on('close', () => inFlight--);
+      if (answer) res.end('ok');
+      else held.push(res);
+    });
+    let fastGot!: () => void;
+    const fastArrived = new Promise<void>((r) => (fastGot = r));
+    const fast = createServer((req, res) => {
+      req.resume();
+      res.end('ok');
+      fastGot();
+    });
+    for (const s of [silent, fast]) await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+    const urlOf = (s: Server) => `http://127.0.0.1:${(s.address() as AddressInfo).port}/hook`;
+    try {
+      const make = async (key: string, url: string) => {
+        const r = await ctx.t.call('POST', '/v1/webhooks', { key, body: { url, events: ['run.failed'] } });
+        expect(r.status).toBe(201);
+        return r.body.id as string;
+      };
+      const slowHooks = [];
+      for (let i = 0; i < 5; i++) slowHooks.push(await make(slowTeam.key, urlOf(silent)));
+      const fastHook = await make(fastTeam.key, urlOf(fast));
+      // The slow team's five pings are owed first, so they are first in line.
+      for (const h of slowHooks)
+        expect((await ctx.t.call('POST', `/v1/webhooks/${h}/test`, { key: slowTeam.key })).status).toBe(202);
+      expect((await ctx.t.call('POST', `/v1/webhooks/${fastHook}/test`, { key: fastTeam.key })).status).toBe(202);
+
+      const drained = ctx.t.evolution.jobs.drain();
+      await fastArrived;
+      // Delivered while two of the slow team's requests hang, and never more than two at once.
+      expect(held).toHaveLength(2);
+      expect(peak).toBe(2);
+
+      answer = true;
+      for (const res of held.splice(0)) res.end('ok');
+      await drained;
+      while ((await ctx.t.evolution.jobs.drain()) > 0);
+      for (const h of slowHooks) {
+        const [d] = (await ctx.t.call('GET', `/v1/webhooks/${h}/deliveries`, { key: slowTeam.key })).body.data;
+        expect(d).toMatchObject({ status: 'succeeded' });
+      }
+      const [f] = (await ctx.t.call('GET', `/v1/webhooks/${fastHook}/deliveries`, { key: fastTeam.key })).body.data;
+      expect(f).toMatchObject({ status: 'succeeded', attempts: 1 });
+      expect(peak).toBe(2);
+    } finally {
+      for (const s of [silent, fast]) {
+        s.closeAllConnections();
+        await new Promise<void>((r) => s.close(() => r()));
+      }
     }
   });
 });

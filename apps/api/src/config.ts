@@ -151,6 +151,9 @@ const schema = z.object({
   KILN_WEBHOOK_RETRY_BASE_S: int(1, 86_400).default(60),
   KILN_WEBHOOK_TIMEOUT_S: int(1, 120).default(10),
   KILN_WEBHOOK_MAX_PER_TEAM: int(1, 1000).default(20),
+  // Deliveries in flight at once in this server, and at most this many of them one team's (across replicas).
+  KILN_WEBHOOK_CONCURRENCY: int(1, 256).default(8),
+  KILN_WEBHOOK_TEAM_CONCURRENCY: int(1, 256).default(2),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -245,7 +248,14 @@ export type Config = {
   /** The agent as an MCP client: each connect, tool listing and call to a workspace's server is cut off after this. */
   mcp: { timeoutMs: number };
   /** Webhook deliveries: attempts, the backoff's first wait, one attempt's deadline, webhooks per team. */
-  webhooks: { maxAttempts: number; retryBaseMs: number; timeoutMs: number; maxPerTeam: number };
+  webhooks: {
+    maxAttempts: number;
+    retryBaseMs: number;
+    timeoutMs: number;
+    maxPerTeam: number;
+    concurrency: number;
+    teamConcurrency: number;
+  };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };
@@ -382,6 +392,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       retryBaseMs: e.KILN_WEBHOOK_RETRY_BASE_S * 1000,
       timeoutMs: e.KILN_WEBHOOK_TIMEOUT_S * 1000,
       maxPerTeam: e.KILN_WEBHOOK_MAX_PER_TEAM,
+      concurrency: e.KILN_WEBHOOK_CONCURRENCY,
+      teamConcurrency: e.KILN_WEBHOOK_TEAM_CONCURRENCY,
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),

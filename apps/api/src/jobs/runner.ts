@@ -22,6 +22,28 @@ export class RetryJob extends Error {
 export class FailJob extends Error {}
 type JobHandler = (payload: unknown, job: JobRow) => Promise<void>;
 
+/**
+ * Jobs of some kinds run in a lane of their own, so that they never wait behind another lane's
+ * long jobs (a template build takes minutes; a webhook delivery must not wait for it), with
+ * `concurrency` jobs at once in this process, and at most `groupLimit` running at once per group
+ * across every runner on the database (a job's group is its payload's `group`, e.g. its team:
+ * one tenant's slow receivers then hold at most that many of the lane's workers).
+ */
+export interface Lane {
+  name: string;
+  concurrency: number;
+  groupLimit?: number;
+}
+
+const DEFAULT_LANE: Lane = { name: 'default', concurrency: 1 };
+
+interface LaneState {
+  lane: Lane;
+  kinds: Set<string>;
+  running: Promise<void> | undefined;
+  wakeRequested: boolean;
+}
+
 export interface JobRunnerOptions {
   /** This process; a lease names it. */
   owner: string;
@@ -42,10 +64,9 @@ export interface JobRunnerOptions {
  */
 export class JobRunner {
   private readonly handlers = new Map<string, JobHandler>();
+  private readonly lanes = new Map<string, LaneState>();
   private timer: NodeJS.Timeout | undefined;
-  private running: Promise<void> | undefined;
   private stopped = true;
-  private wakeRequested = false;
 
   constructor(
     private readonly db: Db,
@@ -58,9 +79,18 @@ export class JobRunner {
     return this.opts.now ? this.opts.now() : Date.now();
   }
 
-  /** Runs jobs of `kind` with `handler`; `P` is the payload this kind's callers enqueue (stored as JSON). */
-  handle<P>(kind: string, handler: (payload: P, job: JobRow) => Promise<void>): void {
+  /**
+   * Runs jobs of `kind` with `handler`, in `lane` (default: the one-at-a-time lane of reviews,
+   * dreams and template builds); `P` is the payload this kind's callers enqueue (stored as JSON).
+   */
+  handle<P>(kind: string, handler: (payload: P, job: JobRow) => Promise<void>, lane: Lane = DEFAULT_LANE): void {
     this.handlers.set(kind, handler as JobHandler);
+    let state = this.lanes.get(lane.name);
+    if (!state) {
+      state = { lane, kinds: new Set(), running: undefined, wakeRequested: false };
+      this.lanes.set(lane.name, state);
+    }
+    state.kinds.add(kind);
   }
 
   /** Queues a job; with a `dedupeKey` that exists already, nothing is added. Returns the job id, or null for a duplicate. */
@@ -100,65 +130,103 @@ export class JobRunner {
   async stop(): Promise<void> {
     this.stopped = true;
     clearInterval(this.timer);
-    await this.running;
+    await Promise.all([...this.lanes.values()].map((l) => l.running));
   }
 
-  /** Runs due jobs until none is left (one drain at a time). */
+  /** Runs due jobs until none is left, in every lane (one drain at a time per lane). */
   wake(): void {
     if (this.stopped) return;
-    if (this.running) {
-      this.wakeRequested = true;
+    for (const state of this.lanes.values()) this.wakeLane(state);
+  }
+
+  private wakeLane(state: LaneState): void {
+    if (this.stopped) return;
+    if (state.running) {
+      state.wakeRequested = true;
       return;
     }
-    this.running = this.drain()
+    state.running = this.drainLane(state)
       .then(() => undefined)
-      .catch((err) => this.log.error({ err }, 'job runner failed'))
+      .catch((err) => this.log.error({ err, lane: state.lane.name }, 'job runner failed'))
       .finally(() => {
-        this.running = undefined;
-        if (this.wakeRequested && !this.stopped) {
-          this.wakeRequested = false;
-          this.wake();
+        state.running = undefined;
+        if (state.wakeRequested && !this.stopped) {
+          state.wakeRequested = false;
+          this.wakeLane(state);
         }
       });
   }
 
   /**
-   * Claims and runs due jobs until none is due; returns how many ran (tests call it directly).
-   * A job its handler released (ReleaseJob: this process is stopping) ends the drain, which
-   * would otherwise claim it again at once.
+   * Claims and runs due jobs of every lane until none is due; returns how many ran (tests call
+   * it directly).
    */
   async drain(): Promise<number> {
-    let ran = 0;
-    for (let job = await this.claim(); job; job = await this.claim()) {
-      const released = await this.execute(job);
-      ran++;
-      if (released) break;
-    }
-    return ran;
+    const ran = await Promise.all([...this.lanes.values()].map((l) => this.drainLane(l)));
+    return ran.reduce((a, b) => a + b, 0);
   }
 
   /**
-   * One due job of a kind this runner handles, leased to it: queued and due, or running with
-   * an expired lease. (Kinds it does not know are left for runners that do.)
+   * The lane's workers (`concurrency` of them) claim and run its due jobs until none is due. A
+   * job its handler released (ReleaseJob: this process is stopping) ends that worker, which
+   * would otherwise claim it again at once.
    */
-  async claim(): Promise<JobRow | null> {
-    const kinds = [...this.handlers.keys()];
+  private async drainLane(state: LaneState): Promise<number> {
+    const worker = async () => {
+      let ran = 0;
+      for (let job = await this.claim(state); job; job = await this.claim(state)) {
+        const released = await this.execute(job);
+        ran++;
+        if (released) break;
+      }
+      return ran;
+    };
+    const ran = await Promise.all(Array.from({ length: state.lane.concurrency }, worker));
+    return ran.reduce((a, b) => a + b, 0);
+  }
+
+  /**
+   * One due job of a kind of the lane (default: any kind this runner handles), leased to it:
+   * queued and due, or running with an expired lease — and, in a lane with a group limit, of a
+   * group with fewer than that many running. (Kinds it does not know are left for runners that do.)
+   */
+  async claim(state?: LaneState): Promise<JobRow | null> {
+    const kinds = [...(state?.kinds ?? this.handlers.keys())];
     if (kinds.length === 0) return null;
     const now = new Date(this.now()).toISOString();
     const until = new Date(this.now() + this.opts.leaseMs).toISOString();
-    const result = await this.db.execute(sql`
+    const inKinds = sql.join(
+      kinds.map((k) => sql`${k}`),
+      sql`, `,
+    );
+    const limit = state?.lane.groupLimit;
+    const groupFree =
+      limit === undefined
+        ? sql``
+        : sql`and (j.payload->>'group' is null or (
+            select count(*) from jobs r
+            where r.kind in (${inKinds}) and r.status = 'running' and r.locked_until >= ${now}::timestamptz
+              and r.payload->>'group' = j.payload->>'group') < ${limit})`;
+    const statement = sql`
       update jobs set status = 'running', locked_by = ${this.opts.owner}, locked_until = ${until}::timestamptz, attempts = attempts + 1
       where id = (
-        select id from jobs
-        where kind in (${sql.join(
-          kinds.map((k) => sql`${k}`),
-          sql`, `,
-        )})
-          and ((status = 'queued' and run_at <= ${now}::timestamptz) or (status = 'running' and locked_until < ${now}::timestamptz))
-        order by run_at, id
+        select j.id from jobs j
+        where j.kind in (${inKinds})
+          and ((j.status = 'queued' and j.run_at <= ${now}::timestamptz) or (j.status = 'running' and j.locked_until < ${now}::timestamptz))
+          ${groupFree}
+        order by j.run_at, j.id
         limit 1
         for update skip locked)
-      returning id`);
+      returning id`;
+    // A group limit is exact: claims of the lane take turns (a transaction-scoped advisory lock),
+    // so two workers never both see a group one short of its limit and both take a job of it.
+    const result =
+      limit === undefined
+        ? await this.db.execute(statement)
+        : await this.db.transaction(async (tx) => {
+            await tx.execute(sql`select pg_advisory_xact_lock(hashtext(${`kiln.jobs.lane:${state!.lane.name}`}))`);
+            return tx.execute(statement);
+          });
     const id = rowsOf<{ id: string }>(result)[0]?.id;
     if (!id) return null;
     const [job] = await this.db.select().from(jobs).where(eq(jobs.id, id));

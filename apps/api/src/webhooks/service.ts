@@ -34,6 +34,10 @@ export interface WebhookOptions {
   timeoutMs: number;
   /** Webhooks a team may have (KILN_WEBHOOK_MAX_PER_TEAM). */
   maxPerTeam: number;
+  /** Deliveries (and fan-outs) in flight at once in this server (KILN_WEBHOOK_CONCURRENCY). */
+  concurrency: number;
+  /** Of those, at most this many one team's, across every replica (KILN_WEBHOOK_TEAM_CONCURRENCY). */
+  teamConcurrency: number;
   /** KILN_OUTBOUND_ALLOW: the non-public addresses receivers may be at. */
   outboundAllow: readonly string[];
 }
@@ -91,8 +95,12 @@ export class WebhookService {
   ) {
     this.policy = new OutboundPolicy(opts.outboundAllow);
     this.send = this.policy.fetch(opts.timeoutMs);
-    jobs.handle(FANOUT_JOB, (p: { event: WebhookEvent }) => this.fanOut(p.event));
-    jobs.handle(DELIVER_JOB, (p: { delivery: string }, job) => this.deliver(p.delivery, job));
+    // A lane of their own: deliveries never wait behind a template build or a review, and one
+    // team's slow or silent receivers hold at most teamConcurrency of its workers (the job's
+    // group is its team), so another team's deliveries still go out.
+    const lane = { name: 'webhooks', concurrency: opts.concurrency, groupLimit: opts.teamConcurrency };
+    jobs.handle(FANOUT_JOB, (p: { event: WebhookEvent }) => this.fanOut(p.event), lane);
+    jobs.handle(DELIVER_JOB, (p: { delivery: string }, job) => this.deliver(p.delivery, job), lane);
   }
 
   async close(): Promise<void> {
@@ -295,10 +303,10 @@ export class WebhookService {
         from (values ${sql.join(values, sql`, `)}) v(id, webhook_id, team_id, event_id, event_type, body, replay_of)
         join webhooks w on w.id = v.webhook_id and w.team_id = v.team_id
         on conflict do nothing
-        returning id),
+        returning id, team_id),
       j as (
         insert into jobs (id, kind, payload, dedupe_key, run_at, max_attempts)
-        select 'job_' || substr(d.id, 5), ${DELIVER_JOB}, jsonb_build_object('delivery', d.id), ${`${DELIVER_JOB}:`} || d.id,
+        select 'job_' || substr(d.id, 5), ${DELIVER_JOB}, jsonb_build_object('delivery', d.id, 'group', d.team_id), ${`${DELIVER_JOB}:`} || d.id,
           ${now}::timestamptz, ${max}::int
         from d
         returning 1)
