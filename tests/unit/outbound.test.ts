@@ -47,15 +47,31 @@ describe('outbound policy (tenant-chosen URLs)', () => {
     expect(() => p.checkUrl('http://[::1]:80/')).toThrow(/not a public address/);
     expect(() => p.checkUrl('nonsense')).toThrow(/not a URL/);
     expect(p.checkUrl('https://example.com/x').hostname).toBe('example.com');
+    for (const local of ['http://localhost:9/x', 'http://LOCALHOST./', 'https://api.localhost/'])
+      expect(() => p.checkUrl(local), local).toThrow(/loopback/);
+    expect(new OutboundPolicy(['127.0.0.1']).checkUrl('http://localhost:9/').port).toBe('9');
   });
 
   it('fetch refuses a loopback literal and a name that resolves to loopback, at connect time', async () => {
-    const f = new OutboundPolicy().fetch(5000);
+    // A name whose DNS answer is this host's loopback (what a rebinding name answers when used).
+    const rebinding = ((
+      host: string,
+      _opts: object,
+      cb: (e: null, a: { address: string; family: number }[]) => void,
+    ) => {
+      expect(host).toBe('rebind.example');
+      cb(null, [{ address: '127.0.0.1', family: 4 }]);
+    }) as unknown as typeof import('node:dns').lookup;
+    const f = new OutboundPolicy([], rebinding).fetch(5000);
     await expect(f(`http://127.0.0.1:${port}/ok`)).rejects.toThrow(/not a public address/);
-    // "localhost" passes the URL check (a name) and is refused by the connection's lookup.
-    const err = await f(`http://localhost:${port}/ok`).catch((e: Error) => e);
+    // The name passes the URL check and is refused by the connection's own lookup.
+    const err = await f(`http://rebind.example:${port}/ok`).catch((e: Error) => e);
     expect(err).toBeInstanceOf(Error);
     expect(String((err as Error & { cause?: Error }).cause?.message ?? (err as Error).message)).toMatch(/not public/);
+    // The same answer, allowed by the operator, connects.
+    const allowed = new OutboundPolicy(['127.0.0.1'], rebinding);
+    expect(await (await allowed.fetch(5000)(`http://rebind.example:${port}/ok`)).text()).toBe('ok GET');
+    await allowed.close();
   });
 
   it('fetch reaches an allowed address and does not follow redirects', async () => {

@@ -61,8 +61,14 @@ export class OutboundPolicy {
   private readonly blocked = new BlockList();
   private readonly allowed = new BlockList();
 
-  /** `allow`: KILN_OUTBOUND_ALLOW's entries (addresses or CIDRs), already validated by the config. */
-  constructor(allow: readonly string[] = []) {
+  /**
+   * `allow`: KILN_OUTBOUND_ALLOW's entries (addresses or CIDRs), already validated by the config;
+   * `resolve`: the name lookup whose answers are filtered (the system's; tests give names of their own).
+   */
+  constructor(
+    allow: readonly string[] = [],
+    private readonly resolve: typeof dnsLookup = dnsLookup,
+  ) {
     for (const [a, p, f] of NON_PUBLIC) this.blocked.addSubnet(a, p, f);
     for (const entry of allow) {
       const e = parseAllowEntry(entry);
@@ -95,6 +101,10 @@ export class OutboundPolicy {
     if (url.username || url.password) throw new OutboundRefused('credentials in the URL are not allowed (use headers)');
     const host = url.hostname.replace(/^\[|\]$/g, '');
     if (isIP(host) && !this.permits(host)) throw new OutboundRefused(`${host} is not a public address`);
+    // localhost and *.localhost are loopback by definition (RFC 6761): said now, not at the first connect.
+    const name = host.toLowerCase().replace(/\.$/, '');
+    if ((name === 'localhost' || name.endsWith('.localhost')) && !this.permits('127.0.0.1') && !this.permits('::1'))
+      throw new OutboundRefused(`${host} is this host (loopback), not a public address`);
     return url;
   }
 
@@ -105,7 +115,7 @@ export class OutboundPolicy {
     callback: (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void,
   ): void => {
     const opts = typeof options === 'number' ? { family: options } : options;
-    dnsLookup(hostname, { family: opts.family ?? 0, all: true }, (err, addresses) => {
+    this.resolve(hostname, { family: opts.family ?? 0, all: true }, (err, addresses) => {
       if (err) return callback(err, '');
       const ok = addresses.filter((a) => this.permits(a.address));
       if (!ok.length) {
