@@ -1,7 +1,8 @@
-import { api, messageOf } from '../api.ts';
+import { api, getKey, isOrgAdminKey, messageOf } from '../api.ts';
 import { h, replace, table, when } from '../dom.ts';
 import { action, afterParam, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { List, Team, Update, Version } from '../types.ts';
+import { webhooksPanels } from './webhooks.ts';
 
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
 
@@ -62,7 +63,7 @@ function submitForm(after: () => Promise<void>): HTMLElement {
   return form;
 }
 
-/** Teams, the running version and platform updates: org-admin matters (a team key sees its own team). */
+/** Teams, the running version and platform updates: org-admin matters (a team key sees its own team and its webhooks). */
 export function adminView(dispose: Dispose[]): HTMLElement {
   let reloadUpdates: () => Promise<void> = async () => undefined;
   const updates = pagedPanel<Update>(
@@ -124,6 +125,16 @@ export function adminView(dispose: Dispose[]): HTMLElement {
       (rows) => table(['team', 'id', 'created'], rows, (t) => [t.name, t.id, when(t.created_at)]),
       { dispose },
     ).box,
+    // Webhooks are a team's: an org-admin key cannot act for a team (the API answers it 403).
+    ...(isOrgAdminKey(getKey())
+      ? [
+          h(
+            'p',
+            { class: 'hint', id: 'webhooks-hint' },
+            'Webhooks belong to a team: sign in with a team key to manage them.',
+          ),
+        ]
+      : webhooksPanels(dispose)),
     panel(
       'version',
       'Running version',
