@@ -1165,17 +1165,25 @@ describe('ops dashboard in chromium', () => {
       (await ctx.t.call('GET', `/v1/workspaces/${ws}`, { key: ctx.team.key })).body.settings.mcp_servers;
     const bad = await ctx.t.call('PATCH', `/v1/workspaces/${ws}`, {
       key: ctx.team.key,
-      body: { settings: { mcp_servers: [{ name: 'tracker', url: 'ftp://tracker.example', headers: {} }] } },
+      body: { settings: { mcp_servers: [{ name: 'Tracker X', url: 'ftp://tracker.example', headers: {} }] } },
     });
     expect(bad.status).toBe(400);
     await open(`#/ws/${ws}`);
     await page.locator('#mcp-servers .empty').waitFor();
-    await page.fill('#mcp-name', 'tracker');
+    await page.fill('#mcp-name', 'Tracker X');
     await page.fill('#mcp-url', 'ftp://tracker.example');
     await page.click('#mcp-form button[type=submit]');
-    await page.locator('#mcp-form [role=alert]', { hasText: bad.body.error.message }).waitFor();
+    // Each bad field the API named (a bad name, a bad URL), as it named it.
+    const problems = (bad.body.error.details as { path: string; message: string }[]).map(
+      (d) => `${d.path}: ${d.message}`,
+    );
+    expect(problems.length).toBeGreaterThan(1);
+    const alert = page.locator('#mcp-form [role=alert]');
+    await alert.locator('li').first().waitFor();
+    expect(await alert.locator('li').allTextContents()).toEqual(problems);
     expect(await settingsOf()).toEqual([]);
 
+    await page.fill('#mcp-name', 'tracker');
     await page.fill('#mcp-url', 'https://tracker.example/mcp');
     await page.fill('#mcp-headers', 'Authorization: Bearer ${secrets.TRACKER_TOKEN}\nX-Tenant: blue-42-private');
     await page.click('#mcp-form button[type=submit]');

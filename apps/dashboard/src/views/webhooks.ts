@@ -8,20 +8,15 @@ const EVERY_MS = 5000;
 const base = (id: string) => `/v1/webhooks/${encodeURIComponent(id)}`;
 const webhookHref = (id: string) => `#/webhooks/${encodeURIComponent(id)}`;
 
-/** A refusal under a form: the envelope's message, then each bad field it named. */
+/** A refusal under a form: the envelope's message, or, when it named several bad fields, each of them. */
 export function refusal(err: unknown): HTMLElement {
   const details = detailsOf(err);
+  if (details.length < 2) return h('div', { class: 'error', role: 'alert' }, h('p', {}, messageOf(err)));
   return h(
     'div',
     { class: 'error', role: 'alert' },
-    h('p', {}, messageOf(err)),
-    details.length > 1
-      ? h(
-          'ul',
-          { class: 'details' },
-          ...details.map((d) => h('li', {}, d.path ? `${d.path}: ${d.message}` : d.message)),
-        )
-      : null,
+    h('p', {}, `The API refused it (${details.length} problems):`),
+    h('ul', { class: 'details' }, ...details.map((d) => h('li', {}, d.path ? `${d.path}: ${d.message}` : d.message))),
   );
 }
 
