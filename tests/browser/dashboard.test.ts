@@ -455,6 +455,9 @@ describe('ops dashboard in chromium', () => {
     await page.getByRole('link', { name: 'Teams & updates' }).click();
     await page.locator('#teams tr', { hasText: ctx.team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
+    // Webhooks are a team's: the org-admin key is told so and gets no webhook panel.
+    expect(await page.locator('#webhooks-hint').textContent()).toContain('team key');
+    expect(await page.locator('#webhooks, #webhook-create').count()).toBe(0);
   });
   it('platform updates (org-admin key): each check with its log, Apply refused as the API says, a patch that does not apply refused at submit', async () => {
     const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
@@ -971,6 +974,8 @@ describe('ops dashboard in chromium', () => {
     try {
       await open('#/admin');
       await page.locator('#webhooks .empty, #webhooks table').first().waitFor();
+      // A team key's Team page does not ask for the org-admin panels (version, platform updates).
+      expect(await page.locator('#version, #updates, #update-submit').count()).toBe(0);
       await page.fill('#webhook-url', receiver.url);
       await page.check('#webhook-form input[value="sandbox.oom"]');
       await page.check('#webhook-form input[value="update.applied"]');
@@ -1039,7 +1044,14 @@ describe('ops dashboard in chromium', () => {
       const failedRow = page.locator(`#deliveries tr:has([data-delivery="${failed.id}"])`);
       await failedRow.locator('.status.failed').waitFor();
       expect(await failedRow.locator('.codes').textContent()).toBe('410');
-      expect(await failedRow.locator('.last-error').textContent()).toContain('receiver says hi');
+      expect(await failedRow.locator('td[data-label="last error"] .last-error').textContent()).toContain(
+        'receiver says hi',
+      );
+      // Each attempt opens onto its time, code and duration.
+      await failedRow.locator('details.attempts summary').click();
+      expect(await failedRow.locator('details.attempts li').allTextContents()).toEqual([
+        expect.stringMatching(/ · HTTP 410 · \d+ ms · HTTP 410: receiver says hi$/),
+      ]);
 
       await sent(failedRow.getByRole('button', { name: 'Replay' }));
       await page.locator('#flash.ok', { hasText: 'sent again as' }).waitFor();

@@ -123,20 +123,40 @@ function createForm(after: () => Promise<void>, secret: ReturnType<typeof secret
   return form;
 }
 
-/** A delivery's status with its HTTP codes, one per attempt (— for an attempt that got no answer). */
+/**
+ * A delivery's HTTP codes, one per attempt (— for an attempt that got no answer), opening onto
+ * each attempt: when, its code or error, how long it took.
+ */
 function codes(d: WebhookDelivery): HTMLElement {
   if (d.attempt_log.length === 0) return h('span', { class: 'hint' }, 'no attempt yet');
   return h(
-    'span',
-    { class: 'codes' },
-    ...d.attempt_log.map((a) =>
+    'details',
+    { class: 'attempts' },
+    h(
+      'summary',
+      { class: 'attempts-head' },
       h(
         'span',
-        {
-          class: `code ${a.status_code !== null && a.status_code < 300 ? 'ok' : 'bad'}`,
-          title: `attempt ${a.attempt} at ${when(a.at)} · ${a.duration_ms} ms${a.error ? ` · ${a.error}` : ''}`,
-        },
-        a.status_code === null ? '—' : String(a.status_code),
+        { class: 'codes' },
+        ...d.attempt_log.map((a) =>
+          h(
+            'span',
+            { class: `code ${a.status_code !== null && a.status_code < 300 ? 'ok' : 'bad'}` },
+            a.status_code === null ? '—' : String(a.status_code),
+          ),
+        ),
+      ),
+    ),
+    h(
+      'ol',
+      {},
+      ...d.attempt_log.map((a) =>
+        h(
+          'li',
+          {},
+          `${when(a.at)} · ${a.status_code === null ? 'no answer' : `HTTP ${a.status_code}`} · ${a.duration_ms} ms`,
+          a.error ? h('span', { class: 'last-error' }, ` · ${a.error}`) : null,
+        ),
       ),
     ),
   );
@@ -186,7 +206,9 @@ export function webhooksPanels(dispose: Dispose[]): HTMLElement[] {
         ],
         'no webhook yet',
       ),
-    { everyMs: EVERY_MS, dispose },
+    // Each webhook's last delivery is one more request: this list is read every 30 s, not every 5
+    // (a team's rate limit is shared by all its keys).
+    { everyMs: 30_000, dispose },
   );
   return [
     list.box,
