@@ -1,8 +1,11 @@
 import { execFileSync } from 'node:child_process';
+import { createHmac } from 'node:crypto';
 import { existsSync } from 'node:fs';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
+import { createMcpHandler, McpServer } from '@modelcontextprotocol/server';
 import { sql } from 'drizzle-orm';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -10,6 +13,7 @@ import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
+import { z } from 'zod';
 
 /** Debian's chromium, as infra/test.sh installs it. */
 const CHROMIUM = {
@@ -24,13 +28,77 @@ const CHROMIUM = {
   ],
 };
 
+/** A webhook receiver on 127.0.0.1: answers each request with the next queued status (200 when none is). */
+async function startReceiver() {
+  const answers: number[] = [];
+  const got: { headers: IncomingHttpHeaders; body: string }[] = [];
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      got.push({ headers: req.headers, body: Buffer.concat(chunks).toString('utf8') });
+      res.writeHead(answers.shift() ?? 200, { 'content-type': 'text/plain' }).end('receiver says hi');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks`,
+    answers,
+    got,
+    close: () => new Promise<void>((r) => server.close(() => r())),
+  };
+}
+
+/** Does `secret` sign this request as Standard Webhooks says (v1, HMAC-SHA256 over id.timestamp.body)? */
+function signedWith(secret: string, req: { headers: IncomingHttpHeaders; body: string }): boolean {
+  const key = Buffer.from(secret.replace(/^whsec_/, ''), 'base64');
+  const mac = createHmac('sha256', key)
+    .update(`${req.headers['webhook-id']}.${req.headers['webhook-timestamp']}.${req.body}`)
+    .digest('base64');
+  return String(req.headers['webhook-signature'] ?? '')
+    .split(' ')
+    .includes(`v1,${mac}`);
+}
+
+/** An MCP server made with the SDK (Streamable HTTP on 127.0.0.1) whose tools answer hostile text, a long text, or fail. */
+async function startMcpServer(hostile: string) {
+  const handler = createMcpHandler(() => {
+    const s = new McpServer({ name: 'dash-tracker', version: '1.0.0' });
+    s.registerTool(
+      'lookup',
+      { description: 'Looks a ticket up', inputSchema: z.object({ ticket: z.string() }) },
+      async ({ ticket }) => ({ content: [{ type: 'text', text: `ticket ${ticket}: ${hostile}` }] }),
+    );
+    s.registerTool('history', { description: 'A long answer' }, async () => ({
+      content: [{ type: 'text', text: `${'line of history\n'.repeat(400)}the end` }],
+    }));
+    s.registerTool('broken', { description: 'Always fails' }, async () => ({
+      content: [{ type: 'text', text: 'the tracker is on fire' }],
+      isError: true,
+    }));
+    return s;
+  });
+  const server: ServerType = serve({ fetch: (req) => handler.fetch(req), hostname: '127.0.0.1', port: 0 });
+  await new Promise<void>((r) => (server.listening ? r() : server.once('listening', () => r())));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`,
+    close: () =>
+      new Promise<void>((r) => {
+        (server as Server).closeAllConnections();
+        (server as Server).close(() => r());
+      }),
+  };
+}
+
 /**
  * The ops dashboard in a real browser, against the real app served over HTTP (real Postgres,
  * Docker and git; the scripted model is the only fake). Every outcome is checked through the API.
  */
 describe('ops dashboard in chromium', () => {
-  // With the platform's self-update routes, on this checkout as the source (nothing here applies a patch).
-  const ctx = useAgentApp('dash', { selfUpdate: true });
+  // With the platform's self-update routes, on this checkout as the source (nothing here applies a
+  // patch); the webhook receiver and the MCP server of the tests are on 127.0.0.1, which only
+  // webhooks and MCP calls (the outbound policy) look at.
+  const ctx = useAgentApp('dash', { selfUpdate: true, env: { KILN_OUTBOUND_ALLOW: '127.0.0.1' } });
   let server: ServerType;
   let url: string;
   let browser: Browser;
@@ -387,6 +455,9 @@ describe('ops dashboard in chromium', () => {
     await page.getByRole('link', { name: 'Teams & updates' }).click();
     await page.locator('#teams tr', { hasText: ctx.team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
+    // Webhooks are a team's: the org-admin key is told so and gets no webhook panel.
+    expect(await page.locator('#webhooks-hint').textContent()).toContain('team key');
+    expect(await page.locator('#webhooks, #webhook-create').count()).toBe(0);
   });
   it('platform updates (org-admin key): each check with its log, Apply refused as the API says, a patch that does not apply refused at submit', async () => {
     const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
@@ -874,5 +945,352 @@ describe('ops dashboard in chromium', () => {
     await page.locator('.swagger-ui .info .title', { hasText: 'Kiln API' }).waitFor();
     await page.locator('.opblock-tag', { hasText: /./ }).first().waitFor();
     expect(violations).toEqual([]);
+  });
+  /** A webhook of the team, made through the API, to `url` for `sandbox.oom` (no test here makes one). */
+  async function webhookTo(url: string) {
+    const made = await ctx.t.call('POST', '/v1/webhooks', {
+      key: ctx.team.key,
+      body: { url, events: ['sandbox.oom'] },
+    });
+    expect(made.status).toBe(201);
+    return made.body as { id: string; secret: string };
+  }
+  /** Clicks a button that queues a delivery and waits for the API's 202 to it. */
+  async function sent(button: ReturnType<Page['locator']>) {
+    const accepted = page.waitForResponse((r) => r.request().method() === 'POST' && r.status() === 202);
+    await button.click();
+    await accepted;
+  }
+  const deliveriesOf = async (hook: string) =>
+    (await ctx.t.call('GET', `/v1/webhooks/${hook}/deliveries`, { key: ctx.team.key })).body.data as {
+      id: string;
+      status: string;
+      last_status_code: number | null;
+      replay_of: string | null;
+    }[];
+
+  it('a webhook made on the Team page shows its signing secret once (the one that signs its deliveries), not after a reload', async () => {
+    const receiver = await startReceiver();
+    try {
+      await open('#/admin');
+      await page.locator('#webhooks .empty, #webhooks table').first().waitFor();
+      // A team key's Team page does not ask for the org-admin panels (version, platform updates).
+      expect(await page.locator('#version, #updates, #update-submit').count()).toBe(0);
+      await page.fill('#webhook-url', receiver.url);
+      await page.check('#webhook-form input[value="sandbox.oom"]');
+      await page.check('#webhook-form input[value="update.applied"]');
+      await page.fill('#webhook-description', 'dash pager');
+      await page.click('#webhook-form button[type=submit]');
+      const shown = page.locator('#webhook-secret code.secret');
+      await shown.waitFor();
+      const secret = (await shown.textContent()) ?? '';
+      expect(secret).toMatch(/^whsec_[A-Za-z0-9+/=]{20,}$/);
+      expect(await page.locator('#webhook-secret').textContent()).toContain('it is not shown again');
+      const listed = (await ctx.t.call('GET', '/v1/webhooks', { key: ctx.team.key })).body.data as {
+        id: string;
+        url: string;
+      }[];
+      const hook = listed.find((w) => w.url === receiver.url)!;
+      expect(hook).toMatchObject({
+        events: ['sandbox.oom', 'update.applied'],
+        description: 'dash pager',
+        enabled: true,
+      });
+      expect(hook).not.toHaveProperty('secret');
+      await page.locator(`#webhooks [data-webhook="${hook.id}"]`, { hasText: receiver.url }).waitFor();
+      expect(await page.locator(`#webhooks tr:has([data-webhook="${hook.id}"])`).textContent()).toContain('none yet');
+
+      // The secret shown is the one its deliveries are signed with.
+      expect((await ctx.t.call('POST', `/v1/webhooks/${hook.id}/test`, { key: ctx.team.key })).status).toBe(202);
+      await ctx.t.evolution.jobs.drain();
+      expect(receiver.got).toHaveLength(1);
+      expect(signedWith(secret, receiver.got[0]!)).toBe(true);
+
+      await page.reload();
+      await page.locator(`#webhooks [data-webhook="${hook.id}"]`).waitFor();
+      expect(await page.locator('#webhook-secret').isHidden()).toBe(true);
+      expect(await page.content()).not.toContain(secret);
+      await page.goto(`${url}/#/webhooks/${hook.id}`);
+      await page.locator('#webhook .webhook-url', { hasText: receiver.url }).waitFor();
+      expect(await page.content()).not.toContain(secret);
+      expect((await ctx.t.call('DELETE', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).status).toBe(200);
+    } finally {
+      await receiver.close();
+    }
+  });
+
+  it('a webhook\u2019s delivery log shows each delivery with its attempts\u2019 status codes; Replay adds a delivery', async () => {
+    const receiver = await startReceiver();
+    try {
+      const hook = await webhookTo(receiver.url);
+      await open(`#/webhooks/${hook.id}`);
+      await page.locator('#deliveries', { hasText: 'no delivery yet' }).waitFor();
+      await sent(page.getByRole('button', { name: 'Send test' }));
+      await ctx.t.evolution.jobs.drain();
+      const [ok] = await deliveriesOf(hook.id);
+      expect(ok).toMatchObject({ status: 'succeeded', last_status_code: 200 });
+      const okRow = page.locator(`#deliveries tr:has([data-delivery="${ok!.id}"])`);
+      await okRow.locator('.status.succeeded').waitFor();
+      expect(await okRow.locator('.codes').textContent()).toBe('200');
+      expect(await okRow.textContent()).toContain('webhook.test');
+      expect(await okRow.textContent()).toContain('1/');
+
+      // The receiver refuses the next one (410 is not retried): failed at once, with its code and answer.
+      receiver.answers.push(410);
+      await sent(page.getByRole('button', { name: 'Send test' }));
+      await ctx.t.evolution.jobs.drain();
+      const failed = (await deliveriesOf(hook.id)).find((d) => d.id !== ok!.id)!;
+      expect(failed).toMatchObject({ status: 'failed', last_status_code: 410 });
+      const failedRow = page.locator(`#deliveries tr:has([data-delivery="${failed.id}"])`);
+      await failedRow.locator('.status.failed').waitFor();
+      expect(await failedRow.locator('.codes').textContent()).toBe('410');
+      expect(await failedRow.locator('td[data-label="last error"] .last-error').textContent()).toContain(
+        'receiver says hi',
+      );
+      // Each attempt opens onto its time, code and duration.
+      await failedRow.locator('details.attempts summary').click();
+      expect(await failedRow.locator('details.attempts li').allTextContents()).toEqual([
+        expect.stringMatching(/ · HTTP 410 · \d+ ms · HTTP 410: receiver says hi$/),
+      ]);
+
+      await sent(failedRow.getByRole('button', { name: 'Replay' }));
+      await page.locator('#flash.ok', { hasText: 'sent again as' }).waitFor();
+      await ctx.t.evolution.jobs.drain();
+      const all = await deliveriesOf(hook.id);
+      expect(all).toHaveLength(3);
+      const replayed = all.find((d) => d.replay_of === failed.id)!;
+      expect(replayed).toMatchObject({ status: 'succeeded', last_status_code: 200 });
+      expect(receiver.got.map((g) => JSON.parse(g.body).id)).toEqual([
+        expect.any(String),
+        JSON.parse(receiver.got[1]!.body).id,
+        JSON.parse(receiver.got[1]!.body).id,
+      ]);
+      const replayRow = page.locator(`#deliveries tr:has([data-delivery="${replayed.id}"])`);
+      await replayRow.locator('.status.succeeded').waitFor();
+      expect(await replayRow.textContent()).toContain(`replay of ${failed.id}`);
+
+      // The team page shows each webhook's last delivery.
+      await page.goto(`${url}/#/admin`);
+      const listed = page.locator(`#webhooks tr:has([data-webhook="${hook.id}"])`);
+      await listed.locator('.status.succeeded').waitFor();
+      expect(await listed.textContent()).toContain('HTTP 200');
+      expect((await ctx.t.call('DELETE', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).status).toBe(200);
+    } finally {
+      await receiver.close();
+    }
+  });
+
+  it('Rotate secret shows the new secret once and only it signs; Disable and Delete act as the API says', async () => {
+    const receiver = await startReceiver();
+    try {
+      const hook = await webhookTo(receiver.url);
+      await open(`#/webhooks/${hook.id}`);
+      await page.locator('#webhook-enabled', { hasText: 'yes' }).waitFor();
+      page.once('dialog', (d) => void d.accept());
+      await page.getByRole('button', { name: 'Rotate secret' }).click();
+      const shown = page.locator('#webhook-secret code.secret');
+      await shown.waitFor();
+      const secret = (await shown.textContent()) ?? '';
+      expect(secret).toMatch(/^whsec_/);
+      expect(secret).not.toBe(hook.secret);
+      expect(await page.locator('#webhook-secret').textContent()).toContain('it is not shown again');
+      expect((await ctx.t.call('POST', `/v1/webhooks/${hook.id}/test`, { key: ctx.team.key })).status).toBe(202);
+      await ctx.t.evolution.jobs.drain();
+      expect(receiver.got).toHaveLength(1);
+      expect(signedWith(secret, receiver.got[0]!)).toBe(true);
+      expect(signedWith(hook.secret, receiver.got[0]!)).toBe(false);
+
+      await page.getByRole('button', { name: 'Disable' }).click();
+      await page.locator('#webhook-enabled', { hasText: 'no' }).waitFor();
+      expect((await ctx.t.call('GET', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).body.enabled).toBe(false);
+      // The secret stays until it is put away (or the page goes), and is not shown again.
+      await page.getByRole('button', { name: 'I have copied it' }).click();
+      expect(await page.locator('#webhook-secret').isHidden()).toBe(true);
+      expect(await page.content()).not.toContain(secret);
+
+      page.once('dialog', (d) => void d.accept());
+      await page.getByRole('button', { name: 'Delete' }).click();
+      await page.waitForURL('**/#/admin');
+      await page.locator('#flash.ok', { hasText: 'deleted' }).waitFor();
+      expect((await ctx.t.call('GET', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).status).toBe(404);
+      await page.locator('#webhooks .pages').waitFor();
+      expect(await page.locator(`#webhooks [data-webhook="${hook.id}"]`).count()).toBe(0);
+    } finally {
+      await receiver.close();
+    }
+  });
+
+  it('a viewer key sees the webhooks and their deliveries; each write shows the API\u2019s refusal and changes nothing', async () => {
+    const receiver = await startReceiver();
+    try {
+      const hook = await webhookTo(receiver.url);
+      const ids = async () =>
+        ((await ctx.t.call('GET', '/v1/webhooks', { key: ctx.team.key })).body.data as { id: string }[]).map(
+          (w) => w.id,
+        );
+      const before = await ids();
+      expect((await ctx.t.call('POST', `/v1/webhooks/${hook.id}/test`, { key: ctx.team.key })).status).toBe(202);
+      await ctx.t.evolution.jobs.drain();
+      const viewer = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+        key: ctx.t.adminKey,
+        body: { name: 'dash viewer', role: 'viewer' },
+      });
+      expect(viewer.status).toBe(201);
+      const refused = (
+        await ctx.t.call('POST', '/v1/webhooks', {
+          key: viewer.body.key,
+          body: { url: receiver.url, events: ['run.failed'] },
+        })
+      ).body.error.message as string;
+      expect(refused).toContain('read-only');
+
+      await open('#/admin', viewer.body.key);
+      await page.locator(`#webhooks [data-webhook="${hook.id}"]`).waitFor();
+      await page.fill('#webhook-url', receiver.url);
+      await page.check('#webhook-form input[value="run.failed"]');
+      await page.click('#webhook-form button[type=submit]');
+      await page.locator('#webhook-form [role=alert]', { hasText: refused }).waitFor();
+      expect(await page.locator('#webhook-secret').isHidden()).toBe(true);
+
+      await page.goto(`${url}/#/webhooks/${hook.id}`);
+      const [delivery] = await deliveriesOf(hook.id);
+      const row = page.locator(`#deliveries tr:has([data-delivery="${delivery!.id}"])`);
+      await row.locator('.codes', { hasText: '200' }).waitFor();
+      await page.getByRole('button', { name: 'Disable' }).click();
+      await page.locator('#flash.error', { hasText: `Disable: ${refused}` }).waitFor();
+      await row.getByRole('button', { name: 'Replay' }).click();
+      await page.locator('#flash.error', { hasText: `Replay: ${refused}` }).waitFor();
+
+      expect(await ids()).toEqual(before);
+      expect((await ctx.t.call('GET', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).body.enabled).toBe(true);
+      expect(await deliveriesOf(hook.id)).toHaveLength(1);
+      expect((await ctx.t.call('DELETE', `/v1/webhooks/${hook.id}`, { key: ctx.team.key })).status).toBe(200);
+    } finally {
+      await receiver.close();
+    }
+  });
+
+  it('the workspace page lists its MCP servers (header names, secret references, never values), adds and removes one; a bad URL shows the API\u2019s error', async () => {
+    const ws = (await ctx.t.call('POST', '/v1/workspaces', { key: ctx.team.key, body: { name: 'dash-mcp' } })).body
+      .id as string;
+    const settingsOf = async () =>
+      (await ctx.t.call('GET', `/v1/workspaces/${ws}`, { key: ctx.team.key })).body.settings.mcp_servers;
+    const bad = await ctx.t.call('PATCH', `/v1/workspaces/${ws}`, {
+      key: ctx.team.key,
+      body: { settings: { mcp_servers: [{ name: 'Tracker X', url: 'ftp://tracker.example', headers: {} }] } },
+    });
+    expect(bad.status).toBe(400);
+    await open(`#/ws/${ws}`);
+    await page.locator('#mcp-servers .empty').waitFor();
+    await page.fill('#mcp-name', 'Tracker X');
+    await page.fill('#mcp-url', 'ftp://tracker.example');
+    await page.click('#mcp-form button[type=submit]');
+    // Each bad field the API named (a bad name, a bad URL), as it named it.
+    const problems = (bad.body.error.details as { path: string; message: string }[]).map(
+      (d) => `${d.path}: ${d.message}`,
+    );
+    expect(problems.length).toBeGreaterThan(1);
+    const alert = page.locator('#mcp-form [role=alert]');
+    await alert.locator('li').first().waitFor();
+    expect(await alert.locator('li').allTextContents()).toEqual(problems);
+    expect(await settingsOf()).toEqual([]);
+
+    await page.fill('#mcp-name', 'tracker');
+    await page.fill('#mcp-url', 'https://tracker.example/mcp');
+    await page.fill('#mcp-headers', 'Authorization: Bearer ${secrets.TRACKER_TOKEN}\nX-Tenant: blue-42-private');
+    await page.click('#mcp-form button[type=submit]');
+    await page.locator('#mcp-form .ok', { hasText: 'tracker added' }).waitFor();
+    expect(await settingsOf()).toEqual([
+      {
+        name: 'tracker',
+        url: 'https://tracker.example/mcp',
+        headers: { Authorization: 'Bearer ${secrets.TRACKER_TOKEN}', 'X-Tenant': 'blue-42-private' },
+      },
+    ]);
+    const row = page.locator('#mcp-servers tr:has([data-mcp="tracker"])');
+    await row.waitFor();
+    expect(await row.textContent()).toContain('https://tracker.example/mcp');
+    expect(await row.locator('ul.headers li').allTextContents()).toEqual([
+      'Authorization from ${secrets.TRACKER_TOKEN}',
+      'X-Tenant (value hidden)',
+    ]);
+    expect(await page.locator('#mcp-servers').textContent()).not.toContain('blue-42-private');
+    expect(await page.locator('#mcp-servers').textContent()).not.toContain('Bearer');
+
+    page.once('dialog', (d) => void d.accept());
+    await row.getByRole('button', { name: 'Remove' }).click();
+    await page.locator('#flash.ok', { hasText: 'tracker removed' }).waitFor();
+    await page.locator('#mcp-servers .empty').waitFor();
+    expect(await settingsOf()).toEqual([]);
+  });
+
+  it('the chat and the run page show MCP tool calls and results (server.tool, arguments, decision, duration, error, an excerpt) as text', async () => {
+    const hostile = '<img src=x onerror="window.__xss=5"><script>window.__xss=6</script>';
+    const mcp = await startMcpServer(hostile);
+    try {
+      const { ws, session } = await sessionIn(ctx.t, ctx.team, {
+        approval: { mode: 'auto' },
+        mcp_servers: [{ name: 'tracker', url: mcp.url, headers: {} }],
+      });
+      ctx.fake.script(
+        { content: '<tool name="tracker.lookup">{"ticket": "KIL-7"}</tool>' },
+        { content: '<tool name="tracker.history"></tool>' },
+        { content: '<tool name="tracker.broken"></tool>' },
+        { content: '<finish>looked it up</finish>' },
+      );
+      const noMarkup = async () => {
+        expect(await page.locator('main img, main script').count()).toBe(0);
+        expect(await page.evaluate(() => (window as { __xss?: number }).__xss)).toBeUndefined();
+      };
+      // Live, in the chat.
+      await open(`#/chat/${ws}/${session}`);
+      await page.locator('#chat-send:not([disabled])').waitFor();
+      await page.fill('#chat-input', 'look up KIL-7');
+      await page.click('#chat-send');
+      const turn = page.locator('#chat-log .turn');
+      await turn.locator('.end.completed').waitFor();
+      expect(await turn.locator('.tool.call .tool-name').allTextContents()).toEqual([
+        'tracker.lookup',
+        'tracker.history',
+        'tracker.broken',
+      ]);
+      expect(await turn.locator('.tool.result pre.result').first().textContent()).toBe(`ticket KIL-7: ${hostile}`);
+      await noMarkup();
+
+      const runs = await ctx.t.call('GET', `/v1/runs?session=${session}`, { key: ctx.team.key });
+      const run = runs.body.data[0].id as string;
+      const events = await eventsUntil(ctx.t, run, TERMINAL);
+      expect(events.at(-1)!.event).toBe('run.completed');
+      const durations = events
+        .filter((e) => e.event === 'tool.result')
+        .map((e) => (e.data as { duration_ms: number }).duration_ms);
+      expect(durations).toHaveLength(3);
+
+      await page.goto(`${url}/#/runs/${run}`);
+      await page.locator('.events li.run-completed').waitFor();
+      const calls = page.locator('.events li.tool-call');
+      expect(await calls.locator('.tool-name').allTextContents()).toEqual([
+        'tracker.lookup',
+        'tracker.history',
+        'tracker.broken',
+      ]);
+      expect(await calls.first().locator('.decision').textContent()).toBe('allow');
+      expect(JSON.parse((await calls.first().locator('pre.args').textContent()) ?? '')).toEqual({ ticket: 'KIL-7' });
+      const results = page.locator('.events li.tool-result');
+      expect(await results.locator('.duration').allTextContents()).toEqual(durations.map((d) => ` · ${d} ms`));
+      expect(await results.nth(0).locator('pre.result').textContent()).toBe(`ticket KIL-7: ${hostile}`);
+      // A long answer: its head, and all of it one click away.
+      const long = results.nth(1);
+      expect(((await long.locator('pre.result').first().textContent()) ?? '').endsWith('…')).toBe(true);
+      await long.locator('summary', { hasText: /show all \d+ characters/ }).click();
+      expect(await long.locator('details pre.result').textContent()).toContain('the end');
+      const broken = results.nth(2);
+      expect(await broken.locator('.tool.result.failed').count()).toBe(1);
+      expect(await broken.locator('.status.failed').textContent()).toBe(' · error');
+      expect(await broken.locator('pre.result').textContent()).toContain('the tracker is on fire');
+      await noMarkup();
+    } finally {
+      await mcp.close();
+    }
   });
 });

@@ -12,18 +12,35 @@ class ApiFailure extends Error {
     readonly status: number,
     readonly code: string,
     message: string,
+    /** The envelope's `details` (one per bad field of a 400), when it has them. */
+    readonly details: ErrorDetail[] = [],
   ) {
     super(message);
   }
 }
 
+/** One bad field of a refused request, as the envelope's `details` list names it. */
+export interface ErrorDetail {
+  path: string;
+  message: string;
+}
+
 /** The API error envelope's message, or what can be said without one. */
 async function failureOf(res: Response): Promise<ApiFailure> {
-  const body = (await res.json().catch(() => null)) as { error?: { code?: string; message?: string } } | null;
+  const body = (await res.json().catch(() => null)) as {
+    error?: { code?: string; message?: string; details?: unknown };
+  } | null;
+  const details = Array.isArray(body?.error?.details)
+    ? (body.error.details as unknown[]).flatMap((d) => {
+        const { path, message } = (d ?? {}) as Record<string, unknown>;
+        return typeof message === 'string' ? [{ path: typeof path === 'string' ? path : '', message }] : [];
+      })
+    : [];
   return new ApiFailure(
     res.status,
     body?.error?.code ?? 'http_error',
     body?.error?.message ?? `HTTP ${res.status} ${res.statusText}`,
+    details,
   );
 }
 
@@ -57,3 +74,5 @@ async function send<T>(method: string, path: string, body: string | undefined, t
 export const messageOf = (err: unknown) => (err instanceof Error ? err.message : String(err));
 /** The HTTP status of a failed call (0 when the API could not be reached), undefined for other errors. */
 export const statusOf = (err: unknown) => (err instanceof ApiFailure ? err.status : undefined);
+/** The bad fields the API named for a refused request (empty when it named none). */
+export const detailsOf = (err: unknown): ErrorDetail[] => (err instanceof ApiFailure ? err.details : []);

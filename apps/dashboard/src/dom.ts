@@ -39,7 +39,8 @@ export function table<T>(heads: string[], rows: T[], cells: (row: T) => Child[],
     'table',
     {},
     h('thead', {}, h('tr', {}, ...heads.map((x) => h('th', {}, x)))),
-    h('tbody', {}, ...rows.map((r) => h('tr', {}, ...cells(r).map((c) => h('td', {}, c))))),
+    // Each cell names its column (data-label), for the narrow-screen layout that stacks a row's cells.
+    h('tbody', {}, ...rows.map((r) => h('tr', {}, ...cells(r).map((c, i) => h('td', { 'data-label': heads[i] }, c))))),
   );
 }
 

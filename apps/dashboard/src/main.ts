@@ -10,6 +10,7 @@ import { filesView } from './views/files.ts';
 import { overview } from './views/overview.ts';
 import { runView } from './views/run.ts';
 import { runsView } from './views/runs.ts';
+import { webhookView } from './views/webhooks.ts';
 import { workspaceView } from './views/workspace.ts';
 
 const root = document.getElementById('app')!;
@@ -72,6 +73,7 @@ function viewFor(hash: string): HTMLElement {
     return evolutionView(decodeURIComponent(id), decodeURIComponent(subId), dispose);
   if (name === 'ws' && id) return workspaceView(decodeURIComponent(id), dispose);
   if (name === 'runs' && id) return runView(decodeURIComponent(id), dispose);
+  if (name === 'webhooks' && id) return webhookView(decodeURIComponent(id), dispose);
   if (name === 'audit') return auditView(dispose);
   if (name === 'admin') return adminView(dispose);
   return overview(dispose);
@@ -93,7 +95,7 @@ function render(): void {
     h('a', { href: '#/runs' }, 'Runs'),
     h('a', { href: '#/chat' }, 'Chat'),
     h('a', { href: '#/audit' }, 'Audit'),
-    h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team'),
+    h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team & webhooks'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),
     h(
       'button',

@@ -46,7 +46,8 @@ export function panel<T>(
 /** Where actions report what they did or the API's error: one line under the navigation, kept across panel reloads. */
 export const flash = h('p', { id: 'flash', role: 'status' });
 
-function say(text: string, ok: boolean) {
+/** Reports in `flash` (an action does it itself; this is for what outlives its view). */
+export function say(text: string, ok: boolean) {
   flash.className = ok ? 'ok' : 'error';
   replace(flash, text);
 }

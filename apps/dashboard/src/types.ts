@@ -44,7 +44,7 @@ export interface Workspace {
   id: string;
   name: string;
   head: string | null;
-  settings: { approval: { mode: string }; protocol: string; model: string | null };
+  settings: { approval: { mode: string }; protocol: string; model: string | null; mcp_servers?: McpServer[] };
   created_at: string;
 }
 export interface UsageRow {
@@ -139,4 +139,56 @@ export interface EgressRow {
   status: number;
   bytes_out: number;
   bytes_in: number;
+}
+/** One of a workspace's MCP servers (`settings.mcp_servers`): its header values may reference `${secrets.NAME}`. */
+export interface McpServer {
+  name: string;
+  url: string;
+  headers: Record<string, string>;
+}
+/** The events a webhook may subscribe to, as the API names them. */
+export const WEBHOOK_EVENTS = [
+  'run.completed',
+  'run.failed',
+  'run.requires_action',
+  'evolution.committed',
+  'sandbox.oom',
+  'update.applied',
+] as const;
+export interface Webhook {
+  id: string;
+  url: string;
+  events: string[];
+  description: string | null;
+  enabled: boolean;
+  created_at: string;
+  updated_at: string;
+}
+/** The answer of create and rotate-secret: the signing secret, shown this once. */
+export interface WebhookWithSecret extends Webhook {
+  secret: string;
+}
+interface WebhookAttempt {
+  attempt: number;
+  at: string;
+  status_code: number | null;
+  error: string | null;
+  duration_ms: number;
+}
+export interface WebhookDelivery {
+  id: string;
+  webhook_id: string;
+  event_id: string;
+  event_type: string;
+  status: 'pending' | 'succeeded' | 'failed';
+  attempts: number;
+  max_attempts: number;
+  last_status_code: number | null;
+  last_error: string | null;
+  attempt_log: WebhookAttempt[];
+  replay_of: string | null;
+  created_at: string;
+  updated_at: string;
+  next_attempt_at: string | null;
+  delivered_at: string | null;
 }

@@ -1,7 +1,8 @@
-import { api, messageOf } from '../api.ts';
+import { api, getKey, isOrgAdminKey, messageOf } from '../api.ts';
 import { h, replace, table, when } from '../dom.ts';
 import { action, afterParam, pagedPanel, panel, type Dispose } from '../panel.ts';
 import type { List, Team, Update, Version } from '../types.ts';
+import { webhooksPanels } from './webhooks.ts';
 
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
 
@@ -62,8 +63,8 @@ function submitForm(after: () => Promise<void>): HTMLElement {
   return form;
 }
 
-/** Teams, the running version and platform updates: org-admin matters (a team key sees its own team). */
-export function adminView(dispose: Dispose[]): HTMLElement {
+/** The running version and platform updates (org-admin matters: the API answers a team key 403). */
+function platformPanels(dispose: Dispose[]): HTMLElement[] {
   let reloadUpdates: () => Promise<void> = async () => undefined;
   const updates = pagedPanel<Update>(
     'updates',
@@ -114,16 +115,7 @@ export function adminView(dispose: Dispose[]): HTMLElement {
     },
     { everyMs: 5000, dispose },
   );
-  return h(
-    'div',
-    { class: 'view' },
-    pagedPanel<Team>(
-      'teams',
-      'Teams',
-      (after) => api<List<Team>>('GET', `/v1/teams?limit=20${afterParam(after)}`),
-      (rows) => table(['team', 'id', 'created'], rows, (t) => [t.name, t.id, when(t.created_at)]),
-      { dispose },
-    ).box,
+  return [
     panel(
       'version',
       'Running version',
@@ -138,5 +130,33 @@ export function adminView(dispose: Dispose[]): HTMLElement {
       h('header', {}, h('h2', {}, 'Submit a platform update')),
       submitForm(() => reloadUpdates()),
     ),
+  ];
+}
+
+/** Teams, the running version and platform updates: org-admin matters (a team key sees its own team and its webhooks). */
+export function adminView(dispose: Dispose[]): HTMLElement {
+  const admin = isOrgAdminKey(getKey());
+  return h(
+    'div',
+    { class: 'view' },
+    pagedPanel<Team>(
+      'teams',
+      'Teams',
+      (after) => api<List<Team>>('GET', `/v1/teams?limit=20${afterParam(after)}`),
+      (rows) => table(['team', 'id', 'created'], rows, (t) => [t.name, t.id, when(t.created_at)]),
+      { dispose },
+    ).box,
+    // Webhooks are a team's: an org-admin key cannot act for a team (the API answers it 403), and
+    // the version and platform updates are org-admin matters (a team key is answered 403).
+    ...(admin
+      ? [
+          h(
+            'p',
+            { class: 'hint', id: 'webhooks-hint' },
+            'Webhooks belong to a team: sign in with a team key to manage them.',
+          ),
+          ...platformPanels(dispose),
+        ]
+      : webhooksPanels(dispose)),
   );
 }

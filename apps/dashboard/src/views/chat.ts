@@ -4,7 +4,7 @@ import { flash, link, type Dispose } from '../panel.ts';
 import type { RunEvent } from '../sse.ts';
 import type { List, Run, Session, Workspace } from '../types.ts';
 import { commitHref } from './change.ts';
-import { egressTable, streamRun } from './run.ts';
+import { egressTable, streamRun, toolBlock } from './run.ts';
 
 interface Message {
   id: string;
@@ -111,6 +111,11 @@ function followTurn(runId: string, into: HTMLElement, dispose: Dispose[], onEnd:
           turn.append(h('p', { class: 'warn' }, `${r.path} not committed: ${r.reason}`));
         break;
       }
+      case 'tool.call':
+      case 'tool.result':
+        output = null;
+        turn.append(toolBlock(ev)!);
+        break;
       case 'approval.requested': {
         const id = text('approval_id');
         const box = h(

@@ -7,20 +7,71 @@ import { keepAlive } from './overview.ts';
 
 const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
 
-/** An MCP tool call (`tool.call`) or its result (`tool.result`), in one readable block. */
-function toolText(ev: RunEvent, d: Record<string, unknown>): string | null {
-  const name = `${String(d.server)}.${String(d.tool)}`;
-  if (ev.event === 'tool.call') return `${name} (${String(d.decision)})\n${JSON.stringify(d.arguments, null, 2)}`;
-  if (ev.event !== 'tool.result') return null;
-  const head = `${name} · ${String(d.duration_ms)} ms${d.is_error ? ' · error' : ''}${d.truncated ? ' · truncated' : ''}`;
-  return `${head}\n${typeof d.error === 'string' ? d.error : String(d.content ?? '')}`;
+/** How much of a tool's result the page shows before "show all" (the API keeps up to 16,000 characters). */
+const EXCERPT = 1500;
+
+const str = (v: unknown) => (typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v));
+
+/** A long text as its head, the rest one click away (all of it as text). */
+function excerpt(text: string, className: string): HTMLElement {
+  if (text.length <= EXCERPT) return h('pre', { class: className }, text);
+  return h(
+    'div',
+    {},
+    h('pre', { class: className }, `${text.slice(0, EXCERPT)}…`),
+    h('details', {}, h('summary', {}, `show all ${text.length} characters`), h('pre', { class: className }, text)),
+  );
+}
+
+/**
+ * An MCP tool call (`tool.call`: server.tool, the policy's decision, the arguments) or its result
+ * (`tool.result`: duration, error, an excerpt of what it answered), or null for other events.
+ * Everything in them came from the model or a tenant's server: it is only ever text.
+ */
+export function toolBlock(ev: RunEvent): HTMLElement | null {
+  if (ev.event !== 'tool.call' && ev.event !== 'tool.result') return null;
+  const d = (ev.data ?? {}) as Record<string, unknown>;
+  const name = h('strong', { class: 'tool-name' }, `${str(d.server)}.${str(d.tool)}`);
+  if (ev.event === 'tool.call') {
+    const decision = str(d.decision);
+    return h(
+      'div',
+      { class: 'tool call' },
+      h(
+        'p',
+        { class: 'tool-head' },
+        name,
+        ' ',
+        h('span', { class: `decision ${decision}` }, decision || 'no decision'),
+      ),
+      excerpt(JSON.stringify(d.arguments ?? {}, null, 2), 'args'),
+    );
+  }
+  const failed = Boolean(d.is_error) || typeof d.error === 'string';
+  const content = str(d.content);
+  return h(
+    'div',
+    { class: `tool result${failed ? ' failed' : ''}` },
+    h(
+      'p',
+      { class: 'tool-head' },
+      name,
+      h('span', { class: 'duration' }, ` · ${typeof d.duration_ms === 'number' ? d.duration_ms : '?'} ms`),
+      failed ? h('span', { class: 'status failed' }, ' · error') : null,
+      d.truncated ? h('span', { class: 'hint' }, ' · cut by the server') : null,
+    ),
+    typeof d.error === 'string' ? h('p', { class: 'error tool-error' }, d.error) : null,
+    content
+      ? excerpt(content, 'result')
+      : typeof d.error === 'string'
+        ? null
+        : h('p', { class: 'hint' }, '(no content)'),
+  );
 }
 
 /** The readable part of an event: output text, code, thinking, a tool call; otherwise its data as JSON. */
 function eventText(ev: RunEvent): string {
   const d = (ev.data ?? {}) as Record<string, unknown>;
-  const tool = toolText(ev, d);
-  if (tool !== null) return tool;
   for (const k of ['data', 'code', 'text', 'content', 'summary', 'message'])
     if (typeof d[k] === 'string') return d[k] as string;
   return JSON.stringify(ev.data);
@@ -86,7 +137,7 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
         { class: `event ${ev.event.replace(/\./g, '-')}`, 'data-seq': ev.id },
         h('span', { class: 'seq' }, ev.id),
         h('span', { class: 'name' }, ev.event),
-        h('pre', {}, eventText(ev)),
+        toolBlock(ev) ?? h('pre', {}, eventText(ev)),
         egressTable(ev),
       ),
     );

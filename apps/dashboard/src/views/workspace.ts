@@ -5,12 +5,13 @@ import type { Commit, Evolution, List, Run, Session, Workspace } from '../types.
 import { commitHref, evolutionHref } from './change.ts';
 import { chatHref } from './chat.ts';
 import { fileHref } from './files.ts';
+import { mcpServersPanels } from './mcp-servers.ts';
 import { runsTable } from './overview.ts';
 
 const EVERY_MS = 5000;
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
 
-/** One workspace: its runs and sessions, its history with Revert, its evolutions with Undo. */
+/** One workspace: its MCP servers, its runs and sessions, its history with Revert, its evolutions with Undo. */
 export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
   const base = `/v1/workspaces/${encodeURIComponent(ws)}`;
   const reloadAll: (() => Promise<void>)[] = [];
@@ -149,5 +150,6 @@ export function workspaceView(ws: string, dispose: Dispose[]): HTMLElement {
       },
       { everyMs: EVERY_MS, dispose },
     ).box,
+    ...mcpServersPanels(ws, dispose),
   );
 }
