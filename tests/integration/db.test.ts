@@ -31,6 +31,8 @@ const TABLES = [
   'commits',
   'evolutions',
   'platform_updates',
+  'webhooks',
+  'webhook_deliveries',
   'jobs',
   'memory_chunks',
   'memory_index',
