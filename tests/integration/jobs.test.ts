@@ -101,6 +101,23 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
     expect(order.at(-1)).toBe('build done');
   });
 
+  it('a lane with a poll interval of its own finds a job that nobody woke it for', async () => {
+    // The runner looks every minute; the lane every 50 ms. The job is owed by a statement elsewhere (no wake).
+    const r = runner(a, 'replica-poll');
+    let ran!: (p: unknown) => void;
+    const done = new Promise((res) => (ran = res));
+    r.handle('owed', async (p: unknown) => ran(p), { name: 'polled', concurrency: 1, pollMs: 50 });
+    await r.start();
+    try {
+      await a.db
+        .insert(jobs)
+        .values({ id: `job_owed_${Date.now()}`, kind: 'owed', payload: { n: 7 }, runAt: new Date(now) });
+      expect(await done).toEqual({ n: 7 });
+    } finally {
+      await r.stop();
+    }
+  });
+
   it('a group limit holds across two replicas: a group never has more running, other groups go on', async () => {
     const lane = { name: 'fair', concurrency: 3, groupLimit: 2 };
     const ra = runner(a, 'replica-fair-a');

@@ -154,6 +154,8 @@ const schema = z.object({
   // Deliveries in flight at once in this server, and at most this many of them one team's (across replicas).
   KILN_WEBHOOK_CONCURRENCY: int(1, 256).default(8),
   KILN_WEBHOOK_TEAM_CONCURRENCY: int(1, 256).default(2),
+  // How often the webhook lane looks for owed deliveries (events are owed by the statement that ends a run, elsewhere).
+  KILN_WEBHOOK_POLL_MS: int(50, 60_000).default(500),
 });
 
 /** Settings whose values must never be echoed, even in an error. */
@@ -255,6 +257,7 @@ export type Config = {
     maxPerTeam: number;
     concurrency: number;
     teamConcurrency: number;
+    pollMs: number;
   };
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
@@ -394,6 +397,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxPerTeam: e.KILN_WEBHOOK_MAX_PER_TEAM,
       concurrency: e.KILN_WEBHOOK_CONCURRENCY,
       teamConcurrency: e.KILN_WEBHOOK_TEAM_CONCURRENCY,
+      pollMs: e.KILN_WEBHOOK_POLL_MS,
     },
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),

@@ -33,6 +33,11 @@ export interface Lane {
   name: string;
   concurrency: number;
   groupLimit?: number;
+  /**
+   * How often this lane looks for due jobs nobody woke it for (default: the runner's pollMs):
+   * jobs owed by a statement elsewhere (a webhook event written with the run's end) are found this soon.
+   */
+  pollMs?: number;
 }
 
 const DEFAULT_LANE: Lane = { name: 'default', concurrency: 1 };
@@ -42,6 +47,7 @@ interface LaneState {
   kinds: Set<string>;
   running: Promise<void> | undefined;
   wakeRequested: boolean;
+  timer?: NodeJS.Timeout;
 }
 
 export interface JobRunnerOptions {
@@ -65,7 +71,6 @@ export interface JobRunnerOptions {
 export class JobRunner {
   private readonly handlers = new Map<string, JobHandler>();
   private readonly lanes = new Map<string, LaneState>();
-  private timer: NodeJS.Timeout | undefined;
   private stopped = true;
 
   constructor(
@@ -89,6 +94,7 @@ export class JobRunner {
     if (!state) {
       state = { lane, kinds: new Set(), running: undefined, wakeRequested: false };
       this.lanes.set(lane.name, state);
+      if (!this.stopped) this.poll(state);
     }
     state.kinds.add(kind);
   }
@@ -122,14 +128,19 @@ export class JobRunner {
       .update(jobs)
       .set({ lockedUntil: new Date(0) })
       .where(and(eq(jobs.status, 'running'), eq(jobs.lockedBy, this.opts.owner)));
-    this.timer = setInterval(() => this.wake(), this.opts.pollMs);
-    this.timer.unref();
+    for (const state of this.lanes.values()) this.poll(state);
     this.wake();
+  }
+
+  private poll(state: LaneState): void {
+    const s = state;
+    s.timer = setInterval(() => this.wakeLane(s), s.lane.pollMs ?? this.opts.pollMs);
+    s.timer.unref();
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.timer);
+    for (const state of this.lanes.values()) clearInterval(state.timer);
     await Promise.all([...this.lanes.values()].map((l) => l.running));
   }
 

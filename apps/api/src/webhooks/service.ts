@@ -38,6 +38,8 @@ export interface WebhookOptions {
   concurrency: number;
   /** Of those, at most this many one team's, across every replica (KILN_WEBHOOK_TEAM_CONCURRENCY). */
   teamConcurrency: number;
+  /** How often owed deliveries are looked for (KILN_WEBHOOK_POLL_MS): the statement that owes one is elsewhere. */
+  pollMs: number;
   /** KILN_OUTBOUND_ALLOW: the non-public addresses receivers may be at. */
   outboundAllow: readonly string[];
 }
@@ -98,7 +100,12 @@ export class WebhookService {
     // A lane of their own: deliveries never wait behind a template build or a review, and one
     // team's slow or silent receivers hold at most teamConcurrency of its workers (the job's
     // group is its team), so another team's deliveries still go out.
-    const lane = { name: 'webhooks', concurrency: opts.concurrency, groupLimit: opts.teamConcurrency };
+    const lane = {
+      name: 'webhooks',
+      concurrency: opts.concurrency,
+      groupLimit: opts.teamConcurrency,
+      pollMs: opts.pollMs,
+    };
     jobs.handle(FANOUT_JOB, (p: { event: WebhookEvent }) => this.fanOut(p.event), lane);
     jobs.handle(DELIVER_JOB, (p: { delivery: string }, job) => this.deliver(p.delivery, job), lane);
   }
