@@ -281,6 +281,21 @@ async function main() {
     out(row('baseline: statement timing off', getBaseline));
     out(row('statement timing on (production)', summarize(on), getBaseline));
 
+    // Runs for the scrape of 2b, made before the job runner starts (its reviews of idle sessions would take the scripted answers).
+    // Ten sessions of RUNS / 10 runs each, side by side (a longer conversation would be condensed: another model call).
+    const runner = await t.team('runs');
+    const rs = await sessionIn(t, runner);
+    fake.script(...Array.from({ length: RUNS }, () => ({ content: '<finish>done</finish>' })));
+    await Promise.all(
+      Array.from({ length: 10 }, async () => {
+        const s = await call(runner.key, 'POST', `/v1/workspaces/${rs.ws}/sessions`, {});
+        for (let i = 0; i < RUNS / 10; i++) {
+          const { run } = await converse(t, runner.key, s.id, `run ${i}`);
+          if (run.status !== 'completed') throw new Error(`run ${i}: ${JSON.stringify(run)}`);
+        }
+      }),
+    );
+
     heading(`3. webhook latency: owed event → signed POST received, ${EVENTS} events, KILN_JOBS_POLL_MS 2000`);
     const hooked = await hookedTeam(t, url, receiver, 'hooks');
     await t.evolution.start();
@@ -297,13 +312,6 @@ async function main() {
     out(`  concurrency 8, one team (KILN_WEBHOOK_TEAM_CONCURRENCY 2): ${rate(DELIVERIES, tp8one)}`);
 
     heading(`2b. GET /metrics with ${RUNS} runs and the jobs above in the database, ${SCRAPE_N} scrapes`);
-    const runner = await t.team('runs');
-    const rs = await sessionIn(t, runner);
-    for (let i = 0; i < RUNS; i++) {
-      fake.script({ content: '<finish>done</finish>' });
-      const { run } = await converse(t, runner.key, rs.session, `run ${i}`);
-      if (run.status !== 'completed') throw new Error(`run ${i}: ${JSON.stringify(run)}`);
-    }
     let bytes = 0;
     const scrape = async () => {
       const res = await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${METRICS_TOKEN}` } });
