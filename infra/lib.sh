@@ -25,6 +25,12 @@ apt_install() {
 ensure_node_deps() {
   cd "$KILN_ROOT"
   local stamp=node_modules/.package-lock.json
+  # A node_modules that is a link (a git worktree sharing another checkout's) is that checkout's to
+  # install: npm ci here would empty the directory it points to, under everyone who uses it.
+  if [ -L node_modules ]; then
+    say "node_modules links to $(readlink node_modules): not installing here"
+    return 0
+  fi
   if [ ! -f "$stamp" ] || [ package-lock.json -nt "$stamp" ]; then
     say "installing npm dependencies (npm ci)"
     npm ci --no-audit --no-fund >&2

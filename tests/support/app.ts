@@ -9,6 +9,7 @@ import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
+import type { StatementListener } from '../../apps/api/src/db/statements.ts';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
 import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
@@ -47,6 +48,8 @@ export interface TestApp {
   call(method: string, path: string, opts?: Call): Promise<{ status: number; body: any; headers: Headers }>;
   /** Creates a team plus a key of the given role in it. */
   team(name: string, role?: 'owner' | 'admin' | 'member' | 'viewer'): Promise<{ id: string; key: string }>;
+  /** Turns the app's statement timing (its metrics' listener, on from the start as in production) off or on again. */
+  timeStatements(on: boolean): void;
   close(): Promise<void>;
 }
 
@@ -124,11 +127,21 @@ export async function createTestApp(
     KILN_EVOLUTION_TICK_S: '60',
     ...opts.env,
   });
+  // The app's statement listener, kept so that timeStatements(false) can take it off the database.
+  let statementListener: StatementListener | undefined;
+  let stopListening: (() => void) | undefined;
   const kiln = compose({
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
     listen: database.listen,
-    onStatement: database.onStatement,
+    onStatement: (listener) => {
+      statementListener = listener;
+      stopListening = database.onStatement(listener);
+      return () => {
+        stopListening?.();
+        stopListening = undefined;
+      };
+    },
     sandboxes:
       opts.sandbox === false
         ? null
@@ -179,6 +192,13 @@ export async function createTestApp(
       });
       if (k.status !== 201) throw new Error(`key create failed: ${JSON.stringify(k.body)}`);
       return { id: t.body.id, key: k.body.key };
+    },
+    timeStatements(on) {
+      if (on && !stopListening && statementListener) stopListening = database.onStatement(statementListener);
+      if (!on) {
+        stopListening?.();
+        stopListening = undefined;
+      }
     },
     engine,
     workspaces,
