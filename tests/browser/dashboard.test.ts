@@ -1,17 +1,18 @@
 import { execFileSync } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders } from 'node:http';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { serve, type ServerType } from '@hono/node-server';
-import { createMcpHandler, McpServer } from '@modelcontextprotocol/server';
+import { McpServer } from '@modelcontextprotocol/server';
 import { sql } from 'drizzle-orm';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
+import { serveMcp } from '../support/mcp.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 import { z } from 'zod';
 
@@ -62,7 +63,7 @@ function signedWith(secret: string, req: { headers: IncomingHttpHeaders; body: s
 
 /** An MCP server made with the SDK (Streamable HTTP on 127.0.0.1) whose tools answer hostile text, a long text, or fail. */
 async function startMcpServer(hostile: string) {
-  const handler = createMcpHandler(() => {
+  return serveMcp(() => {
     const s = new McpServer({ name: 'dash-tracker', version: '1.0.0' });
     s.registerTool(
       'lookup',
@@ -78,16 +79,6 @@ async function startMcpServer(hostile: string) {
     }));
     return s;
   });
-  const server: ServerType = serve({ fetch: (req) => handler.fetch(req), hostname: '127.0.0.1', port: 0 });
-  await new Promise<void>((r) => (server.listening ? r() : server.once('listening', () => r())));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`,
-    close: () =>
-      new Promise<void>((r) => {
-        (server as Server).closeAllConnections();
-        (server as Server).close(() => r());
-      }),
-  };
 }
 
 /**

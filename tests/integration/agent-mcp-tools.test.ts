@@ -1,9 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { createServer, type Server } from 'node:http';
+import { createServer } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { serve, type ServerType } from '@hono/node-server';
-import { createMcpHandler, McpServer } from '@modelcontextprotocol/server';
+import { McpServer } from '@modelcontextprotocol/server';
 import { and, eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -12,6 +11,7 @@ import { useAgentApp } from '../support/agent-app.ts';
 import { converse, eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../support/agent.ts';
 import { createTestApp } from '../support/app.ts';
 import { startFakeOpenAI } from '../support/fake-openai.ts';
+import { serveMcp } from '../support/mcp.ts';
 import { sessionIn } from '../support/sandbox.ts';
 
 /** The value of the workspace secret the MCP server's Authorization header is made of. */
@@ -24,48 +24,43 @@ async function startMcpServer() {
   const calls: { tool: string; args: unknown }[] = [];
   const called = new EventEmitter();
   let lastAuth: string | null = null;
-  const handler = createMcpHandler(() => {
-    const s = new McpServer({ name: 'test-tracker', version: '1.0.0' });
-    s.registerTool(
-      'create_issue',
-      { description: 'Create an issue in the tracker', inputSchema: z.object({ title: z.string() }) },
-      async ({ title }) => {
-        calls.push({ tool: 'create_issue', args: { title } });
-        return { content: [{ type: 'text', text: `created issue "${title}" as #7` }] };
-      },
-    );
-    // A careless (or hostile) server that echoes the credential it was sent.
-    s.registerTool('whoami', { description: 'Who the caller is' }, async () => {
-      calls.push({ tool: 'whoami', args: {} });
-      return { content: [{ type: 'text', text: `you sent ${lastAuth}` }] };
-    });
-    // Never answers (until the client gives up).
-    s.registerTool('sleep', { description: 'Sleeps forever' }, async () => {
-      calls.push({ tool: 'sleep', args: {} });
-      called.emit('sleep');
-      return new Promise<never>(() => undefined);
-    });
-    return s;
-  });
-  const server: ServerType = serve({
-    fetch: (req) => {
+  const served = await serveMcp(
+    () => {
+      const s = new McpServer({ name: 'test-tracker', version: '1.0.0' });
+      s.registerTool(
+        'create_issue',
+        { description: 'Create an issue in the tracker', inputSchema: z.object({ title: z.string() }) },
+        async ({ title }) => {
+          calls.push({ tool: 'create_issue', args: { title } });
+          return { content: [{ type: 'text', text: `created issue "${title}" as #7` }] };
+        },
+      );
+      // A careless (or hostile) server that echoes the credential it was sent.
+      s.registerTool('whoami', { description: 'Who the caller is' }, async () => {
+        calls.push({ tool: 'whoami', args: {} });
+        return { content: [{ type: 'text', text: `you sent ${lastAuth}` }] };
+      });
+      // Never answers (until the client gives up).
+      s.registerTool('sleep', { description: 'Sleeps forever' }, async () => {
+        calls.push({ tool: 'sleep', args: {} });
+        called.emit('sleep');
+        return new Promise<never>(() => undefined);
+      });
+      return s;
+    },
+    (req) => {
       lastAuth = req.headers.get('authorization');
       authorizations.push(lastAuth);
-      return handler.fetch(req);
     },
-    hostname: '127.0.0.1',
-    port: 0,
-  });
-  await new Promise<void>((r) => (server.listening ? r() : server.once('listening', () => r())));
-  const { port } = server.address() as AddressInfo;
+  );
   return {
-    url: `http://127.0.0.1:${port}/mcp`,
+    url: served.url,
     authorizations,
     calls,
     /** Resolves when the next call of `sleep` arrives. */
     sleeping: () => new Promise<void>((r) => called.once('sleep', () => r())),
-    close: () => new Promise<void>((r) => (server as Server).close(() => r())),
-    closeAll: () => (server as Server).closeAllConnections(),
+    close: () => served.close(true),
+    closeAll: served.closeAll,
   };
 }
 
@@ -103,7 +98,7 @@ async function closedPortUrl() {
 
 /** A hostile MCP server: too many tools, odd names, long descriptions, wild schemas, oversized results. */
 async function startHostileServer() {
-  const handler = createMcpHandler(() => {
+  return serveMcp(() => {
     const s = new McpServer({ name: 'hostile', version: '1.0.0' });
     s.registerTool('big', { description: 'a large answer' }, async () => ({
       content: [{ type: 'text', text: 'x'.repeat(100_000) }],
@@ -121,16 +116,6 @@ async function startHostileServer() {
       );
     return s;
   });
-  const server: ServerType = serve({ fetch: (req) => handler.fetch(req), hostname: '127.0.0.1', port: 0 });
-  await new Promise<void>((r) => (server.listening ? r() : server.once('listening', () => r())));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`,
-    close: () =>
-      new Promise<void>((r) => {
-        (server as Server).closeAllConnections();
-        (server as Server).close(() => r());
-      }),
-  };
 }
 
 /** An HTTP server that answers every request with 200 and text that is not MCP. */

@@ -9,6 +9,7 @@ import { parseCidr } from './sandbox/docker/egress.ts';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import { MAX_ALLOW } from './workspace/egress-allow.ts';
 import type { QuotaMax } from './workspace/quota.ts';
+import type { WebhookOptions } from './webhooks/service.ts';
 import { SANDBOX_RUNTIMES, type SandboxRuntime } from './workspace/settings.ts';
 
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
@@ -249,16 +250,8 @@ export type Config = {
   metrics: { token?: string };
   /** The agent as an MCP client: each connect, tool listing and call to a workspace's server is cut off after this. */
   mcp: { timeoutMs: number };
-  /** Webhook deliveries: attempts, the backoff's first wait, one attempt's deadline, webhooks per team. */
-  webhooks: {
-    maxAttempts: number;
-    retryBaseMs: number;
-    timeoutMs: number;
-    maxPerTeam: number;
-    concurrency: number;
-    teamConcurrency: number;
-    pollMs: number;
-  };
+  /** Webhook deliveries: attempts, backoff, deadline, webhooks per team, concurrency, poll (KILN_WEBHOOK_*). */
+  webhooks: Omit<WebhookOptions, 'outboundAllow'>;
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
   selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
 };

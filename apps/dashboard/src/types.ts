@@ -1,4 +1,8 @@
 /** The shapes of the API answers the dashboard and the command line read (see /openapi.json). */
+import type { components } from '../../sdk/src/openapi.ts';
+
+/** Shapes generated from /openapi.json (`npm run sdk:generate`; a type import: nothing of it is bundled). */
+type Schemas = components['schemas'];
 export interface List<T> {
   data: T[];
   has_more?: boolean;
@@ -131,22 +135,14 @@ export interface Version {
   started_at: string;
 }
 /** One request of an execution through the egress proxy (`exec.completed`'s `egress`). */
-export interface EgressRow {
-  host: string;
-  port: number;
-  method: string;
-  allowed: boolean;
-  status: number;
-  bytes_out: number;
-  bytes_in: number;
-}
+export type EgressRow = Schemas['EgressEvent'];
 /** One of a workspace's MCP servers (`settings.mcp_servers`): its header values may reference `${secrets.NAME}`. */
-export interface McpServer {
-  name: string;
-  url: string;
-  headers: Record<string, string>;
-}
-/** The events a webhook may subscribe to, as the API names them. */
+export type McpServer = Schemas['WorkspaceSettings']['mcp_servers'][number];
+export type Webhook = Schemas['Webhook'];
+/** The answer of create and rotate-secret: the signing secret, shown this once. */
+export type WebhookWithSecret = Schemas['WebhookWithSecret'];
+export type WebhookDelivery = Schemas['WebhookDelivery'];
+/** The events a webhook may subscribe to (the document's enum; the checkboxes need them at run time). */
 export const WEBHOOK_EVENTS = [
   'run.completed',
   'run.failed',
@@ -154,41 +150,4 @@ export const WEBHOOK_EVENTS = [
   'evolution.committed',
   'sandbox.oom',
   'update.applied',
-] as const;
-export interface Webhook {
-  id: string;
-  url: string;
-  events: string[];
-  description: string | null;
-  enabled: boolean;
-  created_at: string;
-  updated_at: string;
-}
-/** The answer of create and rotate-secret: the signing secret, shown this once. */
-export interface WebhookWithSecret extends Webhook {
-  secret: string;
-}
-interface WebhookAttempt {
-  attempt: number;
-  at: string;
-  status_code: number | null;
-  error: string | null;
-  duration_ms: number;
-}
-export interface WebhookDelivery {
-  id: string;
-  webhook_id: string;
-  event_id: string;
-  event_type: string;
-  status: 'pending' | 'succeeded' | 'failed';
-  attempts: number;
-  max_attempts: number;
-  last_status_code: number | null;
-  last_error: string | null;
-  attempt_log: WebhookAttempt[];
-  replay_of: string | null;
-  created_at: string;
-  updated_at: string;
-  next_attempt_at: string | null;
-  delivered_at: string | null;
-}
+] as const satisfies readonly Webhook['events'][number][];
