@@ -347,6 +347,32 @@ describe('the mount budget and the copy', () => {
       rmSync(src, { recursive: true, force: true });
     }
   });
+
+  it('a copy that fails while the walk goes on is handled: no unhandled rejection, a 413, nothing left writing', async () => {
+    // CI once ended with an unhandled ENOSPC: a file's copy failed while the walk was still
+    // awaiting the listing of further directories, before anything had subscribed to the copy.
+    const dir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
+    const src = mkdtempSync(join(tmpdir(), 'kiln-src-'));
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    const m = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, localDocker: true }, 'walk', log))!;
+    try {
+      const dst = (await m.create('sbx_walk', 4))!;
+      writeFileSync(join(src, 'big.bin'), randomBytes(6 * MiB));
+      // Many directories, each a listing (an await) the walk makes after big.bin's copy has started.
+      for (let i = 0; i < 400; i++) mkdirSync(join(src, `d${i}`, 'e', 'f'), { recursive: true });
+      await expect(copyTree(src, dst, 2_000_000_001)).rejects.toMatchObject({ code: 'payload_too_large' });
+      // A rejection nobody handles is reported when the tick that rejected it ends, and a copy that
+      // fails before the walk is over does so ticks before copyTree settles.
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      await m.remove('sbx_walk');
+      rmSync(dir, { recursive: true, force: true });
+      rmSync(src, { recursive: true, force: true });
+    }
+  });
 });
 
 describe('under gVisor', () => {

@@ -29,9 +29,21 @@ export const WORKSPACE_TOO_LARGE =
 export async function copyTree(src: string, dst: string, uid: number): Promise<{ files: number; bytes: number }> {
   const limit = pLimit(COPY_CONCURRENCY);
   const copies: Promise<number>[] = [];
+  // The first copy that failed. Every copy gets its handler when it is queued, not when the walk
+  // is over: the walk awaits the file system between directories, and a copy that fails meanwhile
+  // (ENOSPC on a full mount) would otherwise be a rejection nobody handles, which ends the process.
+  let failed: { err: unknown } | undefined;
   const stack: [string, string][] = [['', src]];
+  const queue = (task: () => Promise<number>) => {
+    const p = limit(() => (failed ? Promise.resolve(-1) : task()));
+    p.catch((err: unknown) => {
+      failed ??= { err };
+    });
+    copies.push(p);
+  };
   try {
     for (let top = stack.pop(); top; top = stack.pop()) {
+      if (failed) throw failed.err;
       const [rel, dir] = top;
       for (const e of await readdir(dir, { withFileTypes: true })) {
         if ((rel === '' && e.name === '.git') || TMP_FILE.test(e.name)) continue;
@@ -40,15 +52,17 @@ export async function copyTree(src: string, dst: string, uid: number): Promise<{
         if (e.isDirectory()) {
           await mkdir(to, { mode: 0o700 });
           stack.push([join(rel, e.name), from]);
-          copies.push(limit(() => ownDir(from, to, uid)));
+          queue(() => ownDir(from, to, uid));
         } else if (e.isFile()) {
-          copies.push(limit(() => copyOne(from, to, uid)));
+          queue(() => copyOne(from, to, uid));
         }
       }
     }
     const sizes = await Promise.all(copies);
     return { files: sizes.filter((n) => n >= 0).length, bytes: sizes.reduce((a, n) => a + Math.max(0, n), 0) };
   } catch (err) {
+    // Nothing is left writing to the destination when this returns (the caller removes it): the
+    // copies still queued see the failure and return at once.
     await Promise.allSettled(copies);
     if ((err as { code?: string }).code === 'ENOSPC') {
       throw new ApiError('payload_too_large', WORKSPACE_TOO_LARGE);
