@@ -55,6 +55,12 @@ PIDS_FILES = ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
 # memory (gVisor's own accounting, in its /proc/meminfo) passes it, like the OOM killer would.
 MEMORY_LIMIT = int(os.environ.get("KILN_MEMORY_LIMIT_BYTES") or 0)
 MEMORY_POLL_S = 0.01
+# gVisor gives a killed process's memory back to its accounting some time after the kill (20 ms
+# for 256 MB on an idle machine, 200 ms for 2 GB, longer under load). Until then the next cell
+# would be killed for memory it never took: after a kill for memory the runner waits, this long
+# at most, for the sandbox's memory to fall back to where it was before the killed cell ran.
+RECLAIM_WAIT_S = 5.0
+RECLAIM_SLACK = 8 * 1024 * 1024
 # Native thread pools would make every cell look like it left threads behind; a sandbox has
 # a CPU or two, so one BLAS/OpenMP thread costs little.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -433,6 +439,7 @@ class Runner:
             "interrupted": None,  # why we sent SIGINT: "timeout" | "cancelled"
             "kill_at": None,
             "oom_before": oom_kills(),
+            "memory_before": memory_used() if MEMORY_LIMIT else None,
             "sync": bool(msg.get("sync")),
             "sync_limit": msg.get("sync_limit"),
             "sync_max_files": msg.get("sync_max_files"),
@@ -488,7 +495,11 @@ class Runner:
         oom = code == -signal.SIGKILL and (
             cur.get("over_memory") or cur["oom_before"] is None or oom_after is None or oom_after > cur["oom_before"]
         )
-        self.restart_worker()
+        self.stop_worker()
+        if oom and MEMORY_LIMIT:
+            self.await_reclaim(cur["memory_before"])
+        self.start_worker()
+        self.restarted = True
         if cur["interrupted"] == "timeout":
             err = self.timeout_error(killed=True)
         elif cur["interrupted"] == "cancelled":
@@ -500,6 +511,16 @@ class Runner:
         else:
             err = {"type": "Exited", "message": f"the interpreter exited with code {code}; it was restarted and its variables are lost"}
         self.finish({"ok": False, "exit_code": code if code >= 0 else 128 - code, "error": err, "artifacts": []})
+
+    def await_reclaim(self, before):
+        """Waits (bounded) until the sandbox's memory is back to what it was before the killed cell."""
+        target = min(MEMORY_LIMIT, (before or 0) + RECLAIM_SLACK) if before is not None else MEMORY_LIMIT
+        give_up = time.monotonic() + RECLAIM_WAIT_S
+        while time.monotonic() < give_up:
+            used = memory_used()
+            if used is None or used <= target:
+                return
+            time.sleep(MEMORY_POLL_S)
 
     def timeout_error(self, killed):
         t = self.current["timeout"]

@@ -181,6 +181,27 @@ describe.each(RUNTIMES)('%s', (runtime) => {
       await run('keep = "state"');
     });
 
+    it('the cell right after a 2 GB memory hog runs: the memory the hog took is given back before the result', async () => {
+      // Under gVisor the sandbox's memory falls back some time after the kill (~200 ms for 2 GB):
+      // the next cell was killed as out of memory too, every time, before the runner waited for it.
+      const big = await sessionIn(t, team, { sandbox: { runtime, memory_mb: 2048, timeout_s: 60 } });
+      try {
+        for (let i = 0; i < 2; i++) {
+          const hog = await exec(
+            t,
+            team.key,
+            big.session,
+            'hog = []\nwhile True:\n    hog.append(bytearray(64 * 1024 * 1024))',
+          );
+          expect(hog.error!.type).toBe('OutOfMemory');
+          const next = await exec(t, team.key, big.session, 'print(6 * 7)');
+          expect([next.stdout, next.error]).toEqual(['42\n', undefined]);
+        }
+      } finally {
+        await t.call('DELETE', `/v1/sessions/${big.session}`, { key: team.key });
+      }
+    });
+
     it('a fork bomb hits the process limit, is reported, and leaves no process behind', async () => {
       const r = await run('import os\nwhile True:\n    os.fork()', 20);
       if (runtime === 'gvisor') {
