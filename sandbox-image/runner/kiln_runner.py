@@ -514,7 +514,7 @@ class Runner:
 
     def await_reclaim(self, before):
         """Waits (bounded) until the sandbox's memory is back to what it was before the killed cell."""
-        target = min(MEMORY_LIMIT, (before or 0) + RECLAIM_SLACK) if before is not None else MEMORY_LIMIT
+        target = MEMORY_LIMIT if before is None else min(MEMORY_LIMIT, before + RECLAIM_SLACK)
         give_up = time.monotonic() + RECLAIM_WAIT_S
         while time.monotonic() < give_up:
             used = memory_used()
