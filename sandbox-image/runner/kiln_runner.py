@@ -380,8 +380,11 @@ class Runner:
                 pass
         self.worker = None
 
-    def restart_worker(self):
+    def restart_worker(self, reclaim=False):
+        """A fresh interpreter; with reclaim (after a kill for memory), once gVisor has the memory back."""
         self.stop_worker()
+        if reclaim:
+            self.await_reclaim(self.current["memory_before"])
         self.start_worker()
         self.restarted = True
 
@@ -495,11 +498,7 @@ class Runner:
         oom = code == -signal.SIGKILL and (
             cur.get("over_memory") or cur["oom_before"] is None or oom_after is None or oom_after > cur["oom_before"]
         )
-        self.stop_worker()
-        if oom and MEMORY_LIMIT:
-            self.await_reclaim(cur["memory_before"])
-        self.start_worker()
-        self.restarted = True
+        self.restart_worker(reclaim=bool(oom and MEMORY_LIMIT))
         if cur["interrupted"] == "timeout":
             err = self.timeout_error(killed=True)
         elif cur["interrupted"] == "cancelled":
