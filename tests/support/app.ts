@@ -134,6 +134,7 @@ export async function createTestApp(
     config: { ...config, runLeaseMs: opts.runLeaseMs ?? 60_000 },
     db: database.db,
     listen: database.listen,
+    lock: database.lock,
     onStatement: (listener) => {
       statementListener = listener;
       stopListening = database.onStatement(listener);

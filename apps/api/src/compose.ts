@@ -29,6 +29,8 @@ export interface ComposeOptions {
   listen?: Database['listen'];
   /** The database's statement timings: their latency is one of the app's metrics. */
   onStatement?: Database['onStatement'];
+  /** The database's lock across processes (Postgres): a workspace's writes are serialised across replicas. */
+  lock?: Database['lock'];
   /** Where sandboxes run; null for none (running code answers 503, /readyz says why). */
   sandboxes: SandboxBackend | null;
   logger: Logger;
@@ -114,7 +116,12 @@ export function compose(o: ComposeOptions): Kiln {
   const embedder =
     o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
-  const limits = { maxFileBytes: config.workspaces.maxFileBytes, maxQuota: config.workspaces.maxQuota, embedder };
+  const limits = {
+    maxFileBytes: config.workspaces.maxFileBytes,
+    maxQuota: config.workspaces.maxQuota,
+    embedder,
+    sharedLock: o.lock,
+  };
   const workspaces = new WorkspaceService(db, repos, limits, logger);
   // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
   workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));

@@ -22,6 +22,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     config,
     db: database.db,
     listen: database.listen,
+    lock: database.lock,
     onStatement: database.onStatement,
     sandboxes: new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger)),
     logger,

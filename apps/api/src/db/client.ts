@@ -27,11 +27,24 @@ export interface Database {
    * returned function is called (the metrics' statement latency; nothing is timed while none listens).
    */
   onStatement: (listener: StatementListener) => () => void;
+  /**
+   * Takes a lock every process on this database respects (a Postgres advisory lock on a connection
+   * of its own), and resolves with its release. A process that dies releases its locks with its
+   * connection. Absent on PGlite, which only one process can open: a lock in memory is enough there.
+   */
+  lock?: (key: string) => Promise<() => Promise<void>>;
   close(): Promise<void>;
 }
 
 const migrationsFolder = fileURLToPath(new URL('../../drizzle', import.meta.url));
 const MIGRATION_LOCK = 7_700_001;
+/** The first key of every `Database.lock` (the second is a hash of the caller's key). */
+const NAMED_LOCKS = 7_700_002;
+/**
+ * Connections that may hold a named lock at once, per process: each held lock holds one, so a
+ * process writing to more workspaces at once waits for one (the statements' own pool never does).
+ */
+const LOCK_CONNECTIONS = 8;
 
 /**
  * Opens Postgres (when a URL is given) or the embedded PGlite under `dataDir`,
@@ -53,6 +66,7 @@ async function openPostgres(url: string): Promise<Database> {
     await migrator.end();
   }
   const client = postgres(url, { max: 10, onnotice: () => {} });
+  const locks = postgres(url, { max: LOCK_CONNECTIONS, onnotice: () => {} });
   const timings = new StatementTimings('postgres');
   return {
     db: drizzlePostgres(timed(client, timings), { schema }) as unknown as Db,
@@ -62,7 +76,32 @@ async function openPostgres(url: string): Promise<Database> {
       const sub = await client.listen(channel, onMessage);
       return () => sub.unlisten();
     },
-    close: () => client.end(),
+    // The lock is a transaction's (pg_advisory_xact_lock), held until its release ends the
+    // transaction: no failure can leave it held on a pooled connection.
+    lock: (key) =>
+      new Promise((resolve, reject) => {
+        let release!: () => void;
+        const held = new Promise<void>((r) => {
+          release = r;
+        });
+        const done = locks.begin(async (tx) => {
+          await tx`select pg_advisory_xact_lock(${NAMED_LOCKS}, hashtext(${key}))`;
+          resolve(async () => {
+            release();
+            // Ends when the transaction has: a connection lost meanwhile released the lock already.
+            await done.then(
+              () => undefined,
+              () => undefined,
+            );
+          });
+          await held;
+        });
+        done.catch(reject);
+      }),
+    close: async () => {
+      await locks.end();
+      await client.end();
+    },
   };
 }
 

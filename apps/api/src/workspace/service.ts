@@ -10,7 +10,7 @@ import type { Embedder } from '../memory/embeddings.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
 import { indexedFiles, reindexAll, reindexPaths, staleIndexes } from '../memory/indexer.ts';
 import { searchMemory, type SearchOptions } from '../memory/search.ts';
-import { KeyedMutex } from './lock.ts';
+import { type SharedLock, WorkspaceLock } from './lock.ts';
 import { listSkills, type SkillInfo } from './skills.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
@@ -35,6 +35,8 @@ export interface WorkspaceServiceOptions {
   /** Server-wide maxima of every workspace's quota settings (default: the KILN_* defaults). */
   maxQuota?: QuotaMax;
   embedder?: Embedder;
+  /** The database's lock across replicas (Postgres); without it writes are serialised in this process only. */
+  sharedLock?: SharedLock;
 }
 
 const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
@@ -71,7 +73,7 @@ export type CommitListener = (
 ) => void;
 
 export class WorkspaceService {
-  private readonly lock = new KeyedMutex();
+  private readonly lock: WorkspaceLock;
   private readonly listeners: CommitListener[] = [];
   private boilerplate: Promise<ReadonlySet<string>> | undefined;
   private reindexing: Promise<void> | undefined;
@@ -82,7 +84,9 @@ export class WorkspaceService {
     private readonly repos: WorkspaceRepos,
     private readonly opts: WorkspaceServiceOptions,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.lock = new WorkspaceLock(opts.sharedLock);
+  }
 
   /** A new workspace: the row, then its repository from the template, then the first commit's mirror. */
   async create(teamId: string, input: { name: string; settings?: SettingsPatch }): Promise<WorkspaceRow> {
