@@ -73,3 +73,49 @@ describe('two replicas writing to one workspace', () => {
     expect(git(dir, 'status', '--porcelain')).toBe('');
   });
 });
+
+/** Resolves when `t` hears news of `id` on `topic` (from its own replica or another). */
+const heard = (t: TestApp, topic: 'key' | 'session' | 'workspace', id: string) =>
+  new Promise<void>((resolve) => t.news.on(topic, (got) => got === id && resolve()));
+
+describe("what one replica caches of another's writes", () => {
+  let a: TestApp;
+  let b: TestApp;
+  beforeAll(async () => {
+    a = await createTestApp({ sandbox: false });
+    b = await createTestApp({ sandbox: false, replicaOf: a });
+  });
+  afterAll(async () => {
+    await b?.close();
+    await a?.close();
+  });
+
+  it('a key revoked on one replica is refused by the other as soon as the notification arrives', async () => {
+    const team = await a.team('revoke-news');
+    const made = await a.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: team.key,
+      body: { name: 'short-lived', role: 'member' },
+    });
+    // B has the key in its cache.
+    expect((await b.call('GET', '/v1/workspaces', { key: made.body.key })).status).toBe(200);
+    const news = heard(b, 'key', made.body.id);
+    expect((await a.call('DELETE', `/v1/teams/${team.id}/keys/${made.body.id}`, { key: team.key })).status).toBe(200);
+    await news;
+    expect((await b.call('GET', '/v1/workspaces', { key: made.body.key })).status).toBe(401);
+  });
+
+  it('a session ended on one replica is ended for the other as soon as the notification arrives', async () => {
+    const team = await a.team('session-news');
+    const ws = (await a.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'w' } })).body.id;
+    const session = (await a.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id;
+    const exec = () => b.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code: 'print(1)' } });
+    // B has the session in its cache as active (no container runtime here, so its exec answers 503).
+    expect((await exec()).status).toBe(503);
+    const news = heard(b, 'session', session);
+    expect((await a.call('DELETE', `/v1/sessions/${session}`, { key: team.key })).status).toBe(200);
+    await news;
+    const after = await exec();
+    expect(after.status).toBe(409);
+    expect(after.body.error.message).toMatch(/ended/);
+  });
+});

@@ -38,6 +38,8 @@ export interface TestApp {
   templates: Kiln['templates'];
   /** Reviews and dreams; its job runner is not started: tests run due jobs with `evolution.jobs.drain()`. */
   evolution: Kiln['evolution'];
+  /** News of writes that make cached keys, sessions and settings stale (from this and other replicas). */
+  news: Kiln['news'];
   database: TestDatabase;
   adminKey: string;
   workspacesDir: string;
@@ -157,7 +159,7 @@ export async function createTestApp(
     dashboardDir: opts.dashboardDir,
   });
   await kiln.start({ background: false, repair: !replica });
-  const { app, engine, workspaces, agent, events, evolution, templates } = kiln;
+  const { app, engine, workspaces, agent, events, evolution, templates, news } = kiln;
 
   const call: TestApp['call'] = async (method, path, o = {}) => {
     const headers: Record<string, string> = { ...o.headers };
@@ -207,6 +209,7 @@ export async function createTestApp(
     events,
     evolution,
     templates,
+    news,
     async close() {
       await kiln.stop();
       if (replica) return database.close();

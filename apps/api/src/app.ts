@@ -6,6 +6,7 @@ import type { Config } from './config.ts';
 import type { Db } from './db/client.ts';
 import { auditTrail } from './http/audit-trail.ts';
 import { KeyCache } from './auth/key-cache.ts';
+import type { CacheNews } from './db/cache-news.ts';
 import { authn } from './http/authn.ts';
 import { dashboardRouter } from './http/dashboard.ts';
 import { docsRouter } from './http/docs.ts';
@@ -70,6 +71,8 @@ export interface AppDeps {
   metrics: KilnMetrics;
   /** Injectable clock for the rate limiter. */
   now?: () => number;
+  /** News of writes that make cached keys, sessions and settings stale, for every replica. */
+  news: CacheNews;
 }
 
 /** Maps anything thrown to the API's error envelope; only 5xx are logged as errors. */
@@ -135,6 +138,7 @@ export function createApp({
   now,
   dashboardDir,
   metrics,
+  news,
 }: AppDeps) {
   const app = createRouter();
 
@@ -151,7 +155,7 @@ export function createApp({
       },
     }),
   );
-  const keys = new KeyCache(db);
+  const keys = new KeyCache(db, news);
   // One limiter for the API and /mcp: a team's MCP requests and API requests share its bucket.
   const limit = rateLimit(config.rateLimit, now);
   app.use('/v1/*', authn(keys), limit, idempotency(db, sealer), auditTrail(db));
@@ -160,12 +164,12 @@ export function createApp({
   app.use('/mcp', authn(keys), limit);
 
   app.route('/', healthRouter(db, engine));
-  app.route('/', teamsRouter(db, keys));
-  app.route('/', workspacesRouter(db, workspaces, engine, templates));
+  app.route('/', teamsRouter(db, news));
+  app.route('/', workspacesRouter(db, workspaces, engine, templates, news));
   app.route('/', templatesRouter(templates));
   app.route('/', workspaceRepoRouter(db, workspaces));
   app.route('/', workspaceSecretsRouter(db, secrets));
-  app.route('/', sessionsRouter(db, engine, workspaces));
+  app.route('/', sessionsRouter(db, engine, workspaces, news));
   app.route('/', sandboxesRouter(engine));
   // The routes read run events from the event log itself, which the agent service holds for now.
   app.route('/', messagesRouter(db, agent, events));

@@ -4,6 +4,7 @@ import { ModelClient } from './agent/llm.ts';
 import { AgentService } from './agent/service.ts';
 import { createApp } from './app.ts';
 import type { Config } from './config.ts';
+import { CacheNews } from './db/cache-news.ts';
 import type { Database, Db } from './db/client.ts';
 import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
@@ -61,6 +62,8 @@ export interface Kiln {
   updates?: SelfUpdates;
   /** This app's Prometheus metrics (its own registry), served at GET /metrics. */
   metrics: KilnMetrics;
+  /** News of writes that make other replicas' cached keys, sessions and settings stale. */
+  news: CacheNews;
   /**
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
    * repository (`repair`, default on; a second in-process replica of a running app skips it),
@@ -167,7 +170,8 @@ export function compose(o: ComposeOptions): Kiln {
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   if (updates) agent.allowSourceUpdates(updates);
 
-  const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates, metrics };
+  const news = new CacheNews(db);
+  const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates, metrics, news };
   const app = createApp({ ...parts, secrets, sealer, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
   // Statements are timed from the moment the app is built until it stops.
   const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
@@ -185,6 +189,7 @@ export function compose(o: ComposeOptions): Kiln {
       if (o.listen) {
         await events.connect(o.listen);
         await agent.connectCancels(o.listen);
+        await news.connect(o.listen);
       }
       if (background) await evolution.start();
       await updates?.startup();
@@ -199,6 +204,7 @@ export function compose(o: ComposeOptions): Kiln {
       await agent.stop();
       await events.disconnect();
       await agent.disconnectCancels();
+      await news.disconnect();
       await mcp.close();
       await engine.stop();
       stopTimings?.();

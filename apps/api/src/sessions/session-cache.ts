@@ -1,3 +1,4 @@
+import type { CacheNews } from '../db/cache-news.ts';
 import type { Db } from '../db/client.ts';
 import type { WorkspaceRow } from '../workspace/records.ts';
 import { getActiveSessionWithWorkspace, type SessionRow } from './sessions.ts';
@@ -6,16 +7,20 @@ const MAX_ENTRIES = 10_000;
 
 /**
  * The hot path of every execution asks "is this session active, and what may its workspace's
- * sandbox use?". Answers are kept for `ttlMs`: ending a session through this process is seen at
- * once (`forget`), a workspace settings change or an end on another replica within `ttlMs`.
+ * sandbox use?". Answers are kept for `ttlMs`, less when news (`CacheNews`) of the session's end
+ * or of its workspace's settings arrives from this or another replica: then at once.
  */
 export class SessionCache {
   private entries = new Map<string, { value: { session: SessionRow; workspace: WorkspaceRow }; at: number }>();
 
   constructor(
     private readonly db: Db,
+    news: CacheNews,
     private readonly ttlMs = 2_000,
-  ) {}
+  ) {
+    news.on('session', (sessionId) => this.forget((key) => key.endsWith(`/${sessionId}`)));
+    news.on('workspace', (workspaceId) => this.forget((_, e) => e.value.workspace.id === workspaceId));
+  }
 
   async activeWithWorkspace(teamId: string, sessionId: string) {
     const key = `${teamId}/${sessionId}`;
@@ -27,7 +32,7 @@ export class SessionCache {
     return value;
   }
 
-  forget(sessionId: string): void {
-    for (const key of this.entries.keys()) if (key.endsWith(`/${sessionId}`)) this.entries.delete(key);
+  private forget(stale: (key: string, entry: { value: { workspace: WorkspaceRow } }) => boolean): void {
+    for (const [key, entry] of this.entries) if (stale(key, entry)) this.entries.delete(key);
   }
 }

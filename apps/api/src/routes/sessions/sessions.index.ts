@@ -1,5 +1,6 @@
 import { streamSSE } from 'hono/streaming';
 import { teamOf, writableTeamOf } from '../../http/guards.ts';
+import type { CacheNews } from '../../db/cache-news.ts';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { toPage } from '../../http/pagination.ts';
@@ -26,8 +27,8 @@ const view = (s: sessions.SessionRow) => ({
   ended_at: s.endedAt?.toISOString() ?? null,
 });
 
-export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: WorkspaceService) {
-  const cache = new SessionCache(db);
+export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: WorkspaceService, news: CacheNews) {
+  const cache = new SessionCache(db, news);
   const scoped = workspaceScope(db);
   /** The session (active, this team's), its workspace, and what its sandbox may use. */
   async function target(teamId: string, sessionId: string) {
@@ -72,7 +73,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     .openapi(r.end, async (c) => {
       const team = writableTeamOf(c);
       const { before, after } = await sessions.endSession(db, team, c.req.valid('param').session);
-      cache.forget(after.id);
+      await news.announce('session', after.id);
       await engine.release(after.id, 'session_ended');
       c.set('audit', {
         action: 'session.end',

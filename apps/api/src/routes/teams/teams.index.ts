@@ -1,6 +1,6 @@
 import { requireOrgAdmin, requireTeamManager } from '../../http/guards.ts';
 import * as teams from '../../auth/teams.ts';
-import type { KeyCache } from '../../auth/key-cache.ts';
+import type { CacheNews } from '../../db/cache-news.ts';
 import type { Db } from '../../db/client.ts';
 import type { apiKeys } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
@@ -27,7 +27,7 @@ const keyView = (k: KeyRow) => ({
   revoked_at: k.revokedAt?.toISOString() ?? null,
 });
 
-export function teamsRouter(db: Db, keys: KeyCache) {
+export function teamsRouter(db: Db, news: CacheNews) {
   return createRouter()
     .openapi(r.createTeam, async (c) => {
       requireOrgAdmin(c);
@@ -82,7 +82,8 @@ export function teamsRouter(db: Db, keys: KeyCache) {
       const { team, key: id } = c.req.valid('param');
       requireTeamManager(c, team);
       const { before, after } = await teams.revokeTeamKey(db, team, id);
-      keys.forget(id);
+      // Refused at once here and on every other replica (docs/architecture.md#replicas).
+      await news.announce('key', id);
       c.set('audit', {
         action: 'key.revoke',
         resourceType: 'key',

@@ -1,4 +1,5 @@
 import { teamOf, writableTeamOf } from '../../http/guards.ts';
+import type { CacheNews } from '../../db/cache-news.ts';
 import type { Db } from '../../db/client.ts';
 import { toPage } from '../../http/pagination.ts';
 import { createRouter } from '../../http/router.ts';
@@ -19,7 +20,13 @@ const view = (w: ws.WorkspaceRow) => ({
   updated_at: w.updatedAt.toISOString(),
 });
 
-export function workspacesRouter(db: Db, service: WorkspaceService, engine: SandboxEngine, templates: TemplateService) {
+export function workspacesRouter(
+  db: Db,
+  service: WorkspaceService,
+  engine: SandboxEngine,
+  templates: TemplateService,
+  news: CacheNews,
+) {
   return createRouter()
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
@@ -62,6 +69,8 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
         });
       }
       const { before, after } = await ws.updateWorkspace(db, team, id, c.req.valid('json'));
+      // Every replica's executions use the new settings from their next request.
+      await news.announce('workspace', id);
       if (before.settings.sandbox.template !== after.settings.sandbox.template) void templates.refreshPool();
       // Running sandboxes take a new idle time at once, not only from their next execution.
       if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
@@ -80,6 +89,7 @@ export function workspacesRouter(db: Db, service: WorkspaceService, engine: Sand
       const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
       if (before.settings.sandbox.template) void templates.refreshPool();
       engine.forgetWorkspace(id);
+      await news.announce('workspace', id);
       c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
       return c.json({ id, deleted: true as const }, 200);
     });
