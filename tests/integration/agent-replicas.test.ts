@@ -1,10 +1,13 @@
+import { execFileSync } from 'node:child_process';
 import { eq, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runs } from '../../apps/api/src/db/schema/index.ts';
+import { commits, runs } from '../../apps/api/src/db/schema/index.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { eventsUntil } from '../support/agent.ts';
 import { sessionIn } from '../support/sandbox.ts';
+
+const gitOut = (dir: string, ...args: string[]) => execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' });
 
 /** Two API replicas on one Postgres database and one workspaces directory. */
 describe('agent runs across replicas', () => {
@@ -46,6 +49,47 @@ describe('agent runs across replicas', () => {
     });
     expect(next.status).toBe(202);
     await eventsUntil(b, next.body.run.id, ['run.completed']);
+  });
+
+  it("an agent run's commits on one replica and files PUT through the other land in one consistent history", async () => {
+    const { session, ws } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
+    const steps = 4;
+    ctx.fake.script(
+      ...Array.from({ length: steps }, (_, i) => ({
+        content: `<python>open('/workspace/knowledge/agent-${i}.md', 'w').write('step ${i}\\n')</python>`,
+      })),
+      { content: '<finish>written</finish>' },
+    );
+    const posted = await ctx.t.call('POST', `/v1/sessions/${session}/messages`, {
+      key: ctx.team.key,
+      body: { content: 'write four files' },
+    });
+    expect(posted.status).toBe(202);
+    const runId = posted.body.run.id as string;
+    // Replica B writes the same workspace until the run on A has ended.
+    let ended = false;
+    const done = eventsUntil(ctx.t, runId, ['run.completed', 'run.failed']).finally(() => {
+      ended = true;
+    });
+    const written: string[] = [];
+    while (!ended) {
+      const path = `knowledge/b-${written.length}.md`;
+      const put = await b.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, {
+        key: ctx.team.key,
+        raw: `from B ${written.length}\n`,
+      });
+      expect(put.status).toBe(200);
+      written.push(path);
+    }
+    expect((await done).at(-1)!.event).toBe('run.completed');
+    const dir = ctx.t.workspaces.dirOf(ws);
+    const tree = gitOut(dir, 'ls-tree', '-r', '--name-only', 'HEAD').split('\n');
+    for (const path of [...written, ...Array.from({ length: steps }, (_, i) => `knowledge/agent-${i}.md`)])
+      expect(tree, path).toContain(path);
+    expect(gitOut(dir, 'status', '--porcelain')).toBe('');
+    const history = gitOut(dir, 'rev-list', 'HEAD').trim().split('\n');
+    const rows = await b.database.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws));
+    expect(rows.map((r) => r.sha).sort()).toEqual([...history].sort());
   });
 
   /** Another replica of `a` (with a short run lease when given). */
