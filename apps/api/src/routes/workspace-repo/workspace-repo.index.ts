@@ -1,3 +1,4 @@
+import { z } from '@hono/zod-openapi';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
@@ -25,6 +26,36 @@ const outcomeView = (o: CommitOutcome) => ({
   redactions: o.redactions,
   refused: o.refused,
 });
+
+/** A PUT /files body sent as JSON: the shape GET /files answers a file with. */
+const JsonFile = z.object({ content: z.string(), encoding: z.enum(['utf-8', 'base64']).default('utf-8') }).strict();
+
+const RAW_HINT =
+  'to store a file\'s bytes as they are (a .json file too), send them with "Content-Type: application/octet-stream" ' +
+  "(curl --data-binary @FILE -H 'Content-Type: application/octet-stream')";
+
+/**
+ * The bytes a PUT /files writes: the body as sent, or, when it is sent as JSON, the file it
+ * describes (`{"content": "…", "encoding": "utf-8" | "base64"}`, as GET answers). A JSON body of
+ * another shape is refused rather than committed as the file's text.
+ */
+function fileBytes(body: Buffer, contentType: string | undefined): Buffer {
+  const type = (contentType ?? '').split(';')[0]!.trim().toLowerCase();
+  if (type !== 'application/json') return body;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    throw new ApiError('invalid_request', `the body was sent as JSON but is not JSON; ${RAW_HINT}`);
+  }
+  const file = JsonFile.safeParse(parsed);
+  if (!file.success)
+    throw new ApiError(
+      'invalid_request',
+      `a JSON body is the file as {"content": "…", "encoding": "utf-8" | "base64"} (encoding defaults to utf-8); ${RAW_HINT}`,
+    );
+  return Buffer.from(file.data.content, file.data.encoding === 'base64' ? 'base64' : 'utf8');
+}
 
 export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
   const scoped = workspaceScope(db);
@@ -56,7 +87,7 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
     .openapi(scoped(r.putFile), async (c) => {
       const ws = workspaceOf(c);
       const path = c.req.valid('query').path;
-      const data = Buffer.from(await c.req.arrayBuffer());
+      const data = fileBytes(Buffer.from(await c.req.arrayBuffer()), c.req.header('content-type'));
       const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', {
         action: 'workspace.file.write',
