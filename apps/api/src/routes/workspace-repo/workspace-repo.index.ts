@@ -4,6 +4,8 @@ import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
 import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
+import { workspaceMask } from '../../secrets/masking.ts';
+import type { SecretSource } from '../../secrets/store.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
 import type { CommitInfo, CommitOutcome } from '../../workspace/git-repos.ts';
 import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
@@ -57,7 +59,7 @@ function fileBytes(body: Buffer, contentType: string | undefined): Buffer {
   return Buffer.from(file.data.content, file.data.encoding === 'base64' ? 'base64' : 'utf8');
 }
 
-export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
+export function workspaceRepoRouter(db: Db, service: WorkspaceService, secrets: SecretSource) {
   const scoped = workspaceScope(db);
   return createRouter()
     .openapi(scoped(r.getFiles), async (c) => {
@@ -66,9 +68,18 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const path = checkRelativePath(q.path, { allowRoot: true });
       const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
       if (!info) throw ApiError.notFound(`path ${path}`);
-      if (info.isDirectory())
-        return c.json({ path, type: 'dir' as const, entries: await service.listDir(ws.id, path) }, 200);
-      const data = await service.readFile(ws.id, path);
+      // Names and bytes leave masked: a value may have been put in a file (or its name) before it
+      // became a secret, and MCP read_file hands what this answers to a model.
+      const mask = await workspaceMask(secrets, ws.id);
+      if (info.isDirectory()) {
+        const entries = (await service.listDir(ws.id, path)).map((e) => ({
+          ...e,
+          name: mask.text(e.name),
+          path: mask.text(e.path),
+        }));
+        return c.json({ path, type: 'dir' as const, entries }, 200);
+      }
+      const data = await mask.bytes(await service.readFile(ws.id, path));
       if (q.raw === 'true')
         return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
       const text = data.toString('utf8');
