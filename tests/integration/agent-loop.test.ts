@@ -281,10 +281,36 @@ describe('the agent loop against a scripted OpenAI-compatible model', () => {
       const r = await bare.call('POST', `/v1/sessions/${session}/messages`, { key: tm.key, body: { content: 'hi' } });
       expect(r.status).toBe(503);
       expect(r.body.error.code).toBe('model_unavailable');
-      expect(r.body.error.message).toMatch(/no model is configured.*KILN_MODEL/);
+      expect(r.body.error.message).toMatch(/no model endpoint.*OPENAI_BASE_URL.*restarts it/);
+      // A workspace's model cannot help without an endpoint, and the message does not suggest it.
+      expect(r.body.error.message).not.toMatch(/set the workspace setting/);
       expect((await exec(bare, tm.key, session, 'print(2)')).stdout).toBe('2\n');
     } finally {
       await bare.close();
+    }
+    // With an endpoint but no model named, the workspace's "model" setting is the fix, and works.
+    const unnamed = await createTestApp({
+      sandbox: false,
+      env: { OPENAI_BASE_URL: ctx.fake.url, OPENAI_API_KEY: 'k' },
+    });
+    try {
+      const tm = await unnamed.team('no-model-name');
+      const ws = (await unnamed.call('POST', '/v1/workspaces', { key: tm.key, body: { name: 'w' } })).body.id;
+      const session = (await unnamed.call('POST', `/v1/workspaces/${ws}/sessions`, { key: tm.key, body: {} })).body.id;
+      const post = () =>
+        unnamed.call('POST', `/v1/sessions/${session}/messages`, { key: tm.key, body: { content: 'hi' } });
+      const r = await post();
+      expect(r.status).toBe(503);
+      expect(r.body.error.message).toMatch(/set the workspace setting "model", or KILN_MODEL/);
+      const set = await unnamed.call('PATCH', `/v1/workspaces/${ws}`, {
+        key: tm.key,
+        body: { settings: { model: 'fake-model' } },
+      });
+      expect(set.status).toBe(200);
+      ctx.fake.script({ content: '<finish>named</finish>' });
+      expect((await post()).status).toBe(202);
+    } finally {
+      await unnamed.close();
     }
   });
 });

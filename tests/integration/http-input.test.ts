@@ -109,6 +109,7 @@ describe('bad input', () => {
     const other = await t.team('input-other');
     const cases: [string, string, unknown, number, string][] = [
       [team.key, '/v1/workspaces/bad!/dream', { days: 1 }, 400, 'param.workspace: not a valid id'],
+      [team.key, '/v1/workspaces/research/dream', { days: 1 }, 400, 'a workspace id looks like ws_…'],
       [team.key, '/v1/workspaces/ws_missing/dream', { days: 0 }, 400, 'body.days'],
       [team.key, '/v1/workspaces/ws_missing/dream', { days: 1 }, 404, 'workspace not found'],
       [other.key, `/v1/workspaces/${ws}/dream`, { days: 1 }, 404, 'workspace not found'],

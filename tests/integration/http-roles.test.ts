@@ -40,9 +40,12 @@ describe('keys do only what their role allows', () => {
     });
     expect(read.status).toBe(200);
     expect(await read.text()).toBe('committed\n');
-    const tmp = await ctx.t.call('GET', `/v1/sessions/${session}/files?path=/tmp/x`, { key: viewer });
+    const tmp = await ctx.t.call('GET', `/v1/sessions/${session}/files?path=/tmp/x`, { key: ctx.team.key });
     expect(tmp.status).toBe(404);
     expect(tmp.body.error.message).toContain('no sandbox running');
+    // A viewer may not run code, so it reads nothing code could have made (issue: secrets read back by a viewer).
+    const viewerTmp = await ctx.t.call('GET', `/v1/sessions/${session}/files?path=/tmp/x`, { key: viewer });
+    expect(viewerTmp.status).toBe(403);
     expect(
       (await ctx.t.call('GET', `/v1/sessions/${session}/files?path=/workspace/nope.txt`, { key: viewer })).status,
     ).toBe(404);
@@ -51,12 +54,23 @@ describe('keys do only what their role allows', () => {
     ).toBe(400);
     expect(await sandboxRows(session)).toEqual([]);
 
-    // Once the session runs code, reads come from its sandbox (what the code wrote, not yet committed elsewhere).
-    await exec(ctx.t, ctx.team.key, session, 'open("/tmp/x", "w").write("from the sandbox")');
+    // Once the session runs code, reads come from its sandbox (what the code wrote, not yet committed
+    // elsewhere) for a key that may run code; a viewer still gets /workspace as committed, and no more.
+    await exec(
+      ctx.t,
+      ctx.team.key,
+      session,
+      'open("/tmp/x", "w").write("from the sandbox")\nopen("/workspace/notes/a.txt", "w").write("written by code, then committed")',
+    );
     const live = await ctx.t.app.request(`/v1/sessions/${session}/files?path=/tmp/x`, {
-      headers: { authorization: `Bearer ${viewer}` },
+      headers: { authorization: `Bearer ${ctx.team.key}` },
     });
     expect(await live.text()).toBe('from the sandbox');
+    expect((await ctx.t.call('GET', `/v1/sessions/${session}/files?path=/tmp/x`, { key: viewer })).status).toBe(403);
+    const committed = await ctx.t.app.request(`/v1/sessions/${session}/files?path=/workspace/notes/a.txt`, {
+      headers: { authorization: `Bearer ${viewer}` },
+    });
+    expect(await committed.text()).toBe('written by code, then committed');
     expect(await sandboxRows(session)).toHaveLength(1);
   });
 

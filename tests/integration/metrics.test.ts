@@ -11,6 +11,7 @@ import { converse } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { createTestDatabase, DRIVERS, rowsOf } from '../support/db.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
+import { callMcpTool } from '../support/mcp.ts';
 
 interface Sample {
   name: string;
@@ -145,20 +146,7 @@ describe('GET /metrics (Prometheus)', () => {
     const { t, team } = ctx;
     const { ws } = await sessionIn(t, team);
     const before = await scrape(t);
-    const r = await t.app.request('/mcp', {
-      method: 'POST',
-      headers: {
-        authorization: `Bearer ${team.key}`,
-        'content-type': 'application/json',
-        accept: 'application/json, text/event-stream',
-      },
-      body: JSON.stringify({
-        jsonrpc: '2.0',
-        id: 1,
-        method: 'tools/call',
-        params: { name: 'list_commits', arguments: { workspace: ws } },
-      }),
-    });
+    const r = await callMcpTool(t.app, team.key, 'list_commits', { workspace: ws });
     expect(r.status).toBe(200);
     expect(await r.text()).toContain('"workspace_id"');
     const after = await scrape(t);

@@ -263,6 +263,16 @@ probe("direct_ip", lambda: socket.create_connection(("${upstreamIp}", 80), timeo
 probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 443))
 probe("dns_outside", lambda: socket.getaddrinfo("deb.debian.org", 80))
 probe("proxy_other_port", lambda: socket.create_connection((urllib.parse.urlsplit(os.environ["HTTP_PROXY"]).hostname, 22), timeout=3).close())
+def bare(data):
+    s = socket.create_connection((PROXY.hostname, PROXY.port), timeout=10)
+    if data: s.sendall(data)
+    s.shutdown(socket.SHUT_WR); answer = s.recv(64); s.close(); return answer[:12].decode()
+probe("bare", lambda: bare(b""))
+probe("garbage", lambda: bare(b"HELLO THERE\\r\\n\\r\\n"))
+def no_auth():
+    c = http.client.HTTPConnection(PROXY.hostname, PROXY.port, timeout=10)
+    c.request("GET", "http://api.allowed.test/"); return c.getresponse().status
+probe("no_auth", no_auth)
 print(os.environ["HTTP_PROXY"])
 `;
     const r = await exec(t, teamA.key, session, code, 60);
@@ -305,8 +315,15 @@ print(os.environ["HTTP_PROXY"])
     expect(ev('api.allowed.test', 22, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
     expect(ev('api.allowed.test', 80, 'POST')).toMatchObject({ allowed: true, status: 501 });
     expect(ev('api.allowed.test', 0, 'GET')).toMatchObject({ allowed: false, status: 403 });
+    // What the proxy decided, not what reached it: a bare connection, garbage (its own 400) and a
+    // request without credentials (407) were let through to nowhere, and say so.
+    expect(p.garbage).toMatchObject({ ok: true, detail: 'HTTP/1.1 400' });
+    expect(p.no_auth).toMatchObject({ ok: true, detail: 407 });
+    expect(ev('error:transaction-end-before-headers', 0, '-')).toMatchObject({ allowed: false, status: 0 });
+    expect(ev('error:invalid-request', 0, 'HELLO')).toMatchObject({ allowed: false, status: 400 });
+    expect(r.egress.filter((e) => e.status === 407)).toEqual([expect.objectContaining({ allowed: false })]);
     // One event per request that reached the proxy (all but the direct and DNS probes).
-    expect(r.egress).toHaveLength(14);
+    expect(r.egress).toHaveLength(17);
     expect(r.egress.filter((e) => e.allowed)).toHaveLength(5);
 
     // The execution's record holds them too.

@@ -138,6 +138,10 @@ describe('webhooks', () => {
       { url: 'http://10.1.2.3/hook', events: ['run.completed'] },
       { url: 'http://169.254.169.254/latest', events: ['run.completed'] },
       { url: 'http://[::1]:8080/x', events: ['run.completed'] },
+      // IPv6 forms of private IPv4 addresses: compatible, 6to4 (the metadata address), Teredo.
+      { url: 'http://[::10.1.2.3]/hook', events: ['run.completed'] },
+      { url: 'http://[2002:a9fe:a9fe::]/latest', events: ['run.completed'] },
+      { url: 'http://[2001:0:a00:1::1]/hook', events: ['run.completed'] },
       { url: 'https://user:pw@example.com/x', events: ['run.completed'] },
       { url: `https://example.com/${'a'.repeat(2100)}`, events: ['run.completed'] },
       { url: 'https://example.com/x', events: ['run.exploded'] },
@@ -153,6 +157,8 @@ describe('webhooks', () => {
     }
     const patch = await call('PATCH', `/v1/webhooks/${hooks.all.id}`, ctx.team.key, { url: 'http://10.0.0.1/' });
     expect(patch.status).toBe(400);
+    // The refusal says how an operator allows a private receiver.
+    expect(patch.body.error.message).toMatch(/10\.0\.0\.1 is not a public address.*KILN_OUTBOUND_ALLOW/);
     expect((await call('PATCH', `/v1/webhooks/${hooks.all.id}`, ctx.team.key, {})).status).toBe(400);
     const denied = await call('POST', '/v1/webhooks', viewer, { url: rx.url('/v'), events: ['run.failed'] });
     expect(denied.status).toBe(403);

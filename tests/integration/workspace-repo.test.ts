@@ -107,6 +107,37 @@ describe('workspaces are git repositories', () => {
     expect(logged).toHaveLength(12);
   });
 
+  it('a JSON body is the file as GET answers it; JSON of another shape is refused, never committed as text', async () => {
+    const json = (path: string, body: string) =>
+      t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, {
+        key: team.key,
+        raw: body,
+        headers: { 'content-type': 'application/json; charset=utf-8' },
+      });
+    const head = git(dir, 'rev-parse', 'HEAD');
+    for (const body of ['{"a": 1}', 'not json', '{"content": 5}', '{"content": "x", "encoding": "hex"}', '[]']) {
+      const r = await json('data/conf.json', body);
+      expect(r.status, body).toBe(400);
+      expect(r.body.error.message, body).toMatch(/"content".*application\/octet-stream|application\/octet-stream/);
+    }
+    expect(git(dir, 'rev-parse', 'HEAD')).toBe(head);
+    expect((await json('notes/hello.md', '{"content": "hello\\n"}')).status).toBe(200);
+    expect(readFileSync(join(dir, 'notes/hello.md'), 'utf8')).toBe('hello\n');
+    const bytes = Buffer.from([0, 1, 2, 255]);
+    expect(
+      (await json('data/blob.bin', JSON.stringify({ content: bytes.toString('base64'), encoding: 'base64' }))).status,
+    ).toBe(200);
+    expect(readFileSync(join(dir, 'data/blob.bin'))).toEqual(bytes);
+    // A JSON file's own bytes, sent as octet-stream, are stored as they are.
+    const raw = await t.call('PUT', `/v1/workspaces/${ws}/files?path=data/conf.json`, {
+      key: team.key,
+      raw: '{"a": 1}\n',
+      headers: { 'content-type': 'application/octet-stream' },
+    });
+    expect(raw.status).toBe(200);
+    expect(readFileSync(join(dir, 'data/conf.json'), 'utf8')).toBe('{"a": 1}\n');
+  });
+
   it('reverts with a new commit; reverting a memory commit restores MEMORY.md byte for byte', async () => {
     const before = readFileSync(join(dir, 'MEMORY.md'));
     const change = await put('MEMORY.md', `${before.toString()}- Staging runs on port 8080.\n`);

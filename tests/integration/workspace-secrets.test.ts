@@ -6,7 +6,8 @@ import { describe, expect, it } from 'vitest';
 import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
 import { rowsOf } from '../support/db.ts';
-import { exec, sessionIn } from '../support/sandbox.ts';
+import { callMcpTool } from '../support/mcp.ts';
+import { exec, RUNTIMES, sessionIn } from '../support/sandbox.ts';
 
 const VALUE = 'sk-live-Zq8wX3vN7rT2pL5m';
 const b64 = (s: string) => Buffer.from(s).toString('base64');
@@ -228,5 +229,87 @@ describe('workspace secrets', () => {
     // Loose objects are compressed: the plain search of the tree covers the working files and refs.
     expect(treeText(dir)).not.toContain(VALUE);
     expect(ctx.t.logText()).not.toContain(VALUE);
+  });
+});
+
+describe.each(RUNTIMES)('secrets in files that leave the sandbox (%s)', (runtime) => {
+  const ctx = useAgentApp(`secret-files-${runtime}`);
+  // Not shaped like any known key, so only the workspace secret's own masking can catch it.
+  const SECRET = 'plum-otter-quarry-7731-velvet';
+
+  it('session file reads, workspace file reads and MCP read_file mask the value; a viewer gets no sandbox file', async () => {
+    const key = ctx.team.key;
+    const { ws, session } = await sessionIn(ctx.t, ctx.team, { sandbox: { runtime } });
+    // A file put before the secret existed holds the value as plain text.
+    const early = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/notes.md`, {
+      key,
+      raw: `the pass phrase is ${SECRET}\n`,
+    });
+    expect(early.status).toBe(200);
+    const named = await ctx.t.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/${SECRET}.md`, {
+      key,
+      raw: 'x\n',
+    });
+    expect(named.status).toBe(200);
+    const set = await ctx.t.call('PUT', `/v1/workspaces/${ws}/secrets/PASS`, { key, body: { value: SECRET } });
+    expect(set.status).toBe(201);
+    const wrote = await exec(
+      ctx.t,
+      key,
+      session,
+      [
+        'import os, base64',
+        'v = os.environ["PASS"]',
+        'open("/tmp/x.txt", "w").write("value=" + v + "\\n")',
+        'open("/tmp/b64.txt", "w").write(base64.b64encode(v.encode()).decode())',
+        'open("/tmp/bin.dat", "wb").write(bytes(range(256)) + v.encode() + bytes(range(256)))',
+        'print("written")',
+      ].join('\n'),
+    );
+    expect(wrote.stdout).toBe('written\n');
+    const read = async (path: string, k = key) => {
+      const r = await ctx.t.app.request(`/v1/sessions/${session}/files?path=${encodeURIComponent(path)}`, {
+        headers: { authorization: `Bearer ${k}` },
+      });
+      return { status: r.status, bytes: Buffer.from(await r.arrayBuffer()) };
+    };
+    const x = await read('/tmp/x.txt');
+    expect(x.status).toBe(200);
+    expect(x.bytes.toString()).toBe('value=[secret:PASS]\n');
+    expect((await read('/tmp/b64.txt')).bytes.toString()).toContain('[secret:PASS]');
+    // A binary file keeps every byte but the value's.
+    const bin = (await read('/tmp/bin.dat')).bytes;
+    expect(bin.includes(Buffer.from(SECRET))).toBe(false);
+    expect(bin.subarray(0, 256)).toEqual(Buffer.from(Array.from({ length: 256 }, (_, i) => i)));
+    expect(bin.includes(Buffer.from('[secret:PASS]'))).toBe(true);
+
+    // The workspace's own file, read through the session, the files API and MCP read_file.
+    expect((await read('/workspace/knowledge/notes.md')).bytes.toString()).toBe('the pass phrase is [secret:PASS]\n');
+    const viaApi = await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge/notes.md`, { key });
+    expect(viaApi.body.content).toBe('the pass phrase is [secret:PASS]\n');
+    const listing = await ctx.t.call('GET', `/v1/workspaces/${ws}/files?path=knowledge`, { key });
+    expect(listing.body.entries.map((e: { name: string }) => e.name)).toContain('[secret:PASS].md');
+    expect(JSON.stringify(listing.body)).not.toContain(SECRET);
+    const raw = await ctx.t.app.request(`/v1/workspaces/${ws}/files?path=knowledge/notes.md&raw=true`, {
+      headers: { authorization: `Bearer ${key}` },
+    });
+    expect(await raw.text()).toBe('the pass phrase is [secret:PASS]\n');
+    const mcp = await callMcpTool(ctx.t.app, key, 'read_file', { workspace: ws, path: 'knowledge/notes.md' });
+    const answer = await mcp.text();
+    expect(answer).toContain('[secret:PASS]');
+    expect(answer).not.toContain(SECRET);
+
+    // A viewer may not run code, so it reads no file code made; /workspace as committed it may.
+    const made = await ctx.t.call('POST', `/v1/teams/${ctx.team.id}/keys`, {
+      key,
+      body: { name: 'viewer', role: 'viewer' },
+    });
+    const viewer = made.body.key as string;
+    const denied = await read('/tmp/x.txt', viewer);
+    expect(denied.status).toBe(403);
+    expect(denied.bytes.toString()).toContain('viewer keys read only /workspace');
+    const committed = await read('/workspace/knowledge/notes.md', viewer);
+    expect(committed.status).toBe(200);
+    expect(committed.bytes.toString()).toBe('the pass phrase is [secret:PASS]\n');
   });
 });

@@ -30,3 +30,23 @@ export async function serveMcp(build: () => McpServer, onRequest?: (req: Request
     closeAll: () => http.closeAllConnections(),
   };
 }
+
+/** One MCP tool call to an app's /mcp, as curl sends it (no initialize: the server is stateless). */
+export function callMcpTool(
+  app: { request: (path: string, init: RequestInit) => Response | Promise<Response> },
+  key: string,
+  name: string,
+  args: Record<string, unknown>,
+): Promise<Response> {
+  return Promise.resolve(
+    app.request('/mcp', {
+      method: 'POST',
+      headers: {
+        authorization: `Bearer ${key}`,
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+      },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name, arguments: args } }),
+    }),
+  );
+}

@@ -82,6 +82,15 @@ describe('egress proxy plumbing', () => {
       host: 'files.example.com',
       port: 21,
     });
+    // The proxy's decision, not the answer: an allowed origin's own 403 was let through; a bare
+    // connection, a malformed request and a missing login were answered by the proxy itself.
+    const decided = (line: string) => parseLogLine(`KILN-EGRESS 10.231.0.3 ${line} -`)?.event.allowed;
+    expect(decided('GET http://api.example.com/x 403 10 20 TCP_MISS')).toBe(true);
+    expect(decided('CONNECT api.example.com:443 200 10 20 TCP_TUNNEL_ABORTED')).toBe(true);
+    expect(decided('- error:transaction-end-before-headers 0 0 0 NONE_NONE')).toBe(false);
+    expect(decided('HELLO error:invalid-request 400 15 3372 NONE_NONE')).toBe(false);
+    expect(decided('GET http://api.example.com/ 400 15 3372 TAG_NONE')).toBe(false);
+    expect(decided('GET http://api.example.com/ 407 92 3492 TCP_DENIED')).toBe(false);
     expect(parseLogLine('2026/12/01 12:00:00| Starting Squid')).toBeUndefined();
     expect(parseLogLine('KILN-EGRESS too few fields')).toBeUndefined();
   });

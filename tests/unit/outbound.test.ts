@@ -1,7 +1,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { OutboundPolicy, parseAllowEntry } from '../../apps/api/src/lib/outbound.ts';
+import { embeddedIPv4, OutboundPolicy, parseAllowEntry } from '../../apps/api/src/lib/outbound.ts';
 
 describe('outbound policy (tenant-chosen URLs)', () => {
   let server: Server;
@@ -27,6 +27,32 @@ describe('outbound policy (tenant-chosen URLs)', () => {
       expect(p.permits(a), a).toBe(false);
     for (const a of ['1.1.1.1', '8.8.8.8', '2606:4700::1111', '::ffff:1.1.1.1']) expect(p.permits(a), a).toBe(true);
     expect(p.permits('not-an-ip')).toBe(false);
+  });
+
+  it('judges an IPv6 form that carries an IPv4 address by that address (mapped, compatible, 6to4, NAT64, Teredo)', () => {
+    const p = new OutboundPolicy();
+    for (const url of [
+      'http://[::127.0.0.1]/',
+      'http://[::7f00:1]/',
+      'http://[::ffff:7f00:1]/',
+      'http://[::10.0.0.1]/',
+      'http://[2002:7f00:1::]/',
+      'http://[2002:a9fe:a9fe::1]/',
+      'http://[64:ff9b::10.0.0.1]/',
+      'http://[64:ff9b::7f00:1]/',
+      'http://[64:ff9b:1::808:808]/',
+      // Teredo: server 65.54.227.120, client 127.0.0.1 (stored inverted).
+      'http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/',
+      // Teredo with a private server.
+      'http://[2001:0:a00:1::1]/',
+    ])
+      expect(() => p.checkUrl(url), url).toThrow(/not a public address.*KILN_OUTBOUND_ALLOW/);
+    for (const a of ['2002:808:808::1', '64:ff9b::8.8.8.8', '2001:0:4136:e378:8000:63bf:f7f7:f7f7'])
+      expect(p.permits(a), a).toBe(true);
+    expect(embeddedIPv4('2001:db8::1')).toEqual([]);
+    // The operator's allowance covers the IPv6 forms of an allowed IPv4 address too.
+    expect(new OutboundPolicy(['127.0.0.1']).permits('::ffff:127.0.0.1')).toBe(true);
+    expect(new OutboundPolicy(['127.0.0.1']).permits('2002:7f00:1::')).toBe(true);
   });
 
   it('permits exactly the non-public addresses the operator allowed', () => {

@@ -167,7 +167,7 @@ export function createApp({
   app.route('/', teamsRouter(db, news));
   app.route('/', workspacesRouter(db, workspaces, engine, templates, news));
   app.route('/', templatesRouter(templates));
-  app.route('/', workspaceRepoRouter(db, workspaces));
+  app.route('/', workspaceRepoRouter(db, workspaces, secrets));
   app.route('/', workspaceSecretsRouter(db, secrets));
   app.route('/', sessionsRouter(db, engine, workspaces, news));
   app.route('/', sandboxesRouter(engine));

@@ -209,7 +209,10 @@ export interface paths {
     };
     /** A directory listing or a file’s content (`raw=true`: the bytes) */
     get: operations['getWorkspaceFiles'];
-    /** Write a file (body = its bytes); commits it as Kiln-Author: user */
+    /**
+     * Write a file (body = its bytes, or JSON {content, encoding}); commits it as Kiln-Author: user
+     * @description The body is the file's bytes, with any content type but `application/json`. Sent as `application/json`, the body is the file as GET answers it: `{"content": "…", "encoding": "utf-8" | "base64"}` (encoding defaults to utf-8); a JSON body of another shape is `400`, never committed as the file's text.
+     */
     put: operations['putWorkspaceFile'];
     post?: never;
     /** Delete a file; commits the deletion */

@@ -55,6 +55,11 @@ export class ModelClient {
         : undefined;
   }
 
+  /** Whether the server has a model endpoint at all (OPENAI_BASE_URL or OPENAI_API_KEY). */
+  get hasEndpoint(): boolean {
+    return this.client !== undefined;
+  }
+
   /** The model a workspace will use, or null when none is configured anywhere. */
   modelFor(workspaceModel: string | null): string | null {
     if (!this.client) return null;

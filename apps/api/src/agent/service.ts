@@ -117,10 +117,15 @@ export class AgentService {
     const { session, workspace } = await getActiveSessionWithWorkspace(this.db, teamId, sessionId);
     const model = this.model.modelFor(workspace.settings.model);
     if (!model) {
+      // Without an endpoint, a workspace's "model" setting cannot help: only the server's operator can.
       throw new ApiError(
         'model_unavailable',
-        'no model is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY) and KILN_MODEL, or the workspace setting ' +
-          '"model". Sessions, exec, files and memory work without one.',
+        this.model.hasEndpoint
+          ? 'no model is configured: set the workspace setting "model", or KILN_MODEL on the server (and restart it). ' +
+              'Sessions, exec, files and memory work without one.'
+          : 'no model is configured: this server has no model endpoint. Its operator sets OPENAI_BASE_URL (and ' +
+              'OPENAI_API_KEY) and KILN_MODEL, then restarts it; a workspace\'s "model" setting cannot help until then. ' +
+              'Sessions, exec, files and memory work without one.',
       );
     }
     const lease = { ...this.leases.lease, until: this.leases.until() };

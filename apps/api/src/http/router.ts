@@ -48,5 +48,9 @@ export const IdParam = (name: string, example: string) =>
     .string()
     .min(1)
     .max(64)
-    .regex(/^[a-z]+_[0-9a-z]+$/, 'not a valid id')
+    // A name where an id belongs is the usual mistake: say what an id of this kind looks like.
+    .regex(
+      /^[a-z]+_[0-9a-z]+$/,
+      `not a valid id (a ${name.replace(/_id$/, '')} id looks like ${example.split('_')[0]}_…, as the API answered when it was made: use that, not a name)`,
+    )
     .openapi({ param: { name, in: 'path' }, example });

@@ -30,12 +30,47 @@ const NON_PUBLIC: [string, number, 'ipv4' | 'ipv6'][] = [
   ['::', 128, 'ipv6'],
   ['::1', 128, 'ipv6'],
   ['64:ff9b::', 96, 'ipv6'],
+  ['64:ff9b:1::', 48, 'ipv6'],
   ['100::', 64, 'ipv6'],
   ['2001:db8::', 32, 'ipv6'],
   ['fc00::', 7, 'ipv6'],
   ['fe80::', 10, 'ipv6'],
   ['ff00::', 8, 'ipv6'],
 ];
+
+/** An IPv6 address's eight 16-bit groups (`::` expanded, a dotted IPv4 tail split in two). */
+function groupsOf(address: string): number[] {
+  let text = address.toLowerCase();
+  const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(text);
+  if (dotted) {
+    const [a, b, c, d] = dotted.slice(1).map(Number) as [number, number, number, number];
+    text = `${text.slice(0, dotted.index)}${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
+  }
+  const [head = '', tail] = text.split('::');
+  const parts = (t: string) => (t ? t.split(':').map((h) => Number.parseInt(h, 16)) : []);
+  const front = parts(head);
+  const back = tail === undefined ? [] : parts(tail);
+  return [...front, ...Array(8 - front.length - back.length).fill(0), ...back];
+}
+
+const v4 = (hi: number, lo: number) => `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+
+/**
+ * The IPv4 address an IPv6 form carries, by which a packet may end up at that IPv4 host:
+ * IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible (::a.b.c.d), 6to4 (2002:AABB:CCDD::/48), NAT64's
+ * well-known prefix (64:ff9b::/96) and Teredo (2001:0::/32: its server's address, and its client's,
+ * stored inverted). The local-use NAT64 prefix (64:ff9b:1::/48) is never public.
+ */
+export function embeddedIPv4(address: string): string[] {
+  const g = groupsOf(address);
+  const zeros = (from: number, to: number) => g.slice(from, to).every((x) => x === 0);
+  if (zeros(0, 5) && g[5] === 0xffff) return [v4(g[6]!, g[7]!)];
+  if (zeros(0, 6) && (g[6] !== 0 || g[7]! > 1)) return [v4(g[6]!, g[7]!)];
+  if (g[0] === 0x2002) return [v4(g[1]!, g[2]!)];
+  if (g[0] === 0x64 && g[1] === 0xff9b && zeros(2, 6)) return [v4(g[6]!, g[7]!)];
+  if (g[0] === 0x2001 && g[1] === 0) return [v4(g[2]!, g[3]!), v4(g[6]! ^ 0xffff, g[7]! ^ 0xffff)];
+  return [];
+}
 
 /** One KILN_OUTBOUND_ALLOW entry: an address or a CIDR, IPv4 or IPv6. */
 export function parseAllowEntry(entry: string): { address: string; prefix: number; family: 'ipv4' | 'ipv6' } | null {
@@ -48,6 +83,10 @@ export function parseAllowEntry(entry: string): { address: string; prefix: numbe
   if (!Number.isInteger(prefix) || prefix < 0 || prefix > max || (prefixText ?? '').match(/[^0-9]/)) return null;
   return { address, prefix, family: v === 4 ? 'ipv4' : 'ipv6' };
 }
+
+/** How an operator lets tenants reach a private address (a local receiver, say), said with every refusal. */
+const ALLOW_HINT =
+  ' (the server operator can allow private addresses and ranges with KILN_OUTBOUND_ALLOW, e.g. KILN_OUTBOUND_ALLOW=127.0.0.1 to try a receiver on this host)';
 
 export class OutboundRefused extends Error {
   constructor(message: string) {
@@ -82,10 +121,11 @@ export class OutboundPolicy {
     const v = isIP(address);
     if (!v) return false;
     const family = v === 4 ? 'ipv4' : 'ipv6';
-    // An IPv4-mapped IPv6 address (::ffff:10.0.0.1) is judged as the IPv4 address it carries.
-    const mapped = family === 'ipv6' ? /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)?.[1] : undefined;
-    if (mapped) return this.permits(mapped);
     if (this.allowed.check(address, family)) return true;
+    // An IPv6 form that carries an IPv4 address (mapped, compatible, 6to4, NAT64, Teredo) is
+    // judged by the IPv4 address it carries (every one of them, for Teredo).
+    const carried = family === 'ipv6' ? embeddedIPv4(address) : [];
+    if (carried.length) return carried.every((a) => this.permits(a));
     return !this.blocked.check(address, family);
   }
 
@@ -100,11 +140,11 @@ export class OutboundPolicy {
     if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new OutboundRefused('only http and https URLs');
     if (url.username || url.password) throw new OutboundRefused('credentials in the URL are not allowed (use headers)');
     const host = url.hostname.replace(/^\[|\]$/g, '');
-    if (isIP(host) && !this.permits(host)) throw new OutboundRefused(`${host} is not a public address`);
+    if (isIP(host) && !this.permits(host)) throw new OutboundRefused(`${host} is not a public address${ALLOW_HINT}`);
     // localhost and *.localhost are loopback by definition (RFC 6761): said now, not at the first connect.
     const name = host.toLowerCase().replace(/\.$/, '');
     if ((name === 'localhost' || name.endsWith('.localhost')) && !this.permits('127.0.0.1') && !this.permits('::1'))
-      throw new OutboundRefused(`${host} is this host (loopback), not a public address`);
+      throw new OutboundRefused(`${host} is this host (loopback), not a public address${ALLOW_HINT}`);
     return url;
   }
 
@@ -119,8 +159,9 @@ export class OutboundPolicy {
       if (err) return callback(err, '');
       const ok = addresses.filter((a) => this.permits(a.address));
       if (!ok.length) {
-        const e = new OutboundRefused(`${hostname} resolves only to addresses that are not public`) as Error &
-          NodeJS.ErrnoException;
+        const e = new OutboundRefused(
+          `${hostname} resolves only to addresses that are not public${ALLOW_HINT}`,
+        ) as Error & NodeJS.ErrnoException;
         e.code = 'EKILNOUTBOUND';
         return callback(e, '');
       }

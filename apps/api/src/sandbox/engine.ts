@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { combine } from '../db/batch.ts';
 import { sandboxes, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import { SecretMask } from '../secrets/masking.ts';
+import { SecretMask, workspaceMask } from '../secrets/masking.ts';
 import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
 import { ConfigError } from '../config.ts';
 import type { KilnMetrics } from '../metrics/metrics.ts';
@@ -513,7 +513,15 @@ export class SandboxEngine {
   async readLiveFile(sessionId: string, path: string): Promise<Buffer | null> {
     const live = this.live.get(sessionId);
     if (!live?.client.alive) return null;
-    return live.client.getFile(path);
+    return this.maskFile(live.workspaceId, await live.client.getFile(path));
+  }
+
+  /**
+   * A file's bytes on their way to a person or the model, with the workspace's secret values
+   * masked: a file code wrote may hold what the code was given, as its output may.
+   */
+  async maskFile(workspaceId: string, data: Buffer): Promise<Buffer> {
+    return (await workspaceMask(this.secrets, workspaceId)).bytes(data);
   }
 
   /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */

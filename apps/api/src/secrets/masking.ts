@@ -2,7 +2,8 @@ import { OffThread } from '../lib/off-thread.ts';
 import type { OutputListener, RunnerResult } from '../sandbox/runner-client.ts';
 import { maskFiles } from './mask-job.mjs';
 import { Masker, patternsOf } from './masker.mjs';
-import type { OpenSecret } from './store.ts';
+import { ApiError } from '../lib/errors.ts';
+import { type OpenSecret, type SecretSource, SecretUnreadable } from './store.ts';
 
 /** Results up to this many characters are masked on the event loop; larger ones in the mask thread. */
 const INLINE_CHARS = 256 * 1024;
@@ -61,6 +62,21 @@ export class SecretMask {
   }
 
   /**
+   * A file's bytes with every value masked (and its base64 forms), every other byte kept: what
+   * a sandbox hands back as a file is the sandbox's, as untrusted as its output. Large files are
+   * masked off the event loop.
+   */
+  async bytes(data: Buffer): Promise<Buffer> {
+    if (this.empty || data.length === 0) return data;
+    const b64 = data.toString('base64');
+    const [masked] =
+      b64.length <= INLINE_CHARS
+        ? maskFiles(this.secrets, [b64])
+        : (await thread.run({ secrets: this.secrets, texts: [], files: [b64] })).files;
+    return masked === b64 ? data : Buffer.from(masked!, 'base64');
+  }
+
+  /**
    * The result with every value masked: output, error, the artifacts (their bytes too: code runs
    * in the same interpreter as the runner's figure export and can put any bytes in them), and
    * the workspace changes it carries (file contents as bytes, paths and reasons as text). Large
@@ -100,5 +116,20 @@ export class SecretMask {
     }
     out.artifacts = r.artifacts.map(() => ({ name: next(), mime: next(), base64: masked.files[k++]! }));
     return out;
+  }
+}
+
+/**
+ * The mask of a workspace's secret values, for files and names on their way to a person or the
+ * model: a file code wrote may hold what the code was given, as its output may. Without the
+ * workspace's secrets (sealed with another key) nothing can be masked, so nothing is given.
+ */
+export async function workspaceMask(source: SecretSource, workspaceId: string): Promise<SecretMask> {
+  try {
+    return new SecretMask(await source.openAll(workspaceId));
+  } catch (err) {
+    if (err instanceof SecretUnreadable)
+      throw new ApiError('conflict', `the workspace's secrets cannot be read to mask what it holds: ${err.message}`);
+    throw err;
   }
 }

@@ -148,13 +148,24 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       const team = teamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
       const { ws, ctx } = await target(team, c.req.valid('param').session);
-      // A read starts no sandbox (a viewer's key included): without one running, /workspace is
-      // the workspace as committed, which is what a new sandbox would be given.
-      let data = await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {
-        throw /No such file|FileNotFound/.test(err.message)
-          ? ApiError.notFound(`file ${path}`)
-          : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
-      });
+      // A viewer may not run code, so it gets nothing code made: only /workspace as committed
+      // (what the workspace files API shows it), never the sandbox's own files.
+      const viewer = c.get('principal').role === 'viewer';
+      if (viewer && !path.startsWith('/workspace/'))
+        throw new ApiError(
+          'forbidden',
+          `viewer keys read only /workspace as committed: ${path} is the sandbox's, written by code a viewer may not run`,
+        );
+      // A read starts no sandbox: without one running, /workspace is the workspace as committed,
+      // which is what a new sandbox would be given.
+      let data = viewer
+        ? null
+        : await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {
+            if (err instanceof ApiError) throw err;
+            throw /No such file|FileNotFound/.test(err.message)
+              ? ApiError.notFound(`file ${path}`)
+              : new ApiError('invalid_request', `could not read ${path}: ${err.message}`);
+          });
       if (!data) {
         if (!path.startsWith('/workspace/'))
           throw ApiError.notFound(
@@ -163,7 +174,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
         const rel = checkRelativePath(path.slice('/workspace/'.length));
         const info = await workspaces.stat(ws.id, rel);
         if (!info?.isFile()) throw ApiError.notFound(`file ${path}`);
-        data = await workspaces.readFile(ws.id, rel);
+        data = await engine.maskFile(ws.id, await workspaces.readFile(ws.id, rel));
       }
       return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
     });

@@ -1,8 +1,11 @@
+import { z } from '@hono/zod-openapi';
 import type { Db } from '../../db/client.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
 import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
 import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
+import { workspaceMask } from '../../secrets/masking.ts';
+import type { SecretSource } from '../../secrets/store.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
 import type { CommitInfo, CommitOutcome } from '../../workspace/git-repos.ts';
 import type { CommitRow, WorkspaceService } from '../../workspace/service.ts';
@@ -26,7 +29,37 @@ const outcomeView = (o: CommitOutcome) => ({
   refused: o.refused,
 });
 
-export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
+/** A PUT /files body sent as JSON: the shape GET /files answers a file with. */
+const JsonFile = z.object({ content: z.string(), encoding: z.enum(['utf-8', 'base64']).default('utf-8') }).strict();
+
+const RAW_HINT =
+  'to store a file\'s bytes as they are (a .json file too), send them with "Content-Type: application/octet-stream" ' +
+  "(curl --data-binary @FILE -H 'Content-Type: application/octet-stream')";
+
+/**
+ * The bytes a PUT /files writes: the body as sent, or, when it is sent as JSON, the file it
+ * describes (`{"content": "…", "encoding": "utf-8" | "base64"}`, as GET answers). A JSON body of
+ * another shape is refused rather than committed as the file's text.
+ */
+function fileBytes(body: Buffer, contentType: string | undefined): Buffer {
+  const type = (contentType ?? '').split(';')[0]!.trim().toLowerCase();
+  if (type !== 'application/json') return body;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    throw new ApiError('invalid_request', `the body was sent as JSON but is not JSON; ${RAW_HINT}`);
+  }
+  const file = JsonFile.safeParse(parsed);
+  if (!file.success)
+    throw new ApiError(
+      'invalid_request',
+      `a JSON body is the file as {"content": "…", "encoding": "utf-8" | "base64"} (encoding defaults to utf-8); ${RAW_HINT}`,
+    );
+  return Buffer.from(file.data.content, file.data.encoding === 'base64' ? 'base64' : 'utf8');
+}
+
+export function workspaceRepoRouter(db: Db, service: WorkspaceService, secrets: SecretSource) {
   const scoped = workspaceScope(db);
   return createRouter()
     .openapi(scoped(r.getFiles), async (c) => {
@@ -35,9 +68,18 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
       const path = checkRelativePath(q.path, { allowRoot: true });
       const info = path ? await service.stat(ws.id, path) : { isDirectory: () => true, isFile: () => false, size: 0 };
       if (!info) throw ApiError.notFound(`path ${path}`);
-      if (info.isDirectory())
-        return c.json({ path, type: 'dir' as const, entries: await service.listDir(ws.id, path) }, 200);
-      const data = await service.readFile(ws.id, path);
+      // Names and bytes leave masked: a value may have been put in a file (or its name) before it
+      // became a secret, and MCP read_file hands what this answers to a model.
+      const mask = await workspaceMask(secrets, ws.id);
+      if (info.isDirectory()) {
+        const entries = (await service.listDir(ws.id, path)).map((e) => ({
+          ...e,
+          name: mask.text(e.name),
+          path: mask.text(e.path),
+        }));
+        return c.json({ path, type: 'dir' as const, entries }, 200);
+      }
+      const data = await mask.bytes(await service.readFile(ws.id, path));
       if (q.raw === 'true')
         return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' }) as never;
       const text = data.toString('utf8');
@@ -56,7 +98,7 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService) {
     .openapi(scoped(r.putFile), async (c) => {
       const ws = workspaceOf(c);
       const path = c.req.valid('query').path;
-      const data = Buffer.from(await c.req.arrayBuffer());
+      const data = fileBytes(Buffer.from(await c.req.arrayBuffer()), c.req.header('content-type'));
       const outcome = await service.writeFile(ws, path, data, { author: 'user', actor: c.get('principal').keyId });
       c.set('audit', {
         action: 'workspace.file.write',

@@ -81,11 +81,15 @@ export const putFile = createRoute({
   path: '/v1/workspaces/{workspace}/files',
   tags,
   security,
-  summary: 'Write a file (body = its bytes); commits it as Kiln-Author: user',
+  summary: 'Write a file (body = its bytes, or JSON {content, encoding}); commits it as Kiln-Author: user',
+  description:
+    "The body is the file's bytes, with any content type but `application/json`. Sent as `application/json`, " +
+    'the body is the file as GET answers it: `{"content": "…", "encoding": "utf-8" | "base64"}` (encoding ' +
+    "defaults to utf-8); a JSON body of another shape is `400`, never committed as the file's text.",
   request: {
     params: WsParams,
     query: PathQuery,
-    // Documented for clients (the SDK's types); not validated: any content type, the bytes as sent.
+    // Documented for clients (the SDK's types); not validated here: the route reads the body itself.
     body: {
       content: { 'application/octet-stream': { schema: z.string().openapi({ format: 'binary' }) } },
       required: true,

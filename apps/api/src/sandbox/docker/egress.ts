@@ -54,6 +54,14 @@ export function parseCidr(cidr: string): { base: number; prefix: number } | unde
   return { base: (n & mask) >>> 0, prefix };
 }
 
+/**
+ * Squid's result codes for a request it let through (forwarded to the origin, or a tunnel it
+ * opened), whatever the origin then answered. Everything else was the proxy's own answer: a
+ * refusal (TCP_DENIED: 403, 407), or a request it never passed on (NONE…, TAG_NONE…: a bare
+ * connection, a malformed request, its own 400s and 5xx before forwarding).
+ */
+const LET_THROUGH = /^TCP_(MISS|TUNNEL|HIT|MEM_HIT|REFRESH|IMS|INM|SWAPFAIL|CLIENT_REFRESH|OFFLINE)/;
+
 /** One access-log line of the proxy (squid.conf's `kiln` format), or undefined for any other line. */
 export function parseLogLine(line: string): { client: string; url: string; event: EgressEvent } | undefined {
   // The fields after these eight (the user name the client sent) are never read.
@@ -74,7 +82,8 @@ export function parseLogLine(line: string): { client: string; url: string; event
     port = m?.[3] ? Number(m[3]) : scheme === 'http' ? 80 : scheme === 'https' ? 443 : scheme === 'ftp' ? 21 : 0;
   }
   const code = Number(status) || 0;
-  const allowed = !squidStatus.startsWith('TCP_DENIED') && code !== 403 && code !== 407;
+  // What the proxy decided, not what the origin answered: a 403 from an allowed origin was let through.
+  const allowed = LET_THROUGH.test(squidStatus);
   const n = (s: string | undefined) => Math.max(0, Number(s) || 0);
   const event = {
     host: host.slice(0, 253),
