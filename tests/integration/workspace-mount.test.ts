@@ -606,6 +606,18 @@ describe('how often a container is filled for a workspace', () => {
     for (const s of sessions) await t.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
   });
 
+  it('a workspace whose sandboxes the pool cannot serve (another runtime) gets no container filled for it', async () => {
+    const { ws, session } = await sessionIn(t, team, { sandbox: { runtime: 'gvisor' } });
+    const before = made.length;
+    expect((await put(ws, 'knowledge/g.md', 'g\n')).status).toBe(200);
+    expect((await exec(t, team.key, session, 'print(open("/workspace/knowledge/g.md").read(), end="")')).stdout).toBe(
+      'g\n',
+    );
+    expect((await put(ws, 'knowledge/g.md', 'h\n')).status).toBe(200);
+    expect((await madeSettled()) - before).toBe(0);
+    await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+  });
+
   it('a commit refills the workspace once in the background; a burst of commits is refilled at most once per interval', async () => {
     const { ws, session } = await sessionIn(t, team);
     expect((await put(ws, 'knowledge/v.md', 'v0\n')).status).toBe(200);

@@ -102,7 +102,7 @@ export class WarmPool {
    * claim starts one cold); those whose runner is gone are thrown away.
    */
   take(limits: SandboxLimits, key: PoolKey, image = this.opts.image): Sandbox | undefined {
-    if (key.runtime !== this.opts.key.runtime || !sameShape(limits, this.opts.limits, key.runtime)) return undefined;
+    if (!this.serves(limits, key)) return undefined;
     for (
       let i = this.ready.findIndex((c) => c.image === image);
       i >= 0;
@@ -113,6 +113,11 @@ export class WarmPool {
       void this.containers.destroy(warm!);
     }
     return undefined;
+  }
+
+  /** Whether the pool's containers are made for these limits (their shape) and this runtime. */
+  serves(limits: SandboxLimits, key: PoolKey): boolean {
+    return key.runtime === this.opts.key.runtime && sameShape(limits, this.opts.limits, key.runtime);
   }
 
   /**
@@ -149,11 +154,7 @@ export class WarmPool {
     const i = this.prepared.findIndex((p) => p.workspaceId === workspace.id);
     if (i < 0) return undefined;
     const [p] = this.prepared.splice(i, 1);
-    const fits =
-      p!.head === workspace.head &&
-      p!.sandbox.image === image &&
-      key.runtime === this.opts.key.runtime &&
-      sameShape(limits, this.opts.limits, key.runtime);
+    const fits = p!.head === workspace.head && p!.sandbox.image === image && this.serves(limits, key);
     if (fits && p!.sandbox.client.alive) return p!.sandbox;
     void this.containers.destroy(p!.sandbox);
     return undefined;
