@@ -50,8 +50,10 @@ interface Prepared {
 interface FillState {
   /** A fill is wanted: of this directory, in this image. */
   wanted?: { dir: string; image: string };
-  /** When the last fill for the workspace started (its clock). */
+  /** When the last fill for the workspace started (performance.now()). */
   lastStart: number;
+  /** Until when a fill waits for the workspace's commits to stop (the last commit plus the interval). */
+  quietFrom: number;
   /** Waiting for the interval since `lastStart` to pass. */
   timer?: NodeJS.Timeout;
   /** In the queue for a fill slot. */
@@ -176,20 +178,36 @@ export class WarmPool {
   prepare(workspaceId: string, dir: string, image = this.opts.image): void {
     if (this.stopped || !this.opts.preparedSize || !this.containers.mountsWorkspaces || image !== this.opts.image)
       return;
-    this.pruneFillStates();
-    let s = this.fillStates.get(workspaceId);
-    if (!s) {
-      s = { lastStart: Number.NEGATIVE_INFINITY, queued: false, running: false };
-      this.fillStates.set(workspaceId, s);
-    }
+    const s = this.fillStateOf(workspaceId);
     s.wanted = { dir, image };
     this.schedule(workspaceId, s);
   }
 
-  /** A commit to the workspace: the container the pool holds filled with it is refilled (see `prepare`). */
+  /** The workspace's fill state, made when it has none (and the idle ones of others forgotten). */
+  private fillStateOf(workspaceId: string): FillState {
+    this.pruneFillStates();
+    let s = this.fillStates.get(workspaceId);
+    if (!s) {
+      s = { lastStart: Number.NEGATIVE_INFINITY, quietFrom: Number.NEGATIVE_INFINITY, queued: false, running: false };
+      this.fillStates.set(workspaceId, s);
+    }
+    return s;
+  }
+
+  /**
+   * A commit to the workspace: the container the pool holds filled with it is refilled (see
+   * `prepare`) once the workspace has had no commit for the interval, so that an agent
+   * committing at every step makes one fill when it pauses, not one per interval.
+   */
   changed(workspaceId: string): void {
     const held = this.prepared.find((p) => p.workspaceId === workspaceId);
-    if (held) this.prepare(workspaceId, held.dir, held.sandbox.image);
+    if (!held || this.stopped) return;
+    const s = this.fillStateOf(workspaceId);
+    s.quietFrom = performance.now() + this.opts.prepareIntervalMs;
+    // A timer set for an earlier time is set again for the later one.
+    clearTimeout(s.timer);
+    s.timer = undefined;
+    this.prepare(workspaceId, held.dir, held.sandbox.image);
   }
 
   /** Whether the pool holds a container filled with the workspace at the HEAD its directory has now. */
@@ -201,7 +219,7 @@ export class WarmPool {
   /** Queues the workspace's wanted fill once its interval has passed (a timer until then). */
   private schedule(workspaceId: string, s: FillState): void {
     if (this.stopped || !s.wanted || s.running || s.queued || s.timer) return;
-    const wait = s.lastStart + this.opts.prepareIntervalMs - performance.now();
+    const wait = Math.max(s.lastStart + this.opts.prepareIntervalMs, s.quietFrom) - performance.now();
     if (wait > 0) {
       s.timer = setTimeout(() => {
         s.timer = undefined;
@@ -246,7 +264,8 @@ export class WarmPool {
   private pruneFillStates(): void {
     const before = performance.now() - this.opts.prepareIntervalMs;
     for (const [id, s] of this.fillStates)
-      if (!s.wanted && !s.running && !s.queued && !s.timer && s.lastStart < before) this.fillStates.delete(id);
+      if (!s.wanted && !s.running && !s.queued && !s.timer && s.lastStart < before && s.quietFrom < before)
+        this.fillStates.delete(id);
   }
 
   /**
