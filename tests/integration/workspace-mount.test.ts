@@ -538,8 +538,12 @@ describe('how often a container is filled for a workspace', () => {
   const owner = `fills-${randomBytes(4).toString('hex')}`;
   let t: TestApp;
   let team: { id: string; key: string };
-  /** The sandbox ids of this app's containers created for no session (the prepared ones: the warm pool is off). */
-  const made: string[] = [];
+  /**
+   * This app's containers created for no session (the prepared ones: the warm pool is off), each
+   * with how many fills had finished when Docker reported it.
+   */
+  const made: { sandbox: string; filledBefore: number }[] = [];
+  const fillsDone = () => t.logs.filter((l) => l.msg === "sandbox filled for the workspace's next session").length;
   let events: NodeJS.ReadableStream;
   beforeAll(async () => {
     t = await createTestApp({
@@ -554,7 +558,8 @@ describe('how often a container is filled for a workspace', () => {
     events.on('data', (d: Buffer) => {
       for (const line of d.toString().split('\n').filter(Boolean)) {
         const e = JSON.parse(line) as { Actor: { Attributes: Record<string, string> } };
-        if (!e.Actor.Attributes['kiln.session']) made.push(e.Actor.Attributes['kiln.sandbox'] ?? '');
+        if (!e.Actor.Attributes['kiln.session'])
+          made.push({ sandbox: e.Actor.Attributes['kiln.sandbox'] ?? '', filledBefore: fillsDone() });
       }
     });
   });
@@ -584,7 +589,7 @@ describe('how often a container is filled for a workspace', () => {
       filters: { label: [`kiln.owner=${owner}`, 'kiln.session='] },
     });
     await expect
-      .poll(() => ours.every((c) => made.includes(c.Labels['kiln.sandbox'] ?? '')), { timeout: 10_000 })
+      .poll(() => ours.every((c) => made.some((m) => m.sandbox === c.Labels['kiln.sandbox'])), { timeout: 10_000 })
       .toBe(true);
     return made.length;
   };
@@ -604,6 +609,18 @@ describe('how often a container is filled for a workspace', () => {
     for (let round = 0; round < 5; round++) await Promise.all(sessions.map((s) => exec(t, team.key, s, 'print(1)')));
     expect((await madeSettled()) - quiet).toBe(0);
     for (const s of sessions) await t.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  });
+
+  it('fills for several workspaces at once wait for one of the 2 slots: a third starts only after one is done', async () => {
+    const four = await Promise.all([0, 1, 2, 3].map(() => sessionIn(t, team)));
+    const before = made.length;
+    const done = fillsDone();
+    await Promise.all(four.map((x) => exec(t, team.key, x.session, 'pass')));
+    await expect.poll(async () => (await madeSettled()) - before, { timeout: 30_000 }).toBe(4);
+    // The k-th of them (from 0) was created after at least k - 1 fills had finished (prepareConcurrency 2).
+    for (const [k, m] of made.slice(before).entries())
+      expect(m.filledBefore - done, `fill ${k}`).toBeGreaterThanOrEqual(k - 1);
+    for (const x of four) await t.call('DELETE', `/v1/sessions/${x.session}`, { key: team.key });
   });
 
   it('a workspace whose sandboxes the pool cannot serve (another runtime) gets no container filled for it', async () => {
