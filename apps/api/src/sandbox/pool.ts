@@ -42,7 +42,7 @@ interface Prepared {
   workspaceId: string;
   /** The workspace's HEAD when it was copied: a claim after another commit does not take it. */
   head: string | null;
-  /** The working tree it was copied from, and the image: what a refill after a commit copies again. */
+  /** The working tree it was copied from: what a refill after a commit copies again. */
   dir: string;
 }
 
@@ -54,7 +54,7 @@ interface FillState {
   lastStart: number;
   /** Until when a fill waits for the workspace's commits to stop (the last commit plus the interval). */
   quietFrom: number;
-  /** Waiting for the interval since `lastStart` to pass. */
+  /** Waiting for the interval since `lastStart`, and `quietFrom`, to pass. */
   timer?: NodeJS.Timeout;
   /** In the queue for a fill slot. */
   queued: boolean;
@@ -216,7 +216,7 @@ export class WarmPool {
     return this.prepared.some((p) => p.workspaceId === workspaceId && p.head === head);
   }
 
-  /** Queues the workspace's wanted fill once its interval has passed (a timer until then). */
+  /** Queues the workspace's wanted fill once its interval and quiet time have passed (a timer until then). */
   private schedule(workspaceId: string, s: FillState): void {
     if (this.stopped || !s.wanted || s.running || s.queued || s.timer) return;
     const wait = Math.max(s.lastStart + this.opts.prepareIntervalMs, s.quietFrom) - performance.now();
