@@ -102,19 +102,47 @@ describe('Kiln as an MCP server', () => {
     }
   });
 
-  it('run_python keeps variables between two calls of one session; a new session starts empty', async () => {
+  it('run_python keeps variables between calls of one session; a call without one starts empty and its sandbox ends with it', async () => {
     const first = await ok('run_python', { workspace: ws.name, code: 'x = 41\nprint("set")' });
     expect(first).toMatchObject({ workspace_id: ws.id, stdout: 'set\n', error: null, exit_code: 0 });
     expect(first.session_id).toMatch(/^ses_/);
-    const second = await ok('run_python', { workspace: ws.id, session: first.session_id, code: 'x + 1' });
-    expect(second).toMatchObject({ session_id: first.session_id, stdout: '42\n', error: null });
-    const fresh = await ok('run_python', { workspace: ws.id, code: 'print(x)' });
+    // Its sandbox is gone: the session, passed back, goes on in a new interpreter, then keeps it.
+    const sandboxes = await ctx.t.call('GET', '/v1/sandboxes', { key: ctx.team.key });
+    expect(sandboxes.body.data.map((x: any) => x.session_id)).not.toContain(first.session_id);
+    const second = await ok('run_python', { workspace: ws.id, session: first.session_id, code: 'y = 41\nx' });
+    expect(second).toMatchObject({ session_id: first.session_id, restarted: true, error: { type: 'NameError' } });
+    const third = await ok('run_python', { workspace: ws.id, session: first.session_id, code: 'y + 1' });
+    expect(third).toMatchObject({ session_id: first.session_id, stdout: '42\n', error: null, restarted: false });
+    const fresh = await ok('run_python', { workspace: ws.id, code: 'print(y)' });
     expect(fresh.session_id).not.toBe(first.session_id);
     expect(fresh.error).toMatchObject({ type: 'NameError' });
     // The executions are audited as the API audits them, by the key that called the tool.
     const audit = await ctx.t.call('GET', '/v1/audit?action=session.exec', { key: ctx.team.key });
     const sessions = audit.body.data.map((a: any) => a.resource_id);
     expect(sessions).toEqual(expect.arrayContaining([first.session_id, fresh.session_id]));
+  });
+
+  it('run_python calls without a session, more than the team may have sandboxes, leave none: a REST session still gets one', async () => {
+    const team = await ctx.t.team('mcp-quota');
+    const mine = await workspace(team.key, { sandbox: { timeout_s: 2 } });
+    // The app's cap (KILN_SANDBOX_MAX_PER_TEAM): one call more than it, then one whose code fails and one that times out.
+    for (let i = 0; i <= 10; i++)
+      expect((await ok('run_python', { workspace: mine.id, code: `print(${i})` }, team.key)).stdout).toBe(`${i}\n`);
+    expect(
+      (await ok('run_python', { workspace: mine.id, code: 'raise ValueError("no")' }, team.key)).error,
+    ).toMatchObject({
+      type: 'ValueError',
+    });
+    const slow = await ok('run_python', { workspace: mine.id, code: 'import time\ntime.sleep(60)' }, team.key);
+    expect(slow.error).toMatchObject({ type: 'Timeout' });
+    expect((await ctx.t.call('GET', '/v1/sandboxes', { key: team.key })).body.data).toEqual([]);
+    const s = await ctx.t.call('POST', `/v1/workspaces/${mine.id}/sessions`, { key: team.key, body: {} });
+    const r = await ctx.t.call('POST', `/v1/sessions/${s.body.id}/exec`, {
+      key: team.key,
+      body: { code: 'print("rest")' },
+    });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body.stdout).toBe('rest\n');
   });
 
   it('write_file commits as the key’s user; read_file, list_files and list_commits show it; the write is audited', async () => {

@@ -528,3 +528,139 @@ describe('warm containers filled for a workspace', () => {
     await expect.poll(() => existsSync(filled!), { timeout: 10_000 }).toBe(false);
   });
 });
+
+/**
+ * The containers made for the prepared pool: only when no fresh one is held for the workspace,
+ * never because sessions execute, at most once per interval for a workspace.
+ */
+describe('how often a container is filled for a workspace', () => {
+  const mountDir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
+  const owner = `fills-${randomBytes(4).toString('hex')}`;
+  let t: TestApp;
+  let team: { id: string; key: string };
+  /**
+   * This app's containers created for no session (the prepared ones: the warm pool is off), each
+   * with how many fills had finished when Docker reported it.
+   */
+  const made: { sandbox: string; filledBefore: number }[] = [];
+  const fillsDone = () => t.logs.filter((l) => l.msg === "sandbox filled for the workspace's next session").length;
+  let events: NodeJS.ReadableStream;
+  beforeAll(async () => {
+    t = await createTestApp({
+      sandbox: { poolSize: 0, perTeamMax: 40, preparedPoolSize: 2, prepareIntervalMs: 1000 },
+      env: { KILN_INSTANCE_ID: owner, KILN_SANDBOX_WORKSPACE_MOUNT: 'on', KILN_SANDBOX_MOUNT_DIR: mountDir },
+    });
+    team = await t.team('fills');
+    // Only this app's containers (its own owner label): other suites run beside this one.
+    events = await docker.getEvents({
+      filters: { label: [`kiln.owner=${owner}`], type: ['container'], event: ['create'] },
+    });
+    events.on('data', (d: Buffer) => {
+      for (const line of d.toString().split('\n').filter(Boolean)) {
+        const e = JSON.parse(line) as { Actor: { Attributes: Record<string, string> } };
+        if (!e.Actor.Attributes['kiln.session'])
+          made.push({ sandbox: e.Actor.Attributes['kiln.sandbox'] ?? '', filledBefore: fillsDone() });
+      }
+    });
+  });
+  afterAll(async () => {
+    (events as unknown as { destroy(): void }).destroy();
+    await t.close();
+    expect(mountsUnder(join(mountDir, owner)).size).toBe(0);
+    rmSync(mountDir, { recursive: true, force: true });
+  });
+  const put = (ws: string, path: string, raw: string) =>
+    t.call('PUT', `/v1/workspaces/${ws}/files?path=${path}`, { key: team.key, raw });
+  /** Mounts of containers no session has (the prepared ones) whose copy of `file` reads `content`. */
+  const filledWith = async (file: string, content: string) => {
+    const live = (await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.map((x: { id: string }) => x.id);
+    return [...mountsUnder(join(mountDir, owner)).keys()].filter(
+      (d) =>
+        !live.includes(d.split('/').at(-1)) &&
+        existsSync(join(d, file)) &&
+        readFileSync(join(d, file), 'utf8') === content,
+    );
+  };
+  /** Every container this app created for no session has been reported by Docker (its events lag a little). */
+  const madeSettled = async () => {
+    await t.engine.poolSettled();
+    const ours = await docker.listContainers({
+      all: true,
+      filters: { label: [`kiln.owner=${owner}`, 'kiln.session='] },
+    });
+    await expect
+      .poll(() => ours.every((c) => made.some((m) => m.sandbox === c.Labels['kiln.sandbox'])), { timeout: 10_000 })
+      .toBe(true);
+    return made.length;
+  };
+
+  it('16 sessions of one workspace starting at once and then executing fill one container for it, not one each', async () => {
+    const { ws, session } = await sessionIn(t, team);
+    expect((await put(ws, 'knowledge/once.md', 'one\n')).status).toBe(200);
+    const sessions = [session];
+    for (let i = 1; i < 16; i++)
+      sessions.push((await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id);
+    const before = made.length;
+    await Promise.all(sessions.map((s) => exec(t, team.key, s, 'print(1)')));
+    await expect.poll(async () => (await filledWith('knowledge/once.md', 'one\n')).length, { timeout: 30_000 }).toBe(1);
+    expect((await madeSettled()) - before).toBe(1);
+    // Executions that change nothing make no container at all.
+    const quiet = made.length;
+    for (let round = 0; round < 5; round++) await Promise.all(sessions.map((s) => exec(t, team.key, s, 'print(1)')));
+    expect((await madeSettled()) - quiet).toBe(0);
+    for (const s of sessions) await t.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  });
+
+  it('fills for several workspaces at once wait for one of the 2 slots: a third starts only after one is done', async () => {
+    const four = await Promise.all([0, 1, 2, 3].map(() => sessionIn(t, team)));
+    const before = made.length;
+    const done = fillsDone();
+    await Promise.all(four.map((x) => exec(t, team.key, x.session, 'pass')));
+    await expect.poll(async () => (await madeSettled()) - before, { timeout: 30_000 }).toBe(4);
+    // The k-th of them (from 0) was created after at least k - 1 fills had finished (prepareConcurrency 2).
+    for (const [k, m] of made.slice(before).entries())
+      expect(m.filledBefore - done, `fill ${k}`).toBeGreaterThanOrEqual(k - 1);
+    for (const x of four) await t.call('DELETE', `/v1/sessions/${x.session}`, { key: team.key });
+  });
+
+  it('a workspace whose sandboxes the pool cannot serve (another runtime) gets no container filled for it', async () => {
+    const { ws, session } = await sessionIn(t, team, { sandbox: { runtime: 'gvisor' } });
+    const before = made.length;
+    expect((await put(ws, 'knowledge/g.md', 'g\n')).status).toBe(200);
+    expect((await exec(t, team.key, session, 'print(open("/workspace/knowledge/g.md").read(), end="")')).stdout).toBe(
+      'g\n',
+    );
+    expect((await put(ws, 'knowledge/g.md', 'h\n')).status).toBe(200);
+    expect((await madeSettled()) - before).toBe(0);
+    await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+  });
+
+  it('a commit refills the workspace once in the background; a burst of commits is refilled at most once per interval', async () => {
+    const { ws, session } = await sessionIn(t, team);
+    expect((await put(ws, 'knowledge/v.md', 'v0\n')).status).toBe(200);
+    await exec(t, team.key, session, 'pass');
+    await expect.poll(async () => (await filledWith('knowledge/v.md', 'v0\n')).length, { timeout: 30_000 }).toBe(1);
+    await madeSettled();
+
+    // One change: one new container holding it, made without any new session.
+    const one = made.length;
+    expect((await put(ws, 'knowledge/v.md', 'v1\n')).status).toBe(200);
+    await expect.poll(async () => (await filledWith('knowledge/v.md', 'v1\n')).length, { timeout: 30_000 }).toBe(1);
+    expect((await madeSettled()) - one).toBe(1);
+
+    // Six changes in a row: the last reaches a container, and no more than two were made for them.
+    const burst = made.length;
+    for (let i = 2; i <= 7; i++) expect((await put(ws, 'knowledge/v.md', `v${i}\n`)).status).toBe(200);
+    await expect.poll(async () => (await filledWith('knowledge/v.md', 'v7\n')).length, { timeout: 30_000 }).toBe(1);
+    expect((await madeSettled()) - burst).toBeLessThanOrEqual(2);
+    // The stale ones went with their mounts: one container holds the workspace.
+    await expect.poll(async () => (await filledWith('knowledge/v.md', 'v1\n')).length, { timeout: 10_000 }).toBe(0);
+
+    // A new session takes the fresh one.
+    const next = (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id;
+    const [fresh] = await filledWith('knowledge/v.md', 'v7\n');
+    const r = await exec(t, team.key, next, 'print(open("/workspace/knowledge/v.md").read(), end="")');
+    expect(r.stdout).toBe('v7\n');
+    expect(r.sandbox_id).toBe(fresh!.split('/').at(-1));
+  });
+});

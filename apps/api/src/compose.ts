@@ -126,8 +126,12 @@ export function compose(o: ComposeOptions): Kiln {
     sharedLock: o.lock,
   };
   const workspaces = new WorkspaceService(db, repos, limits, logger);
-  // A commit made elsewhere (files API, revert, another session) updates live sandbox copies.
-  workspaces.onCommit((wsId, files, origin) => void engine.pushToWorkspace(wsId, files, origin));
+  // A commit made elsewhere (files API, revert, another session) updates live sandbox copies; a
+  // container the warm pool holds filled with the workspace is refilled (in the background).
+  workspaces.onCommit((wsId, files, origin) => {
+    void engine.pushToWorkspace(wsId, files, origin);
+    engine.workspaceChanged(wsId);
+  });
 
   const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs, metrics });
   const events = new RunEventLog(db);

@@ -83,6 +83,18 @@ async function inSession<T>(
   }
 }
 
+/**
+ * Ends the sandbox a call without a session ran in, so that it stops counting against the team's
+ * sandboxes when the call returns (the session stays, to be passed back). Should that fail for
+ * another reason than the sandbox being gone already, the session is ended, which ends its sandbox.
+ */
+async function endSandbox(api: KilnApi, sessionId: string, sandboxId: string): Promise<void> {
+  await api.call('DELETE', `/v1/sandboxes/${sandboxId}`).catch(async (err) => {
+    if (err instanceof ToolFailure && err.code === 'not_found') return;
+    await api.call('DELETE', `/v1/sessions/${sessionId}`);
+  });
+}
+
 const filesPath = (ws: WorkspaceRef, path: string) => `/v1/workspaces/${ws.id}/files?${new URLSearchParams({ path })}`;
 
 interface ExecAnswer {
@@ -93,6 +105,7 @@ interface ExecAnswer {
   truncated: boolean;
   restarted: boolean;
   execution_id: string;
+  sandbox_id: string;
   artifacts: { name: string; mime: string; base64: string }[];
   workspace: { commit: { sha: string } | null } | null;
 }
@@ -179,8 +192,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       description:
         'Runs Python in a session of the workspace: a stateful interpreter (variables, imports and files in /tmp ' +
         'are kept between calls with the same session) whose /workspace is the workspace; changes it makes there ' +
-        'are committed. The value of a last bare expression is printed to stdout. Pass the returned session_id ' +
-        'back as `session` to continue.',
+        'are committed. The value of a last bare expression is printed to stdout. Without `session` the call runs ' +
+        'in a new session whose interpreter ends with the call; pass the returned session_id back as `session` ' +
+        'to go on in that session, whose interpreter is then kept between calls.',
       inputSchema: z.object({
         workspace: workspaceArg,
         session: sessionArg,
@@ -194,6 +208,8 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
         sessionId,
         r: await api.call<ExecAnswer>('POST', `/v1/sessions/${sessionId}/exec`, { json: { code } }),
       }));
+      // A failed call ended its new session (inSession); a call that ran ends its sandbox here.
+      if (!session) await endSandbox(api, sessionId, r.sandbox_id);
       const stdout = clip(r.stdout);
       const stderr = clip(r.stderr);
       return {

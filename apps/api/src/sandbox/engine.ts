@@ -38,6 +38,10 @@ export interface EngineOptions {
   poolSize: number;
   /** Warm containers kept filled with a recently claimed workspace's tree (host mounts only). */
   preparedPoolSize?: number;
+  /** The least time between two fills of a prepared container for one workspace (default 10 s). */
+  prepareIntervalMs?: number;
+  /** The most prepared containers being filled at once, for all workspaces together (default 2). */
+  prepareConcurrency?: number;
   /** Warm containers kept of each template image workspaces use (see WarmPool.setTemplateImages). */
   templatePoolSize?: number;
   /** A session's sandbox idle this long is reclaimed, unless its workspace sets `sandbox.idle_s`. */
@@ -126,6 +130,8 @@ export class SandboxEngine {
         image,
         templateSize: opts.templatePoolSize ?? 0,
         preparedSize: opts.preparedPoolSize ?? 0,
+        prepareIntervalMs: opts.prepareIntervalMs ?? 10_000,
+        prepareConcurrency: opts.prepareConcurrency ?? 2,
       },
       log,
     );
@@ -339,6 +345,11 @@ export class SandboxEngine {
   /** A deleted workspace: the warm containers filled with its tree go. */
   forgetWorkspace(workspaceId: string): void {
     this.pool.forgetWorkspace(workspaceId);
+  }
+
+  /** A commit changed the workspace's tree: a container the pool holds filled with it is refilled, in the background. */
+  workspaceChanged(workspaceId: string): void {
+    this.pool.changed(workspaceId);
   }
 
   get poolReady(): number {

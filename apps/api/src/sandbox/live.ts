@@ -285,8 +285,9 @@ export class LiveSandboxes {
     } finally {
       this.claiming.delete(id);
       pool.fill();
-      // The workspace's next session gets a container filled with its tree ahead of time.
-      if (ctx.workspaceDir && offNet && this.bySession.get(ctx.sessionId)?.id === id)
+      // The workspace's next session gets a container filled with its tree ahead of time, when
+      // the pool's containers fit it (another runtime or shape could never take one).
+      if (ctx.workspaceDir && offNet && pool.serves(limits, key) && this.bySession.get(ctx.sessionId)?.id === id)
         pool.prepare(ctx.workspaceId, ctx.workspaceDir, image);
     }
   }

@@ -27,6 +27,10 @@ export interface PoolOptions {
   preparedSize: number;
   /** Warm containers kept of each template image in use (`setTemplateImages`), at most MAX_TEMPLATE_IMAGES images. */
   templateSize: number;
+  /** The least time between two fills for one workspace: the requests meanwhile make one fill at its end. */
+  prepareIntervalMs: number;
+  /** The most fills (for any workspaces) under way at once; the others wait their turn. */
+  prepareConcurrency: number;
 }
 
 /** The most template images the pool keeps warm containers of, whatever number of templates is in use. */
@@ -38,6 +42,24 @@ interface Prepared {
   workspaceId: string;
   /** The workspace's HEAD when it was copied: a claim after another commit does not take it. */
   head: string | null;
+  /** The working tree it was copied from: what a refill after a commit copies again. */
+  dir: string;
+}
+
+/** Where the fills of one workspace stand (see `prepare`). */
+interface FillState {
+  /** A fill is wanted: of this directory, in this image. */
+  wanted?: { dir: string; image: string };
+  /** When the last fill for the workspace started (performance.now()). */
+  lastStart: number;
+  /** Until when a fill waits for the workspace's commits to stop (the last commit plus the interval). */
+  quietFrom: number;
+  /** Waiting for the interval since `lastStart`, and `quietFrom`, to pass. */
+  timer?: NodeJS.Timeout;
+  /** In the queue for a fill slot. */
+  queued: boolean;
+  /** A fill is under way. */
+  running: boolean;
 }
 
 /**
@@ -54,6 +76,11 @@ export class WarmPool {
   private prepared: Prepared[] = [];
   /** Containers being filled for a workspace (created, copy under way), by container id. */
   private readonly preparing = new Map<string, { sandboxId: string; workspaceId: string }>();
+  /** Per workspace: the fill wanted, under way or waiting for its interval. */
+  private readonly fillStates = new Map<string, FillState>();
+  /** Workspaces waiting for one of the `prepareConcurrency` fill slots, first come first served. */
+  private readonly fillQueue: string[] = [];
+  private fillsRunning = 0;
   private stopped = false;
 
   constructor(
@@ -77,7 +104,7 @@ export class WarmPool {
    * claim starts one cold); those whose runner is gone are thrown away.
    */
   take(limits: SandboxLimits, key: PoolKey, image = this.opts.image): Sandbox | undefined {
-    if (key.runtime !== this.opts.key.runtime || !sameShape(limits, this.opts.limits, key.runtime)) return undefined;
+    if (!this.serves(limits, key)) return undefined;
     for (
       let i = this.ready.findIndex((c) => c.image === image);
       i >= 0;
@@ -88,6 +115,11 @@ export class WarmPool {
       void this.containers.destroy(warm!);
     }
     return undefined;
+  }
+
+  /** Whether the pool's containers are made for these limits (their shape) and this runtime. */
+  serves(limits: SandboxLimits, key: PoolKey): boolean {
+    return key.runtime === this.opts.key.runtime && sameShape(limits, this.opts.limits, key.runtime);
   }
 
   /**
@@ -124,62 +156,161 @@ export class WarmPool {
     const i = this.prepared.findIndex((p) => p.workspaceId === workspace.id);
     if (i < 0) return undefined;
     const [p] = this.prepared.splice(i, 1);
-    const fits =
-      p!.head === workspace.head &&
-      p!.sandbox.image === image &&
-      key.runtime === this.opts.key.runtime &&
-      sameShape(limits, this.opts.limits, key.runtime);
+    const fits = p!.head === workspace.head && p!.sandbox.image === image && this.serves(limits, key);
     if (fits && p!.sandbox.client.alive) return p!.sandbox;
     void this.containers.destroy(p!.sandbox);
     return undefined;
   }
 
   /**
-   * Fills a warm container with the workspace's working tree (its own host mount), for the next
-   * session of the workspace, off the path of any request; the least recently prepared goes
-   * when `preparedSize` are held. Only with host mounts (the tar path copies through the runner),
-   * and only when the copy saw one HEAD from start to end.
+   * Asks for a warm container filled with the workspace's working tree (its own host mount), for
+   * the next session of the workspace: after a session claims a sandbox, and after a commit to a
+   * workspace the pool holds one for (`changed`). Only with host mounts (the tar path copies
+   * through the runner). Never on the path of a request: this only books the fill, which runs
+   * in the background when
+   *  - no container filled at the workspace's current HEAD is held or being filled (else nothing);
+   *  - at least `prepareIntervalMs` passed since the workspace's last fill started (the requests
+   *    meanwhile make one fill at the end of the interval);
+   *  - one of the `prepareConcurrency` slots is free (one tenant's churn waits for its turn).
+   * The least recently filled goes when `preparedSize` are held; one filled for the workspace
+   * before (at an older HEAD) goes once the new one is ready.
    */
   prepare(workspaceId: string, dir: string, image = this.opts.image): void {
     if (this.stopped || !this.opts.preparedSize || !this.containers.mountsWorkspaces || image !== this.opts.image)
       return;
-    if (this.prepared.some((p) => p.workspaceId === workspaceId)) return;
-    if ([...this.preparing.values()].some((p) => p.workspaceId === workspaceId)) return;
-    const fill: Promise<void> = this.containers
-      .create(newId('sbx'), this.opts.limits, this.opts.key.runtime, { image })
-      .then(async (c) => {
-        this.preparing.set(c.container.id, { sandboxId: c.id, workspaceId });
-        try {
-          const head = readHead(dir);
-          if (!c.workspaceDir) throw new Error('no workspace mount');
-          const t0 = performance.now();
-          const copied = await copyTree(dir, c.workspaceDir, c.container.uid);
-          if (this.stopped || readHead(dir) !== head) {
-            await this.containers.destroy(c);
-            return;
-          }
-          c.filled = true;
-          this.prepared.push({ sandbox: c, workspaceId, head });
-          this.log.info(
-            { workspace: workspaceId, sandbox: c.id, ...copied, copy_ms: Math.round(performance.now() - t0) },
-            "sandbox filled for the workspace's next session",
-          );
-          while (this.prepared.length > this.opts.preparedSize)
-            void this.containers.destroy(this.prepared.shift()!.sandbox);
-        } catch (err) {
-          await this.containers.destroy(c);
-          throw err;
-        } finally {
-          this.preparing.delete(c.container.id);
-        }
-      })
-      .catch((err) => this.log.warn({ err, workspace: workspaceId }, 'could not prepare a sandbox for a workspace'))
-      .finally(() => this.fills.delete(fill));
-    this.fills.set(fill, `prepared:${workspaceId}`);
+    const s = this.fillStateOf(workspaceId);
+    s.wanted = { dir, image };
+    this.schedule(workspaceId, s);
+  }
+
+  /** The workspace's fill state, made when it has none (and the idle ones of others forgotten). */
+  private fillStateOf(workspaceId: string): FillState {
+    this.pruneFillStates();
+    let s = this.fillStates.get(workspaceId);
+    if (!s) {
+      s = { lastStart: Number.NEGATIVE_INFINITY, quietFrom: Number.NEGATIVE_INFINITY, queued: false, running: false };
+      this.fillStates.set(workspaceId, s);
+    }
+    return s;
+  }
+
+  /**
+   * A commit to the workspace: the container the pool holds filled with it is refilled (see
+   * `prepare`) once the workspace has had no commit for the interval, so that an agent
+   * committing at every step makes one fill when it pauses, not one per interval.
+   */
+  changed(workspaceId: string): void {
+    const held = this.prepared.find((p) => p.workspaceId === workspaceId);
+    if (!held || this.stopped) return;
+    const s = this.fillStateOf(workspaceId);
+    s.quietFrom = performance.now() + this.opts.prepareIntervalMs;
+    // A timer set for an earlier time is set again for the later one.
+    clearTimeout(s.timer);
+    s.timer = undefined;
+    this.prepare(workspaceId, held.dir, held.sandbox.image);
+  }
+
+  /** Whether the pool holds a container filled with the workspace at the HEAD its directory has now. */
+  private freshFor(workspaceId: string, dir: string): boolean {
+    const head = readHead(dir);
+    return this.prepared.some((p) => p.workspaceId === workspaceId && p.head === head);
+  }
+
+  /** Queues the workspace's wanted fill once its interval and quiet time have passed (a timer until then). */
+  private schedule(workspaceId: string, s: FillState): void {
+    if (this.stopped || !s.wanted || s.running || s.queued || s.timer) return;
+    const wait = Math.max(s.lastStart + this.opts.prepareIntervalMs, s.quietFrom) - performance.now();
+    if (wait > 0) {
+      s.timer = setTimeout(() => {
+        s.timer = undefined;
+        this.schedule(workspaceId, s);
+      }, wait);
+      s.timer.unref();
+      return;
+    }
+    s.queued = true;
+    this.fillQueue.push(workspaceId);
+    this.pump();
+  }
+
+  /** Starts queued fills while slots are free; a fill no longer needed (a fresh one is held) is dropped. */
+  private pump(): void {
+    while (!this.stopped && this.fillsRunning < this.opts.prepareConcurrency && this.fillQueue.length) {
+      const workspaceId = this.fillQueue.shift()!;
+      const s = this.fillStates.get(workspaceId);
+      if (!s) continue;
+      s.queued = false;
+      const wanted = s.wanted;
+      s.wanted = undefined;
+      if (!wanted || this.freshFor(workspaceId, wanted.dir)) continue;
+      s.running = true;
+      s.lastStart = performance.now();
+      this.fillsRunning++;
+      const fill: Promise<void> = this.fillFor(workspaceId, wanted.dir, wanted.image)
+        .catch((err) => this.log.warn({ err, workspace: workspaceId }, 'could not prepare a sandbox for a workspace'))
+        .finally(() => {
+          this.fills.delete(fill);
+          this.fillsRunning--;
+          s.running = false;
+          // A commit during the fill (the copy was then thrown away, or is already stale): once more.
+          if (this.fillStates.get(workspaceId) === s) this.schedule(workspaceId, s);
+          this.pump();
+        });
+      this.fills.set(fill, `prepared:${workspaceId}`);
+    }
+  }
+
+  /** Forgets the workspaces whose last fill is older than the interval and that want none. */
+  private pruneFillStates(): void {
+    const before = performance.now() - this.opts.prepareIntervalMs;
+    for (const [id, s] of this.fillStates)
+      if (!s.wanted && !s.running && !s.queued && !s.timer && s.lastStart < before && s.quietFrom < before)
+        this.fillStates.delete(id);
+  }
+
+  /**
+   * One fill: a new container, the working tree copied into its mount, kept only when the copy
+   * saw one HEAD from start to end (a commit meanwhile asks for another fill through `changed`).
+   */
+  private async fillFor(workspaceId: string, dir: string, image: string): Promise<void> {
+    const c = await this.containers.create(newId('sbx'), this.opts.limits, this.opts.key.runtime, { image });
+    this.preparing.set(c.container.id, { sandboxId: c.id, workspaceId });
+    try {
+      const head = readHead(dir);
+      if (!c.workspaceDir) throw new Error('no workspace mount');
+      const t0 = performance.now();
+      const copied = await copyTree(dir, c.workspaceDir, c.container.uid);
+      // Stopped, or the workspace deleted meanwhile (its state forgotten), or a commit since: not kept.
+      if (this.stopped || !this.fillStates.has(workspaceId) || readHead(dir) !== head) {
+        await this.containers.destroy(c);
+        if (!this.stopped && this.fillStates.has(workspaceId)) this.prepare(workspaceId, dir, image);
+        return;
+      }
+      c.filled = true;
+      // The one filled before, at an older HEAD, is replaced.
+      const older = this.prepared.filter((p) => p.workspaceId === workspaceId);
+      this.prepared = this.prepared.filter((p) => p.workspaceId !== workspaceId);
+      for (const p of older) void this.containers.destroy(p.sandbox);
+      this.prepared.push({ sandbox: c, workspaceId, head, dir });
+      this.log.info(
+        { workspace: workspaceId, sandbox: c.id, ...copied, copy_ms: Math.round(performance.now() - t0) },
+        "sandbox filled for the workspace's next session",
+      );
+      while (this.prepared.length > this.opts.preparedSize)
+        void this.containers.destroy(this.prepared.shift()!.sandbox);
+    } catch (err) {
+      await this.containers.destroy(c);
+      throw err;
+    } finally {
+      this.preparing.delete(c.container.id);
+    }
   }
 
   /** A deleted workspace's filled containers go with it. */
   forgetWorkspace(workspaceId: string): void {
+    const s = this.fillStates.get(workspaceId);
+    if (s?.timer) clearTimeout(s.timer);
+    this.fillStates.delete(workspaceId);
     const gone = this.prepared.filter((p) => p.workspaceId === workspaceId);
     this.prepared = this.prepared.filter((p) => p.workspaceId !== workspaceId);
     for (const p of gone) void this.containers.destroy(p.sandbox);
@@ -245,6 +376,9 @@ export class WarmPool {
   /** No more fills; a warm container still being started removes itself once it is up. */
   stop(): void {
     this.stopped = true;
+    for (const s of this.fillStates.values()) if (s.timer) clearTimeout(s.timer);
+    this.fillStates.clear();
+    this.fillQueue.length = 0;
   }
 
   /** Empties the pool, handing its containers to the caller to destroy. */
