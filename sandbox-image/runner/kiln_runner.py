@@ -66,7 +66,11 @@ RECLAIM_SLACK = 8 * 1024 * 1024
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 THREAD_EXIT_POLLS = 20  # a thread the cell joined may still be leaving the kernel: look again, 10 ms apart
 
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+# seccomp(2) itself, not prctl: only it takes SECCOMP_FILTER_FLAG_TSYNC, which puts the filter on
+# every thread of the process at once (prctl filters only the calling thread).
+SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
+SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 # io_uring_setup, io_uring_enter, io_uring_register: the same numbers on every architecture
 # (the unified table from 425 on); the x32 bit is masked so that ABI cannot go round it.
 IO_URING_FIRST, IO_URING_LAST, X32_BIT = 425, 427, 0x40000000
@@ -87,8 +91,10 @@ def harden():
     Docker's default seccomp profile still allows io_uring (a large kernel surface that
     bypasses per-syscall filtering); seccomp filters stack and are inherited by every child,
     so this one, installed on top of the daemon's own default profile, denies it to the
-    runner and to everything the user's code can start. Both steps are required: a runner
-    that cannot take them must not run code.
+    runner and to everything the user's code can start. It is installed with TSYNC, on every
+    thread the runner has: a thread started before this (nothing should: the runner runs with
+    `python3 -I -S`, so no site-packages .pth file runs in it) is filtered too, or the runner
+    stops. Every step is required: a runner that cannot take them must not run code.
     """
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = libc.prctl
@@ -106,9 +112,14 @@ def harden():
     ]
     filters = (SockFilter * len(program))(*[SockFilter(*ins) for ins in program])
     fprog = SockFprog(len(program), filters)
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "installing the seccomp filter failed")
+    nr = SYS_SECCOMP.get(os.uname().machine)
+    if nr is None:
+        raise OSError(0, "no seccomp syscall number for this architecture: refusing to run code unfiltered")
+    syscall = libc.syscall
+    syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_void_p]
+    # With TSYNC, a thread that cannot take the filter makes the call fail (its id is returned).
+    if syscall(nr, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ctypes.addressof(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "installing the seccomp filter on every thread failed")
 
 
 def read_first(paths):

@@ -18,12 +18,17 @@ import { exec } from '../support/sandbox.ts';
 const docker = connectDocker(process.env.DOCKER_HOST);
 const WHEEL = 'kiln_tiny-1.0-py3-none-any.whl';
 
-/** A pure-Python wheel (a zip with the module, METADATA, WHEEL and RECORD), made with the system python3's zipfile. */
+/**
+ * A pure-Python wheel (a zip with the module, METADATA, WHEEL and RECORD), made with the system
+ * python3's zipfile. It ships a .pth file, as a hostile team member's package could: every
+ * interpreter that imports site runs its import line, which logs the process it ran in.
+ */
 function buildWheel(dir: string): Buffer {
   const script = `
 import base64, hashlib, sys, zipfile
 files = {
   'kiln_tiny/__init__.py': 'VALUE = "tiny wheel 1.0"\\n',
+  'kiln_tiny.pth': 'import os; open("/tmp/kiln-pth.log", "a").write(open("/proc/self/cmdline", "rb").read().replace(bytes(1), b" ").decode() + chr(10))\\n',
   'kiln_tiny-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\\nName: kiln-tiny\\nVersion: 1.0\\n',
   'kiln_tiny-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\\nGenerator: kiln-test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n',
 }
@@ -346,6 +351,21 @@ describe('sandbox templates', () => {
     ]);
     const listed = (await call('GET', '/v1/sandboxes', owner.key)).body.data;
     expect(listed.find((x: { id: string }) => x.id === r.sandbox_id)?.image).toBe(image);
+    // The package's .pth ran where site-packages belong (the user's interpreter), never in the
+    // runner, which starts without site (python3 -I -S) and hardens itself before any code runs.
+    for (const runtime of ['runc', 'gvisor']) {
+      const w = await call('POST', '/v1/workspaces', owner.key, {
+        name: `pth-${runtime}`,
+        settings: { sandbox: { template: tpl, runtime } },
+      });
+      const s = (await call('POST', `/v1/workspaces/${w.body.id}/sessions`, owner.key, {})).body.id;
+      const log = await exec(t, owner.key, s, 'print(open("/tmp/kiln-pth.log").read(), end="")');
+      expect(log.error, runtime).toBeUndefined();
+      expect(log.stdout, runtime).toContain('kiln_worker.py');
+      expect(log.stdout, runtime).not.toContain('kiln_runner.py');
+      expect((await call('DELETE', `/v1/sessions/${s}`, owner.key)).status).toBe(200);
+      expect((await call('DELETE', `/v1/workspaces/${w.body.id}`, owner.key)).status).toBe(200);
+    }
     // The warm container was claimed and the pool made another of the template.
     await t.engine.poolSettled();
     expect(t.engine.warmImages()).toEqual([image]);

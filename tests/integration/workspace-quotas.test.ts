@@ -153,3 +153,59 @@ describe('reading committed files for the sandbox copies', () => {
     }
   });
 });
+
+/** One team's share of the host's disk: its number of workspaces and their bytes together. */
+describe('per-team workspace caps', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    t = await createTestApp({
+      sandbox: false,
+      maxFileBytes: 64 * 1024,
+      env: { KILN_WORKSPACES_MAX_PER_TEAM: '3', KILN_TEAM_WORKSPACE_BYTES_MAX: String(100 * 1024) },
+    });
+  });
+  afterAll(() => t.close());
+  const create = (key: string, name: string) => t.call('POST', '/v1/workspaces', { key, body: { name } });
+  const metric = async (name: string, of: string) => {
+    const text = (await t.call('GET', '/metrics', { key: t.adminKey })).body as string;
+    return Number(new RegExp(`^${name}\\{of="${of}"\\} (\\d+)$`, 'm').exec(text)?.[1]);
+  };
+
+  it('creates at most KILN_WORKSPACES_MAX_PER_TEAM, even all at once, and one more after a delete', async () => {
+    const team = await t.team('count-cap');
+    const other = await t.team('count-cap-other');
+    const answers = await Promise.all(Array.from({ length: 6 }, (_, i) => create(team.key, `w${i}`)));
+    const made = answers.filter((r) => r.status === 201);
+    expect(made).toHaveLength(3);
+    for (const r of answers.filter((a) => a.status !== 201)) {
+      expect(r.status).toBe(409);
+      expect(r.body.error.message).toMatch(/this team has 3 workspaces.*KILN_WORKSPACES_MAX_PER_TEAM=3.*delete one/);
+    }
+    // Nothing was left of the refused ones; another team is not affected.
+    expect((await t.call('GET', '/v1/workspaces', { key: team.key })).body.data).toHaveLength(3);
+    expect((await create(other.key, 'mine')).status).toBe(201);
+    expect(await metric('kiln_workspaces', 'largest_team')).toBe(3);
+    expect((await t.call('DELETE', `/v1/workspaces/${made[0]!.body.id}`, { key: team.key })).status).toBe(200);
+    expect((await create(team.key, 'again')).status).toBe(201);
+  });
+
+  it("refuses a write that would take the team's workspaces past KILN_TEAM_WORKSPACE_BYTES_MAX, writing nothing", async () => {
+    const team = await t.team('bytes-cap');
+    const a = (await create(team.key, 'a')).body.id;
+    const b = (await create(team.key, 'b')).body.id;
+    const put = (ws: string, path: string, bytes: number) =>
+      t.call('PUT', `/v1/workspaces/${ws}/files?path=${path}`, { key: team.key, raw: 'x'.repeat(bytes) });
+    expect((await put(a, 'data/one.txt', 40 * 1024)).status).toBe(200);
+    const head = execFileSync('git', ['-C', t.workspaces.dirOf(b), 'rev-parse', 'HEAD'], { encoding: 'utf8' });
+    // a holds ~51 KiB with the template; b's ~11 KiB of template plus 40 KiB would pass 100 KiB.
+    const over = await put(b, 'data/two.txt', 40 * 1024);
+    expect(over.status).toBe(409);
+    expect(over.body.error.message).toMatch(/team's workspaces would hold \d+ bytes.*KILN_TEAM_WORKSPACE_BYTES_MAX/);
+    expect(execFileSync('git', ['-C', t.workspaces.dirOf(b), 'rev-parse', 'HEAD'], { encoding: 'utf8' })).toBe(head);
+    expect(execFileSync('git', ['-C', t.workspaces.dirOf(b), 'status', '--porcelain'], { encoding: 'utf8' })).toBe('');
+    // Shrinking one makes room for the other.
+    expect((await put(a, 'data/one.txt', 1024)).status).toBe(200);
+    expect((await put(b, 'data/two.txt', 40 * 1024)).status).toBe(200);
+    expect(await metric('kiln_workspace_bytes', 'largest_team')).toBeGreaterThan(60 * 1024);
+  });
+});

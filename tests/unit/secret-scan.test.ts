@@ -39,6 +39,37 @@ describe('what the scanner flags', () => {
     ['url_password', 'redis = redis://default:Sup3rS3cretValue@cache.internal:6379/0', 'Sup3rS3cretValue'],
     ['password_assignment', 'db_password = "Hunter2Secret"', 'Hunter2Secret'],
     ['password_assignment', 'export API_KEY=abcdef123456', 'abcdef123456'],
+    // Shapes an attack on the scanner found missing (each was committed as it was).
+    [
+      'aws_secret_key',
+      '{"aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}',
+      'wJalrXUtnFEMI/K7MDENG',
+    ],
+    ['aws_secret_key', '  "SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",', 'wJalrXUtnFEMI/K7MDENG'],
+    ['authorization_header', 'curl -H "Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0" x', '9f8e7d6c5b4a3928'],
+    [
+      'authorization_header',
+      "headers = {'Authorization': 'Basic dXNlcjpzdXBlcnNlY3JldHBhc3N3b3Jk'}",
+      'dXNlcjpzdXBlcnNl',
+    ],
+    ['password_assignment', 'token = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"', '9f8e7d6c5b4a3928'],
+    ['password_assignment', '{"token": "9f8e7d6c5b4a39281706f5e4d3c2b1a0"}', '9f8e7d6c5b4a3928'],
+    ['password_assignment', "SECRET_KEY = 'django-insecure-abcdefghijklmnopqrstuvwxyz01'", 'django-insecure-abc'],
+    ['telegram_bot_token', 'bot = Bot("123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1")', 'AAHdqTcvCH1vGWJxfSeof'],
+    [
+      'discord_bot_token',
+      'client.run("MTA1Nzg5NjQ5NjI0MzU2NzYxNg.GhJ2mK.abcdefghijklmnopqrstuvwxyz0123456789AB")',
+      'MTA1Nzg5NjQ5NjI0MzU2NzYxNg',
+    ],
+    ['twilio_api_key', 'sid = SK0123456789abcdef0123456789abcdef', 'SK0123456789abcdef'],
+    ['digitalocean_token', `DO = dop_v1_${'a1'.repeat(32)}`, `dop_v1_${'a1'.repeat(8)}`],
+    ['mailgun_key', 'mg = key-0123456789abcdef0123456789abcdef', 'key-0123456789abcdef'],
+    ['google_oauth_token', `creds.token = ya29.a0AfH6SMB${'a'.repeat(40)}`, 'ya29.a0AfH6SMB'],
+    [
+      'connection_string_password',
+      'conn = Server=tcp:x.database.windows.net;Database=db;User ID=u;Password=Sup3rS3cret!;',
+      'Sup3rS3cret!',
+    ],
   ];
 
   it.each(KILN)(
@@ -89,6 +120,18 @@ describe('what the scanner flags', () => {
     expect(v).toMatchObject({ kind: 'refused', redactions: [{ path: 'img.png', line: 3, type: 'github_token' }] });
     expect(v.kind === 'refused' && v.reason).toMatch(/binary file that holds a secret \(github_token\)/);
     expect(await scanOne('clean.bin', Buffer.from([0, 1, 2, 3, 0, 255]))).toEqual({ kind: 'clean' });
+  });
+});
+
+describe('secrets in file names', () => {
+  it('a file whose name holds a secret is refused, saying what; an ordinary name is scanned as usual', async () => {
+    const name = `data/ghp_${'a'.repeat(36)}.txt`;
+    const v = await scanOne(name, 'harmless\n');
+    expect(v).toMatchObject({
+      kind: 'refused',
+      reason: expect.stringContaining('its name holds a secret (github_token)'),
+    });
+    expect((await scanOne('data/github-notes.txt', 'harmless\n')).kind).toBe('clean');
   });
 });
 

@@ -122,6 +122,7 @@ export function compose(o: ComposeOptions): Kiln {
   const limits = {
     maxFileBytes: config.workspaces.maxFileBytes,
     maxQuota: config.workspaces.maxQuota,
+    perTeam: config.workspaces.perTeam,
     embedder,
     sharedLock: o.lock,
   };

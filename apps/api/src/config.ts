@@ -104,6 +104,9 @@ const schema = z.object({
   // Neither copy into a new sandbox holds the working tree in the API's memory (a host mount's copy
   // is file to file, the tar path streams 4 MiB frames): the sandbox's /workspace bounds it.
   KILN_WORKSPACE_MAX_BYTES: int(1024, 1024 ** 4).default(200 * 1024 * 1024),
+  // One team's share of the host's disk: its live workspaces, and their working trees' bytes together.
+  KILN_WORKSPACES_MAX_PER_TEAM: int(1, 100_000).default(50),
+  KILN_TEAM_WORKSPACE_BYTES_MAX: int(1024, 1024 ** 5).default(2 * 1024 ** 3),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
   KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
@@ -184,7 +187,14 @@ export type Config = {
    * `<dataDir>/secrets.key` (mode 0600).
    */
   secretsKey: Buffer;
-  workspaces: { dir: string; template: string; maxFileBytes: number; maxQuota: QuotaMax };
+  workspaces: {
+    dir: string;
+    template: string;
+    maxFileBytes: number;
+    maxQuota: QuotaMax;
+    /** Per team: how many live workspaces, and how many bytes of working trees together. */
+    perTeam: { count: number; bytes: number };
+  };
   openai: {
     baseURL?: string;
     apiKey?: string;
@@ -326,6 +336,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         files: e.KILN_WORKSPACE_MAX_FILES,
         bytes: e.KILN_WORKSPACE_MAX_BYTES,
       },
+      perTeam: { count: e.KILN_WORKSPACES_MAX_PER_TEAM, bytes: e.KILN_TEAM_WORKSPACE_BYTES_MAX },
     },
     jobs: { pollMs: e.KILN_JOBS_POLL_MS, leaseMs: e.KILN_JOBS_LEASE_S * 1000 },
     runLeaseMs: e.KILN_RUN_LEASE_S * 1000,

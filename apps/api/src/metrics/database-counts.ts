@@ -7,15 +7,22 @@ export interface DatabaseCounts {
   runs: Record<string, number>;
   sandboxes: Record<string, number>;
   jobs: Record<string, number>;
+  /** Live workspaces: of every team (`all`) and of the team that has the most (`largest_team`). */
+  workspaces: Record<string, number>;
+  /** Their working trees' bytes (as recorded at their last checked write), the same two ways. */
+  workspace_bytes: Record<string, number>;
 }
+
+export const WORKSPACE_SCOPES = ['all', 'largest_team'] as const;
 
 export const SANDBOX_STATES = ['starting', 'ready'] as const;
 export const JOB_STATES = ['queued', 'running', 'failed'] as const;
 
 /**
- * One statement for all three, each a count grouped by an indexed column: runs by status
+ * One statement for all of them, each a count grouped by an indexed column: runs by status
  * (runs_status_idx), jobs in three states (jobs_due_idx), sandboxes not removed (a scan of the
- * sandboxes table, which holds one row per sandbox ever started).
+ * sandboxes table, which holds one row per sandbox ever started), live workspaces and their bytes,
+ * of all teams and of the largest team (against the per-team caps; one figure, not a series a team).
  */
 async function count(db: Db): Promise<DatabaseCounts> {
   const result = await db.execute(sql`
@@ -23,8 +30,18 @@ async function count(db: Db): Promise<DatabaseCounts> {
     union all
     select 'sandboxes', state, count(*)::int from sandboxes where state in ('starting', 'ready') group by state
     union all
-    select 'jobs', status, count(*)::int from jobs where status in ('queued', 'running', 'failed') group by status`);
-  const counts: DatabaseCounts = { runs: {}, sandboxes: {}, jobs: {} };
+    select 'jobs', status, count(*)::int from jobs where status in ('queued', 'running', 'failed') group by status
+    union all
+    select 'workspaces', 'all', count(*)::bigint from workspaces where deleted_at is null
+    union all
+    select 'workspace_bytes', 'all', coalesce(sum(size_bytes), 0)::bigint from workspaces where deleted_at is null
+    union all
+    select 'workspaces', 'largest_team', coalesce(max(n), 0)::bigint
+      from (select count(*) as n from workspaces where deleted_at is null group by team_id) per_team
+    union all
+    select 'workspace_bytes', 'largest_team', coalesce(max(b), 0)::bigint
+      from (select sum(size_bytes) as b from workspaces where deleted_at is null group by team_id) per_team`);
+  const counts: DatabaseCounts = { runs: {}, sandboxes: {}, jobs: {}, workspaces: {}, workspace_bytes: {} };
   for (const r of rowsOf<{ t: keyof DatabaseCounts; k: string; n: number | string }>(result)) {
     counts[r.t][r.k] = Number(r.n);
   }

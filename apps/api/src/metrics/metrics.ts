@@ -3,7 +3,7 @@ import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom
 import type { Db } from '../db/client.ts';
 import { RUN_STATUSES } from '../db/schema/runs.ts';
 import type { StatementKind } from '../db/statements.ts';
-import { CountsReader, type DatabaseCounts, JOB_STATES, SANDBOX_STATES } from './database-counts.ts';
+import { CountsReader, type DatabaseCounts, JOB_STATES, SANDBOX_STATES, WORKSPACE_SCOPES } from './database-counts.ts';
 import { BoundedLabel } from './labels.ts';
 
 export interface MetricsOptions {
@@ -148,6 +148,20 @@ export class KilnMetrics {
       'state',
       SANDBOX_STATES,
       (c) => c.sandboxes,
+    );
+    this.databaseGauge(
+      'kiln_workspaces',
+      'Live workspaces, of every team (all) and of the team with the most (largest_team, against KILN_WORKSPACES_MAX_PER_TEAM)',
+      'of',
+      WORKSPACE_SCOPES,
+      (c) => c.workspaces,
+    );
+    this.databaseGauge(
+      'kiln_workspace_bytes',
+      'Working-tree bytes of live workspaces as of their last checked write, of every team (all) and of the largest (largest_team, against KILN_TEAM_WORKSPACE_BYTES_MAX)',
+      'of',
+      WORKSPACE_SCOPES,
+      (c) => c.workspace_bytes,
     );
     this.databaseGauge(
       'kiln_jobs',

@@ -94,7 +94,10 @@ export function notRun(exitCode: number, error: ExecError, restarted: boolean): 
 export class RunnerGoneError extends Error {}
 
 /** The runner's command line in the sandbox image. */
-export const RUNNER_CMD = ['python3', '-u', '/opt/kiln/kiln_runner.py'];
+// -I: no user site-packages, no PYTHON* variables, not its own directory on sys.path; -S: no site
+// module, so no .pth file of a template's packages runs in the runner before it hardens itself
+// (the interpreter it starts for the user's code has site-packages as usual).
+export const RUNNER_CMD = ['python3', '-I', '-S', '-u', '/opt/kiln/kiln_runner.py'];
 /** Beyond the runner's own timeout and its 1 s interrupt grace, how long the host waits. */
 const HOST_GRACE_MS = 5_000;
 

@@ -59,7 +59,8 @@ export function checkStep(q: Quota, step: { files: number; bytes: number; over?:
 }
 
 /** The working tree after a change (`sizes` of the files it writes, null for deletions) against the workspace quota. */
-export async function checkTotal(q: Quota, dir: string, sizes: Map<string, number | null>): Promise<void> {
+/** Checks a workspace's quota after the given writes; resolves with the bytes it would then hold. */
+export async function checkTotal(q: Quota, dir: string, sizes: Map<string, number | null>): Promise<number> {
   const now = await usageOf(dir);
   let bytes = 0;
   for (const [path, size] of sizes) {
@@ -71,6 +72,7 @@ export async function checkTotal(q: Quota, dir: string, sizes: Map<string, numbe
     throw new QuotaError(`the workspace would hold ${now.size} files; its quota is ${q.files} files (quota.max_files)`);
   if (bytes > q.bytes)
     throw new QuotaError(`the workspace would hold ${bytes} bytes; its quota is ${q.bytes} bytes (quota.max_bytes)`);
+  return bytes;
 }
 
 /** path -> size of every regular file of a working tree, without .git and Kiln's temporary files. */

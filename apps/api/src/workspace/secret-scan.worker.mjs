@@ -18,7 +18,7 @@ const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', r
 
 // Names of settings whose values are secrets, in assignments of every common shape.
 const SECRET_NAME =
-  '(?:password|passwd|pwd|secret|client_secret|api[_-]?key|apikey|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)';
+  '(?:password|passwd|pwd|secret|secret[_-]?key|client_secret|api[_-]?key|apikey|token|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|_authToken|_auth|_password)';
 
 /** Kiln's own patterns; `group` names the capture holding the secret (the whole match otherwise). */
 const PATTERNS = [
@@ -27,7 +27,13 @@ const PATTERNS = [
     re: /-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----/g,
   },
   { type: 'aws_access_key', re: /\b(?:AKIA|ASIA)[0-9A-Z]{16}\b/g },
-  { type: 'aws_secret_key', re: /aws_secret_access_key\s*[=:]\s*["']?([A-Za-z0-9/+=]{40})\b/gi, group: 1 },
+  // aws_secret_access_key = …, AWS_SECRET_ACCESS_KEY: …, "aws_secret_access_key": "…" (JSON),
+  // "SecretAccessKey": "…" (what `aws sts` and `aws iam create-access-key` print)
+  {
+    type: 'aws_secret_key',
+    re: /(?:aws_secret_access_key|aws_secret_key|secretaccesskey)["']?\s*[=:]\s*["']?([A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])/gi,
+    group: 1,
+  },
   { type: 'github_token', re: /\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b/g },
   { type: 'anthropic_key', re: /\bsk-ant-[A-Za-z0-9_-]{20,}/g },
   { type: 'openai_key', re: /\bsk-(?:proj-|live-)?[A-Za-z0-9_-]{20,}/g },
@@ -43,6 +49,20 @@ const PATTERNS = [
   { type: 'azure_storage_key', re: /\b(?:AccountKey|SharedAccessKey)=([A-Za-z0-9+/=]{20,})/g, group: 1 },
   { type: 'kiln_key', re: /\bkiln_(?:admin_)?[A-Za-z0-9_-]{32}\b/g },
   { type: 'jwt', re: /\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}/g },
+  // Authorization: Bearer …, "Authorization": "Basic …", headers={'Authorization': 'token …'}
+  {
+    type: 'authorization_header',
+    re: /\bAuthorization["']?\s*[:=]\s*["']?(?:Bearer|Basic|Token|Bot)\s+([A-Za-z0-9._~+/=-]{16,})/gi,
+    group: 1,
+  },
+  { type: 'telegram_bot_token', re: /\b\d{8,10}:AA[A-Za-z0-9_-]{33}\b/g },
+  { type: 'discord_bot_token', re: /\b[MNO][A-Za-z0-9_-]{23,25}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,38}\b/g },
+  { type: 'twilio_api_key', re: /\bSK[0-9a-fA-F]{32}\b/g },
+  { type: 'digitalocean_token', re: /\bdo[opr]_v1_[a-f0-9]{64}\b/g },
+  { type: 'mailgun_key', re: /\bkey-[0-9a-f]{32}\b/g },
+  { type: 'google_oauth_token', re: /\bya29\.[0-9A-Za-z_-]{20,}/g },
+  // ADO.NET / ODBC connection strings: …;Password=…; or Pwd=…
+  { type: 'connection_string_password', re: /;[ \t]*(?:Password|Pwd)[ \t]*=[ \t]*([^;'"\s]{4,})/gi, group: 1 },
   // scheme://user:password@host — any scheme (postgres, mysql, redis, amqp, https, …)
   {
     type: 'url_password',

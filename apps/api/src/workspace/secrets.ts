@@ -106,16 +106,19 @@ export async function scanSecrets(
   files: { path: string; data: Buffer }[],
   deadlineMs = SCAN_DEADLINE_MS,
 ): Promise<ScanVerdict[]> {
-  const verdicts: (ScanVerdict | undefined)[] = files.map((f) =>
+  const named = await secretsInNames(files, deadlineMs);
+  const verdicts: (ScanVerdict | undefined)[] = files.map((f, i) =>
     KEY_STORE.test(f.path)
       ? {
           kind: 'refused',
           reason: 'its name marks it as a private key or key store, which is never committed',
           redactions: [],
         }
-      : f.data.length === 0
-        ? { kind: 'clean' }
-        : undefined,
+      : named[i]
+        ? named[i]
+        : f.data.length === 0
+          ? { kind: 'clean' }
+          : undefined,
   );
   const todo = files.flatMap((f, i) => {
     if (verdicts[i]) return [];
@@ -141,6 +144,33 @@ export async function scanSecrets(
   }
   for (const [k, t] of todo.entries()) verdicts[t.i] = verdictOf(t, found[k]!);
   return verdicts as ScanVerdict[];
+}
+
+/**
+ * A path that holds a secret (a token saved as a file's name) cannot be redacted without
+ * renaming the file behind the writer's back: such a file is refused, saying what its name holds.
+ * The names are scanned as text, with the same rules, in one round trip.
+ */
+async function secretsInNames(files: { path: string }[], deadlineMs: number): Promise<(ScanVerdict | undefined)[]> {
+  if (files.length === 0) return [];
+  let found: Finding[][];
+  try {
+    found = await find(
+      files.map((f) => ({ path: '', text: f.path })),
+      deadlineMs,
+    );
+  } catch (err) {
+    return files.map(() => ({ kind: 'refused', reason: `its name: ${(err as Error).message}`, redactions: [] }));
+  }
+  return files.map((f, i) => {
+    const types = [...new Set(found[i]!.map((x) => x.type))];
+    if (!types.length) return undefined;
+    return {
+      kind: 'refused',
+      reason: `its name holds a secret (${types.join(', ')}): rename the file`,
+      redactions: types.map((type) => ({ path: f.path, line: 0, type })),
+    };
+  });
 }
 
 function verdictOf(

@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { and, desc, eq, isNull, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
@@ -26,7 +26,7 @@ import {
   type Quota,
   type QuotaMax,
 } from './quota.ts';
-import { createWorkspace, type WorkspaceRow } from './records.ts';
+import { createWorkspace, reserveWorkspaceBytes, TeamBytesExceeded, type WorkspaceRow } from './records.ts';
 
 export type CommitRow = typeof commits.$inferSelect;
 
@@ -35,6 +35,8 @@ export interface WorkspaceServiceOptions {
   /** Server-wide maxima of every workspace's quota settings (default: the KILN_* defaults). */
   maxQuota?: QuotaMax;
   embedder?: Embedder;
+  /** Per team: how many live workspaces, and how many bytes of working trees together (default: no cap). */
+  perTeam?: { count: number; bytes: number };
   /** The database's lock across replicas (Postgres); without it writes are serialised in this process only. */
   sharedLock?: SharedLock;
 }
@@ -90,17 +92,23 @@ export class WorkspaceService {
 
   /** A new workspace: the row, then its repository from the template, then the first commit's mirror. */
   async create(teamId: string, input: { name: string; settings?: SettingsPatch }): Promise<WorkspaceRow> {
-    const row = await createWorkspace(this.db, teamId, input);
+    const row = await createWorkspace(this.db, teamId, input, this.opts.perTeam?.count);
     try {
       const first = await this.lock.run(row.id, async () => {
         const c = await this.repos.init(row.id);
+        // The template's files count against the team's bytes from the start.
+        await this.checkWorkspaceQuota(row, this.quotaOf(row), []).catch((err: Error) => {
+          throw err instanceof TeamBytesExceeded ? new ApiError('conflict', err.message) : err;
+        });
         await this.record(row, c);
         return c;
       });
       await reindexAll(this.db, await this.indexTarget(row), this.opts.embedder);
       return { ...row, head: first.sha };
     } catch (err) {
+      // Nothing of a workspace that could not be made is left: neither its row nor its directory.
       await this.db.delete(workspaces).where(eq(workspaces.id, row.id));
+      await rm(this.repos.dirOf(row.id), { recursive: true, force: true });
       throw err;
     }
   }
@@ -212,7 +220,9 @@ export class WorkspaceService {
       })();
       if (clean !== null) sizes.set(clean, size);
     }
-    await checkTotal(quota, this.repos.dirOf(ws.id), sizes);
+    const bytes = await checkTotal(quota, this.repos.dirOf(ws.id), sizes);
+    // The team's share: its other workspaces' bytes as recorded at their last checked write.
+    if (this.opts.perTeam) await reserveWorkspaceBytes(this.db, ws, bytes, this.opts.perTeam.bytes);
   }
 
   private async applyDecoded(
@@ -327,6 +337,7 @@ export class WorkspaceService {
       prov,
       async () => {
         await this.checkWorkspaceQuota(ws, quota, [[path, data.length]]).catch((err: Error) => {
+          if (err instanceof TeamBytesExceeded) throw new ApiError('conflict', err.message);
           throw err instanceof QuotaError ? new ApiError('payload_too_large', err.message) : err;
         });
         await this.repos.writeFile(ws.id, path, data);
