@@ -72,7 +72,7 @@ export class TeamCgroups {
   async leave(teamId: string): Promise<void> {
     const group = teamGroup(teamId);
     if (this.leaveCount(group) > 0) return;
-    await this.removeGroup(`${this.opts.parent}/${group}`);
+    await this.removeGroup(group);
   }
 
   private leaveCount(group: string): number {
@@ -134,8 +134,11 @@ export class TeamCgroups {
   }
 
   /** Removes the group from every hierarchy that has it; one still holding a container (EBUSY) stays. */
-  private async removeGroup(path: string): Promise<void> {
+  private async removeGroup(group: string): Promise<void> {
     const version = await this.setUp();
+    // A container of the team made meanwhile (enter) keeps it.
+    if (this.holders.has(group)) return;
+    const path = `${this.opts.parent}/${group}`;
     const dirs =
       version === 'v2'
         ? [join(this.root, path)]
@@ -154,10 +157,7 @@ async function enable(dir: string): Promise<void> {
   if (wanted.length) await writeFile(join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' '));
 }
 
-/**
- * Removes the parent group and its (empty) team groups from every hierarchy: for an installation
- * that turns fair share off, and for tests and benchmarks with a parent of their own.
- */
+/** Removes the parent group and its (empty) team groups from every hierarchy: for tests and benchmarks with a parent of their own. */
 export async function removeCgroupTree(parent: string, root = '/sys/fs/cgroup'): Promise<void> {
   if (!NAME.test(parent)) throw new Error(`not a cgroup name: ${parent}`);
   const hierarchies = existsSync(join(root, 'cgroup.controllers')) ? [''] : await readdir(root);
