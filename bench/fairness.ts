@@ -54,6 +54,8 @@ print('done')
 
 interface Phase {
   exec: { quiet: Summary; loaded: Summary; loadedMax: number };
+  /** How many of A's loads ran to their end. */
+  ran: number;
   healthz: { quiet: Summary; loaded: Summary };
 }
 
@@ -113,11 +115,15 @@ async function phase(runtime: 'runc' | 'gvisor', mode: Mode, dataDir: string, ad
     // B's execs and the health checks side by side, within the load's time (less ramp-up and tail).
     const until = started + (LOAD_S - 3) * 1000;
     const [loadedExec, loadedHealth] = await window(until);
-    await Promise.allSettled(loads);
+    // The load counts only if it ran: each of A's executions printed "done" at its end.
+    const ran = (await Promise.allSettled(loads)).filter(
+      (r) => r.status === 'fulfilled' && String(r.value.stdout).includes('done'),
+    ).length;
     for (const s of [...as, bs])
       await call(s === bs ? b.key : a.key, 'DELETE', `/v1/sessions/${s}`).catch(() => undefined);
     return {
       exec: { quiet: summarize(quietExec), loaded: summarize(loadedExec), loadedMax: Math.max(...loadedExec) },
+      ran,
       healthz: { quiet: summarize(quietHealth), loaded: summarize(loadedHealth) },
     };
   } finally {
@@ -167,7 +173,7 @@ async function main() {
         const mode = { off: 'fair share off', on: 'fair share on ', cap: `on + ${TEAM_CPUS} CPU cap` }[m].padEnd(16);
         const { quiet, loaded, loadedMax } = p.exec;
         process.stdout.write(
-          `  ${runtime.padEnd(6)} ${mode}  B exec   quiet p50 ${f(quiet.p50)} p95 ${f(quiet.p95)} | loaded (n=${loaded.n}) p50 ${f(loaded.p50)} ${x(loaded.p50, quiet.p50)}  p95 ${f(loaded.p95)} ${x(loaded.p95, quiet.p95)}  max ${f(loadedMax)}\n`,
+          `  ${runtime.padEnd(6)} ${mode}  B exec   quiet p50 ${f(quiet.p50)} p95 ${f(quiet.p95)} | loaded (n=${loaded.n}) p50 ${f(loaded.p50)} ${x(loaded.p50, quiet.p50)}  p95 ${f(loaded.p95)} ${x(loaded.p95, quiet.p95)}  max ${f(loadedMax)}  (A: ${p.ran}/${NOISY} loads ran)\n`,
         );
         const h = p.healthz;
         process.stdout.write(
