@@ -148,7 +148,7 @@ export async function createTestApp(
     sandboxes:
       opts.sandbox === false
         ? null
-        : new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(config, logger)),
+        : new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(config, logger), config.sandbox.fairShare),
     logger,
     selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,

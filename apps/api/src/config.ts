@@ -79,6 +79,17 @@ const schema = z.object({
   KILN_SANDBOX_MOUNT_DIR: z.string().min(1).optional(),
   // What this instance's workspace mounts together may be sized at (host memory); default: half the host's.
   KILN_SANDBOX_MOUNT_MAX_MB: int(1, 1_048_576).optional(),
+  // Fair share of the host (sandbox/docker/cgroups.ts): each team's sandboxes in one cgroup with
+  // one CPU/IO weight, under a parent for all sandboxes weighted below the rest of the host.
+  KILN_SANDBOX_FAIR_SHARE: z.enum(['on', 'off']).default('off'),
+  KILN_SANDBOX_CGROUP: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]{1,64}$/, 'a cgroup name: letters, digits, _ - only (max 64)')
+    .default('kiln'),
+  KILN_SANDBOX_CPU_WEIGHT: int(1, 10_000).default(50),
+  KILN_SANDBOX_TEAM_WEIGHT: int(1, 10_000).default(100),
+  // A cap on each team's sandboxes' CPUs together; unset, none (the weights share what is free).
+  KILN_SANDBOX_TEAM_MAX_CPUS: z.coerce.number().min(0.1).max(1024).optional(),
   // Egress: whether workspaces may set sandbox.network = allowlist, and how the proxy is set up.
   KILN_EGRESS: z.enum(['on', 'off']).default('on'),
   KILN_EGRESS_IMAGE: z.string().min(1).default('kiln-egress:latest'),
@@ -222,6 +233,8 @@ export type Config = {
     /** The runtimes workspaces may pick (KILN_SANDBOX_RUNTIMES); unset, decided at start-up from what dockerd has. */
     runtimes?: SandboxRuntime[];
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
+    /** KILN_SANDBOX_FAIR_SHARE=on: the team cgroups' parent and weights (sandbox/docker/cgroups.ts); off, unset. */
+    fairShare?: { parent: string; parentWeight: number; teamWeight: number; teamCpus?: number };
     /** Host workspace mounts (sandbox/workspace-mounts.ts). */
     workspaceMount: {
       mode: 'auto' | 'on' | 'off';
@@ -304,6 +317,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     );
   }
   const e = parsed.data;
+  const fairShare = e.KILN_SANDBOX_FAIR_SHARE === 'on';
   return {
     port: e.KILN_PORT,
     host: e.KILN_HOST,
@@ -350,8 +364,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       timeoutMs: e.KILN_MODEL_TIMEOUT_S * 1000,
     },
     sandbox: {
-      poolSize: e.KILN_SANDBOX_POOL_SIZE,
-      preparedPoolSize: e.KILN_SANDBOX_PREPARED_POOL_SIZE,
+      // A container's cgroup is fixed when it is created, before a warm one has a team: with fair
+      // share there are no warm containers (a claimed one would sit outside its team's group).
+      poolSize: fairShare ? 0 : e.KILN_SANDBOX_POOL_SIZE,
+      preparedPoolSize: fairShare ? 0 : e.KILN_SANDBOX_PREPARED_POOL_SIZE,
+      fairShare: fairShare
+        ? {
+            parent: e.KILN_SANDBOX_CGROUP,
+            parentWeight: e.KILN_SANDBOX_CPU_WEIGHT,
+            teamWeight: e.KILN_SANDBOX_TEAM_WEIGHT,
+            teamCpus: e.KILN_SANDBOX_TEAM_MAX_CPUS,
+          }
+        : undefined,
       idleS: e.KILN_SANDBOX_IDLE_S,
       maxIdleS: e.KILN_SANDBOX_MAX_IDLE_S,
       maxLifetimeS: e.KILN_SANDBOX_MAX_LIFETIME_S,
@@ -378,7 +402,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       debianMirror: /^https?:\/\//.test(e.KILN_DEBIAN_MIRROR ?? '') ? e.KILN_DEBIAN_MIRROR : undefined,
       buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
       maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
-      poolSize: e.KILN_TEMPLATE_POOL_SIZE,
+      poolSize: fairShare ? 0 : e.KILN_TEMPLATE_POOL_SIZE,
     },
     egress: {
       enabled: e.KILN_EGRESS === 'on',

@@ -24,7 +24,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
     listen: database.listen,
     lock: database.lock,
     onStatement: database.onStatement,
-    sandboxes: new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger)),
+    sandboxes: new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger), config.sandbox.fairShare),
     logger,
   });
   await kiln.start();

@@ -24,6 +24,7 @@ import {
 } from './container-spec.ts';
 import { DockerImages } from './images.ts';
 import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS } from './egress.ts';
+import { type FairShareOptions, TeamCgroups } from './cgroups.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
 
@@ -47,6 +48,10 @@ export class DockerBackend implements SandboxBackend {
   private readonly proxies = new Map<string, EgressProxy>();
   /** Allowlist sandboxes' containers: their proxy and sandbox id. */
   private readonly egressOf = new Map<string, { proxy: EgressProxy; sandboxId: string }>();
+  /** With fair share: each team's sandboxes in a cgroup of its own (cgroups.ts). */
+  private readonly cgroups?: TeamCgroups;
+  /** The team of each container made in a team cgroup, whose group it leaves when removed. */
+  private readonly teamOf = new Map<string, string>();
 
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
@@ -55,7 +60,10 @@ export class DockerBackend implements SandboxBackend {
     private readonly docker: Docker,
     /** Unset: no egress proxy (a request for an allowlist sandbox is refused). */
     private readonly egress?: EgressOptions & { log?: Logger },
+    /** Unset: sandboxes are in Docker's default cgroup parent, each with only its own limits. */
+    private readonly fairShare?: FairShareOptions,
   ) {
+    if (fairShare) this.cgroups = new TeamCgroups(fairShare);
     this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
   }
@@ -94,6 +102,24 @@ export class DockerBackend implements SandboxBackend {
   }
 
   private async createWith(req: ContainerRequest, egress?: EgressAttachment): Promise<SandboxContainer> {
+    // A warm container (no team yet) stays in Docker's default parent; with fair share there are none (config.ts).
+    const team = this.cgroups && req.teamId ? req.teamId : undefined;
+    const cgroupParent = team ? await this.cgroups!.enter(team) : undefined;
+    try {
+      const made = await this.createIn(req, egress, cgroupParent);
+      if (team) this.teamOf.set(made.id, team);
+      return made;
+    } catch (err) {
+      if (team) await this.cgroups!.leave(team);
+      throw err;
+    }
+  }
+
+  private async createIn(
+    req: ContainerRequest,
+    egress: EgressAttachment | undefined,
+    cgroupParent: string | undefined,
+  ): Promise<SandboxContainer> {
     const network = egress && { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS };
     for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
       const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
@@ -104,11 +130,12 @@ export class DockerBackend implements SandboxBackend {
           containerSpec({
             image: req.image,
             name: `kiln-${req.sandboxId}`,
-            limits: req.limits,
+            limits: this.capped(req.limits),
             uid,
             runtime: req.runtime,
             workspaceDir: req.workspaceDir,
             network,
+            cgroupParent,
             labels: {
               [LABEL]: '1',
               'kiln.sandbox': req.sandboxId,
@@ -134,6 +161,15 @@ export class DockerBackend implements SandboxBackend {
     throw new ApiError('sandbox_unavailable', 'could not find a free uid for a new sandbox; try again');
   }
 
+  /**
+   * With a cap on each team's CPUs: no sandbox is given more than its team may use together
+   * (cgroup v1 refuses a container's quota above its parent's).
+   */
+  private capped(limits: SandboxLimits): SandboxLimits {
+    const cap = this.fairShare?.teamCpus;
+    return cap && cap < limits.cpus ? { ...limits, cpus: cap } : limits;
+  }
+
   async start(container: SandboxContainer): Promise<void> {
     await this.docker.getContainer(container.id).start();
     // Its memory and CPU are known from now on, not from a listing's first (second-long) reading.
@@ -145,7 +181,7 @@ export class DockerBackend implements SandboxBackend {
   }
 
   async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
-    await this.docker.getContainer(container.id).update(updateSpec(limits, container.runtime));
+    await this.docker.getContainer(container.id).update(updateSpec(this.capped(limits), container.runtime));
   }
 
   async remove(containerId: string): Promise<void> {
@@ -156,6 +192,9 @@ export class DockerBackend implements SandboxBackend {
       .catch((err: { statusCode?: number }) => {
         if (err.statusCode !== 404) throw err;
       });
+    const team = this.teamOf.get(containerId);
+    this.teamOf.delete(containerId);
+    if (team) await this.cgroups!.leave(team);
     const egress = this.egressOf.get(containerId);
     this.egressOf.delete(containerId);
     if (egress) await egress.proxy.detach(egress.sandboxId);

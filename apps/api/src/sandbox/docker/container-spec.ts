@@ -63,6 +63,8 @@ export interface SpecInput {
   workspaceDir?: string;
   /** With network allowlist: the sandbox's own internal network and its address on it; unset, no network. */
   network?: SandboxNetwork;
+  /** With fair share: its team's cgroup (cgroups.ts); unset, Docker's default parent. */
+  cgroupParent?: string;
 }
 
 interface SandboxNetwork {
@@ -102,6 +104,7 @@ export function containerSpec({
   runtime,
   workspaceDir,
   network,
+  cgroupParent,
 }: SpecInput): Docker.ContainerCreateOptions {
   const net = networkSpec(network);
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
@@ -139,6 +142,7 @@ export function containerSpec({
       // Unset for runc: the engine's default runtime. gVisor sandboxes have no network (see checkNetwork).
       ...(runtime === 'gvisor' ? { Runtime: GVISOR_NONET_RUNTIME } : {}),
       NetworkMode: net.NetworkMode,
+      ...(cgroupParent ? { CgroupParent: cgroupParent } : {}),
       ...(net.Dns ? { Dns: net.Dns, DnsOptions: net.DnsOptions } : {}),
       CapDrop: ['ALL'],
       SecurityOpt: ['no-new-privileges'],
