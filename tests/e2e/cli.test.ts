@@ -16,7 +16,7 @@ function kiln(
   env: Record<string, string>,
   args: string[],
   input = '',
-): Promise<{ code: number; out: string; err: string }> {
+): Promise<{ code: number; out: string; err: string; raw: string }> {
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [KILN, ...args], {
       env: { PATH: process.env.PATH!, ...env },
@@ -27,7 +27,7 @@ function kiln(
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (err += d));
     // biome-ignore lint/suspicious/noControlCharactersInRegex: strips the terminal's colour codes.
-    child.on('exit', (code) => resolve({ code: code ?? -1, out: out.replace(/\x1b\[[0-9;]*m/g, ''), err }));
+    child.on('exit', (code) => resolve({ code: code ?? -1, out: out.replace(/\x1b\[[0-9;]*m/g, ''), err, raw: out }));
     child.stdin.end(input);
   });
 }
@@ -51,6 +51,7 @@ function kilnInTerminal(env: Record<string, string>, args: string[]) {
   const exited = new Promise<number>((resolve) => child.on('exit', (code) => resolve(code ?? -1)));
   return {
     type: (keys: string) => child.stdin.write(keys),
+    raw: () => raw,
     until: (wanted: string) =>
       new Promise<void>((resolve, reject) => {
         const check = () => {
@@ -124,6 +125,8 @@ describe('the kiln CLI', () => {
     expect(r.out).toMatch(/\[committed [0-9a-f]{10}: result.txt\]/);
     expect(r.out).toContain('[finished] The answer is 42.');
     expect(r.out.trimEnd().endsWith('bye')).toBe(true);
+    // Into a pipe, plain text: no colour codes.
+    expect(r.raw).not.toContain('\x1b');
   });
 
   it('scripting verbs: workspaces, log and revert, exec, with --json', async () => {
@@ -166,6 +169,8 @@ describe('the kiln CLI', () => {
     expect(await term.exited, term.text()).toBe(0);
     expect(term.text()).toContain('42\n');
     expect(term.text().trimEnd().endsWith('bye')).toBe(true);
+    // In a terminal, colour.
+    expect(term.raw()).toContain('\x1b[32m');
     const runs = await (
       await fetch(`${server.url}/v1/runs?limit=1`, { headers: { authorization: `Bearer ${teamKey}` } })
     ).json();
@@ -173,6 +178,14 @@ describe('the kiln CLI', () => {
   });
 
   it('failures print the API\u2019s code and message (typed SDK errors); exec runs Python in a session', async () => {
+    // `kiln runs` lists the team's runs (the chats above made some), of a workspace, by status.
+    const listed = await kiln(env, ['runs']);
+    expect(listed.code, listed.err).toBe(0);
+    expect(listed.out).toMatch(/^run_\w+\s+(completed|cancelled)\s+steps\s+\d+/m);
+    const cancelled = await kiln(env, ['runs', 'research', '--status', 'cancelled', '--json']);
+    expect(JSON.parse(cancelled.out).data.map((x: { status: string }) => x.status)).toEqual(['cancelled']);
+    const one = JSON.parse(cancelled.out).data[0].id as string;
+    expect((await kiln(env, ['run', one])).out).toMatch(new RegExp(`^${one}\\s+cancelled`));
     const missing = await kiln(env, ['runs', 'run_nope']);
     expect(missing.code).toBe(1);
     expect(missing.err).toBe('kiln: not_found: run not found\n');

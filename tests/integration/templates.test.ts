@@ -275,6 +275,9 @@ describe('sandbox templates', () => {
     expect(log.log).toContain('resuming the build');
     expect(log.log).toMatch(/Step \d+\/\d+ : RUN \["python3","-m","pip","install"/);
     expect(log.log).toContain(`built ${image}`);
+    // apt installs what the template asks for, and no compiler only to purge it again.
+    expect(log.log).toMatch(/Unpacking jq /);
+    expect(log.log).not.toMatch(/Unpacking (?:gcc|g\+\+|cpp|binutils|libgcc)/);
     expect(index.downloads()).toBeGreaterThanOrEqual(1);
     const inspect = await docker.getImage(image).inspect();
     expect(inspect.Config.User).toBe('65534:65534');
@@ -427,6 +430,8 @@ describe('sandbox templates', () => {
     expect(failed).toMatchObject({ status: 'failed', image, pip: ['kiln-missing', 'kiln-tiny==1.0'] });
     expect(failed.error).toContain('pip');
     expect(failed.error).toContain('kiln-missing');
+    // The index's own answer comes first, before Docker's "returned a non-zero code".
+    expect(failed.error.split('\n')[0]).toMatch(/^ERROR: .*kiln-missing/);
     expect(await imageExists(`kiln-template:${put.body.hash}`)).toBe(false);
     // The running session goes on, and a new one still gets the previous image.
     expect((await exec(t, owner.key, session, 'print(kiln_tiny.VALUE)')).stdout).toBe('tiny wheel 1.0\n');
@@ -452,9 +457,81 @@ describe('sandbox templates', () => {
       expect(failed.error).toContain('the build took longer than 5 s');
       expect(failed.image).toBeNull();
       expect(await imageExists(`kiln-template:${created.body.hash}`)).toBe(false);
+      // Waiting never makes a failed template usable: the answer says to fix it with PUT and read its error.
+      const use = await call('POST', '/v1/workspaces', owner.key, {
+        name: 'uses-failed',
+        settings: { sandbox: { template: created.body.id } },
+      });
+      expect(use.status).toBe(409);
+      expect(use.body.error.message).toMatch(/failed to build.*read its error.*PUT \/v1\/templates\//);
       expect((await call('DELETE', `/v1/templates/${created.body.id}`, owner.key)).status).toBe(200);
     } finally {
       await slow.close();
+    }
+  }, 300_000);
+
+  it("builds have a lane of their own: one team's builds hold one slot, another team's build and a review-lane job go on; caps per team", async () => {
+    // An app of its own (its own database): its jobs and audit rows stay out of the suite's app.
+    const lanes = await createTestApp({
+      env: {
+        KILN_PIP_INDEX_URL: index.url,
+        KILN_TEMPLATE_BUILD_TIMEOUT_S: '600',
+        KILN_TEMPLATE_BUILD_CONCURRENCY: '2',
+        KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY: '1',
+        KILN_TEMPLATES_MAX_PER_TEAM: '3',
+        KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM: '2',
+        KILN_JOBS_POLL_MS: '100',
+      },
+      sandbox: { templatePoolSize: 0 },
+    });
+    try {
+      const a = await lanes.team('lane-a');
+      const b = await lanes.team('lane-b');
+      const post = (key: string, body: unknown) => lanes.call('POST', '/v1/templates', { key, body });
+      // Team A: two builds that wait on an index that never answers (held until the app stops);
+      // a third waiting build is past the team's cap.
+      const slow = (i: number) => ({ name: `slow-${i}`, pip: ['kiln-slow'], files: [{ path: 'n', content: `${i}` }] });
+      for (const i of [1, 2]) expect((await post(a.key, slow(i))).status).toBe(201);
+      const queued = await post(a.key, slow(3));
+      expect(queued.status).toBe(429);
+      expect(queued.body.error.message).toMatch(
+        /2 template builds queued or running.*KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM=2/,
+      );
+
+      // A job of the review lane is not held up by the builds.
+      let reviewed!: () => void;
+      const review = new Promise<void>((r) => (reviewed = r));
+      lanes.evolution.jobs.handle('test.review-lane', async () => reviewed());
+      await lanes.evolution.jobs.start();
+      await lanes.evolution.jobs.enqueue('test.review-lane', {});
+      await review;
+      // Team B's build takes the lane's second slot at once, while A's first build still waits on the index.
+      const mine = await post(b.key, { name: 'b-files', files: [{ path: 'b', content: 'b' }] });
+      expect(mine.status).toBe(201);
+      images.add(`kiln-template:${mine.body.hash}`);
+      await until(
+        "team B's build to start",
+        async () => (await lanes.call('GET', `/v1/templates/${mine.body.id}`, { key: b.key })).body.status,
+        (s) => s !== 'queued',
+      );
+      const aside = (await lanes.call('GET', '/v1/templates', { key: a.key })).body.data;
+      expect(aside.map((x: { status: string }) => x.status).sort()).toEqual(['building', 'queued']);
+      await until(
+        "team B's build",
+        async () => (await lanes.call('GET', `/v1/templates/${mine.body.id}`, { key: b.key })).body.status,
+        (s) => s === 'ready' || s === 'failed',
+      );
+      expect((await lanes.call('GET', `/v1/templates/${mine.body.id}`, { key: b.key })).body.status).toBe('ready');
+      for (const x of aside) images.add(`kiln-template:${x.hash}`);
+      // Past KILN_TEMPLATES_MAX_PER_TEAM, a template is refused even when it needs no build (a cache hit).
+      const c = await lanes.team('lane-c');
+      const same = (name: string) => post(c.key, { name, files: [{ path: 'b', content: 'b' }] });
+      for (const name of ['c1', 'c2', 'c3']) expect((await same(name)).body.status).toBe('ready');
+      const many = await same('c4');
+      expect(many.status).toBe(409);
+      expect(many.body.error.message).toMatch(/this team has 3 templates.*KILN_TEMPLATES_MAX_PER_TEAM=3/);
+    } finally {
+      await lanes.close();
     }
   }, 300_000);
 

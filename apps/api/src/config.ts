@@ -146,6 +146,12 @@ const schema = z.object({
   KILN_TEMPLATE_BUILD_TIMEOUT_S: int(5, 6 * 3600).default(1200),
   KILN_TEMPLATE_MAX_LOG_BYTES: int(4096, 16 * 1024 * 1024).default(256 * 1024),
   KILN_TEMPLATE_POOL_SIZE: int(0, 8).default(1),
+  // Builds run in a lane of their own, never ahead of reviews and dreams; one team's builds take
+  // at most KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY of its slots, across replicas.
+  KILN_TEMPLATE_BUILD_CONCURRENCY: int(1, 16).default(2),
+  KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY: int(1, 16).default(1),
+  KILN_TEMPLATES_MAX_PER_TEAM: int(1, 10_000).default(20),
+  KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM: int(1, 1000).default(3),
   /** Non-public addresses (or CIDRs) that tenant-chosen URLs (MCP servers, webhooks) may reach, comma-separated. */
   KILN_OUTBOUND_ALLOW: z
     .string()
@@ -251,6 +257,12 @@ export type Config = {
     buildTimeoutMs: number;
     maxLogBytes: number;
     poolSize: number;
+    /** The build lane: builds at once in this process, and of one team at once across replicas. */
+    buildConcurrency: number;
+    buildTeamConcurrency: number;
+    /** Per team: templates, and templates waiting for (or in) a build. */
+    maxPerTeam: number;
+    maxQueuedPerTeam: number;
   };
   /**
    * Sandbox egress: off forbids `sandbox.network: allowlist` (and treats workspaces that have it
@@ -403,6 +415,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
       maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
       poolSize: fairShare ? 0 : e.KILN_TEMPLATE_POOL_SIZE,
+      buildConcurrency: e.KILN_TEMPLATE_BUILD_CONCURRENCY,
+      buildTeamConcurrency: e.KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY,
+      maxPerTeam: e.KILN_TEMPLATES_MAX_PER_TEAM,
+      maxQueuedPerTeam: e.KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM,
     },
     egress: {
       enabled: e.KILN_EGRESS === 'on',

@@ -2,7 +2,7 @@ import type { Interface } from 'node:readline';
 import type { Kiln } from '@kiln/sdk';
 import { describeError } from './errors.ts';
 
-const C = {
+const COLOURS = {
   reset: '\x1b[0m',
   green: '\x1b[32m',
   cyan: '\x1b[36m',
@@ -11,6 +11,18 @@ const C = {
   yellow: '\x1b[33m',
   dim: '\x1b[2m',
 };
+type Palette = typeof COLOURS;
+
+/**
+ * Colours only for a terminal that shows them: Node's own `hasColors()` (a TTY, and NO_COLOR /
+ * FORCE_COLOR / TERM as the conventions say); a pipe or a file gets plain text.
+ */
+function paletteFor(out: NodeJS.WritableStream): Palette {
+  const tty = out as NodeJS.WritableStream & { hasColors?: () => boolean };
+  const forced = process.env.FORCE_COLOR;
+  const on = typeof tty.hasColors === 'function' ? tty.hasColors() : Boolean(forced) && forced !== '0';
+  return on ? COLOURS : (Object.fromEntries(Object.keys(COLOURS).map((k) => [k, ''])) as Palette);
+}
 
 /**
  * The agent's terminal loop over the SDK: thinking, code, output and the finish in colour, live
@@ -19,6 +31,7 @@ const C = {
  * Ctrl-C cancels the running run; `exit` quits.
  */
 export async function chat(kiln: Kiln, workspace: string, rl: Interface, out: NodeJS.WritableStream): Promise<void> {
+  const C = paletteFor(out);
   // Take lines from the start: input piped in before the session exists must not be lost.
   const lines = rl[Symbol.asyncIterator]();
   const ws = await kiln.workspaces.resolve(workspace);

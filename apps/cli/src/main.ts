@@ -8,7 +8,8 @@ const USAGE = `kiln — the Kiln command line (talks to the HTTP API through @ki
   kiln chat WORKSPACE                 interactive agent session (y/n/a approvals, Ctrl-C cancels, exit quits)
   kiln workspaces                     list workspaces
   kiln sessions WORKSPACE             list a workspace's sessions
-  kiln runs RUN                       show a run
+  kiln runs [WORKSPACE] [--status S]  the team's runs, newest first (of a workspace; S: in_progress,…)
+  kiln run RUN                        show a run
   kiln approvals [--pending]          list approvals
   kiln log WORKSPACE [--kind K]       the workspace's commits
   kiln revert WORKSPACE SHA           revert a commit (a new commit)
@@ -69,6 +70,26 @@ async function main(argv: string[]): Promise<number> {
       return 0;
     }
     case 'runs': {
+      // Every run of the team, or of one workspace; a run id shows that run (as `kiln run`).
+      if (rest[0]?.startsWith('run_')) return main(['run', ...rest, ...(json ? ['--json'] : [])]);
+      const at = rest.indexOf('--status');
+      const status = at >= 0 ? rest[at + 1] : undefined;
+      const named = rest.filter((_, i) => i !== at && i !== at + 1)[0];
+      const workspace = named ? (await kiln.workspaces.resolve(named)).id : undefined;
+      const r = await kiln.runs.list({ limit: 50, ...(workspace ? { workspace } : {}), ...(status ? { status } : {}) });
+      print(r, () =>
+        r.data.length
+          ? r.data
+              .map(
+                (x) =>
+                  `${x.id}  ${x.status.padEnd(15)} steps ${String(x.steps).padStart(3)}  session ${x.session_id}  ${x.created_at}`,
+              )
+              .join('\n')
+          : 'no runs',
+      );
+      return 0;
+    }
+    case 'run': {
       need(1, 'RUN');
       const r = await kiln.runs.get(rest[0]!);
       print(

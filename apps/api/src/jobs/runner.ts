@@ -45,8 +45,8 @@ const DEFAULT_LANE: Lane = { name: 'default', concurrency: 1 };
 interface LaneState {
   lane: Lane;
   kinds: Set<string>;
-  running: Promise<void> | undefined;
-  wakeRequested: boolean;
+  /** The lane's workers running now (at most `lane.concurrency`). */
+  workers: Set<Promise<void>>;
   timer?: NodeJS.Timeout;
 }
 
@@ -92,7 +92,7 @@ export class JobRunner {
     this.handlers.set(kind, handler as JobHandler);
     let state = this.lanes.get(lane.name);
     if (!state) {
-      state = { lane, kinds: new Set(), running: undefined, wakeRequested: false };
+      state = { lane, kinds: new Set(), workers: new Set() };
       this.lanes.set(lane.name, state);
       if (!this.stopped) this.poll(state);
     }
@@ -141,7 +141,7 @@ export class JobRunner {
   async stop(): Promise<void> {
     this.stopped = true;
     for (const state of this.lanes.values()) clearInterval(state.timer);
-    await Promise.all([...this.lanes.values()].map((l) => l.running));
+    await Promise.all([...this.lanes.values()].flatMap((l) => [...l.workers]));
   }
 
   /** Runs due jobs until none is left, in every lane (one drain at a time per lane). */
@@ -150,22 +150,31 @@ export class JobRunner {
     for (const state of this.lanes.values()) this.wakeLane(state);
   }
 
+  /**
+   * Starts the lane's missing workers: each claims and runs due jobs until none is due. A worker
+   * busy with a long job (a template build) never keeps a free slot from a job that is due now:
+   * the other slots take it at once (a worker that found nothing has ended and is started again).
+   */
   private wakeLane(state: LaneState): void {
     if (this.stopped) return;
-    if (state.running) {
-      state.wakeRequested = true;
-      return;
+    while (state.workers.size < state.lane.concurrency) {
+      const worker: Promise<void> = this.work(state)
+        .then(() => undefined)
+        .catch((err) => this.log.error({ err, lane: state.lane.name }, 'job runner failed'))
+        .finally(() => state.workers.delete(worker));
+      state.workers.add(worker);
     }
-    state.running = this.drainLane(state)
-      .then(() => undefined)
-      .catch((err) => this.log.error({ err, lane: state.lane.name }, 'job runner failed'))
-      .finally(() => {
-        state.running = undefined;
-        if (state.wakeRequested && !this.stopped) {
-          state.wakeRequested = false;
-          this.wakeLane(state);
-        }
-      });
+  }
+
+  /** One worker of a lane: claims and runs its due jobs until none is left (or a job is released). */
+  private async work(state: LaneState): Promise<number> {
+    let ran = 0;
+    for (let job = await this.claim(state); job; job = await this.claim(state)) {
+      const released = await this.execute(job);
+      ran++;
+      if (released) break;
+    }
+    return ran;
   }
 
   /**
@@ -183,16 +192,7 @@ export class JobRunner {
    * would otherwise claim it again at once.
    */
   private async drainLane(state: LaneState): Promise<number> {
-    const worker = async () => {
-      let ran = 0;
-      for (let job = await this.claim(state); job; job = await this.claim(state)) {
-        const released = await this.execute(job);
-        ran++;
-        if (released) break;
-      }
-      return ran;
-    };
-    const ran = await Promise.all(Array.from({ length: state.lane.concurrency }, worker));
+    const ran = await Promise.all(Array.from({ length: state.lane.concurrency }, () => this.work(state)));
     return ran.reduce((a, b) => a + b, 0);
   }
 

@@ -28,6 +28,8 @@ interface BuildPayload {
   hash: string;
   spec: TemplateSpec;
   sources: BuildSources;
+  /** The team whose template queued the build: the build lane's per-team limit counts by it. */
+  group?: string;
 }
 
 export interface TemplateOptions {
@@ -37,6 +39,21 @@ export interface TemplateOptions {
   debianMirror?: string;
   buildTimeoutMs: number;
   maxLogBytes: number;
+  /** The build lane (default one build at a time, one per team). */
+  buildConcurrency?: number;
+  buildTeamConcurrency?: number;
+  /** Per team: templates, and templates queued or building (default: no cap). */
+  maxPerTeam?: number;
+  maxQueuedPerTeam?: number;
+}
+
+/**
+ * What a failed step said of its own failure, to put before Docker's "returned a non-zero code":
+ * pip's `ERROR:` lines (a package the index does not have, a version that does not exist) and
+ * apt's `E:` lines (a package Debian does not have).
+ */
+function causeOf(lines: string[]): string[] {
+  return lines.filter((l) => /^(?:ERROR: |E: )/.test(l)).slice(-5);
 }
 
 /** A build's output, keeping the newest `max` bytes (the end says why it failed). */
@@ -84,7 +101,15 @@ export class TemplateService implements TemplateImages {
     private readonly opts: TemplateOptions,
     private readonly log: Logger,
   ) {
-    jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.runBuild(p, job));
+    // A lane of their own: a build (minutes, up to the build timeout) never holds up a review or a
+    // dream, and one team's builds take at most buildTeamConcurrency of the lane's slots (counted
+    // across replicas), so another team's build starts as soon as a slot is free.
+    const lane = {
+      name: 'templates',
+      concurrency: opts.buildConcurrency ?? 1,
+      groupLimit: opts.buildTeamConcurrency ?? 1,
+    };
+    jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.runBuild(p, job), lane);
   }
 
   /** Called with the images of the templates workspaces use, whenever that may have changed. */
@@ -170,25 +195,65 @@ export class TemplateService implements TemplateImages {
     await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey });
   }
 
+  /**
+   * Runs `write` with the team's row locked, after checking the team's caps: its number of
+   * templates (`adding` one) and of templates waiting for a build (when this one needs one, besides
+   * `except`). Two requests at once, on any replica, are checked one after the other.
+   */
+  private withinCaps<T>(
+    teamId: string,
+    need: { adding: boolean; building: boolean; except?: string },
+    write: (tx: Db) => Promise<T>,
+  ): Promise<T> {
+    return this.db.transaction(async (t) => {
+      const tx = t as unknown as Db;
+      await tx.execute(sql`select id from teams where id = ${teamId} for update`);
+      const [held] = rowsOf<{ total: number; pending: number }>(
+        await tx.execute(sql`select count(*)::int as total,
+            count(*) filter (where status in ('queued', 'building') and id <> ${need.except ?? ''})::int as pending
+          from templates where team_id = ${teamId}`),
+      );
+      const max = this.opts.maxPerTeam ?? Number.POSITIVE_INFINITY;
+      if (need.adding && Number(held!.total) >= max)
+        throw new ApiError(
+          'conflict',
+          `this team has ${held!.total} templates, the most this server allows a team (KILN_TEMPLATES_MAX_PER_TEAM=${max}): delete one first`,
+        );
+      const queued = this.opts.maxQueuedPerTeam ?? Number.POSITIVE_INFINITY;
+      if (need.building && Number(held!.pending) >= queued)
+        throw new ApiError(
+          'rate_limited',
+          `this team has ${held!.pending} template builds queued or running, the most it may have at once ` +
+            `(KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM=${queued}): try again when one is ready or failed`,
+          undefined,
+          { 'retry-after': '30' },
+        );
+      return write(tx);
+    });
+  }
+
   async create(teamId: string, input: { name: string } & TemplateSpec): Promise<{ row: TemplateRow; cached: boolean }> {
     const { name, ...rest } = input;
     const spec = canonicalSpec(rest);
     const p = await this.plan(spec);
-    const [row] = await this.db
-      .insert(templates)
-      .values({
-        id: newId('tpl'),
-        teamId,
-        name,
-        spec,
-        specHash: p.hash,
-        ...p.fields,
-        image: p.cached ? p.fields.image : null,
-      })
-      .onConflictDoNothing()
-      .returning();
-    if (!row) throw nameTaken(name);
-    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources });
+    const row = await this.withinCaps(teamId, { adding: true, building: !p.cached }, async (tx) => {
+      const [made] = await tx
+        .insert(templates)
+        .values({
+          id: newId('tpl'),
+          teamId,
+          name,
+          spec,
+          specHash: p.hash,
+          ...p.fields,
+          image: p.cached ? p.fields.image : null,
+        })
+        .onConflictDoNothing()
+        .returning();
+      if (!made) throw nameTaken(name);
+      return made;
+    });
+    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources, group: teamId });
     return { row: row as TemplateRow, cached: p.cached };
   }
 
@@ -198,17 +263,19 @@ export class TemplateService implements TemplateImages {
     const { name, ...rest } = input;
     const spec = canonicalSpec(rest);
     const p = await this.plan(spec);
-    const [after] = await this.db
-      .update(templates)
-      .set({ name: name ?? before.name, spec, specHash: p.hash, ...p.fields, updatedAt: new Date() })
-      .where(and(eq(templates.id, id), eq(templates.teamId, teamId)))
-      .returning()
-      .catch((err: unknown) => {
-        if (isUniqueViolation(err)) throw nameTaken(name!);
-        throw err;
-      });
+    const [after] = await this.withinCaps(teamId, { adding: false, building: !p.cached, except: id }, (tx) =>
+      tx
+        .update(templates)
+        .set({ name: name ?? before.name, spec, specHash: p.hash, ...p.fields, updatedAt: new Date() })
+        .where(and(eq(templates.id, id), eq(templates.teamId, teamId)))
+        .returning()
+        .catch((err: unknown) => {
+          if (isUniqueViolation(err)) throw nameTaken(name!);
+          throw err;
+        }),
+    );
     if (!after) throw ApiError.notFound('template');
-    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources });
+    if (!p.cached) await this.enqueue({ hash: p.hash, spec, sources: p.sources, group: teamId });
     else void this.refreshPool();
     return { before, after: after as TemplateRow, cached: p.cached };
   }
@@ -280,7 +347,10 @@ export class TemplateService implements TemplateImages {
     if (!row.image)
       throw new ApiError(
         'conflict',
-        `template ${id} is ${row.status} and has no image yet; use it once GET /v1/templates/${id} says ready`,
+        row.status === 'failed'
+          ? `template ${id} failed to build and has no image: read its error (GET /v1/templates/${id}), ` +
+              `fix its definition with PUT /v1/templates/${id} (a rebuild), and use it once it is ready`
+          : `template ${id} is ${row.status} and has no image yet; use it once GET /v1/templates/${id} says ready`,
       );
   }
 
@@ -435,7 +505,7 @@ export class TemplateService implements TemplateImages {
       }
       const reason =
         err instanceof ImageBuildFailed
-          ? [err.message, '', ...log.lastLines(REASON_LINES)].join('\n')
+          ? [...causeOf(log.lastLines(REASON_LINES)), err.message, '', ...log.lastLines(REASON_LINES)].join('\n')
           : `the build could not run: ${(err as Error).message}`;
       log.line(`[kiln] failed: ${(err as Error).message}`);
       await this.setPending(p.hash, { status: 'failed', error: reason.slice(0, 8000), log: log.toString() });

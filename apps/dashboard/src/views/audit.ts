@@ -41,6 +41,12 @@ export function auditView(dispose: Dispose[]): HTMLElement {
     }
     return q;
   };
+  // The fields first: the list loads at once and reads them.
+  const fields = [
+    ...FILTERS.map(([name, label, placeholder]) => field(name, label, { placeholder, maxlength: '128' })),
+    field('since', 'from', { type: 'datetime-local', step: '0.001' }),
+    field('until', 'until', { type: 'datetime-local', step: '0.001' }),
+  ];
   const list = pagedPanel<AuditEvent>(
     'audit',
     'Audit log',
@@ -64,13 +70,6 @@ export function auditView(dispose: Dispose[]): HTMLElement {
       ),
     { everyMs: 10_000, dispose },
   );
-  const form = filterForm(
-    'audit-filters',
-    list,
-    ...FILTERS.map(([name, label, placeholder]) => field(name, label, { placeholder, maxlength: '128' })),
-    field('since', 'from', { type: 'datetime-local', step: '0.001' }),
-    field('until', 'until', { type: 'datetime-local', step: '0.001' }),
-    h('label', {}, 'per page', perPage),
-  );
+  const form = filterForm('audit-filters', list, ...fields, h('label', {}, 'per page', perPage));
   return h('div', { class: 'view' }, form, list.box);
 }

@@ -197,10 +197,12 @@ export function chatView(ws: string | undefined, session: string | undefined, di
     input.disabled = on || !session;
   };
 
+  // A failed read (an org-admin key, which acts in no team) is said in the chat, never left unhandled.
+  const failed = (err: unknown) => log.append(h('p', { class: 'error', role: 'alert' }, messageOf(err)));
   void api<List<Workspace>>('GET', '/v1/workspaces?limit=100').then((l) => {
     for (const w of l.data)
       wsSelect.append(h('option', { value: w.id, ...(w.id === ws ? { selected: true } : {}) }, w.name));
-  });
+  }, failed);
   wsSelect.addEventListener('change', () => {
     location.hash = chatHref(wsSelect.value || undefined);
   });
@@ -211,8 +213,19 @@ export function chatView(ws: string | undefined, session: string | undefined, di
         sesSelect.append(
           h('option', { value: s.id, ...(s.id === session ? { selected: true } : {}) }, s.title ?? s.id),
         );
-    });
+    }, failed);
   }
+  // Send waits for a session: say how to get one, instead of a button that is just grey.
+  if (!session)
+    log.append(
+      h(
+        'p',
+        { class: 'hint', id: 'chat-hint' },
+        ws
+          ? 'Pick a session above, or start a New session, to talk to the agent.'
+          : 'Pick a workspace above, then a session (or New session), to talk to the agent.',
+      ),
+    );
   sesSelect.addEventListener('change', () => {
     if (sesSelect.value) location.hash = chatHref(ws, sesSelect.value);
   });

@@ -112,10 +112,21 @@ function fileView(base: string, ws: string, path: string, line: number | undefin
     'file',
     path,
     async () => ({
-      file: await api<FileBody>('GET', `${base}/files?path=${enc(path)}`),
+      file: await api<FileBody | Listing>('GET', `${base}/files?path=${enc(path)}`),
       usage: path === 'MEMORY.md' ? await api<MemoryUsage>('GET', `${base}/memory`) : null,
     }),
     ({ file, usage }, reload) => {
+      // A folder's address (#/ws/…/files/knowledge): its entries, each a link, not a file's view.
+      if (file.type === 'dir')
+        return h(
+          'ul',
+          { class: 'tree' },
+          ...(file.entries.length
+            ? file.entries.map((e) =>
+                h('li', { class: e.type }, link(fileHref(ws, e.path), e.type === 'dir' ? `${e.name}/` : e.name)),
+              )
+            : [h('li', { class: 'empty' }, 'an empty folder')]),
+        );
       const body = h('div', { class: 'file-body' });
       const show = () => {
         if (file.encoding === 'base64') replace(body, h('p', { class: 'empty' }, `binary file, ${file.size} bytes`));

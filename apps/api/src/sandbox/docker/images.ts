@@ -32,9 +32,9 @@ export function dockerfileOf(input: ImageRecipe): string {
   const usesApt = spec.pip.length > 0 || spec.apt.length > 0;
   if (usesApt) {
     const install = ['apt-get', 'install', '-y', '--no-install-recommends', '-o', 'Dpkg::Use-Pty=0'];
-    // The base image purged its compilers with --force-depends, which apt refuses to work on:
-    // they come back here (a layer every template shares) and are purged again at the end.
-    lines.push(run(['apt-get', 'update']), run([...install, '--fix-broken']));
+    // The base image's purged compilers are empty stubs of the same versions (sandbox-image/Dockerfile),
+    // so apt works on it as it is: nothing is downloaded again only to be purged at the end.
+    lines.push(run(['apt-get', 'update']));
     // pip next, in a layer of its own: every template with Python packages shares it.
     if (spec.pip.length) lines.push(run([...install, 'python3-pip']));
     if (spec.apt.length) lines.push(run([...install, ...spec.apt]));
