@@ -62,7 +62,11 @@ describe('evolution jobs survive a crash of the server', () => {
     const api = async (key: string, path: string, init: { method?: string; body?: unknown; raw?: string } = {}) => {
       const res = await fetch(`${p.url}${path}`, {
         method: init.method ?? 'GET',
-        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+        // A file's bytes go as octet-stream: a PUT /files sent as JSON is the {content} shape.
+        headers: {
+          authorization: `Bearer ${key}`,
+          'content-type': init.raw === undefined ? 'application/json' : 'application/octet-stream',
+        },
         body: init.raw ?? (init.body === undefined ? undefined : JSON.stringify(init.body)),
       });
       return { status: res.status, body: (await res.json()) as any };

@@ -21,6 +21,10 @@ describe('config', () => {
       buildTimeoutMs: 1_200_000,
       maxLogBytes: 262_144,
       poolSize: 1,
+      buildConcurrency: 2,
+      buildTeamConcurrency: 1,
+      maxPerTeam: 20,
+      maxQueuedPerTeam: 3,
     });
     const c = loadConfig({
       KILN_PIP_INDEX_URL: 'http://127.0.0.1:3141/simple',
@@ -28,6 +32,10 @@ describe('config', () => {
       KILN_TEMPLATE_BUILD_TIMEOUT_S: '60',
       KILN_TEMPLATE_MAX_LOG_BYTES: '8192',
       KILN_TEMPLATE_POOL_SIZE: '0',
+      KILN_TEMPLATE_BUILD_CONCURRENCY: '4',
+      KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY: '2',
+      KILN_TEMPLATES_MAX_PER_TEAM: '5',
+      KILN_TEMPLATE_BUILDS_MAX_QUEUED_PER_TEAM: '1',
     });
     expect(c.templates).toEqual({
       pipIndexUrl: 'http://127.0.0.1:3141/simple',
@@ -35,6 +43,10 @@ describe('config', () => {
       buildTimeoutMs: 60_000,
       maxLogBytes: 8192,
       poolSize: 0,
+      buildConcurrency: 4,
+      buildTeamConcurrency: 2,
+      maxPerTeam: 5,
+      maxQueuedPerTeam: 1,
     });
     // debootstrap may take a file: mirror; a build container could not read it, so templates keep the base's sources.
     expect(loadConfig({ KILN_DEBIAN_MIRROR: 'file:///srv/debian' }).templates.debianMirror).toBeUndefined();
