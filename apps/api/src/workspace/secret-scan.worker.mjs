@@ -4,7 +4,7 @@
 //
 // Plain JavaScript on purpose: Node starts a worker outside tsx's and vitest's loaders.
 // A thread of off-thread.ts:
-//   in:  { id, files: [{ path, text }] }
+//   in:  { id, files: [{ path, text, name? }] } (name: text is a file's name, scanned with Kiln's patterns only)
 //   out: { id, ok: [[{ start, end, type }], …] (one list per file, in order) } | { id, error }
 //
 // The rules: secretlint's recommended preset (maintained upstream: cloud keys, tokens of the
@@ -181,7 +181,12 @@ function merge(kiln, lint) {
 
 serve(async ({ files }) => {
   const findings = [];
-  for (const { path, text } of files)
-    findings.push(merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)));
+  // A file's name (`name`): Kiln's own patterns only, which are what a token saved as a name looks like.
+  for (const { path, text, name } of files)
+    findings.push(
+      name
+        ? merge(kilnFindings(text), [])
+        : merge([...fileFindings(path, text), ...kilnFindings(text)], await secretlintFindings(path, text)),
+    );
   return findings;
 });

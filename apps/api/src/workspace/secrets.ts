@@ -72,7 +72,7 @@ const encode = (text: string, enc: Encoding) =>
  * Content is the tenants', so a pathological file can cost that thread time, never the API's
  * event loop; past the deadline the thread is replaced and the file refused.
  */
-const scanner = new OffThread<{ files: { path: string; text: string }[] }, Finding[][]>(
+const scanner = new OffThread<{ files: { path: string; text: string; name?: boolean }[] }, Finding[][]>(
   new URL('./secret-scan.worker.mjs', import.meta.url),
   'secret scanner',
 );
@@ -81,7 +81,7 @@ const scanner = new OffThread<{ files: { path: string; text: string }[] }, Findi
  * Findings per file. Only a batch's own deadline refuses it: a batch that failed because the
  * thread was replaced under it (another batch's deadline) is sent again, once.
  */
-async function find(files: { path: string; text: string }[], deadlineMs: number): Promise<Finding[][]> {
+async function find(files: { path: string; text: string; name?: boolean }[], deadlineMs: number): Promise<Finding[][]> {
   try {
     return await scanner.run({ files }, [], deadlineMs);
   } catch (err) {
@@ -106,32 +106,28 @@ export async function scanSecrets(
   files: { path: string; data: Buffer }[],
   deadlineMs = SCAN_DEADLINE_MS,
 ): Promise<ScanVerdict[]> {
-  const named = await secretsInNames(files, deadlineMs);
-  const verdicts: (ScanVerdict | undefined)[] = files.map((f, i) =>
+  const verdicts: (ScanVerdict | undefined)[] = files.map((f) =>
     KEY_STORE.test(f.path)
       ? {
           kind: 'refused',
           reason: 'its name marks it as a private key or key store, which is never committed',
           redactions: [],
         }
-      : named[i]
-        ? named[i]
-        : f.data.length === 0
-          ? { kind: 'clean' }
-          : undefined,
+      : undefined,
   );
   const todo = files.flatMap((f, i) => {
-    if (verdicts[i]) return [];
+    if (verdicts[i] || f.data.length === 0) return [];
     const enc = encodingOf(f.data);
     return [{ i, path: f.path, data: f.data, enc, text: decode(f.data, enc) }];
   });
-  if (todo.length === 0) return verdicts as ScanVerdict[];
+  // The names ride in the same round trip (with Kiln's own patterns only): a token saved as a
+  // file's name cannot be redacted without renaming the file behind the writer's back, so such a
+  // file is refused.
+  const names = files.map((f) => ({ path: '', text: f.path, name: true }));
+  const contents = todo.map(({ path, text }) => ({ path, text }));
   let found: (Finding[] | Error)[];
   try {
-    found = await find(
-      todo.map(({ path, text }) => ({ path, text })),
-      deadlineMs,
-    );
+    found = await find([...contents, ...names], deadlineMs);
   } catch (err) {
     found = todo.length === 1 ? [err as Error] : [];
     for (const t of todo.length === 1 ? [] : todo)
@@ -141,36 +137,30 @@ export async function scanSecrets(
           (e: Error) => e,
         ),
       );
-  }
-  for (const [k, t] of todo.entries()) verdicts[t.i] = verdictOf(t, found[k]!);
-  return verdicts as ScanVerdict[];
-}
-
-/**
- * A path that holds a secret (a token saved as a file's name) cannot be redacted without
- * renaming the file behind the writer's back: such a file is refused, saying what its name holds.
- * The names are scanned as text, with the same rules, in one round trip.
- */
-async function secretsInNames(files: { path: string }[], deadlineMs: number): Promise<(ScanVerdict | undefined)[]> {
-  if (files.length === 0) return [];
-  let found: Finding[][];
-  try {
-    found = await find(
-      files.map((f) => ({ path: '', text: f.path })),
-      deadlineMs,
+    // Names scan fast (Kiln's patterns only, no secretlint): under the standard deadline, so a
+    // caller's short one ends no second thread under another tenant's scan.
+    found.push(
+      ...(await find(names, Math.max(deadlineMs, SCAN_DEADLINE_MS)).then(
+        (r): (Finding[] | Error)[] => r,
+        (e: Error) => names.map(() => e),
+      )),
     );
-  } catch (err) {
-    return files.map(() => ({ kind: 'refused', reason: `its name: ${(err as Error).message}`, redactions: [] }));
   }
-  return files.map((f, i) => {
-    const types = [...new Set(found[i]!.map((x) => x.type))];
-    if (!types.length) return undefined;
-    return {
-      kind: 'refused',
-      reason: `its name holds a secret (${types.join(', ')}): rename the file`,
-      redactions: types.map((type) => ({ path: f.path, line: 0, type })),
-    };
-  });
+  for (const [i, f] of files.entries()) {
+    const named = found[todo.length + i]!;
+    if (verdicts[i]) continue;
+    if (named instanceof Error) verdicts[i] = { kind: 'refused', reason: `its name: ${named.message}`, redactions: [] };
+    else if (named.length) {
+      const types = [...new Set(named.map((x) => x.type))];
+      verdicts[i] = {
+        kind: 'refused',
+        reason: `its name holds a secret (${types.join(', ')}): rename the file`,
+        redactions: types.map((type) => ({ path: f.path, line: 0, type })),
+      };
+    }
+  }
+  for (const [k, t] of todo.entries()) verdicts[t.i] ??= verdictOf(t, found[k]!);
+  return verdicts.map((v) => v ?? { kind: 'clean' });
 }
 
 function verdictOf(
