@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { createServer as createHttpServer, request as httpRequest } from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -67,6 +68,35 @@ function kilnInTerminal(env: Record<string, string>, args: string[]) {
       }),
     text,
     exited,
+  };
+}
+
+/**
+ * A proxy on 127.0.0.1 in front of the server that can hold back the answer to a posted message
+ * (`hold`, until `release`): what a slow network or a loaded server does to the CLI.
+ */
+async function messageHoldingProxy(target: string) {
+  let held: Promise<void> | undefined;
+  let release = () => {};
+  const server = createHttpServer((req, res) => {
+    const up = httpRequest(new URL(req.url!, target), { method: req.method, headers: req.headers }, async (r) => {
+      if (held && req.method === 'POST' && req.url!.endsWith('/messages')) await held;
+      res.writeHead(r.statusCode!, r.headers);
+      r.pipe(res);
+    });
+    req.pipe(up);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    hold: () => {
+      held = new Promise<void>((r) => (release = r));
+    },
+    release: () => release(),
+    close: () => {
+      server.closeAllConnections();
+      return new Promise<void>((resolve) => server.close(() => resolve()));
+    },
   };
 }
 
@@ -175,6 +205,42 @@ describe('the kiln CLI', () => {
       await fetch(`${server.url}/v1/runs?limit=1`, { headers: { authorization: `Bearer ${teamKey}` } })
     ).json();
     expect(runs.data[0].status).toBe('cancelled');
+  });
+
+  it('Ctrl-C pressed before the answer to the message arrives still cancels the run', async () => {
+    // A workspace of its own: the runs of `research` are counted below.
+    const made = await fetch(`${server.url}/v1/workspaces`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${teamKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ name: 'ctrl-c' }),
+    });
+    expect(made.status).toBe(201);
+    const ws = ((await made.json()) as { id: string }).id;
+    const proxy = await messageHoldingProxy(server.url);
+    try {
+      fake.script({ hang: true });
+      const term = kilnInTerminal({ ...env, KILN_URL: proxy.url }, ['chat', 'ctrl-c']);
+      await term.until('╰─> ');
+      proxy.hold();
+      const asked = fake.chats().length;
+      term.type('think for a while\r');
+      // The run is on the server (its model call is waiting) while the CLI still waits for the run's id.
+      await fake.chatRequests(asked + 1);
+      term.type('\x03');
+      await term.until('cancelling…');
+      proxy.release();
+      await term.until('[cancelled]');
+      await term.until('╰─> ');
+      term.type('exit\r');
+      expect(await term.exited, term.text()).toBe(0);
+      const runs = await (
+        await fetch(`${server.url}/v1/runs?workspace=${ws}`, { headers: { authorization: `Bearer ${teamKey}` } })
+      ).json();
+      expect(runs.data.map((r: { status: string }) => r.status)).toEqual(['cancelled']);
+    } finally {
+      proxy.release();
+      await proxy.close();
+    }
   });
 
   it('failures print the API\u2019s code and message (typed SDK errors); exec runs Python in a session', async () => {

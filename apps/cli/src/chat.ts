@@ -46,21 +46,27 @@ export async function chat(kiln: Kiln, workspace: string, rl: Interface, out: No
     const input = await ask(`\n${C.green}╭─[you]\n╰─> ${C.reset}`);
     if (input === null || ['exit', 'quit'].includes(input.toLowerCase())) break;
     if (!input) continue;
-    let runId: string;
-    try {
-      runId = (await kiln.messages.send(session.id, input)).run.id;
-    } catch (err) {
-      out.write(`${C.red}${describeError(err)}${C.reset}\n`);
-      continue;
-    }
+    // Ctrl-C is listened for from the moment the message is sent: one pressed before the answer
+    // (the run's id) arrives cancels the run as soon as it does, instead of being lost.
+    let runId: string | undefined;
+    let cancelling = false;
+    const cancel = (id: string) => void kiln.runs.cancel(id).catch(() => undefined);
     const abort = new AbortController();
     const onSigint = () => {
       out.write(`\n${C.yellow}cancelling…${C.reset}\n`);
-      void kiln.runs.cancel(runId).catch(() => undefined);
+      cancelling = true;
+      if (runId) cancel(runId);
     };
     rl.on('SIGINT', onSigint);
     process.on('SIGINT', onSigint);
     try {
+      try {
+        runId = (await kiln.messages.send(session.id, input)).run.id;
+      } catch (err) {
+        out.write(`${C.red}${describeError(err)}${C.reset}\n`);
+        continue;
+      }
+      if (cancelling) cancel(runId);
       for await (const ev of kiln.runs.stream(runId, { signal: abort.signal })) {
         const d = ev.data;
         if (ev.event === 'thinking' && !d.protocol_violation) out.write(`${C.cyan}[thinking] ${d.text}${C.reset}\n`);
