@@ -15,19 +15,7 @@ import { converse, eventsUntil, TERMINAL } from '../support/agent.ts';
 import { serveMcp } from '../support/mcp.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 import { z } from 'zod';
-
-/** Debian's chromium, as infra/test.sh installs it. */
-const CHROMIUM = {
-  executablePath: '/usr/bin/chromium',
-  args: [
-    '--headless',
-    '--no-sandbox',
-    '--disable-gpu',
-    '--disable-background-networking',
-    '--disable-component-update',
-    '--disable-sync',
-  ],
-};
+import { CHROMIUM } from '../support/browser.ts';
 
 /** A webhook receiver on 127.0.0.1: answers each request with the next queued status (200 when none is). */
 async function startReceiver() {

@@ -8,18 +8,7 @@ import { DASHBOARD_DIST } from '../../apps/api/src/http/dashboard.ts';
 import { useAgentApp } from '../support/agent-app.ts';
 import { converse } from '../support/agent.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
-
-const CHROMIUM = {
-  executablePath: '/usr/bin/chromium',
-  args: [
-    '--headless',
-    '--no-sandbox',
-    '--disable-gpu',
-    '--disable-background-networking',
-    '--disable-component-update',
-    '--disable-sync',
-  ],
-};
+import { CHROMIUM } from '../support/browser.ts';
 
 /**
  * Every route of the dashboard's router (apps/dashboard/src/main.ts, viewFor), opened by its URL as

@@ -1,10 +1,23 @@
-import { and, eq, isNull } from 'drizzle-orm';
+import { and, eq, isNull, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { apiKeys, teams } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
 import { generateKey, insertKey, type TeamRole } from './keys.ts';
+
+/**
+ * Runs `fn` in a transaction that holds the team's row lock: what it counts of the team (its
+ * workspaces, their bytes, its templates) and writes is checked against the team's caps one
+ * request after another, on every replica, so two requests at once cannot both take the last place.
+ */
+export function withTeamLocked<T>(db: Db, teamId: string, fn: (tx: Db) => Promise<T>): Promise<T> {
+  return db.transaction(async (t) => {
+    const tx = t as unknown as Db;
+    await tx.execute(sql`select id from ${teams} where id = ${teamId} for update`);
+    return fn(tx);
+  });
+}
 
 export async function createTeam(db: Db, name: string) {
   const [row] = await db

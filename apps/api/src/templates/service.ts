@@ -6,6 +6,7 @@ import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { rowsOf } from '../db/rows.ts';
 import { templates, workspaces } from '../db/schema/index.ts';
 import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
+import { withTeamLocked } from '../auth/teams.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
 import { type ImageBuilder, ImageBuildFailed } from '../sandbox/backend.ts';
@@ -205,9 +206,7 @@ export class TemplateService implements TemplateImages {
     need: { adding: boolean; building: boolean; except?: string },
     write: (tx: Db) => Promise<T>,
   ): Promise<T> {
-    return this.db.transaction(async (t) => {
-      const tx = t as unknown as Db;
-      await tx.execute(sql`select id from teams where id = ${teamId} for update`);
+    return withTeamLocked(this.db, teamId, async (tx) => {
       const [held] = rowsOf<{ total: number; pending: number }>(
         await tx.execute(sql`select count(*)::int as total,
             count(*) filter (where status in ('queued', 'building') and id <> ${need.except ?? ''})::int as pending

@@ -1,7 +1,8 @@
 import { and, eq, isNull, ne, sql } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
-import { teams, workspaces } from '../db/schema/index.ts';
+import { workspaces } from '../db/schema/index.ts';
+import { withTeamLocked } from '../auth/teams.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
@@ -26,9 +27,7 @@ export async function createWorkspace(
   maxPerTeam = Number.POSITIVE_INFINITY,
 ) {
   const settings = applySettingsPatch(DEFAULT_SETTINGS, input.settings ?? {});
-  return db.transaction(async (t) => {
-    const tx = t as unknown as Db;
-    await tx.execute(sql`select id from ${teams} where id = ${teamId} for update`);
+  return withTeamLocked(db, teamId, async (tx) => {
     const [held] = await tx.select({ n: sql<number>`count(*)::int` }).from(workspaces).where(live(teamId));
     if (Number(held!.n) >= maxPerTeam)
       throw new ApiError(
@@ -57,9 +56,7 @@ export async function reserveWorkspaceBytes(
   bytes: number,
   maxTeamBytes: number,
 ): Promise<void> {
-  await db.transaction(async (t) => {
-    const tx = t as unknown as Db;
-    await tx.execute(sql`select id from ${teams} where id = ${ws.teamId} for update`);
+  await withTeamLocked(db, ws.teamId, async (tx) => {
     const [others] = await tx
       .select({ n: sql<string>`coalesce(sum(${workspaces.sizeBytes}), 0)` })
       .from(workspaces)
