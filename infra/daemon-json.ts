@@ -1,25 +1,31 @@
 /**
- * Registers Kiln's two gVisor runtimes in dockerd's daemon.json (run by infra/docker.sh):
+ * Registers Kiln's gVisor runtimes in dockerd's daemon.json (run by infra/docker.sh):
  *
  *   tsx infra/daemon-json.ts <daemon.json> <runsc path> <platform>   → prints "changed" or "unchanged"
  *   tsx infra/daemon-json.ts <daemon.json> --platform                  → prints the recorded platform, or nothing
  *
  * Every other key of the file (and every other runtime) is kept as it is; the file is written
- * (atomically) only when the two entries differ from what is there, so a second run changes nothing.
+ * (atomically) only when its entries differ from what is there, so a second run changes nothing.
  */
 import { readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
-/** kiln-gvisor: gVisor's own netstack, for sandboxes with a network; kiln-gvisor-nonet: for NetworkMode none. */
+/**
+ * kiln-gvisor: gVisor's own netstack (Debian 12's runsc cannot join a Docker network with it);
+ * kiln-gvisor-nonet: for NetworkMode none, every gVisor sandbox without egress;
+ * kiln-gvisor-egress: no network either, but the sandbox may connect to a host Unix socket
+ * mounted into it (only the egress relay's socket is): gVisor sandboxes with network allowlist.
+ */
 export const RUNTIMES = {
   'kiln-gvisor': [] as string[],
   'kiln-gvisor-nonet': ['--network=none'],
+  'kiln-gvisor-egress': ['--network=none', '--host-uds=open'],
 };
 
 type Runtime = { path?: unknown; runtimeArgs?: unknown };
 type DaemonJson = Record<string, unknown> & { runtimes?: Record<string, Runtime> };
 
-/** The daemon.json text with both runtimes registered for this runsc and platform, and whether that changed anything. */
+/** The daemon.json text with every runtime registered for this runsc and platform, and whether that changed anything. */
 export function mergeRuntimes(text: string, runsc: string, platform: string): { text: string; changed: boolean } {
   const current: DaemonJson = text.trim() ? JSON.parse(text) : {};
   if (typeof current !== 'object' || current === null || Array.isArray(current))

@@ -1,11 +1,11 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Docker from 'dockerode';
 import { sql } from 'drizzle-orm';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { ensureEgressImage, ensureSandboxImage } from '../../sandbox-image/build.ts';
 import { converse } from '../support/agent.ts';
@@ -167,8 +167,9 @@ describe('sandbox egress through the allowlist proxy', () => {
     rmSync(certDir, { recursive: true, force: true });
   });
 
-  const allowlist = async (team: { key: string }, allow: string[]) =>
-    sessionIn(t, team, { sandbox: { network: 'allowlist', allow } });
+  /** A session in a new allowlist workspace: runc unless said (gVisor sandboxes reach the proxy through a relay socket). */
+  const allowlist = async (team: { key: string }, allow: string[], runtime: 'runc' | 'gvisor' = 'runc') =>
+    sessionIn(t, team, { sandbox: { network: 'allowlist', allow, runtime } });
   const proxyOf = (stdout: string) => new URL(stdout.trim().split('\n').at(-1)!);
 
   it('validates sandbox.network and sandbox.allow at the edge (400, nothing written) and audits a change', async () => {
@@ -230,9 +231,11 @@ describe('sandbox egress through the allowlist proxy', () => {
     expect(across.status).toBe(404);
   });
 
-  it('reaches allowed names over HTTP and HTTPS only through the proxy, refuses everything else, and records every request', async () => {
-    const { session } = await allowlist(teamA, ['api.allowed.test', '*.wild.test']);
-    const code = `${PROBES(ca)}
+  it.each(['runc', 'gvisor'] as const)(
+    '%s: reaches allowed names over HTTP and HTTPS only through the proxy, refuses everything else, and records every request',
+    async (runtime) => {
+      const { session } = await allowlist(teamA, ['api.allowed.test', '*.wild.test'], runtime);
+      const code = `${PROBES(ca)}
 probe("http", lambda: get("http://api.allowed.test/one"))
 probe("https", lambda: get("https://api.allowed.test/two"))
 probe("refused", lambda: get("http://other.refused.test/"))
@@ -275,67 +278,68 @@ def no_auth():
 probe("no_auth", no_auth)
 print(os.environ["HTTP_PROXY"])
 `;
-    const r = await exec(t, teamA.key, session, code, 60);
-    const p = probes(r.stdout);
-    expect(p.http).toMatchObject({ ok: true, detail: 'api.allowed.test /one' });
-    expect(p.https).toMatchObject({ ok: true, detail: 'api.allowed.test /two' });
-    expect(p.wild).toMatchObject({ ok: true, detail: 'a.wild.test /w' });
-    expect(p.wild_deep).toMatchObject({ ok: true, detail: 'b.c.wild.test /d' });
-    expect(p.refused).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.wild_parent).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.ip_via_proxy).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.ip_tls_via_proxy).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.port_8080).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.connect_22).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
-    expect(p.https_on_80!.ok).toBe(false);
-    // Only HTTP goes through, to allowed names (no FTP, no cache manager); any method of it.
-    expect(p.ftp).toMatchObject({ ok: true, detail: 403 });
-    expect(p.manager).toMatchObject({ ok: true, detail: 403 });
-    expect(p.post).toMatchObject({ ok: true, detail: 501 });
-    expect(p.direct_ip!.ok).toBe(false);
-    expect(p.dns).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
-    expect(p.dns_outside).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
-    expect(p.proxy_other_port!.ok).toBe(false);
-    const proxy = proxyOf(r.stdout);
-    expect(proxy.username).toBe(r.sandbox_id);
+      const r = await exec(t, teamA.key, session, code, 60);
+      const p = probes(r.stdout);
+      expect(p.http).toMatchObject({ ok: true, detail: 'api.allowed.test /one' });
+      expect(p.https).toMatchObject({ ok: true, detail: 'api.allowed.test /two' });
+      expect(p.wild).toMatchObject({ ok: true, detail: 'a.wild.test /w' });
+      expect(p.wild_deep).toMatchObject({ ok: true, detail: 'b.c.wild.test /d' });
+      expect(p.refused).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.wild_parent).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.ip_via_proxy).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.ip_tls_via_proxy).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.port_8080).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.connect_22).toMatchObject({ ok: false, detail: expect.stringContaining('403') });
+      expect(p.https_on_80!.ok).toBe(false);
+      // Only HTTP goes through, to allowed names (no FTP, no cache manager); any method of it.
+      expect(p.ftp).toMatchObject({ ok: true, detail: 403 });
+      expect(p.manager).toMatchObject({ ok: true, detail: 403 });
+      expect(p.post).toMatchObject({ ok: true, detail: 501 });
+      expect(p.direct_ip!.ok).toBe(false);
+      expect(p.dns).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
+      expect(p.dns_outside).toMatchObject({ ok: false, detail: expect.stringContaining('gaierror') });
+      expect(p.proxy_other_port!.ok).toBe(false);
+      const proxy = proxyOf(r.stdout);
+      expect(proxy.username).toBe(r.sandbox_id);
 
-    // Every request that reached the proxy is an event of this execution, allowed or refused.
-    const ev = (host: string, port: number, method: string) =>
-      r.egress.find((e) => e.host === host && e.port === port && e.method === method);
-    expect(ev('api.allowed.test', 80, 'GET')).toMatchObject({ allowed: true, status: 200 });
-    expect(ev('api.allowed.test', 443, 'CONNECT')).toMatchObject({ allowed: true, status: 200 });
-    expect(ev('api.allowed.test', 443, 'CONNECT')!.bytes_in).toBeGreaterThan(0);
-    expect(ev('a.wild.test', 443, 'CONNECT')).toMatchObject({ allowed: true });
-    expect(ev('b.c.wild.test', 80, 'GET')).toMatchObject({ allowed: true, status: 200 });
-    expect(ev('other.refused.test', 80, 'GET')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev('wild.test', 443, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev(upstreamIp, 80, 'GET')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev(upstreamIp, 443, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev('api.allowed.test', 8080, 'GET')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev('api.allowed.test', 22, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
-    expect(ev('api.allowed.test', 80, 'POST')).toMatchObject({ allowed: true, status: 501 });
-    expect(ev('api.allowed.test', 0, 'GET')).toMatchObject({ allowed: false, status: 403 });
-    // What the proxy decided, not what reached it: a bare connection, garbage (its own 400) and a
-    // request without credentials (407) were let through to nowhere, and say so.
-    expect(p.garbage).toMatchObject({ ok: true, detail: 'HTTP/1.1 400' });
-    expect(p.no_auth).toMatchObject({ ok: true, detail: 407 });
-    expect(ev('error:transaction-end-before-headers', 0, '-')).toMatchObject({ allowed: false, status: 0 });
-    expect(ev('error:invalid-request', 0, 'HELLO')).toMatchObject({ allowed: false, status: 400 });
-    expect(r.egress.filter((e) => e.status === 407)).toEqual([expect.objectContaining({ allowed: false })]);
-    // One event per request that reached the proxy (all but the direct and DNS probes).
-    expect(r.egress).toHaveLength(17);
-    expect(r.egress.filter((e) => e.allowed)).toHaveLength(5);
+      // Every request that reached the proxy is an event of this execution, allowed or refused.
+      const ev = (host: string, port: number, method: string) =>
+        r.egress.find((e) => e.host === host && e.port === port && e.method === method);
+      expect(ev('api.allowed.test', 80, 'GET')).toMatchObject({ allowed: true, status: 200 });
+      expect(ev('api.allowed.test', 443, 'CONNECT')).toMatchObject({ allowed: true, status: 200 });
+      expect(ev('api.allowed.test', 443, 'CONNECT')!.bytes_in).toBeGreaterThan(0);
+      expect(ev('a.wild.test', 443, 'CONNECT')).toMatchObject({ allowed: true });
+      expect(ev('b.c.wild.test', 80, 'GET')).toMatchObject({ allowed: true, status: 200 });
+      expect(ev('other.refused.test', 80, 'GET')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev('wild.test', 443, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev(upstreamIp, 80, 'GET')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev(upstreamIp, 443, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev('api.allowed.test', 8080, 'GET')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev('api.allowed.test', 22, 'CONNECT')).toMatchObject({ allowed: false, status: 403 });
+      expect(ev('api.allowed.test', 80, 'POST')).toMatchObject({ allowed: true, status: 501 });
+      expect(ev('api.allowed.test', 0, 'GET')).toMatchObject({ allowed: false, status: 403 });
+      // What the proxy decided, not what reached it: a bare connection, garbage (its own 400) and a
+      // request without credentials (407) were let through to nowhere, and say so.
+      expect(p.garbage).toMatchObject({ ok: true, detail: 'HTTP/1.1 400' });
+      expect(p.no_auth).toMatchObject({ ok: true, detail: 407 });
+      expect(ev('error:transaction-end-before-headers', 0, '-')).toMatchObject({ allowed: false, status: 0 });
+      expect(ev('error:invalid-request', 0, 'HELLO')).toMatchObject({ allowed: false, status: 400 });
+      expect(r.egress.filter((e) => e.status === 407)).toEqual([expect.objectContaining({ allowed: false })]);
+      // One event per request that reached the proxy (all but the direct and DNS probes).
+      expect(r.egress).toHaveLength(17);
+      expect(r.egress.filter((e) => e.allowed)).toHaveLength(5);
 
-    // The execution's record holds them too.
-    const [row] = rowsOf<{ egress: unknown[] }>(
-      await t.database.db.execute(sql`select egress from executions where id = ${r.execution_id}`),
-    );
-    expect(row!.egress).toEqual(r.egress);
-    // Nothing from an earlier execution is reported again.
-    const quiet = await exec(t, teamA.key, session, 'print(1)');
-    expect(quiet.egress).toEqual([]);
-    expect(quiet.sandbox_id).toBe(r.sandbox_id);
-  });
+      // The execution's record holds them too.
+      const [row] = rowsOf<{ egress: unknown[] }>(
+        await t.database.db.execute(sql`select egress from executions where id = ${r.execution_id}`),
+      );
+      expect(row!.egress).toEqual(r.egress);
+      // Nothing from an earlier execution is reported again.
+      const quiet = await exec(t, teamA.key, session, 'print(1)');
+      expect(quiet.egress).toEqual([]);
+      expect(quiet.sandbox_id).toBe(r.sandbox_id);
+    },
+  );
 
   it('keeps workspaces apart: rules never mix, credentials work for no one else, a network-none sandbox has no network', async () => {
     const x = await allowlist(teamA, ['api.allowed.test']);
@@ -406,6 +410,115 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(probes(rn.stdout).proxy!.ok).toBe(false);
     expect(probes(rn.stdout).dns!.ok).toBe(false);
     expect(rn.egress).toEqual([]);
+  });
+
+  it('gVisor: a sandbox with no network reaches the proxy through its own relay socket only; no one can speak for it or starve it', async () => {
+    const g1 = await allowlist(teamA, ['api.allowed.test'], 'gvisor');
+    const g2 = await allowlist(teamB, ['y.only.test'], 'gvisor');
+    const r = await allowlist(teamB, ['y.only.test']);
+    const both = `${PROBES(ca)}
+print(json.dumps(sorted(os.listdir("/sys/class/net"))))
+probe("api", lambda: get("http://api.allowed.test/"))
+probe("y", lambda: get("http://y.only.test/"))
+probe("direct", lambda: socket.create_connection(("${upstreamIp}", 80), timeout=3).close())
+print(os.environ["HTTP_PROXY"])
+`;
+    const [r1, r2] = await Promise.all([
+      exec(t, teamA.key, g1.session, both, 60),
+      exec(t, teamB.key, g2.session, both, 60),
+    ]);
+    // Loopback only: the proxy is the relay's address there, and each is credited with its own requests.
+    expect(r1.stdout.split('\n')[0]).toBe('["lo"]');
+    expect(proxyOf(r1.stdout).hostname).toBe('127.0.0.1');
+    expect(probes(r1.stdout)).toMatchObject({ api: { ok: true }, y: { ok: false }, direct: { ok: false } });
+    expect(probes(r2.stdout)).toMatchObject({ api: { ok: false }, y: { ok: true }, direct: { ok: false } });
+    expect(r1.egress.map((e) => [e.host, e.allowed])).toEqual([
+      ['api.allowed.test', true],
+      ['y.only.test', false],
+    ]);
+    expect(r2.egress.map((e) => [e.host, e.allowed])).toEqual([
+      ['api.allowed.test', false],
+      ['y.only.test', true],
+    ]);
+
+    // The container: gVisor's egress runtime, no network, only its own relay directory mounted (read-only).
+    const info = await docker.getContainer(`kiln-${r1.sandbox_id}`).inspect();
+    expect(info.HostConfig.Runtime).toBe('kiln-gvisor-egress');
+    expect(info.HostConfig.NetworkMode).toBe('none');
+    const relay = info.Mounts.find((m) => m.Destination === '/run/kiln-egress');
+    expect(relay).toMatchObject({ Type: 'bind', RW: false });
+    expect(relay!.Source).toContain(r1.sandbox_id);
+    // The relay is the container's keeper process: the code's uid cannot stop it.
+    const kill = await exec(
+      t,
+      teamA.key,
+      g1.session,
+      `${PROBES(ca)}
+import signal
+def kill_relay():
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            if b"kiln_relay" in open(f"/proc/{pid}/cmdline", "rb").read():
+                os.kill(int(pid), signal.SIGKILL); return pid
+        except (FileNotFoundError, ProcessLookupError): pass
+    return "none"
+probe("kill", kill_relay)
+probe("after", lambda: get("http://api.allowed.test/after"))
+`,
+      60,
+    );
+    expect(probes(kill.stdout).kill).toMatchObject({ ok: false, detail: expect.stringContaining('PermissionError') });
+    expect(probes(kill.stdout).after).toMatchObject({ ok: true, detail: 'api.allowed.test /after' });
+
+    // A runc sandbox cannot speak for it: the proxy takes a PROXY header from the API host only.
+    const backend = (t.engine as unknown as { backend: { proxies: Map<string, unknown> } }).backend;
+    const proxy = backend.proxies.get(ownerOf(t)) as { attached: Map<string, { sandboxIp: string; token: string }> };
+    const g1a = proxy.attached.get(r1.sandbox_id)!;
+    const forged = await exec(
+      t,
+      teamB.key,
+      r.session,
+      `${PROBES(ca)}
+import urllib.parse, base64
+P = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+AUTH = base64.b64encode(${JSON.stringify(`${r1.sandbox_id}:${g1a.token}`)}.encode()).decode()
+def forge():
+    s = socket.create_connection((P.hostname, 3129), timeout=10)
+    s.sendall(b"PROXY TCP4 ${g1a.sandboxIp} " + P.hostname.encode() + b" 1234 3129\\r\\n"
+              b"GET http://api.allowed.test/forged HTTP/1.1\\r\\nHost: api.allowed.test\\r\\nProxy-Authorization: Basic " + AUTH.encode() + b"\\r\\n\\r\\n")
+    data = s.recv(200); s.close(); return data.decode(errors="replace")
+probe("forge", forge)
+`,
+      60,
+    );
+    const f = probes(forged.stdout).forge;
+    expect(f, forged.stdout + forged.stderr).toBeDefined();
+    expect(f!.ok ? f!.detail : '').not.toContain('/forged');
+    expect(f!.ok ? f!.detail : '').not.toContain('200 OK');
+
+    // One relayed sandbox holding every connection it may still leaves another's egress alone
+    // (the proxy counts them by the address its relay vouches for, not the host's).
+    const hold = await exec(
+      t,
+      teamA.key,
+      g1.session,
+      'import socket\nheld = [socket.create_connection(("127.0.0.1", 3128), timeout=5) for _ in range(70)]\nprint(len(held))',
+      60,
+    );
+    expect(hold.stdout.trim()).toBe('70');
+    const still = await exec(
+      t,
+      teamB.key,
+      g2.session,
+      `${PROBES(ca)}\nprobe("y", lambda: get("http://y.only.test/still"))`,
+      60,
+    );
+    expect(probes(still.stdout).y).toMatchObject({ ok: true, detail: 'y.only.test /still' });
+
+    // Its relay directory goes with its sandbox.
+    expect(existsSync(relay!.Source)).toBe(true);
+    expect((await t.call('DELETE', `/v1/sessions/${g1.session}`, { key: teamA.key })).status).toBe(200);
+    await vi.waitFor(() => expect(existsSync(relay!.Source)).toBe(false), { timeout: 30_000 });
   });
 
   it('applies a settings change at the next execution: new patterns on the same sandbox, a new mode on a new one', async () => {

@@ -39,39 +39,25 @@ describe('sandbox runtimes with gVisor available (the default KILN_SANDBOX_RUNTI
     expect(got.body.settings.sandbox.runtime).toBe('gvisor');
   });
 
-  it('a workspace with an egress allowlist runs under runc: picked for it when it names no runtime, refused with gvisor', async () => {
+  it('a workspace with an egress allowlist gets gvisor (its sandboxes reach the proxy through a relay), and may switch runtimes', async () => {
     const allow = { network: 'allowlist', allow: ['api.example.com'] };
     const picked = await t.call('POST', '/v1/workspaces', {
       key: team.key,
       body: { name: 'net-default', settings: { sandbox: allow } },
     });
     expect(picked.status).toBe(201);
-    expect(picked.body.settings.sandbox).toMatchObject({ runtime: 'runc', network: 'allowlist' });
-    const both = await t.call('POST', '/v1/workspaces', {
+    expect(picked.body.settings.sandbox).toMatchObject({ runtime: 'gvisor', network: 'allowlist' });
+    const toRunc = await t.call('PATCH', `/v1/workspaces/${picked.body.id}`, {
       key: team.key,
-      body: { name: 'net-gvisor', settings: { sandbox: { ...allow, runtime: 'gvisor' } } },
+      body: { settings: { sandbox: { runtime: 'runc' } } },
     });
-    expect(both.status).toBe(400);
-    expect(both.body.error.message).toContain('allowlist needs sandbox.runtime runc');
-    const g = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'gv-then-net' } });
-    expect(g.body.settings.sandbox.runtime).toBe('gvisor');
-    const patched = await t.call('PATCH', `/v1/workspaces/${g.body.id}`, {
-      key: team.key,
-      body: { settings: { sandbox: allow } },
-    });
-    expect(patched.status).toBe(400);
-    const toGvisor = await t.call('PATCH', `/v1/workspaces/${picked.body.id}`, {
+    expect(toRunc.status).toBe(200);
+    const back = await t.call('PATCH', `/v1/workspaces/${picked.body.id}`, {
       key: team.key,
       body: { settings: { sandbox: { runtime: 'gvisor' } } },
     });
-    expect(toGvisor.status).toBe(400);
-    // Nothing was written: both keep what they had.
-    expect((await t.call('GET', `/v1/workspaces/${g.body.id}`, { key: team.key })).body.settings.sandbox.network).toBe(
-      'none',
-    );
-    expect(
-      (await t.call('GET', `/v1/workspaces/${picked.body.id}`, { key: team.key })).body.settings.sandbox.runtime,
-    ).toBe('runc');
+    expect(back.status).toBe(200);
+    expect(back.body.settings.sandbox).toMatchObject({ runtime: 'gvisor', network: 'allowlist' });
   });
 
   it('runs a gvisor workspace in runsc from the warm pool, and a runc one cold in the default runtime; the list says which', async () => {
@@ -187,5 +173,50 @@ describe('start-up', () => {
     } finally {
       await t.close();
     }
+  });
+});
+
+describe('gVisor without egress (KILN_EGRESS_GVISOR=off)', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    t = await createTestApp({ sandbox: { defaultRuntime: undefined }, env: { KILN_EGRESS_GVISOR: 'off' } });
+    team = await t.team('gvisor-no-egress');
+  });
+  afterAll(() => t.close());
+
+  it('a workspace with an egress allowlist runs under runc: picked for it when it names no runtime, refused with gvisor', async () => {
+    const allow = { network: 'allowlist', allow: ['api.example.com'] };
+    const picked = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'net-default', settings: { sandbox: allow } },
+    });
+    expect(picked.status).toBe(201);
+    expect(picked.body.settings.sandbox).toMatchObject({ runtime: 'runc', network: 'allowlist' });
+    const both = await t.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'net-gvisor', settings: { sandbox: { ...allow, runtime: 'gvisor' } } },
+    });
+    expect(both.status).toBe(400);
+    expect(both.body.error.message).toContain('gVisor sandboxes cannot reach the egress proxy on this server');
+    const g = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'gv-then-net' } });
+    expect(g.body.settings.sandbox.runtime).toBe('gvisor');
+    const patched = await t.call('PATCH', `/v1/workspaces/${g.body.id}`, {
+      key: team.key,
+      body: { settings: { sandbox: allow } },
+    });
+    expect(patched.status).toBe(400);
+    const toGvisor = await t.call('PATCH', `/v1/workspaces/${picked.body.id}`, {
+      key: team.key,
+      body: { settings: { sandbox: { runtime: 'gvisor' } } },
+    });
+    expect(toGvisor.status).toBe(400);
+    // Nothing was written: both keep what they had.
+    expect((await t.call('GET', `/v1/workspaces/${g.body.id}`, { key: team.key })).body.settings.sandbox.network).toBe(
+      'none',
+    );
+    expect(
+      (await t.call('GET', `/v1/workspaces/${picked.body.id}`, { key: team.key })).body.settings.sandbox.runtime,
+    ).toBe('runc');
   });
 });

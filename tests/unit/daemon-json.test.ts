@@ -5,23 +5,36 @@ import { mergeRuntimes, recordedPlatform } from '../../infra/daemon-json.ts';
 const BY_HAND = `{
   "runtimes": {
     "kiln-gvisor": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace"] },
-    "kiln-gvisor-nonet": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none"] }
+    "kiln-gvisor-nonet": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none"] },
+    "kiln-gvisor-egress": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none", "--host-uds=open"] }
   }
 }`;
 
 describe('daemon.json merge (infra/docker.sh)', () => {
-  it('changes nothing when both runtimes are already registered the same way', () => {
+  it('changes nothing when every runtime is already registered the same way', () => {
     expect(mergeRuntimes(BY_HAND, '/usr/bin/runsc', 'ptrace')).toEqual({ text: BY_HAND, changed: false });
     expect(recordedPlatform(BY_HAND)).toBe('ptrace');
   });
 
-  it('adds both runtimes to a missing or empty file', () => {
+  it('adds the egress runtime to a file registered before it existed, keeping the others', () => {
+    const before = JSON.parse(BY_HAND);
+    delete before.runtimes['kiln-gvisor-egress'];
+    const { text, changed } = mergeRuntimes(JSON.stringify(before), '/usr/bin/runsc', 'ptrace');
+    expect(changed).toBe(true);
+    expect(JSON.parse(text)).toEqual(JSON.parse(BY_HAND));
+  });
+
+  it('adds every runtime to a missing or empty file', () => {
     const { text, changed } = mergeRuntimes('', '/usr/bin/runsc', 'systrap');
     expect(changed).toBe(true);
     expect(JSON.parse(text)).toEqual({
       runtimes: {
         'kiln-gvisor': { path: '/usr/bin/runsc', runtimeArgs: ['--platform=systrap'] },
         'kiln-gvisor-nonet': { path: '/usr/bin/runsc', runtimeArgs: ['--platform=systrap', '--network=none'] },
+        'kiln-gvisor-egress': {
+          path: '/usr/bin/runsc',
+          runtimeArgs: ['--platform=systrap', '--network=none', '--host-uds=open'],
+        },
       },
     });
     // Idempotent: the merged text merges to itself.

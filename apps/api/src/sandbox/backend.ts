@@ -26,8 +26,11 @@ export interface SandboxBackend {
   list(): Promise<ListedContainer[]>;
   /** The container's memory and CPU use now; null when it cannot be read (e.g. it is gone). */
   stats(containerId: string): Promise<Usage | null>;
-  /** Which of Kiln's sandbox runtimes this container runtime has (runc always; gvisor when it is registered). */
-  runtimes(): Promise<SandboxRuntime[]>;
+  /**
+   * Which of Kiln's sandbox runtimes this container runtime has (runc always; gvisor when it is
+   * registered), and for each whether its sandboxes can have network allowlist (reach the egress proxy).
+   */
+  runtimes(): Promise<RuntimeOffer[]>;
   /** Resolves when the runtime answers within `timeoutMs`, rejects with the reason otherwise. */
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
@@ -46,6 +49,12 @@ export interface SandboxBackend {
    * (start-up, shutdown: none of its sandboxes is live), its proxy and every network of it.
    */
   sweepEgress?(owner: string, opts?: { all?: boolean }): Promise<void>;
+}
+
+/** A runtime a backend can run, and whether its sandboxes can reach the egress proxy. */
+export interface RuntimeOffer {
+  runtime: SandboxRuntime;
+  egress: boolean;
 }
 
 /** How a sandbox reaches the network: not at all, or through the egress proxy to the names listed. */

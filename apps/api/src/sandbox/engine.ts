@@ -104,6 +104,8 @@ export class SandboxEngine {
   private readonly reaper: Reaper;
   /** The runtimes workspaces may pick; known once `start` has asked the backend. */
   private offered: SandboxRuntime[] = ['runc'];
+  /** The offered runtimes whose sandboxes can have network allowlist. */
+  private withEgress = new Set<SandboxRuntime>(['runc']);
   private defaultRt: SandboxRuntime = 'runc';
 
   constructor(
@@ -224,15 +226,15 @@ export class SandboxEngine {
   }
 
   /**
-   * Refuses (400) a workspace whose sandboxes would run under gVisor with a network: the runsc
-   * this platform installs (Debian 12's) cannot join a Docker network ("cannot run with network
-   * enabled in root network namespace"), so allowlist sandboxes run under runc.
+   * Refuses (400) a workspace whose sandboxes would have network allowlist in a runtime whose
+   * sandboxes cannot reach the egress proxy here (the backend says which: gVisor sandboxes reach it
+   * through a relay socket only when the engine runs on this host and has kiln-gvisor-egress).
    */
   checkRuntimeNetwork(settings: Pick<WorkspaceSettings['sandbox'], 'runtime' | 'network'>): void {
-    if (settings.runtime !== 'gvisor' || settings.network !== 'allowlist') return;
+    // With egress off (no runtime has it), checkNetwork says so; allowlist then means none.
+    if (settings.network !== 'allowlist' || !this.opts.egress?.enabled || this.withEgress.has(settings.runtime)) return;
     const path = 'body.settings.sandbox.network';
-    const message =
-      'allowlist needs sandbox.runtime runc: gVisor sandboxes have no network here (set runtime to runc, or network to none)';
+    const message = noEgressIn(settings.runtime);
     throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
   }
 
@@ -273,6 +275,16 @@ export class SandboxEngine {
     return this.offered;
   }
 
+  /**
+   * The runtime a new workspace that names none gets: the default, unless it asks for network
+   * allowlist and the default's sandboxes cannot have it here; then an offered one whose can.
+   */
+  defaultRuntimeFor(network: WorkspaceSettings['sandbox']['network'] | undefined): SandboxRuntime {
+    if (network !== 'allowlist' || !this.opts.egress?.enabled || this.withEgress.has(this.defaultRt))
+      return this.defaultRt;
+    return this.offered.find((r) => this.withEgress.has(r)) ?? this.defaultRt;
+  }
+
   /** The runtime a new workspace gets when it sets none: gvisor whenever the server offers it. */
   get defaultRuntime(): SandboxRuntime {
     return this.defaultRt;
@@ -291,7 +303,9 @@ export class SandboxEngine {
    * must have (else start-up fails, naming it), or, unset, every one it has.
    */
   private async resolveRuntimes(): Promise<void> {
-    const available = await this.backend.runtimes();
+    const offers = await this.backend.runtimes();
+    const available = offers.map((o) => o.runtime);
+    this.withEgress = new Set(offers.filter((o) => o.egress).map((o) => o.runtime));
     const wanted = this.opts.runtimes;
     const missing = (wanted ?? []).filter((r) => !available.includes(r));
     if (missing.length)
@@ -371,12 +385,8 @@ export class SandboxEngine {
    * changed since it was set) gets none: it never silently runs in another runtime than it asked for.
    */
   private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    if (ctx.runtime === 'gvisor' && ctx.network?.mode === 'allowlist')
-      throw new ApiError(
-        'conflict',
-        "this workspace's sandboxes would run under gVisor with network allowlist, which gVisor cannot do here: " +
-          'set sandbox.runtime to runc or sandbox.network to none',
-      );
+    if (ctx.network?.mode === 'allowlist' && !this.withEgress.has(ctx.runtime))
+      throw new ApiError('conflict', `this workspace has sandbox.network allowlist, but ${noEgressIn(ctx.runtime)}`);
     if (!this.offered.includes(ctx.runtime))
       throw new ApiError(
         'conflict',
@@ -591,6 +601,14 @@ export class SandboxEngine {
   reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
     return this.reaper.reap(opts);
   }
+}
+
+/** Why a runtime's sandboxes cannot have network allowlist on this server. */
+function noEgressIn(runtime: SandboxRuntime): string {
+  return runtime === 'gvisor'
+    ? 'gVisor sandboxes cannot reach the egress proxy on this server (it needs the kiln-gvisor-egress runtime, ' +
+        'which infra/docker.sh registers, and a Docker Engine on the API host): set sandbox.runtime to runc, or network to none'
+    : `${runtime} sandboxes cannot reach the egress proxy on this server: set sandbox.network to none`;
 }
 
 /** The interpreter's proxy variables (both spellings: curl reads the lowercase ones, others the uppercase). */

@@ -33,7 +33,7 @@ export class NoSandboxes implements SandboxBackend {
     return null;
   }
   async runtimes() {
-    return ['runc' as const];
+    return [{ runtime: 'runc' as const, egress: false }];
   }
   ping() {
     return Promise.reject(new Error(OFF));

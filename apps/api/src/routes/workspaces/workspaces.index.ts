@@ -36,9 +36,8 @@ export function workspacesRouter(
       engine.checkNetwork(input.settings?.sandbox);
       await templates.checkUsable(team, input.settings?.sandbox?.template);
       // The server's default runtime is written into the new workspace: it never changes under it
-      // later. A workspace that asks for a network and no runtime gets runc (gVisor has none here).
-      const wantsNetwork = input.settings?.sandbox?.network === 'allowlist';
-      const runtime = input.settings?.sandbox?.runtime ?? (wantsNetwork ? 'runc' : engine.defaultRuntime);
+      // later. A workspace that asks for a network and no runtime gets one whose sandboxes can have it.
+      const runtime = input.settings?.sandbox?.runtime ?? engine.defaultRuntimeFor(input.settings?.sandbox?.network);
       engine.checkRuntimeNetwork({ runtime, network: input.settings?.sandbox?.network ?? 'none' });
       const settings = { ...input.settings, sandbox: { ...input.settings?.sandbox, runtime } };
       const row = await service.create(team, { ...input, settings });

@@ -9,13 +9,14 @@ import type {
   ListedContainer,
   RunnerChannel,
   SandboxBackend,
+  RuntimeOffer,
   SandboxContainer,
   Usage,
 } from '../backend.ts';
 import type { SandboxLimits } from '../limits.ts';
-import type { SandboxRuntime } from '../../workspace/settings.ts';
 import {
   containerSpec,
+  GVISOR_EGRESS_RUNTIME,
   GVISOR_NONET_RUNTIME,
   SANDBOX_UID_COUNT,
   SANDBOX_UID_MIN,
@@ -23,7 +24,7 @@ import {
   updateSpec,
 } from './container-spec.ts';
 import { DockerImages } from './images.ts';
-import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS } from './egress.ts';
+import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS, RELAY_MOUNT } from './egress.ts';
 import { type FairShareOptions, TeamCgroups } from './cgroups.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
@@ -35,8 +36,8 @@ const UID_ATTEMPTS = 8;
 
 /** The egress proxy's options from the server's configuration; undefined when KILN_EGRESS=off. */
 export function egressOf(config: Pick<Config, 'egress'>, log?: Logger): (EgressOptions & { log?: Logger }) | undefined {
-  const { enabled, image, subnets, upstreamNetwork } = config.egress;
-  return enabled ? { image, subnets, upstreamNetwork, log } : undefined;
+  const { enabled, image, subnets, upstreamNetwork, relayDir } = config.egress;
+  return enabled ? { image, subnets, upstreamNetwork, relayDir, log } : undefined;
 }
 
 /** Sandboxes as containers of one Docker Engine, recorded in `kiln.*` labels. */
@@ -88,7 +89,11 @@ export class DockerBackend implements SandboxBackend {
   async create(req: ContainerRequest): Promise<SandboxContainer> {
     if (req.network?.mode !== 'allowlist') return this.createWith(req);
     const proxy = this.proxyFor(req.owner);
-    const attachment = await proxy.reserve(req.sandboxId, req.network.allow);
+    // gVisor sandboxes have no network: they reach the proxy through a relay socket (egress.ts).
+    const attachment =
+      req.runtime === 'gvisor'
+        ? await proxy.reserveRelay(req.sandboxId, req.network.allow)
+        : await proxy.reserve(req.sandboxId, req.network.allow);
     // The proxy joins the new network while the container is created on it.
     const [joined, made] = await Promise.allSettled([proxy.join(attachment), this.createWith(req, attachment)]);
     if (joined.status === 'rejected' || made.status === 'rejected') {
@@ -120,7 +125,8 @@ export class DockerBackend implements SandboxBackend {
     egress: EgressAttachment | undefined,
     cgroupParent: string | undefined,
   ): Promise<SandboxContainer> {
-    const network = egress && { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS };
+    const network = egress?.network ? { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS } : undefined;
+    const relay = egress?.relayDir ? { dir: egress.relayDir, mount: RELAY_MOUNT } : undefined;
     for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
       const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
       if (this.uidsInFlight.has(uid)) continue;
@@ -135,6 +141,7 @@ export class DockerBackend implements SandboxBackend {
             runtime: req.runtime,
             workspaceDir: req.workspaceDir,
             network,
+            relay,
             cgroupParent,
             labels: {
               [LABEL]: '1',
@@ -237,10 +244,21 @@ export class DockerBackend implements SandboxBackend {
     return this.sampler.sample(containerId);
   }
 
-  /** gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it). */
-  async runtimes(): Promise<SandboxRuntime[]> {
+  /**
+   * gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it);
+   * its sandboxes reach the egress proxy through a host Unix socket when the engine also has
+   * kiln-gvisor-egress and runs on this host (relayDir: the socket is a file here, mounted into the sandbox).
+   */
+  async runtimes(): Promise<RuntimeOffer[]> {
     const info = (await this.docker.info()) as { Runtimes?: Record<string, unknown> };
-    return info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes ? ['runc', 'gvisor'] : ['runc'];
+    const egress = !!this.egress;
+    const offers: RuntimeOffer[] = [{ runtime: 'runc', egress }];
+    if (info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes)
+      offers.push({
+        runtime: 'gvisor',
+        egress: egress && !!this.egress?.relayDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
+      });
+    return offers;
   }
 
   async ping(timeoutMs = 2000): Promise<void> {

@@ -22,6 +22,13 @@ const KEEPER_USER = '10002:10002';
  * --network=none (these containers have no network; the sandbox gets no netstack at all).
  */
 export const GVISOR_NONET_RUNTIME = 'kiln-gvisor-nonet';
+/**
+ * The runtime of a gVisor sandbox with network allowlist: also no network, but it may connect to
+ * a host Unix socket mounted into it (runsc --host-uds=open). Only its egress relay's socket is.
+ */
+export const GVISOR_EGRESS_RUNTIME = 'kiln-gvisor-egress';
+/** A relayed sandbox's main process: its egress relay (kiln_relay.py); an image without one sleeps, with no egress. */
+const RELAY_CMD = ['sh', '-c', 'python3 -I -S /opt/kiln/kiln_relay.py; exec sleep infinity'];
 const MiB = 1024 * 1024;
 /**
  * Under gVisor the container's cgroup holds the whole sandbox: the sentry (the user-space
@@ -65,6 +72,12 @@ export interface SpecInput {
   network?: SandboxNetwork;
   /** With fair share: its team's cgroup (cgroups.ts); unset, Docker's default parent. */
   cgroupParent?: string;
+  /**
+   * A gVisor sandbox with network allowlist (it has no network): the host directory of its egress
+   * relay's socket, mounted read-only at `relayMount`, where its main process, the in-sandbox relay,
+   * connects.
+   */
+  relay?: { dir: string; mount: string };
 }
 
 interface SandboxNetwork {
@@ -105,6 +118,7 @@ export function containerSpec({
   workspaceDir,
   network,
   cgroupParent,
+  relay,
 }: SpecInput): Docker.ContainerCreateOptions {
   const net = networkSpec(network);
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
@@ -122,7 +136,7 @@ export function containerSpec({
   return {
     name,
     Image: image,
-    Cmd: ['sleep', 'infinity'],
+    Cmd: relay ? RELAY_CMD : ['sleep', 'infinity'],
     User: KEEPER_USER,
     WorkingDir: '/workspace',
     Env: [
@@ -139,8 +153,8 @@ export function containerSpec({
     AttachStdout: false,
     AttachStderr: false,
     HostConfig: {
-      // Unset for runc: the engine's default runtime. gVisor sandboxes have no network (see checkNetwork).
-      ...(runtime === 'gvisor' ? { Runtime: GVISOR_NONET_RUNTIME } : {}),
+      // Unset for runc: the engine's default runtime. gVisor sandboxes have no network.
+      ...(runtime === 'gvisor' ? { Runtime: relay ? GVISOR_EGRESS_RUNTIME : GVISOR_NONET_RUNTIME } : {}),
       NetworkMode: net.NetworkMode,
       ...(cgroupParent ? { CgroupParent: cgroupParent } : {}),
       ...(net.Dns ? { Dns: net.Dns, DnsOptions: net.DnsOptions } : {}),
@@ -155,9 +169,9 @@ export function containerSpec({
       },
       // The host's own tmpfs for this sandbox (sized and flagged as the one above would be); a
       // private bind, so nothing mounted under it later on either side propagates to the other.
-      ...(workspaceDir
-        ? {
-            Mounts: [
+      Mounts: [
+        ...(workspaceDir
+          ? [
               {
                 Type: 'bind' as const,
                 Source: workspaceDir,
@@ -165,9 +179,20 @@ export function containerSpec({
                 ReadOnly: false,
                 BindOptions: { Propagation: 'rprivate' as const },
               },
-            ],
-          }
-        : {}),
+            ]
+          : []),
+        ...(relay
+          ? [
+              {
+                Type: 'bind' as const,
+                Source: relay.dir,
+                Target: relay.mount,
+                ReadOnly: true,
+                BindOptions: { Propagation: 'rprivate' as const },
+              },
+            ]
+          : []),
+      ],
       Memory: host.memoryMb * MiB,
       MemorySwap: host.memoryMb * MiB,
       NanoCpus: Math.round(limits.cpus * 1e9),

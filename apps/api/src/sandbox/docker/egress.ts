@@ -1,5 +1,8 @@
 import { createHash, randomBytes } from 'node:crypto';
+import { chmod, mkdir, rm } from 'node:fs/promises';
 import { request } from 'node:http';
+import { connect, createServer, type Server, type Socket } from 'node:net';
+import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
@@ -14,12 +17,27 @@ export interface EgressOptions {
   subnets: { base: number; prefix: number };
   /** A Docker network the proxy also joins, whose subnet it may reach despite private addresses (tests' upstreams). */
   upstreamNetwork?: string;
+  /**
+   * Where the Unix sockets of gVisor sandboxes' relays are made (a directory of this host, which
+   * the engine also runs on); unset, gVisor sandboxes get no egress.
+   */
+  relayDir?: string;
 }
 
 /** What one allowlist sandbox has on the proxy. */
 export interface EgressAttachment {
-  network: string;
-  /** The sandbox's address on its network (where the proxy accepts its requests from) and the proxy's. */
+  /** A runc sandbox: its own internal network (the proxy joins it). */
+  network?: string;
+  /**
+   * A gVisor sandbox (no network at all): the host directory holding its relay's Unix socket,
+   * mounted into it at RELAY_MOUNT, where its in-sandbox relay (kiln_relay.py) connects.
+   */
+  relayDir?: string;
+  /**
+   * The sandbox's address on its network (where the proxy accepts its requests from) and the
+   * proxy's; for a relayed sandbox, the address the host's relay vouches for in each connection's
+   * PROXY header (from RELAY_ADDRESSES, routed nowhere) and the sandbox's own loopback.
+   */
   sandboxIp: string;
   proxyIp: string;
   user: string;
@@ -31,6 +49,14 @@ export interface EgressAttachment {
 const PROXY_LABEL = 'kiln.egress.proxy';
 const NET_LABEL = 'kiln.egress.net';
 const PORT = 3128;
+/** The proxy's port for the host's relay: every connection starts with a PROXY header (squid.conf). */
+const RELAY_PORT = 3129;
+/** Where a relayed sandbox finds its socket (kiln_relay.py). */
+export const RELAY_MOUNT = '/run/kiln-egress';
+/** 198.18.0.0/15 (RFC 2544, benchmarking): never routed, never a sandbox network's. */
+const RELAY_ADDRESSES = { base: ((198 << 24) | (18 << 16)) >>> 0, size: 2 ** 17 };
+/** Connections one relayed sandbox may hold open through the proxy at once (as squid.conf's maxconn for the others). */
+const RELAY_MAX_CONNECTIONS = 64;
 const RULES_DIR = '/run/kiln-egress/rules';
 /** Per sandbox, between two executions: more requests than this are counted, not listed. */
 const MAX_BUFFERED = 1000;
@@ -137,6 +163,10 @@ export class EgressProxy {
   private readonly bySandboxIp = new Map<string, Buffered>();
   private readonly markers = new Map<string, () => void>();
   private logStream: NodeJS.ReadableStream | undefined;
+  /** Relayed sandboxes' socket servers, by sandbox id. */
+  private readonly relays = new Map<string, Server>();
+  private nextRelayAddress = 0;
+  private relayPort = 0;
 
   constructor(
     private readonly docker: Docker,
@@ -183,6 +213,8 @@ export class EgressProxy {
       .remove({ force: true, v: true })
       .catch(() => undefined);
     const egressNet = await this.egressNetwork();
+    // The host's address on that network: the only source the proxy takes a PROXY header from.
+    const relaySource = (await this.docker.getNetwork(egressNet).inspect()).IPAM?.Config?.[0]?.Gateway ?? '';
     const upstreams: string[] = [];
     if (this.opts.upstreamNetwork) {
       const net = await this.docker.getNetwork(this.opts.upstreamNetwork).inspect();
@@ -192,7 +224,7 @@ export class EgressProxy {
       name: this.name,
       Image: this.opts.image,
       Labels: labels,
-      Env: [`KILN_EGRESS_UPSTREAMS=${upstreams.join(',')}`],
+      Env: [`KILN_EGRESS_UPSTREAMS=${upstreams.join(',')}`, `KILN_EGRESS_RELAY_SOURCE=${relaySource}`],
       HostConfig: {
         NetworkMode: egressNet,
         CapDrop: ['ALL'],
@@ -220,7 +252,7 @@ export class EgressProxy {
     await this.waitReady(proxy);
     // A recreated proxy: every live allowlist sandbox gets its network and rules back.
     for (const a of this.attached.values()) {
-      await this.connect(proxy.id, a);
+      if (a.network) await this.connect(proxy.id, a);
       await this.writeRules(proxy.id, a, a.allow);
     }
     this.proxy = proxy;
@@ -359,16 +391,94 @@ export class EgressProxy {
     throw new Error('no free subnet for a sandbox network; widen KILN_EGRESS_SUBNETS');
   }
 
+  /**
+   * For a gVisor sandbox, which has no network: a Unix socket in a directory of its own under
+   * `relayDir` (mounted into the sandbox), whose every connection this process carries to the
+   * proxy's relay port, prefixed with a PROXY header naming the address the sandbox's rules
+   * carry. The proxy believes that header from this host's address only (squid.conf), so the
+   * sandbox is known by that address and its credentials, as a runc sandbox is by its own.
+   */
+  async reserveRelay(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
+    if (!this.opts.relayDir) throw new Error('this egress proxy has no relay directory');
+    await this.ensure();
+    const relayDir = join(this.opts.relayDir, this.owner, sandboxId);
+    const sandboxIp = this.relayAddress();
+    const a: EgressAttachment = {
+      relayDir,
+      proxyIp: '127.0.0.1',
+      sandboxIp,
+      user: sandboxId,
+      token: randomBytes(24).toString('base64url'),
+      allow,
+    };
+    await rm(relayDir, { recursive: true, force: true });
+    await mkdir(join(this.opts.relayDir, this.owner), { recursive: true, mode: 0o700 });
+    await mkdir(relayDir, { mode: 0o755 });
+    const server = createServer((socket) => this.relay(socket, sandboxIp, server));
+    server.maxConnections = RELAY_MAX_CONNECTIONS;
+    const path = join(relayDir, 'egress.sock');
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(path, () => resolve());
+      });
+      // The sandbox's relay runs as the container's keeper uid; only this directory leads here.
+      await chmod(path, 0o666);
+    } catch (err) {
+      server.close();
+      await rm(relayDir, { recursive: true, force: true });
+      throw err;
+    }
+    server.on('error', (err) => this.log?.warn({ err, sandbox: sandboxId }, 'egress relay socket error'));
+    this.relays.set(sandboxId, server);
+    this.attached.set(sandboxId, a);
+    this.bySandboxIp.set(sandboxIp, { events: [], dropped: 0 });
+    return a;
+  }
+
+  /** A relay address no attached sandbox of this proxy has. */
+  private relayAddress(): string {
+    for (let i = 0; i < RELAY_ADDRESSES.size; i++) {
+      const n = this.nextRelayAddress++ % RELAY_ADDRESSES.size;
+      const ip = ipOf(RELAY_ADDRESSES.base + n);
+      if (!this.bySandboxIp.has(ip) && n % 256 !== 0 && n % 256 !== 255) return ip;
+    }
+    throw new Error('no free relay address');
+  }
+
+  /** Carries one connection of a relayed sandbox to the proxy, announced as coming from its address. */
+  private relay(socket: Socket, sandboxIp: string, server: Server): void {
+    const proxy = this.proxy;
+    if (!proxy || !server.listening) {
+      socket.destroy();
+      return;
+    }
+    const upstream = connect({ host: proxy.ip, port: RELAY_PORT });
+    upstream.setNoDelay(true);
+    socket.setNoDelay(true);
+    // Squid reads the source address only; the port is the relay's own count, for its log.
+    this.relayPort = (this.relayPort % 64_511) + 1;
+    upstream.write(`PROXY TCP4 ${sandboxIp} ${proxy.ip} ${1024 + this.relayPort} ${RELAY_PORT}\r\n`);
+    socket.pipe(upstream);
+    upstream.pipe(socket);
+    const end = () => {
+      socket.destroy();
+      upstream.destroy();
+    };
+    socket.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+  }
+
   /** The proxy on the sandbox's network, with its rules: done while the sandbox's container is created. */
   async join(a: EgressAttachment): Promise<void> {
     const proxy = await this.ensure();
-    await this.connect(proxy.id, a);
+    if (a.network) await this.connect(proxy.id, a);
     await this.writeRules(proxy.id, a, a.allow);
   }
 
   private async connect(proxyId: string, a: EgressAttachment): Promise<void> {
     await this.docker
-      .getNetwork(a.network)
+      .getNetwork(a.network!)
       .connect({ Container: proxyId, EndpointConfig: { IPAMConfig: { IPv4Address: a.proxyIp } } });
   }
 
@@ -426,6 +536,13 @@ export class EgressProxy {
     this.attached.delete(sandboxId);
     if (a) this.bySandboxIp.delete(a.sandboxIp);
     if (a && this.proxy) await this.writeRules(this.proxy.id, a, null).catch(() => undefined);
+    const relay = this.relays.get(sandboxId);
+    this.relays.delete(sandboxId);
+    if (relay) {
+      relay.close();
+      await rm(a?.relayDir ?? '', { recursive: true, force: true });
+      return;
+    }
     await this.removeNetwork(`kiln-egress-${sandboxId}`);
   }
 
@@ -457,6 +574,9 @@ export class EgressProxy {
       if (opts.all || gone) await this.removeNetwork(n.Name).catch(() => undefined);
     }
     if (!opts.all) return;
+    for (const relay of this.relays.values()) relay.close();
+    this.relays.clear();
+    if (this.opts.relayDir) await rm(join(this.opts.relayDir, this.owner), { recursive: true, force: true });
     (this.logStream as { destroy?: () => void } | undefined)?.destroy?.();
     this.logStream = undefined;
     await this.docker
