@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { createServer as createHttpServer, request as httpRequest } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, utimesSync } from 'node:fs';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -138,6 +138,24 @@ describe('the kiln CLI', () => {
     await server.exited;
     await fake.close();
     rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('runs from one bundle of the CLI and the SDK, made again when a source is newer than it', async () => {
+    const bundle = fileURLToPath(new URL('../../apps/cli/dist/kiln.mjs', import.meta.url));
+    const help = await kiln({}, ['help']);
+    expect(help.code).toBe(0);
+    expect(help.out).toContain('kiln chat');
+    const built = statSync(bundle).mtimeMs;
+    // A source edited after the bundle was made (its time moved past the bundle's): the next call rebuilds.
+    const source = fileURLToPath(new URL('../../apps/cli/src/errors.ts', import.meta.url));
+    const before = statSync(source);
+    utimesSync(source, before.atime, new Date(built + 5000));
+    try {
+      expect((await kiln({}, ['help'])).code).toBe(0);
+      expect(statSync(bundle).mtimeMs).toBeGreaterThan(built);
+    } finally {
+      utimesSync(source, before.atime, before.mtime);
+    }
   });
 
   it('chat: thinking, code, approval y/n/a, output and the finish, then exit', async () => {
