@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { eq } from 'drizzle-orm';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError } from '../../apps/api/src/config.ts';
+import { ConfigError } from '../../apps/api/src/lib/errors.ts';
 import { sandboxes, workspaces } from '../../apps/api/src/db/schema/index.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { SandboxEngine } from '../../apps/api/src/sandbox/engine.ts';

@@ -1,7 +1,8 @@
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from '../../apps/api/src/config.ts';
+import { loadConfig } from '../../apps/api/src/config.ts';
+import { ConfigError } from '../../apps/api/src/lib/errors.ts';
 
 function problems(env: Record<string, string>): string[] {
   try {

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { oneFileTar, parseCidr, parseLogLine } from '../../apps/api/src/sandbox/docker/egress.ts';
+import { parseCidr } from '../../apps/api/src/lib/cidr.ts';
+import { oneFileTar, parseLogLine } from '../../apps/api/src/sandbox/docker/egress.ts';
 import { allowProblem, allowRules } from '../../apps/api/src/workspace/egress-allow.ts';
 
 describe('egress allow patterns', () => {

@@ -4,8 +4,9 @@ import { tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
+import { parseCidr } from './lib/cidr.ts';
+import { ConfigError } from './lib/errors.ts';
 import { parseAllowEntry } from './lib/outbound.ts';
-import { parseCidr } from './sandbox/docker/egress.ts';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import { MAX_ALLOW } from './workspace/egress-allow.ts';
 import type { QuotaMax } from './workspace/quota.ts';
@@ -315,12 +316,6 @@ export function installationInstanceId(dataDir: string): string {
   const id = `kiln-${randomBytes(8).toString('hex')}`;
   writeFileSync(file, `${id}\n`, { mode: 0o644 });
   return id;
-}
-
-export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
-    super(`invalid configuration:\n${problems.map((p) => `  ${p}`).join('\n')}`);
-  }
 }
 
 /** Parses every setting once; a wrong value throws with one readable line per problem. */

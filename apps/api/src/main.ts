@@ -1,4 +1,5 @@
-import { ConfigError, loadConfig, type Config } from './config.ts';
+import { loadConfig, type Config } from './config.ts';
+import { ConfigError } from './lib/errors.ts';
 import { createLogger } from './lib/logger.ts';
 import { startServer } from './server.ts';
 

@@ -75,3 +75,10 @@ export class ApiError extends Error {
 export function errorBody(err: ApiError, requestId: string) {
   return { error: { type: err.type, code: err.code, message: err.message, request_id: requestId, ...err.extra } };
 }
+
+/** Settings that cannot run: one readable line per problem (start-up stops with them). */
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n${problems.map((p) => `  ${p}`).join('\n')}`);
+  }
+}

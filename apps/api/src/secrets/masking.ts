@@ -1,9 +1,27 @@
 import { OffThread } from '../lib/off-thread.ts';
-import type { OutputListener, RunnerResult } from '../sandbox/runner-client.ts';
 import { maskFiles } from './mask-job.mjs';
 import { Masker, patternsOf } from './masker.mjs';
 import { ApiError } from '../lib/errors.ts';
 import { type OpenSecret, type SecretSource, SecretUnreadable } from './store.ts';
+
+/** A live output listener (as the sandbox's runner client calls it). */
+type OutputListener = (stream: 'stdout' | 'stderr', data: string) => void;
+
+/**
+ * What `result` masks in an execution's result (the runner's, sandbox/runner-client.ts, which
+ * carries more: every other field is kept as it is).
+ */
+interface MaskableResult {
+  stdout: string;
+  stderr: string;
+  error: { message: string; traceback?: string } | null;
+  artifacts: { name: string; mime: string; base64: string }[];
+  changes?: {
+    changed: { path: string; data: string }[];
+    deleted: string[];
+    skipped: { path: string; reason: string }[];
+  };
+}
 
 /** Results up to this many characters are masked on the event loop; larger ones in the mask thread. */
 const INLINE_CHARS = 256 * 1024;
@@ -82,7 +100,7 @@ export class SecretMask {
    * the workspace changes it carries (file contents as bytes, paths and reasons as text). Large
    * results are masked off the event loop.
    */
-  async result(r: RunnerResult): Promise<RunnerResult> {
+  async result<R extends MaskableResult>(r: R): Promise<R> {
     if (this.empty) return r;
     const c = r.changes;
     const texts = [
@@ -104,7 +122,7 @@ export class SecretMask {
     const t = masked.texts;
     let i = 4;
     const next = () => t[i++]!;
-    const out: RunnerResult = { ...r, stdout: t[0]!, stderr: t[1]! };
+    const out: R = { ...r, stdout: t[0]!, stderr: t[1]! };
     if (r.error)
       out.error = { ...r.error, message: t[2]!, ...(r.error.traceback !== undefined ? { traceback: t[3]! } : {}) };
     let k = 0;

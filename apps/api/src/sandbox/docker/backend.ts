@@ -1,7 +1,6 @@
 import { randomInt } from 'node:crypto';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
-import type { Config } from '../../config.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type {
   ContainerRequest,
@@ -35,7 +34,10 @@ const UID_LABEL = 'kiln.uid';
 const UID_ATTEMPTS = 8;
 
 /** The egress proxy's options from the server's configuration; undefined when KILN_EGRESS=off. */
-export function egressOf(config: Pick<Config, 'egress'>, log?: Logger): (EgressOptions & { log?: Logger }) | undefined {
+export function egressOf(
+  config: { egress: EgressOptions & { enabled: boolean } },
+  log?: Logger,
+): (EgressOptions & { log?: Logger }) | undefined {
   const { enabled, image, subnets, upstreamNetwork, relayDir } = config.egress;
   return enabled ? { image, subnets, upstreamNetwork, relayDir, log } : undefined;
 }

@@ -7,8 +7,8 @@ import {
   type Variables,
 } from '@modelcontextprotocol/server';
 import type { Logger } from 'pino';
-import type { RunEventLog } from '../agent/events.ts';
-import { errorResponses } from '../http/router.ts';
+import type { RunEventLog } from '../../agent/events.ts';
+import { errorResponses } from '../../http/router.ts';
 import { type AppFetch, KilnApi, ToolFailure } from './server-api.ts';
 import { registerTools } from './server-tools.ts';
 

@@ -1,11 +1,11 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { createRoute, z } from '@hono/zod-openapi';
 import { createMiddleware } from 'hono/factory';
-import type { KeyCache } from '../auth/key-cache.ts';
-import type { AppEnv } from '../http/env.ts';
-import { createRouter, errorResponses } from '../http/router.ts';
-import { ApiError } from '../lib/errors.ts';
-import type { KilnMetrics } from './metrics.ts';
+import type { KeyCache } from '../../auth/key-cache.ts';
+import type { AppEnv } from '../../http/env.ts';
+import { createRouter, errorResponses } from '../../http/router.ts';
+import { ApiError } from '../../lib/errors.ts';
+import type { KilnMetrics } from '../../metrics/metrics.ts';
 
 const digest = (s: string) => createHash('sha256').update(s).digest();
 

@@ -1,4 +1,4 @@
-import { innerCallEnv } from '../http/rate-limit.ts';
+import { innerCallEnv } from '../../http/rate-limit.ts';
 
 /** How the MCP tools reach the API: the app's own fetch, in-process. */
 export type AppFetch = (req: Request, env: unknown) => Response | Promise<Response>;

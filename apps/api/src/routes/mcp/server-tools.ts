@@ -1,6 +1,6 @@
 import type { CallToolResult, McpServer, ServerContext } from '@modelcontextprotocol/server';
 import { z } from 'zod';
-import type { RunEvent, RunEventLog } from '../agent/events.ts';
+import type { RunEvent, RunEventLog } from '../../agent/events.ts';
 import { type KilnApi, type Page, ToolFailure, type WorkspaceRef } from './server-api.ts';
 
 /** The most characters any one text field of a tool's answer carries (the rest is cut, and said so). */
