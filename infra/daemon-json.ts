@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
  * kiln-gvisor: gVisor's own netstack (Debian 12's runsc cannot join a Docker network with it);
  * kiln-gvisor-nonet: for NetworkMode none, every gVisor sandbox without egress;
  * kiln-gvisor-egress: no network either, but the sandbox may connect to a host Unix socket
- * mounted into it (only the egress relay's socket is): gVisor sandboxes with network allowlist.
+ * mounted into it (only the egress bridge's socket is): gVisor sandboxes with network allowlist.
  */
 export const RUNTIMES = {
   'kiln-gvisor': [] as string[],

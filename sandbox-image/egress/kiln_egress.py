@@ -3,8 +3,8 @@
 `auth`: basic-auth helper; a user is a sandbox id, its password the token the API wrote for it.
 `start`: writes the upstream networks squid may reach despite their private addresses
         (KILN_EGRESS_UPSTREAMS, comma-separated CIDRs, set by the API) and the one address
-        that may open connections with a PROXY header (KILN_EGRESS_RELAY_SOURCE: the API
-        host's, for gVisor sandboxes' relays), and execs squid.
+        that may open connections with a PROXY header (KILN_EGRESS_BRIDGE_SOURCE: the API
+        host's, for gVisor sandboxes' bridges), and execs squid.
 `acl`:  external ACL helper; given user, client address, host, port and method, answers OK
         when the host matches one of that sandbox's allow patterns for that port and the
         request comes from that sandbox's own address. Anything unreadable is a refusal.
@@ -82,9 +82,9 @@ def start():
         # An ACL file with no entry is an error to squid: TEST-NET-1's broadcast address stands in.
         f.write("\n".join(str(n) for n in nets) if nets else "192.0.2.255/32")
         f.write("\n")
-    relay = os.environ.get("KILN_EGRESS_RELAY_SOURCE", "").strip()
-    with open("/run/kiln-egress/relay", "w") as f:
-        f.write(str(ipaddress.ip_address(relay)) if relay else "192.0.2.255")
+    bridge = os.environ.get("KILN_EGRESS_BRIDGE_SOURCE", "").strip()
+    with open("/run/kiln-egress/bridge", "w") as f:
+        f.write(str(ipaddress.ip_address(bridge)) if bridge else "192.0.2.255")
         f.write("\n")
     os.execvp("squid", ["squid", "-N", "-f", "/etc/squid/kiln.conf"])
 

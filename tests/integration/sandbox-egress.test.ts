@@ -167,7 +167,7 @@ describe('sandbox egress through the allowlist proxy', () => {
     rmSync(certDir, { recursive: true, force: true });
   });
 
-  /** A session in a new allowlist workspace: runc unless said (gVisor sandboxes reach the proxy through a relay socket). */
+  /** A session in a new allowlist workspace: runc unless said (gVisor sandboxes reach the proxy through a bridge socket). */
   const allowlist = async (team: { key: string }, allow: string[], runtime: 'runc' | 'gvisor' = 'runc') =>
     sessionIn(t, team, { sandbox: { network: 'allowlist', allow, runtime } });
   const proxyOf = (stdout: string) => new URL(stdout.trim().split('\n').at(-1)!);
@@ -412,7 +412,7 @@ probe("dns", lambda: socket.getaddrinfo("api.allowed.test", 80))
     expect(rn.egress).toEqual([]);
   });
 
-  it('gVisor: a sandbox with no network reaches the proxy through its own relay socket only; no one can speak for it or starve it', async () => {
+  it('gVisor: a sandbox with no network reaches the proxy through its own bridge socket only; no one can speak for it or starve it', async () => {
     const g1 = await allowlist(teamA, ['api.allowed.test'], 'gvisor');
     const g2 = await allowlist(teamB, ['y.only.test'], 'gvisor');
     const r = await allowlist(teamB, ['y.only.test']);
@@ -427,7 +427,7 @@ print(os.environ["HTTP_PROXY"])
       exec(t, teamA.key, g1.session, both, 60),
       exec(t, teamB.key, g2.session, both, 60),
     ]);
-    // Loopback only: the proxy is the relay's address there, and each is credited with its own requests.
+    // Loopback only: the proxy is the bridge's address there, and each is credited with its own requests.
     expect(r1.stdout.split('\n')[0]).toBe('["lo"]');
     expect(proxyOf(r1.stdout).hostname).toBe('127.0.0.1');
     expect(probes(r1.stdout)).toMatchObject({ api: { ok: true }, y: { ok: false }, direct: { ok: false } });
@@ -441,28 +441,28 @@ print(os.environ["HTTP_PROXY"])
       ['y.only.test', true],
     ]);
 
-    // The container: gVisor's egress runtime, no network, only its own relay directory mounted (read-only).
+    // The container: gVisor's egress runtime, no network, only its own bridge directory mounted (read-only).
     const info = await docker.getContainer(`kiln-${r1.sandbox_id}`).inspect();
     expect(info.HostConfig.Runtime).toBe('kiln-gvisor-egress');
     expect(info.HostConfig.NetworkMode).toBe('none');
-    const relay = info.Mounts.find((m) => m.Destination === '/run/kiln-egress');
-    expect(relay).toMatchObject({ Type: 'bind', RW: false });
-    expect(relay!.Source).toContain(r1.sandbox_id);
-    // The relay is the container's keeper process: the code's uid cannot stop it.
+    const bridge = info.Mounts.find((m) => m.Destination === '/run/kiln-egress');
+    expect(bridge).toMatchObject({ Type: 'bind', RW: false });
+    expect(bridge!.Source).toContain(r1.sandbox_id);
+    // The bridge is the container's keeper process: the code's uid cannot stop it.
     const kill = await exec(
       t,
       teamA.key,
       g1.session,
       `${PROBES(ca)}
 import signal
-def kill_relay():
+def kill_bridge():
     for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
         try:
-            if b"kiln_relay" in open(f"/proc/{pid}/cmdline", "rb").read():
+            if b"kiln_bridge" in open(f"/proc/{pid}/cmdline", "rb").read():
                 os.kill(int(pid), signal.SIGKILL); return pid
         except (FileNotFoundError, ProcessLookupError): pass
     return "none"
-probe("kill", kill_relay)
+probe("kill", kill_bridge)
 probe("after", lambda: get("http://api.allowed.test/after"))
 `,
       60,
@@ -496,8 +496,8 @@ probe("forge", forge)
     expect(f!.ok ? f!.detail : '').not.toContain('/forged');
     expect(f!.ok ? f!.detail : '').not.toContain('200 OK');
 
-    // One relayed sandbox holding every connection it may still leaves another's egress alone
-    // (the proxy counts them by the address its relay vouches for, not the host's).
+    // One bridged sandbox holding every connection it may still leaves another's egress alone
+    // (the proxy counts them by the address its bridge vouches for, not the host's).
     const hold = await exec(
       t,
       teamA.key,
@@ -515,10 +515,10 @@ probe("forge", forge)
     );
     expect(probes(still.stdout).y).toMatchObject({ ok: true, detail: 'y.only.test /still' });
 
-    // Its relay directory goes with its sandbox.
-    expect(existsSync(relay!.Source)).toBe(true);
+    // Its bridge directory goes with its sandbox.
+    expect(existsSync(bridge!.Source)).toBe(true);
     expect((await t.call('DELETE', `/v1/sessions/${g1.session}`, { key: teamA.key })).status).toBe(200);
-    await vi.waitFor(() => expect(existsSync(relay!.Source)).toBe(false), { timeout: 30_000 });
+    await vi.waitFor(() => expect(existsSync(bridge!.Source)).toBe(false), { timeout: 30_000 });
   });
 
   it('applies a settings change at the next execution: new patterns on the same sandbox, a new mode on a new one', async () => {

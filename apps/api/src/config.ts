@@ -94,7 +94,7 @@ const schema = z.object({
   // Egress: whether workspaces may set sandbox.network = allowlist, and how the proxy is set up.
   KILN_EGRESS: z.enum(['on', 'off']).default('on'),
   KILN_EGRESS_IMAGE: z.string().min(1).default('kiln-egress:latest'),
-  // off: gVisor sandboxes get no egress relay (allowlist workspaces then run under runc).
+  // off: gVisor sandboxes get no egress bridge (allowlist workspaces then run under runc).
   KILN_EGRESS_GVISOR: z.enum(['on', 'off']).default('on'),
   KILN_EGRESS_MAX_ALLOW: int(0, MAX_ALLOW).default(MAX_ALLOW),
   KILN_EGRESS_SUBNETS: z
@@ -279,11 +279,11 @@ export type Config = {
     subnets: { base: number; prefix: number };
     upstreamNetwork?: string;
     /**
-     * Where gVisor sandboxes' relay sockets are made (egress.ts): under /run as root, else the
+     * Where gVisor sandboxes' bridge sockets are made (egress.ts): under /run as root, else the
      * temporary directory; unset when the Docker Engine is not on this host (its gVisor sandboxes
      * then get no egress). Kept short: a Unix socket's path has at most 107 bytes.
      */
-    relayDir?: string;
+    bridgeDir?: string;
   };
   /**
    * Requests to URLs tenants chose (their MCP servers, webhook receivers) reach public addresses
@@ -429,11 +429,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxAllow: e.KILN_EGRESS_MAX_ALLOW,
       subnets: parseCidr(e.KILN_EGRESS_SUBNETS)!,
       upstreamNetwork: e.KILN_EGRESS_UPSTREAM_NETWORK,
-      relayDir:
+      bridgeDir:
         e.KILN_EGRESS_GVISOR === 'on' && (!e.DOCKER_HOST || e.DOCKER_HOST.startsWith('unix://'))
           ? process.getuid?.() === 0
-            ? '/run/kiln-egress-relay'
-            : join(tmpdir(), `kiln-egress-relay-${process.getuid?.() ?? 0}`)
+            ? '/run/kiln-egress-bridge'
+            : join(tmpdir(), `kiln-egress-bridge-${process.getuid?.() ?? 0}`)
           : undefined,
     },
     outbound: {

@@ -23,7 +23,7 @@ import {
   updateSpec,
 } from './container-spec.ts';
 import { DockerImages } from './images.ts';
-import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS, RELAY_MOUNT } from './egress.ts';
+import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS, BRIDGE_MOUNT } from './egress.ts';
 import { type FairShareOptions, TeamCgroups } from './cgroups.ts';
 import { attachRunner } from './runner.ts';
 import { StatsSampler } from './stats.ts';
@@ -38,8 +38,8 @@ export function egressOf(
   config: { egress: EgressOptions & { enabled: boolean } },
   log?: Logger,
 ): (EgressOptions & { log?: Logger }) | undefined {
-  const { enabled, image, subnets, upstreamNetwork, relayDir } = config.egress;
-  return enabled ? { image, subnets, upstreamNetwork, relayDir, log } : undefined;
+  const { enabled, image, subnets, upstreamNetwork, bridgeDir } = config.egress;
+  return enabled ? { image, subnets, upstreamNetwork, bridgeDir, log } : undefined;
 }
 
 /** Sandboxes as containers of one Docker Engine, recorded in `kiln.*` labels. */
@@ -91,10 +91,10 @@ export class DockerBackend implements SandboxBackend {
   async create(req: ContainerRequest): Promise<SandboxContainer> {
     if (req.network?.mode !== 'allowlist') return this.createWith(req);
     const proxy = this.proxyFor(req.owner);
-    // gVisor sandboxes have no network: they reach the proxy through a relay socket (egress.ts).
+    // gVisor sandboxes have no network: they reach the proxy through a bridge socket (egress.ts).
     const attachment =
       req.runtime === 'gvisor'
-        ? await proxy.reserveRelay(req.sandboxId, req.network.allow)
+        ? await proxy.reserveBridge(req.sandboxId, req.network.allow)
         : await proxy.reserve(req.sandboxId, req.network.allow);
     // The proxy joins the new network while the container is created on it.
     const [joined, made] = await Promise.allSettled([proxy.join(attachment), this.createWith(req, attachment)]);
@@ -128,7 +128,7 @@ export class DockerBackend implements SandboxBackend {
     cgroupParent: string | undefined,
   ): Promise<SandboxContainer> {
     const network = egress?.network ? { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS } : undefined;
-    const relay = egress?.relayDir ? { dir: egress.relayDir, mount: RELAY_MOUNT } : undefined;
+    const bridge = egress?.bridgeDir ? { dir: egress.bridgeDir, mount: BRIDGE_MOUNT } : undefined;
     for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
       const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
       if (this.uidsInFlight.has(uid)) continue;
@@ -143,7 +143,7 @@ export class DockerBackend implements SandboxBackend {
             runtime: req.runtime,
             workspaceDir: req.workspaceDir,
             network,
-            relay,
+            bridge,
             cgroupParent,
             labels: {
               [LABEL]: '1',
@@ -249,7 +249,7 @@ export class DockerBackend implements SandboxBackend {
   /**
    * gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it);
    * its sandboxes reach the egress proxy through a host Unix socket when the engine also has
-   * kiln-gvisor-egress and runs on this host (relayDir: the socket is a file here, mounted into the sandbox).
+   * kiln-gvisor-egress and runs on this host (bridgeDir: the socket is a file here, mounted into the sandbox).
    */
   async runtimes(): Promise<RuntimeOffer[]> {
     const info = (await this.docker.info()) as { Runtimes?: Record<string, unknown> };
@@ -258,7 +258,7 @@ export class DockerBackend implements SandboxBackend {
     if (info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes)
       offers.push({
         runtime: 'gvisor',
-        egress: egress && !!this.egress?.relayDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
+        egress: egress && !!this.egress?.bridgeDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
       });
     return offers;
   }

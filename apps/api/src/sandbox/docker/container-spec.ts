@@ -24,11 +24,11 @@ const KEEPER_USER = '10002:10002';
 export const GVISOR_NONET_RUNTIME = 'kiln-gvisor-nonet';
 /**
  * The runtime of a gVisor sandbox with network allowlist: also no network, but it may connect to
- * a host Unix socket mounted into it (runsc --host-uds=open). Only its egress relay's socket is.
+ * a host Unix socket mounted into it (runsc --host-uds=open). Only its egress bridge's socket is.
  */
 export const GVISOR_EGRESS_RUNTIME = 'kiln-gvisor-egress';
-/** A relayed sandbox's main process: its egress relay (kiln_relay.py); an image without one sleeps, with no egress. */
-const RELAY_CMD = ['sh', '-c', 'python3 -I -S /opt/kiln/kiln_relay.py; exec sleep infinity'];
+/** A bridged sandbox's main process: its egress bridge (kiln_bridge.py); an image without one sleeps, with no egress. */
+const BRIDGE_CMD = ['sh', '-c', 'python3 -I -S /opt/kiln/kiln_bridge.py; exec sleep infinity'];
 const MiB = 1024 * 1024;
 /**
  * Under gVisor the container's cgroup holds the whole sandbox: the sentry (the user-space
@@ -74,10 +74,10 @@ export interface SpecInput {
   cgroupParent?: string;
   /**
    * A gVisor sandbox with network allowlist (it has no network): the host directory of its egress
-   * relay's socket, mounted read-only at `relayMount`, where its main process, the in-sandbox relay,
+   * bridge's socket, mounted read-only at `bridgeMount`, where its main process, the in-sandbox bridge,
    * connects.
    */
-  relay?: { dir: string; mount: string };
+  bridge?: { dir: string; mount: string };
 }
 
 interface SandboxNetwork {
@@ -118,7 +118,7 @@ export function containerSpec({
   workspaceDir,
   network,
   cgroupParent,
-  relay,
+  bridge,
 }: SpecInput): Docker.ContainerCreateOptions {
   const net = networkSpec(network);
   const tmpfs = (mb: number, extra = '') => `rw,nosuid,nodev,size=${mb}m${extra}`;
@@ -136,7 +136,7 @@ export function containerSpec({
   return {
     name,
     Image: image,
-    Cmd: relay ? RELAY_CMD : ['sleep', 'infinity'],
+    Cmd: bridge ? BRIDGE_CMD : ['sleep', 'infinity'],
     User: KEEPER_USER,
     WorkingDir: '/workspace',
     Env: [
@@ -154,7 +154,7 @@ export function containerSpec({
     AttachStderr: false,
     HostConfig: {
       // Unset for runc: the engine's default runtime. gVisor sandboxes have no network.
-      ...(runtime === 'gvisor' ? { Runtime: relay ? GVISOR_EGRESS_RUNTIME : GVISOR_NONET_RUNTIME } : {}),
+      ...(runtime === 'gvisor' ? { Runtime: bridge ? GVISOR_EGRESS_RUNTIME : GVISOR_NONET_RUNTIME } : {}),
       NetworkMode: net.NetworkMode,
       ...(cgroupParent ? { CgroupParent: cgroupParent } : {}),
       ...(net.Dns ? { Dns: net.Dns, DnsOptions: net.DnsOptions } : {}),
@@ -181,12 +181,12 @@ export function containerSpec({
               },
             ]
           : []),
-        ...(relay
+        ...(bridge
           ? [
               {
                 Type: 'bind' as const,
-                Source: relay.dir,
-                Target: relay.mount,
+                Source: bridge.dir,
+                Target: bridge.mount,
                 ReadOnly: true,
                 BindOptions: { Propagation: 'rprivate' as const },
               },

@@ -18,10 +18,10 @@ export interface EgressOptions {
   /** A Docker network the proxy also joins, whose subnet it may reach despite private addresses (tests' upstreams). */
   upstreamNetwork?: string;
   /**
-   * Where the Unix sockets of gVisor sandboxes' relays are made (a directory of this host, which
+   * Where the Unix sockets of gVisor sandboxes' bridges are made (a directory of this host, which
    * the engine also runs on); unset, gVisor sandboxes get no egress.
    */
-  relayDir?: string;
+  bridgeDir?: string;
 }
 
 /** What one allowlist sandbox has on the proxy. */
@@ -29,14 +29,14 @@ export interface EgressAttachment {
   /** A runc sandbox: its own internal network (the proxy joins it). */
   network?: string;
   /**
-   * A gVisor sandbox (no network at all): the host directory holding its relay's Unix socket,
-   * mounted into it at RELAY_MOUNT, where its in-sandbox relay (kiln_relay.py) connects.
+   * A gVisor sandbox (no network at all): the host directory holding its bridge's Unix socket,
+   * mounted into it at BRIDGE_MOUNT, where its in-sandbox bridge (kiln_bridge.py) connects.
    */
-  relayDir?: string;
+  bridgeDir?: string;
   /**
    * The sandbox's address on its network (where the proxy accepts its requests from) and the
-   * proxy's; for a relayed sandbox, the address the host's relay vouches for in each connection's
-   * PROXY header (from RELAY_ADDRESSES, routed nowhere) and the sandbox's own loopback.
+   * proxy's; for a bridged sandbox, the address the host's bridge vouches for in each connection's
+   * PROXY header (from BRIDGE_ADDRESSES, routed nowhere) and the sandbox's own loopback.
    */
   sandboxIp: string;
   proxyIp: string;
@@ -49,14 +49,14 @@ export interface EgressAttachment {
 const PROXY_LABEL = 'kiln.egress.proxy';
 const NET_LABEL = 'kiln.egress.net';
 const PORT = 3128;
-/** The proxy's port for the host's relay: every connection starts with a PROXY header (squid.conf). */
-const RELAY_PORT = 3129;
-/** Where a relayed sandbox finds its socket (kiln_relay.py). */
-export const RELAY_MOUNT = '/run/kiln-egress';
+/** The proxy's port for the host's bridge: every connection starts with a PROXY header (squid.conf). */
+const BRIDGE_PORT = 3129;
+/** Where a bridged sandbox finds its socket (kiln_bridge.py). */
+export const BRIDGE_MOUNT = '/run/kiln-egress';
 /** 198.18.0.0/15 (RFC 2544, benchmarking): never routed, never a sandbox network's. */
-const RELAY_ADDRESSES = { base: ((198 << 24) | (18 << 16)) >>> 0, size: 2 ** 17 };
-/** Connections one relayed sandbox may hold open through the proxy at once (as squid.conf's maxconn for the others). */
-const RELAY_MAX_CONNECTIONS = 64;
+const BRIDGE_ADDRESSES = { base: ((198 << 24) | (18 << 16)) >>> 0, size: 2 ** 17 };
+/** Connections one bridged sandbox may hold open through the proxy at once (as squid.conf's maxconn for the others). */
+const BRIDGE_MAX_CONNECTIONS = 64;
 const RULES_DIR = '/run/kiln-egress/rules';
 /** Per sandbox, between two executions: more requests than this are counted, not listed. */
 const MAX_BUFFERED = 1000;
@@ -151,10 +151,10 @@ export class EgressProxy {
   private readonly bySandboxIp = new Map<string, Buffered>();
   private readonly markers = new Map<string, () => void>();
   private logStream: NodeJS.ReadableStream | undefined;
-  /** Relayed sandboxes' socket servers, by sandbox id. */
-  private readonly relays = new Map<string, Server>();
-  private nextRelayAddress = 0;
-  private relayPort = 0;
+  /** Bridged sandboxes' socket servers, by sandbox id. */
+  private readonly bridges = new Map<string, Server>();
+  private nextBridgeAddress = 0;
+  private bridgePort = 0;
 
   constructor(
     private readonly docker: Docker,
@@ -202,7 +202,7 @@ export class EgressProxy {
       .catch(() => undefined);
     const egressNet = await this.egressNetwork();
     // The host's address on that network: the only source the proxy takes a PROXY header from.
-    const relaySource = (await this.docker.getNetwork(egressNet).inspect()).IPAM?.Config?.[0]?.Gateway ?? '';
+    const bridgeSource = (await this.docker.getNetwork(egressNet).inspect()).IPAM?.Config?.[0]?.Gateway ?? '';
     const upstreams: string[] = [];
     if (this.opts.upstreamNetwork) {
       const net = await this.docker.getNetwork(this.opts.upstreamNetwork).inspect();
@@ -212,7 +212,7 @@ export class EgressProxy {
       name: this.name,
       Image: this.opts.image,
       Labels: labels,
-      Env: [`KILN_EGRESS_UPSTREAMS=${upstreams.join(',')}`, `KILN_EGRESS_RELAY_SOURCE=${relaySource}`],
+      Env: [`KILN_EGRESS_UPSTREAMS=${upstreams.join(',')}`, `KILN_EGRESS_BRIDGE_SOURCE=${bridgeSource}`],
       HostConfig: {
         NetworkMode: egressNet,
         CapDrop: ['ALL'],
@@ -381,72 +381,73 @@ export class EgressProxy {
 
   /**
    * For a gVisor sandbox, which has no network: a Unix socket in a directory of its own under
-   * `relayDir` (mounted into the sandbox), whose every connection this process carries to the
-   * proxy's relay port, prefixed with a PROXY header naming the address the sandbox's rules
+   * `bridgeDir` (mounted into the sandbox), whose every connection this process carries to the
+   * proxy's bridge port, prefixed with a PROXY header naming the address the sandbox's rules
    * carry. The proxy believes that header from this host's address only (squid.conf), so the
    * sandbox is known by that address and its credentials, as a runc sandbox is by its own.
    */
-  async reserveRelay(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
-    if (!this.opts.relayDir) throw new Error('this egress proxy has no relay directory');
+  async reserveBridge(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
+    if (!this.opts.bridgeDir) throw new Error('this egress proxy has no bridge directory');
     await this.ensure();
-    const relayDir = join(this.opts.relayDir, this.owner, sandboxId);
-    const sandboxIp = this.relayAddress();
+    const bridgeDir = join(this.opts.bridgeDir, this.owner, sandboxId);
+    const sandboxIp = this.bridgeAddress();
     const a: EgressAttachment = {
-      relayDir,
+      bridgeDir,
       proxyIp: '127.0.0.1',
       sandboxIp,
       user: sandboxId,
       token: randomBytes(24).toString('base64url'),
       allow,
     };
-    await rm(relayDir, { recursive: true, force: true });
-    await mkdir(join(this.opts.relayDir, this.owner), { recursive: true, mode: 0o700 });
-    await mkdir(relayDir, { mode: 0o755 });
-    const server = createServer((socket) => this.relay(socket, sandboxIp, server));
-    server.maxConnections = RELAY_MAX_CONNECTIONS;
-    const path = join(relayDir, 'egress.sock');
+    await rm(bridgeDir, { recursive: true, force: true });
+    await mkdir(join(this.opts.bridgeDir, this.owner), { recursive: true, mode: 0o700 });
+    await mkdir(bridgeDir, { mode: 0o755 });
+    // Half-open both ways: a client that has sent its request (and shut its side) still gets the answer.
+    const server = createServer({ allowHalfOpen: true }, (socket) => this.bridge(socket, sandboxIp, server));
+    server.maxConnections = BRIDGE_MAX_CONNECTIONS;
+    const path = join(bridgeDir, 'egress.sock');
     try {
       await new Promise<void>((resolve, reject) => {
         server.once('error', reject);
         server.listen(path, () => resolve());
       });
-      // The sandbox's relay runs as the container's keeper uid; only this directory leads here.
+      // The sandbox's bridge runs as the container's keeper uid; only this directory leads here.
       await chmod(path, 0o666);
     } catch (err) {
       server.close();
-      await rm(relayDir, { recursive: true, force: true });
+      await rm(bridgeDir, { recursive: true, force: true });
       throw err;
     }
-    server.on('error', (err) => this.log?.warn({ err, sandbox: sandboxId }, 'egress relay socket error'));
-    this.relays.set(sandboxId, server);
+    server.on('error', (err) => this.log?.warn({ err, sandbox: sandboxId }, 'egress bridge socket error'));
+    this.bridges.set(sandboxId, server);
     this.attached.set(sandboxId, a);
     this.bySandboxIp.set(sandboxIp, { events: [], dropped: 0 });
     return a;
   }
 
-  /** A relay address no attached sandbox of this proxy has. */
-  private relayAddress(): string {
-    for (let i = 0; i < RELAY_ADDRESSES.size; i++) {
-      const n = this.nextRelayAddress++ % RELAY_ADDRESSES.size;
-      const ip = ipOf(RELAY_ADDRESSES.base + n);
+  /** A bridge address no attached sandbox of this proxy has. */
+  private bridgeAddress(): string {
+    for (let i = 0; i < BRIDGE_ADDRESSES.size; i++) {
+      const n = this.nextBridgeAddress++ % BRIDGE_ADDRESSES.size;
+      const ip = ipOf(BRIDGE_ADDRESSES.base + n);
       if (!this.bySandboxIp.has(ip) && n % 256 !== 0 && n % 256 !== 255) return ip;
     }
-    throw new Error('no free relay address');
+    throw new Error('no free bridge address');
   }
 
-  /** Carries one connection of a relayed sandbox to the proxy, announced as coming from its address. */
-  private relay(socket: Socket, sandboxIp: string, server: Server): void {
+  /** Carries one connection of a bridged sandbox to the proxy, announced as coming from its address. */
+  private bridge(socket: Socket, sandboxIp: string, server: Server): void {
     const proxy = this.proxy;
     if (!proxy || !server.listening) {
       socket.destroy();
       return;
     }
-    const upstream = connect({ host: proxy.ip, port: RELAY_PORT });
+    const upstream = connect({ host: proxy.ip, port: BRIDGE_PORT, allowHalfOpen: true });
     upstream.setNoDelay(true);
     socket.setNoDelay(true);
-    // Squid reads the source address only; the port is the relay's own count, for its log.
-    this.relayPort = (this.relayPort % 64_511) + 1;
-    upstream.write(`PROXY TCP4 ${sandboxIp} ${proxy.ip} ${1024 + this.relayPort} ${RELAY_PORT}\r\n`);
+    // Squid reads the source address only; the port is the bridge's own count, for its log.
+    this.bridgePort = (this.bridgePort % 64_511) + 1;
+    upstream.write(`PROXY TCP4 ${sandboxIp} ${proxy.ip} ${1024 + this.bridgePort} ${BRIDGE_PORT}\r\n`);
     socket.pipe(upstream);
     upstream.pipe(socket);
     const end = () => {
@@ -524,11 +525,11 @@ export class EgressProxy {
     this.attached.delete(sandboxId);
     if (a) this.bySandboxIp.delete(a.sandboxIp);
     if (a && this.proxy) await this.writeRules(this.proxy.id, a, null).catch(() => undefined);
-    const relay = this.relays.get(sandboxId);
-    this.relays.delete(sandboxId);
-    if (relay) {
-      relay.close();
-      await rm(a?.relayDir ?? '', { recursive: true, force: true });
+    const bridge = this.bridges.get(sandboxId);
+    this.bridges.delete(sandboxId);
+    if (bridge) {
+      bridge.close();
+      await rm(a?.bridgeDir ?? '', { recursive: true, force: true });
       return;
     }
     await this.removeNetwork(`kiln-egress-${sandboxId}`);
@@ -562,9 +563,9 @@ export class EgressProxy {
       if (opts.all || gone) await this.removeNetwork(n.Name).catch(() => undefined);
     }
     if (!opts.all) return;
-    for (const relay of this.relays.values()) relay.close();
-    this.relays.clear();
-    if (this.opts.relayDir) await rm(join(this.opts.relayDir, this.owner), { recursive: true, force: true });
+    for (const bridge of this.bridges.values()) bridge.close();
+    this.bridges.clear();
+    if (this.opts.bridgeDir) await rm(join(this.opts.bridgeDir, this.owner), { recursive: true, force: true });
     (this.logStream as { destroy?: () => void } | undefined)?.destroy?.();
     this.logStream = undefined;
     await this.docker

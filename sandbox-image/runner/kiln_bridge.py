@@ -1,12 +1,12 @@
-"""Kiln's egress relay inside a gVisor sandbox with network allowlist.
+"""Kiln's egress bridge inside a gVisor sandbox with network allowlist.
 
 Such a sandbox has no network at all (gVisor's `--network=none`: a loopback interface and
 nothing else). The host hands it one Unix socket, /run/kiln-egress/egress.sock, whose other end
-is Kiln's relay to the egress proxy; this process is the sandbox's main process (as the keeper
+is Kiln's bridge to the egress proxy; this process is the sandbox's main process (as the keeper
 uid, which the user's code cannot signal) and makes that socket reachable as the proxy address
 the interpreter is given, 127.0.0.1:3128. It moves bytes and nothing else: identity and every
 decision are the proxy's (the sandbox's credentials, checked there, and the address the host's
-relay vouches for).
+bridge vouches for).
 """
 
 import os
@@ -77,6 +77,6 @@ if __name__ == "__main__":
     try:
         main()
     except OSError as err:
-        # Without its relay the sandbox simply has no egress; the container keeps running.
-        sys.stderr.write(f"kiln_relay: {err}\n")
+        # Without its bridge the sandbox simply has no egress; the container keeps running.
+        sys.stderr.write(f"kiln_bridge: {err}\n")
         signal.pause()
