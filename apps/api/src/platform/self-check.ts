@@ -235,7 +235,7 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
 /**
  * The self-check of a prepared worktree: install (only when package-lock.json differs from the
  * running checkout's; otherwise its node_modules is linked), type-check, the dashboard build,
- * the smoke suite, then boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
+ * the fast suite (`npm run test:fast`: unit and smoke tests), then boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
  */
 export async function runSelfCheck(
   sourceDir: string,
@@ -280,9 +280,15 @@ export async function runSelfCheck(
           'warn',
         ]),
       ),
+    // `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
     () =>
       timed('smoke', () =>
-        command(o, p.worktree, process.execPath, ['node_modules/vitest/vitest.mjs', 'run', 'tests/smoke']),
+        command(o, p.worktree, process.execPath, [
+          'node_modules/vitest/vitest.mjs',
+          'run',
+          'tests/unit',
+          'tests/smoke',
+        ]),
       ),
     () => boot(o, p.worktree, id),
   ];
