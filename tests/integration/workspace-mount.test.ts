@@ -203,7 +203,7 @@ describe('the workspace through a host mount', () => {
   it("the reaper's start-up sweep unmounts what a crashed instance left, and a container removed behind the app's back loses its mount", async () => {
     // What a previous life of this instance left: a mount and a bare directory, with no container.
     const previous = await WorkspaceMounts.open(
-      { mode: 'on', dir: mountDir, maxMb: 16, localDocker: true },
+      { mode: 'on', dir: mountDir, maxMb: 16, hostMounts: true },
       owner,
       pino({ level: 'silent' }),
     );
@@ -234,7 +234,7 @@ describe('the tar path', () => {
   beforeAll(async () => {
     // A Docker Engine that is not on a local socket cannot see this host's mounts.
     t = await createTestApp({
-      sandbox: { workspaceMount: { mode: 'auto', dir: mountDir, maxMb: 4096, localDocker: false } },
+      sandbox: { workspaceMount: { mode: 'auto', dir: mountDir, maxMb: 4096, hostMounts: false } },
     });
     team = await t.team('tar');
   });
@@ -288,7 +288,7 @@ describe('the mount budget and the copy', () => {
   it('a mount that would take the instance past KILN_SANDBOX_MOUNT_MAX_MB is not made', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
     try {
-      const m = await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, localDocker: true }, 'budget', log);
+      const m = await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, hostMounts: true }, 'budget', log);
       expect(m).not.toBeNull();
       const a = await m!.create('sbx_a', 60);
       expect(a).toBe(join(dir, 'budget', 'sbx_a'));
@@ -337,7 +337,7 @@ describe('the mount budget and the copy', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
     const src = mkdtempSync(join(tmpdir(), 'kiln-src-'));
     try {
-      const m = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, localDocker: true }, 'small', log))!;
+      const m = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, hostMounts: true }, 'small', log))!;
       const dst = (await m.create('sbx_small', 4))!;
       writeFileSync(join(src, 'big.bin'), randomBytes(6 * MiB));
       await expect(copyTree(src, dst, 2_000_000_001)).rejects.toMatchObject({ code: 'payload_too_large' });
@@ -356,7 +356,7 @@ describe('the mount budget and the copy', () => {
     const unhandled: unknown[] = [];
     const onUnhandled = (reason: unknown) => unhandled.push(reason);
     process.on('unhandledRejection', onUnhandled);
-    const m = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, localDocker: true }, 'walk', log))!;
+    const m = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, hostMounts: true }, 'walk', log))!;
     try {
       const dst = (await m.create('sbx_walk', 4))!;
       writeFileSync(join(src, 'big.bin'), randomBytes(6 * MiB));
@@ -380,7 +380,7 @@ describe('under gVisor', () => {
     const dir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
     const src = mkdtempSync(join(tmpdir(), 'kiln-src-'));
     const m = (await WorkspaceMounts.open(
-      { mode: 'on', dir, maxMb: 1024, localDocker: true },
+      { mode: 'on', dir, maxMb: 1024, hostMounts: true },
       'gvisor',
       pino({ level: 'silent' }),
     ))!;

@@ -23,7 +23,7 @@ function outsideParens(text: string): string {
 }
 
 /** The rows of the table, top first: each a layer name and the parts it names (`x/` or `x.ts`). */
-export function layerTable(markdown: string): { layer: string; parts: string[] }[] {
+function layerTable(markdown: string): { layer: string; parts: string[] }[] {
   const lines = markdown.split('\n');
   const start = lines.findIndex((l) => /^\|\s*layer\s*\|\s*parts\s*\|/.test(l));
   if (start < 0) throw new Error('docs/architecture.md has no "| layer | parts |" table');

@@ -249,8 +249,6 @@ export type Config = {
       mode: 'auto' | 'on' | 'off';
       dir: string;
       maxMb: number;
-      /** DOCKER_HOST is unset or a unix socket: the engine shares this host's filesystem. */
-      localDocker: boolean;
     };
   };
   /** Sandbox templates: package sources, build bounds, warm containers per template in use. */
@@ -409,7 +407,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         mode: e.KILN_SANDBOX_WORKSPACE_MOUNT,
         dir: resolve(e.KILN_SANDBOX_MOUNT_DIR ?? join(e.KILN_DATA_DIR, 'sandbox-workspaces')),
         maxMb: e.KILN_SANDBOX_MOUNT_MAX_MB ?? Math.floor(totalmem() / (2 * 1024 * 1024)),
-        localDocker: !e.DOCKER_HOST || e.DOCKER_HOST.startsWith('unix://'),
       },
     },
     templates: {

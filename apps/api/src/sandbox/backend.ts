@@ -26,11 +26,8 @@ export interface SandboxBackend {
   list(): Promise<ListedContainer[]>;
   /** The container's memory and CPU use now; null when it cannot be read (e.g. it is gone). */
   stats(containerId: string): Promise<Usage | null>;
-  /**
-   * Which of Kiln's sandbox runtimes this container runtime has (runc always; gvisor when it is
-   * registered), and for each whether its sandboxes can have network allowlist (reach the egress proxy).
-   */
-  runtimes(): Promise<RuntimeOffer[]>;
+  /** What this backend can do (asked once, at start-up): shared code asks it rather than knowing the engine. */
+  capabilities(): Promise<BackendCapabilities>;
   /** Resolves when the runtime answers within `timeoutMs`, rejects with the reason otherwise. */
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
@@ -49,6 +46,25 @@ export interface SandboxBackend {
    * (start-up, shutdown: none of its sandboxes is live), its proxy and every network of it.
    */
   sweepEgress?(owner: string, opts?: { all?: boolean }): Promise<void>;
+}
+
+/** What a backend can do; the engine, the pool and the routes decide from this. */
+export interface BackendCapabilities {
+  /**
+   * Which of Kiln's sandbox runtimes it has (runc always; gvisor when it is registered), and for
+   * each whether its sandboxes can have network allowlist (reach the egress proxy).
+   */
+  runtimes: RuntimeOffer[];
+  /**
+   * Its sandboxes can have a directory of the API's own host mounted at /workspace (the engine
+   * then copies the working tree there); else the tree goes to the runner as a tar.
+   */
+  hostWorkspaceMounts: boolean;
+  /**
+   * Whether a sandbox created with `from` can be given `to` in place (`update`), as a warm one is
+   * when a workspace claims it; else a claim with `to` starts a new one.
+   */
+  resizable(from: SandboxLimits, to: SandboxLimits, runtime: SandboxRuntime): boolean;
 }
 
 /** A runtime a backend can run, and whether its sandboxes can reach the egress proxy. */

@@ -105,6 +105,8 @@ export class SandboxEngine {
   private offered: SandboxRuntime[] = ['runc'];
   /** The offered runtimes whose sandboxes can have network allowlist. */
   private withEgress = new Set<SandboxRuntime>(['runc']);
+  /** The backend's sandboxes can mount a directory of this host (known once `start` has asked it). */
+  private hostWorkspaceMounts = false;
   private defaultRt: SandboxRuntime = 'runc';
 
   constructor(
@@ -302,9 +304,10 @@ export class SandboxEngine {
    * must have (else start-up fails, naming it), or, unset, every one it has.
    */
   private async resolveRuntimes(): Promise<void> {
-    const offers = await this.backend.runtimes();
-    const available = offers.map((o) => o.runtime);
-    this.withEgress = new Set(offers.filter((o) => o.egress).map((o) => o.runtime));
+    const caps = await this.backend.capabilities();
+    this.hostWorkspaceMounts = caps.hostWorkspaceMounts;
+    const available = caps.runtimes.map((o) => o.runtime);
+    this.withEgress = new Set(caps.runtimes.filter((o) => o.egress).map((o) => o.runtime));
     const wanted = this.opts.runtimes;
     const missing = (wanted ?? []).filter((r) => !available.includes(r));
     if (missing.length)
@@ -317,7 +320,7 @@ export class SandboxEngine {
     if (!this.offered.includes(this.defaultRt))
       throw new ConfigError([`the default sandbox runtime ${this.defaultRt} is not among ${this.offered.join(', ')}`]);
     // Warm containers are for the runtime new workspaces get; a workspace with the other one starts cold.
-    this.pool.use({ runtime: this.defaultRt });
+    this.pool.use({ runtime: this.defaultRt }, caps.resizable);
   }
 
   /**
@@ -327,7 +330,15 @@ export class SandboxEngine {
   async start(): Promise<void> {
     await this.resolveRuntimes();
     const m = this.opts.workspaceMount;
-    this.containers.useMounts(m ? await WorkspaceMounts.open(m, this.opts.owner, this.log) : null);
+    this.containers.useMounts(
+      m
+        ? await WorkspaceMounts.open(
+            { ...m, hostMounts: this.hostWorkspaceMounts && m.hostMounts !== false },
+            this.opts.owner,
+            this.log,
+          )
+        : null,
+    );
     this.log.info({ runtimes: this.offered, default: this.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
     // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.

@@ -1,4 +1,4 @@
-import type { SandboxRuntime, WorkspaceSettings } from '../workspace/settings.ts';
+import type { WorkspaceSettings } from '../workspace/settings.ts';
 
 /** The resources one sandbox may use. */
 export interface SandboxLimits {
@@ -40,12 +40,3 @@ export function effectiveLimits(ws: WorkspaceSettings['sandbox'], max: SandboxLi
     diskMb: Math.min(ws.disk_mb, max.diskMb),
   };
 }
-
-/**
- * Limits that can only be set when a container is created (tmpfs sizes, which follow disk and
- * memory; ulimits). Under gVisor also memory and pids: the sandbox enforces them inside, from
- * what it was created with (see container-spec.ts).
- */
-export const sameShape = (a: SandboxLimits, b: SandboxLimits, runtime: SandboxRuntime = 'runc') =>
-  JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b)) &&
-  (runtime !== 'gvisor' || (a.memoryMb === b.memoryMb && a.pids === b.pids));

@@ -32,8 +32,12 @@ export class NoSandboxes implements SandboxBackend {
   async stats() {
     return null;
   }
-  async runtimes() {
-    return [{ runtime: 'runc' as const, egress: false }];
+  async capabilities() {
+    return {
+      runtimes: [{ runtime: 'runc' as const, egress: false }],
+      hostWorkspaceMounts: false,
+      resizable: () => false,
+    };
   }
   ping() {
     return Promise.reject(new Error(OFF));

@@ -1,10 +1,11 @@
 import type { Logger } from 'pino';
 import { newId } from '../lib/ids.ts';
+import type { BackendCapabilities } from './backend.ts';
 import type { Containers, Sandbox } from './containers.ts';
 import { copyTree } from './copy-tree.ts';
 import { readHead } from '../workspace/git.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
-import { sameShape, type SandboxLimits } from './limits.ts';
+import type { SandboxLimits } from './limits.ts';
 
 /**
  * What a warm container is made for beyond its limits and image, and a claim must match: its
@@ -72,6 +73,8 @@ export class WarmPool {
   /** Containers being started, with their image. */
   private readonly fills = new Map<Promise<void>, string>();
   private templateImages: string[] = [];
+  /** Whether a warm container's limits can become a claim's (the backend's answer; none until `use`). */
+  private resizable: BackendCapabilities['resizable'] = () => false;
   /** Filled for a workspace, most recent last; claimed only by a session of that workspace. */
   private prepared: Prepared[] = [];
   /** Containers being filled for a workspace (created, copy under way), by container id. */
@@ -95,8 +98,9 @@ export class WarmPool {
   }
 
   /** What warm containers are made for from now on (before the first fill). */
-  use(key: PoolKey): void {
+  use(key: PoolKey, resizable: BackendCapabilities['resizable']): void {
     this.opts.key = key;
+    this.resizable = resizable;
   }
 
   /**
@@ -119,7 +123,7 @@ export class WarmPool {
 
   /** Whether the pool's containers are made for these limits (their shape) and this runtime. */
   serves(limits: SandboxLimits, key: PoolKey): boolean {
-    return key.runtime === this.opts.key.runtime && sameShape(limits, this.opts.limits, key.runtime);
+    return key.runtime === this.opts.key.runtime && this.resizable(this.opts.limits, limits, key.runtime);
   }
 
   /**

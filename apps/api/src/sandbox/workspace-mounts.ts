@@ -16,8 +16,11 @@ export interface WorkspaceMountOptions {
   dir: string;
   /** What this instance's mounts together may be sized at (MiB of host memory); past it, new sandboxes take the tar path. */
   maxMb: number;
-  /** The Docker Engine is reached over a unix socket of this host (so it sees this host's mounts). */
-  localDocker: boolean;
+  /**
+   * The backend's sandboxes can mount a directory of this host (its capabilities, which the engine
+   * fills in); false takes the tar path, as for an engine on another host.
+   */
+  hostMounts?: boolean;
 }
 
 /**
@@ -53,7 +56,9 @@ export class WorkspaceMounts {
     }
     const mounts = new WorkspaceMounts(join(opts.dir, owner), opts.maxMb, log);
     let reason: string | undefined;
-    if (!opts.localDocker) reason = 'the Docker Engine is not on a unix socket of this host (DOCKER_HOST)';
+    if (!opts.hostMounts)
+      reason =
+        "the sandbox backend cannot mount this host's directories (its Docker Engine is not on a unix socket of this host)";
     else if (process.getuid?.() !== 0) reason = 'the API does not run as root, so it cannot mount';
     else reason = await mounts.probe();
     if (reason) {

@@ -8,6 +8,7 @@ import type {
   ListedContainer,
   RunnerChannel,
   SandboxBackend,
+  BackendCapabilities,
   RuntimeOffer,
   SandboxContainer,
   Usage,
@@ -19,6 +20,7 @@ import {
   GVISOR_NONET_RUNTIME,
   SANDBOX_UID_COUNT,
   SANDBOX_UID_MIN,
+  sameShape,
   sandboxUser,
   updateSpec,
 } from './container-spec.ts';
@@ -247,20 +249,22 @@ export class DockerBackend implements SandboxBackend {
   }
 
   /**
-   * gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it);
+   * runc always; gvisor when the engine reports the kiln-gvisor-nonet runtime (infra/docker.sh registers it);
    * its sandboxes reach the egress proxy through a host Unix socket when the engine also has
    * kiln-gvisor-egress and runs on this host (bridgeDir: the socket is a file here, mounted into the sandbox).
    */
-  async runtimes(): Promise<RuntimeOffer[]> {
+  async capabilities(): Promise<BackendCapabilities> {
     const info = (await this.docker.info()) as { Runtimes?: Record<string, unknown> };
     const egress = !!this.egress;
-    const offers: RuntimeOffer[] = [{ runtime: 'runc', egress }];
+    const runtimes: RuntimeOffer[] = [{ runtime: 'runc', egress }];
     if (info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes)
-      offers.push({
+      runtimes.push({
         runtime: 'gvisor',
         egress: egress && !!this.egress?.bridgeDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
       });
-    return offers;
+    // A bind mount names a path of the engine's host: this one only when the engine is on a local socket.
+    const hostWorkspaceMounts = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
+    return { runtimes, hostWorkspaceMounts, resizable: sameShape };
   }
 
   async ping(timeoutMs = 2000): Promise<void> {

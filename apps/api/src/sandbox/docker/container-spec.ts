@@ -223,3 +223,12 @@ export function updateSpec(limits: SandboxLimits, runtime: SandboxRuntime) {
     PidsLimit: host.pids,
   };
 }
+
+/**
+ * Limits that can only be set when a container is created (tmpfs sizes, which follow disk and
+ * memory; ulimits). Under gVisor also memory and pids: the sandbox enforces them inside, from
+ * what it was created with (see container-spec.ts).
+ */
+export const sameShape = (a: SandboxLimits, b: SandboxLimits, runtime: SandboxRuntime) =>
+  JSON.stringify(tmpfsSizes(a)) === JSON.stringify(tmpfsSizes(b)) &&
+  (runtime !== 'gvisor' || (a.memoryMb === b.memoryMb && a.pids === b.pids));
