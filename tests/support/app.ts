@@ -11,6 +11,7 @@ import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import type { StatementListener } from '../../apps/api/src/db/statements.ts';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
+import type { SandboxBackend } from '../../apps/api/src/sandbox/backend.ts';
 import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { EngineOptions } from '../../apps/api/src/sandbox/engine.ts';
@@ -70,6 +71,8 @@ export async function createTestApp(
     jobsNow?: () => number;
     /** Engine timings and limits, or false for no container runtime (running code answers 503). */
     sandbox?: Partial<EngineOptions> | false;
+    /** The sandbox backend (default: the Docker Engine); the unit tests give the in-process fake. */
+    backend?: SandboxBackend;
     embedder?: Embedder;
     maxFileBytes?: number;
     /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
@@ -148,7 +151,12 @@ export async function createTestApp(
     sandboxes:
       opts.sandbox === false
         ? null
-        : new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(config, logger), config.sandbox.fairShare),
+        : (opts.backend ??
+          new DockerBackend(
+            connectDocker(process.env.DOCKER_HOST),
+            egressOf(config, logger),
+            config.sandbox.fairShare,
+          )),
     logger,
     selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,

@@ -1,0 +1,132 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { FakeBackend } from '../support/fake-backend.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
+
+/**
+ * The sandbox engine's warm pool, claims and reaper, on the in-process backend (which passes the
+ * same contract suite as the Docker one) and the embedded database: no Docker, no Postgres server.
+ */
+const IMAGE = 'kiln-sandbox:fake';
+
+describe('sandbox engine on the fake backend', () => {
+  let t: TestApp;
+  let fake: FakeBackend;
+  let team: { id: string; key: string };
+  let clock = Date.now();
+
+  beforeAll(async () => {
+    fake = new FakeBackend([IMAGE]);
+    t = await createTestApp({
+      driver: 'pglite',
+      backend: fake,
+      sandbox: { poolSize: 2, now: () => clock, reapIntervalMs: 3_600_000 },
+      env: { KILN_SANDBOX_IMAGE: IMAGE, KILN_SANDBOX_MAX_PER_TEAM: '3' },
+    });
+    team = await t.team('fake-engine');
+    await t.engine.poolSettled();
+  });
+  afterAll(() => t?.close());
+
+  const mine = () => [...fake.containers.values()];
+  /** The team's live sandboxes, as the API lists them. */
+  const liveIds = async () =>
+    new Set<string>(
+      (await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data.map((s: { id: string }) => s.id),
+    );
+  /** Containers made for no session that no session has claimed: the warm pool. */
+  const warm = async () => {
+    const live = await liveIds();
+    return mine().filter((c) => c.req.sessionId === '' && !live.has(c.req.sandboxId));
+  };
+
+  it('fills the warm pool; a first exec claims a warm sandbox, keeps its state, and the pool refills', async () => {
+    expect(await warm()).toHaveLength(2);
+    const pooled = new Set((await warm()).map((c) => c.req.sandboxId));
+    const created = fake.created.length;
+    const { session } = await sessionIn(t, team);
+    const first = await exec(t, team.key, session, 'x = 41\nprint(x)');
+    expect(first.stdout).toBe('41\n');
+    expect(pooled.has(first.sandbox_id)).toBe(true);
+    expect((await exec(t, team.key, session, 'print(x)')).sandbox_id).toBe(first.sandbox_id);
+    await t.engine.poolSettled();
+    expect(await warm()).toHaveLength(2);
+    expect(fake.created.length).toBe(created + 1);
+  });
+
+  it('gives sessions claimed at once a sandbox each, and holds a team to its maximum', async () => {
+    const sessions = await Promise.all([0, 1].map(() => sessionIn(t, team)));
+    const results = await Promise.all(sessions.map(({ session }, i) => exec(t, team.key, session, `print(${i})`)));
+    expect(results.map((r) => r.stdout)).toEqual(['0\n', '1\n']);
+    expect(new Set(results.map((r) => r.sandbox_id)).size).toBe(2);
+    // Three live sandboxes now (the first test's and these two): a fourth session is refused.
+    const over = await sessionIn(t, team);
+    const refused = await t.call('POST', `/v1/sessions/${over.session}/exec`, {
+      key: team.key,
+      body: { code: 'print(1)' },
+    });
+    expect(refused.status).toBe(429);
+    expect(refused.body.error.code).toBe('sandbox_unavailable');
+    for (const { session } of sessions) await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+    await t.engine.reap();
+    const again = await exec(t, team.key, over.session, 'print(2)');
+    expect(again.stdout).toBe('2\n');
+  });
+
+  it('a sandbox whose container went away behind its back: the next exec gets a new one and says so', async () => {
+    const { session } = await sessionIn(t, team);
+    const before = await exec(t, team.key, session, 'y = 1\nprint(y)');
+    const container = mine().find((c) => c.req.sandboxId === before.sandbox_id)!;
+    await fake.remove(container.id);
+    const after = await exec(t, team.key, session, 'print(y)');
+    expect(after.sandbox_id).not.toBe(before.sandbox_id);
+    expect(after.restarted).toBe(true);
+    expect(after.error).toMatchObject({ type: 'NameError' });
+    await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key });
+  });
+
+  it("the reaper removes this instance's unused containers and any past their lifetime, never another installation's", async () => {
+    const owner = (t.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const base = {
+      image: IMAGE,
+      teamId: '',
+      sessionId: '',
+      limits: (await warm())[0]!.req.limits,
+      runtime: 'runc' as const,
+    };
+    const stray = await fake.create({ ...base, sandboxId: 'sbx_stray', owner, expiresAt: new Date(clock + 60_000) });
+    const foreign = await fake.create({
+      ...base,
+      sandboxId: 'sbx_foreign',
+      owner: 'another-installation',
+      expiresAt: new Date(clock - 60_000),
+    });
+    const { session } = await sessionIn(t, team);
+    const live = await exec(t, team.key, session, 'print(3)');
+    await t.engine.reap();
+    const ids = () => new Set(mine().map((c) => c.id));
+    expect(ids().has(stray.id)).toBe(false);
+    expect(ids().has(foreign.id)).toBe(true);
+    expect(mine().some((c) => c.req.sandboxId === live.sandbox_id)).toBe(true);
+
+    // Past its hard lifetime, a live sandbox goes too; its session gets a new one at its next exec.
+    clock += 24 * 3600_000;
+    await t.engine.reap();
+    expect(mine().some((c) => c.req.sandboxId === live.sandbox_id)).toBe(false);
+    const next = await exec(t, team.key, session, 'print(4)');
+    expect(next.sandbox_id).not.toBe(live.sandbox_id);
+    expect(next.stdout).toBe('4\n');
+    await fake.remove(foreign.id);
+  });
+
+  it('an idle sandbox is reclaimed after its idle time, and a busy pool is refilled by the reaper', async () => {
+    const { session } = await sessionIn(t, team);
+    const used = await exec(t, team.key, session, 'print(5)');
+    clock += 16 * 60_000;
+    await t.engine.reap();
+    expect((await liveIds()).has(used.sandbox_id)).toBe(false);
+    expect(mine().some((c) => c.req.sandboxId === used.sandbox_id)).toBe(false);
+    await t.engine.poolSettled();
+    expect(await warm()).toHaveLength(2);
+  });
+});
