@@ -648,11 +648,18 @@ describe('how often a container is filled for a workspace', () => {
     await expect.poll(async () => (await filledWith('knowledge/v.md', 'v1\n')).length, { timeout: 30_000 }).toBe(1);
     expect((await madeSettled()) - one).toBe(1);
 
-    // Six changes in a row: the last reaches a container, and no more than two were made for them.
+    // Six changes in a row: the last reaches a container, and no more than two were made for them,
+    // plus one for each pause between two commits that was itself a whole interval (a loaded machine
+    // can take that long over one PUT, and a fill may then rightly start between them).
     const burst = made.length;
-    for (let i = 2; i <= 7; i++) expect((await put(ws, 'knowledge/v.md', `v${i}\n`)).status).toBe(200);
+    const committed: number[] = [];
+    for (let i = 2; i <= 7; i++) {
+      expect((await put(ws, 'knowledge/v.md', `v${i}\n`)).status).toBe(200);
+      committed.push(performance.now());
+    }
+    const quiet = committed.slice(1).filter((at, i) => at - committed[i]! >= 1000).length;
     await expect.poll(async () => (await filledWith('knowledge/v.md', 'v7\n')).length, { timeout: 30_000 }).toBe(1);
-    expect((await madeSettled()) - burst).toBeLessThanOrEqual(2);
+    expect((await madeSettled()) - burst).toBeLessThanOrEqual(2 + quiet);
     // The stale ones went with their mounts: one container holds the workspace.
     await expect.poll(async () => (await filledWith('knowledge/v.md', 'v1\n')).length, { timeout: 10_000 }).toBe(0);
 
