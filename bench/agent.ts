@@ -65,7 +65,7 @@ async function main() {
     const model = summarize(await timeEach(RUNS * STEPS, modelCall));
     const modelCpu = summarize(await cpuEach(RUNS * STEPS, modelCall));
     const settings = (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox;
-    const limits = t.engine.limitsFor(settings);
+    const limits = t.engine.settings.limitsFor(settings);
     // The same session's sandbox, with its workspace copy synced after each execution, as in a step.
     const ctx = {
       teamId: team.id,

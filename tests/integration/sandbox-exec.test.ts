@@ -113,7 +113,7 @@ describe.each(RUNTIMES)('%s', (runtime) => {
     it('cancelling a running execution interrupts it and keeps the variables', async () => {
       const ws = (await t.call('GET', `/v1/sessions/${session}`, { key: team.key })).body.workspace_id;
       const ctx = { teamId: team.id, workspaceId: ws, sessionId: session, runtime };
-      const limits = t.engine.limitsFor(
+      const limits = t.engine.settings.limitsFor(
         (await t.call('GET', `/v1/workspaces/${ws}`, { key: team.key })).body.settings.sandbox,
       );
       const abort = new AbortController();

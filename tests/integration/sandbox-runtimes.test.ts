@@ -31,7 +31,7 @@ describe('sandbox runtimes with gVisor available (the default KILN_SANDBOX_RUNTI
   afterAll(() => t.close());
 
   it('offers runc and gvisor, and gives new workspaces gvisor, written into their settings', async () => {
-    expect(t.engine.runtimes).toEqual(['runc', 'gvisor']);
+    expect(t.engine.settings.runtimes).toEqual(['runc', 'gvisor']);
     const ws = await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'default-runtime' } });
     expect(ws.status).toBe(201);
     expect(ws.body.settings.sandbox.runtime).toBe('gvisor');

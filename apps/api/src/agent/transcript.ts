@@ -164,7 +164,7 @@ export async function systemMessage(
     content: await buildSystemPrompt({
       dir: deps.repo.dirOf(at.ws.id),
       settings: at.ws.settings,
-      limits: deps.engine.limitsFor(at.ws.settings.sandbox),
+      limits: deps.engine.settings.limitsFor(at.ws.settings.sandbox),
       snapshot: at.session.stateSnapshot,
       now: new Date(),
       evolutions: at.evolutions,

@@ -12,8 +12,9 @@ import type { ContainerNetwork, EgressEvent, SandboxBackend } from './backend.ts
 import { Containers } from './containers.ts';
 import { webhookEventWrite } from '../webhooks/events.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
-import { checkIdleS, idleMsFor, reclaimAt } from './lifetime.ts';
-import { effectiveLimits, type SandboxLimits } from './limits.ts';
+import { reclaimAt } from './lifetime.ts';
+import type { SandboxLimits } from './limits.ts';
+import { noEgressIn, SandboxSettings } from './settings.ts';
 import { LiveSandboxes, type ExecContext, type Live, type TemplateImages } from './live.ts';
 import { WarmPool } from './pool.ts';
 import { type WorkspaceMountOptions, WorkspaceMounts } from './workspace-mounts.ts';
@@ -101,13 +102,10 @@ export class SandboxEngine {
   private readonly pool: WarmPool;
   private readonly live: LiveSandboxes;
   private readonly reaper: Reaper;
-  /** The runtimes workspaces may pick; known once `start` has asked the backend. */
-  private offered: SandboxRuntime[] = ['runc'];
-  /** The offered runtimes whose sandboxes can have network allowlist. */
-  private withEgress = new Set<SandboxRuntime>(['runc']);
+  /** What workspaces' sandbox settings may be here and what they mean (runtimes known once `start` has asked the backend). */
+  readonly settings: SandboxSettings;
   /** The backend's sandboxes can mount a directory of this host (known once `start` has asked it). */
   private hostWorkspaceMounts = false;
-  private defaultRt: SandboxRuntime = 'runc';
 
   constructor(
     private readonly db: Db,
@@ -122,8 +120,9 @@ export class SandboxEngine {
     const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
     const now = () => this.now();
     this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now }, log);
+    this.settings = new SandboxSettings(opts);
     // Warm containers are created with the default settings, capped.
-    const poolLimits = this.limitsFor(DEFAULT_SETTINGS.sandbox);
+    const poolLimits = this.settings.limitsFor(DEFAULT_SETTINGS.sandbox);
     this.pool = new WarmPool(
       this.containers,
       {
@@ -176,27 +175,6 @@ export class SandboxEngine {
     return this.opts.now ? this.opts.now() : Date.now();
   }
 
-  /** A workspace's sandbox settings capped by the server-wide maxima. */
-  limitsFor(settings: WorkspaceSettings['sandbox']): SandboxLimits {
-    return effectiveLimits(settings, this.opts.maxLimits);
-  }
-
-  /** How long a workspace's sandboxes may sit idle (its `sandbox.idle_s`, capped; else the server's). */
-  idleMsFor(settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>): number {
-    return idleMsFor(settings, this.opts);
-  }
-
-  /** Refuses (400) a `sandbox.idle_s` over the server's maximum. */
-  checkIdleS(idleS: number | null | undefined): void {
-    checkIdleS(idleS, this.opts);
-  }
-
-  /** The network a workspace's sandboxes get: its `sandbox.network` and `allow`, unless this server forbids egress. */
-  networkFor(settings: Pick<WorkspaceSettings['sandbox'], 'network' | 'allow'>): ContainerNetwork | undefined {
-    if (settings.network !== 'allowlist' || !this.opts.egress?.enabled) return undefined;
-    return { mode: 'allowlist', allow: settings.allow ?? [] };
-  }
-
   /** The context with its workspace's network as its row says now, when that may matter (see exec). */
   private async withNetworkNow(ctx: ExecContext): Promise<ExecContext> {
     if (!ctx.network && !this.live.get(ctx.sessionId)?.container.proxyUrl) return ctx;
@@ -210,38 +188,12 @@ export class SandboxEngine {
       .from(workspaces)
       .where(and(eq(workspaces.id, workspaceId), isNull(workspaces.deletedAt)));
     const sandbox = (row?.settings as WorkspaceSettings | undefined)?.sandbox;
-    return sandbox && this.networkFor(sandbox);
-  }
-
-  /** Refuses (400) a network this server forbids (KILN_EGRESS=off) or more patterns than it permits. */
-  checkNetwork(patch: Partial<Pick<WorkspaceSettings['sandbox'], 'network' | 'allow'>> | undefined): void {
-    const egress = this.opts.egress ?? { enabled: false, maxAllow: 0 };
-    const refuse = (field: string, message: string) => {
-      const path = `body.settings.sandbox.${field}`;
-      throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
-    };
-    if (patch?.network === 'allowlist' && !egress.enabled)
-      refuse('network', 'this server forbids sandbox network access (KILN_EGRESS=off)');
-    if (patch?.allow && patch.allow.length > egress.maxAllow)
-      refuse('allow', `at most ${egress.maxAllow} patterns (this server's KILN_EGRESS_MAX_ALLOW)`);
-  }
-
-  /**
-   * Refuses (400) a workspace whose sandboxes would have network allowlist in a runtime whose
-   * sandboxes cannot reach the egress proxy here (the backend says which: gVisor sandboxes reach it
-   * through a relay socket only when the engine runs on this host and has kiln-gvisor-egress).
-   */
-  checkRuntimeNetwork(settings: Pick<WorkspaceSettings['sandbox'], 'runtime' | 'network'>): void {
-    // With egress off (no runtime has it), checkNetwork says so; allowlist then means none.
-    if (settings.network !== 'allowlist' || !this.opts.egress?.enabled || this.withEgress.has(settings.runtime)) return;
-    const path = 'body.settings.sandbox.network';
-    const message = noEgressIn(settings.runtime);
-    throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
+    return sandbox && this.settings.networkFor(sandbox);
   }
 
   /** A workspace's idle time changed: its running sandboxes, on every replica, count from their last use with it. */
   idleChanged(workspaceId: string, settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>): Promise<void> {
-    return this.live.setIdle(workspaceId, this.idleMsFor(settings));
+    return this.live.setIdle(workspaceId, this.settings.idleMsFor(settings));
   }
 
   /**
@@ -252,7 +204,7 @@ export class SandboxEngine {
     sessionId: string,
     settings: Pick<WorkspaceSettings['sandbox'], 'idle_s'>,
   ): Promise<{ sandboxId: string; reclaimAt: Date } | null> {
-    const idleMs = this.idleMsFor(settings);
+    const idleMs = this.settings.idleMsFor(settings);
     const live = this.live.get(sessionId);
     if (live?.client.alive) {
       live.idleMs = idleMs;
@@ -271,34 +223,6 @@ export class SandboxEngine {
     return new Map((await this.backend.list()).map((c) => [c.id, c.expiresAt]));
   }
 
-  /** The runtimes this server offers (KILN_SANDBOX_RUNTIMES, or what the container runtime has). */
-  get runtimes(): readonly SandboxRuntime[] {
-    return this.offered;
-  }
-
-  /**
-   * The runtime a new workspace that names none gets: the default, unless it asks for network
-   * allowlist and the default's sandboxes cannot have it here; then an offered one whose can.
-   */
-  defaultRuntimeFor(network: WorkspaceSettings['sandbox']['network'] | undefined): SandboxRuntime {
-    if (network !== 'allowlist' || !this.opts.egress?.enabled || this.withEgress.has(this.defaultRt))
-      return this.defaultRt;
-    return this.offered.find((r) => this.withEgress.has(r)) ?? this.defaultRt;
-  }
-
-  /** The runtime a new workspace gets when it sets none: gvisor whenever the server offers it. */
-  get defaultRuntime(): SandboxRuntime {
-    return this.defaultRt;
-  }
-
-  /** Refuses (400) a `sandbox.runtime` this server does not offer. */
-  checkRuntime(runtime: SandboxRuntime | undefined): void {
-    if (runtime === undefined || this.offered.includes(runtime)) return;
-    const path = 'body.settings.sandbox.runtime';
-    const message = `this server offers ${this.offered.join(', ')} (KILN_SANDBOX_RUNTIMES), not ${runtime}`;
-    throw new ApiError('invalid_request', `${path}: ${message}`, { details: [{ path, message }] });
-  }
-
   /**
    * Decides the runtimes: those KILN_SANDBOX_RUNTIMES lists, each of which the container runtime
    * must have (else start-up fails, naming it), or, unset, every one it has.
@@ -307,7 +231,7 @@ export class SandboxEngine {
     const caps = await this.backend.capabilities();
     this.hostWorkspaceMounts = caps.hostWorkspaceMounts;
     const available = caps.runtimes.map((o) => o.runtime);
-    this.withEgress = new Set(caps.runtimes.filter((o) => o.egress).map((o) => o.runtime));
+    const withEgress = new Set(caps.runtimes.filter((o) => o.egress).map((o) => o.runtime));
     const wanted = this.opts.runtimes;
     const missing = (wanted ?? []).filter((r) => !available.includes(r));
     if (missing.length)
@@ -315,12 +239,13 @@ export class SandboxEngine {
         `KILN_SANDBOX_RUNTIMES: the container runtime has no ${missing.join(', ')} ` +
           '(for gvisor, dockerd needs the kiln-gvisor-nonet runtime: run infra/docker.sh as root)',
       ]);
-    this.offered = wanted ?? available;
-    this.defaultRt = this.opts.defaultRuntime ?? (this.offered.includes('gvisor') ? 'gvisor' : 'runc');
-    if (!this.offered.includes(this.defaultRt))
-      throw new ConfigError([`the default sandbox runtime ${this.defaultRt} is not among ${this.offered.join(', ')}`]);
+    const offered = wanted ?? available;
+    const defaultRt = this.opts.defaultRuntime ?? (offered.includes('gvisor') ? 'gvisor' : 'runc');
+    if (!offered.includes(defaultRt))
+      throw new ConfigError([`the default sandbox runtime ${defaultRt} is not among ${offered.join(', ')}`]);
+    this.settings.useRuntimes(offered, defaultRt, withEgress);
     // Warm containers are for the runtime new workspaces get; a workspace with the other one starts cold.
-    this.pool.use({ runtime: this.defaultRt }, caps.resizable);
+    this.pool.use({ runtime: defaultRt }, caps.resizable);
   }
 
   /**
@@ -339,7 +264,7 @@ export class SandboxEngine {
           )
         : null,
     );
-    this.log.info({ runtimes: this.offered, default: this.defaultRuntime }, 'sandbox runtimes');
+    this.log.info({ runtimes: this.settings.runtimes, default: this.settings.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
     // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.
     await this.backend.sweepEgress?.(this.opts.owner, { all: true });
@@ -395,13 +320,13 @@ export class SandboxEngine {
    * changed since it was set) gets none: it never silently runs in another runtime than it asked for.
    */
   private acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    if (ctx.network?.mode === 'allowlist' && !this.withEgress.has(ctx.runtime))
+    if (ctx.network?.mode === 'allowlist' && !this.settings.hasEgress(ctx.runtime))
       throw new ApiError('conflict', `this workspace has sandbox.network allowlist, but ${noEgressIn(ctx.runtime)}`);
-    if (!this.offered.includes(ctx.runtime))
+    if (!this.settings.offers(ctx.runtime))
       throw new ApiError(
         'conflict',
         `this workspace's sandbox.runtime is ${ctx.runtime}, which this server does not offer ` +
-          `(it offers ${this.offered.join(', ')}): change the workspace's setting`,
+          `(it offers ${this.settings.runtimes.join(', ')}): change the workspace's setting`,
       );
     return this.live.acquire(ctx, limits);
   }
@@ -611,14 +536,6 @@ export class SandboxEngine {
   reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
     return this.reaper.reap(opts);
   }
-}
-
-/** Why a runtime's sandboxes cannot have network allowlist on this server. */
-function noEgressIn(runtime: SandboxRuntime): string {
-  return runtime === 'gvisor'
-    ? 'gVisor sandboxes cannot reach the egress proxy on this server (it needs the kiln-gvisor-egress runtime, ' +
-        'which infra/docker.sh registers, and a Docker Engine on the API host): set sandbox.runtime to runc, or network to none'
-    : `${runtime} sandboxes cannot reach the egress proxy on this server: set sandbox.network to none`;
 }
 
 /** The interpreter's proxy variables (both spellings: curl reads the lowercase ones, others the uppercase). */

@@ -34,30 +34,20 @@ export async function execInSession(
     deferRecord?: boolean;
   },
 ): Promise<SessionExecResult> {
-  const limits = deps.engine.limitsFor(ws.settings.sandbox);
+  const { ctx: where, limits } = deps.engine.settings.execContext(ws, {
+    ...ctx,
+    workspaceDir: deps.workspaces.dirOf(ws.id),
+  });
   const quota = deps.workspaces.quotaOf(ws);
-  const { changes, ...result } = await deps.engine.exec(
-    {
-      ...ctx,
-      workspaceId: ws.id,
-      workspaceDir: deps.workspaces.dirOf(ws.id),
-      idleMs: deps.engine.idleMsFor(ws.settings.sandbox),
-      runtime: ws.settings.sandbox.runtime,
-      template: ws.settings.sandbox.template,
-      network: deps.engine.networkFor(ws.settings.sandbox),
-    },
-    limits,
-    code,
-    {
-      timeoutS: opts.timeoutS,
-      onOutput: opts.onOutput,
-      signal: opts.signal,
-      audit: opts.audit,
-      deferRecord: opts.deferRecord,
-      // The runner stops collecting one past the cap: over it, the step is refused anyway.
-      sync: { maxFiles: quota.filesPerStep, maxBytes: quota.bytesPerStep },
-    },
-  );
+  const { changes, ...result } = await deps.engine.exec(where, limits, code, {
+    timeoutS: opts.timeoutS,
+    onOutput: opts.onOutput,
+    signal: opts.signal,
+    audit: opts.audit,
+    deferRecord: opts.deferRecord,
+    // The runner stops collecting one past the cap: over it, the step is refused anyway.
+    sync: { maxFiles: quota.filesPerStep, maxBytes: quota.bytesPerStep },
+  });
   if (!changes || (!changes.changed.length && !changes.deleted.length && !changes.skipped.length && !changes.over))
     return { ...result, workspace: null };
   const { outcome, pushBack, ignored, quotaExceeded } = await deps.workspaces.applySandboxChanges(

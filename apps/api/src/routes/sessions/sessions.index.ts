@@ -33,20 +33,8 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
   /** The session (active, this team's), its workspace, and what its sandbox may use. */
   async function target(teamId: string, sessionId: string) {
     const { workspace } = await cache.activeWithWorkspace(teamId, sessionId);
-    return {
-      ws: workspace,
-      ctx: {
-        teamId,
-        workspaceId: workspace.id,
-        sessionId,
-        workspaceDir: workspaces.dirOf(workspace.id),
-        idleMs: engine.idleMsFor(workspace.settings.sandbox),
-        runtime: workspace.settings.sandbox.runtime,
-        template: workspace.settings.sandbox.template,
-        network: engine.networkFor(workspace.settings.sandbox),
-      },
-      limits: engine.limitsFor(workspace.settings.sandbox),
-    };
+    const at = { teamId, sessionId, workspaceDir: workspaces.dirOf(workspace.id) };
+    return { ws: workspace, ...engine.settings.execContext(workspace, at) };
   }
   const run = (
     ws: WorkspaceRow,
@@ -122,7 +110,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       const body = {
         session_id: ctx.sessionId,
         sandbox_id: kept?.sandboxId ?? null,
-        idle_s: Math.round(engine.idleMsFor(ws.settings.sandbox) / 1000),
+        idle_s: Math.round(engine.settings.idleMsFor(ws.settings.sandbox) / 1000),
         reclaim_at: kept?.reclaimAt.toISOString() ?? null,
       };
       c.set('audit', { action: 'session.keepalive', resourceType: 'session', resourceId: ctx.sessionId, after: body });

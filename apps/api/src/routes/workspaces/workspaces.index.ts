@@ -31,15 +31,10 @@ export function workspacesRouter(
     .openapi(r.create, async (c) => {
       const team = writableTeamOf(c);
       const input = c.req.valid('json');
-      engine.checkIdleS(input.settings?.sandbox?.idle_s);
-      engine.checkRuntime(input.settings?.sandbox?.runtime);
-      engine.checkNetwork(input.settings?.sandbox);
-      await templates.checkUsable(team, input.settings?.sandbox?.template);
-      // The server's default runtime is written into the new workspace: it never changes under it
-      // later. A workspace that asks for a network and no runtime gets one whose sandboxes can have it.
-      const runtime = input.settings?.sandbox?.runtime ?? engine.defaultRuntimeFor(input.settings?.sandbox?.network);
-      engine.checkRuntimeNetwork({ runtime, network: input.settings?.sandbox?.network ?? 'none' });
-      const settings = { ...input.settings, sandbox: { ...input.settings?.sandbox, runtime } };
+      // Validated, with its runtime decided (and written: it never changes under the workspace later).
+      const sandbox = engine.settings.forCreate(input.settings?.sandbox);
+      await templates.checkUsable(team, sandbox.template);
+      const settings = { ...input.settings, sandbox };
       const row = await service.create(team, { ...input, settings });
       if (row.settings.sandbox.template) void templates.refreshPool();
       c.set('audit', { action: 'workspace.create', resourceType: 'workspace', resourceId: row.id, after: view(row) });
@@ -54,25 +49,20 @@ export function workspacesRouter(
     )
     .openapi(r.update, async (c) => {
       const id = c.req.valid('param').workspace;
-      engine.checkIdleS(c.req.valid('json').settings?.sandbox?.idle_s);
-      engine.checkRuntime(c.req.valid('json').settings?.sandbox?.runtime);
-      engine.checkNetwork(c.req.valid('json').settings?.sandbox);
-      const team = writableTeamOf(c);
-      await templates.checkUsable(team, c.req.valid('json').settings?.sandbox?.template);
       const patch = c.req.valid('json').settings?.sandbox;
-      if (patch?.runtime || patch?.network) {
-        const current = (await ws.getWorkspace(db, team, id)).settings.sandbox;
-        engine.checkRuntimeNetwork({
-          runtime: patch.runtime ?? current.runtime,
-          network: patch.network ?? current.network,
-        });
-      }
+      // The fields first (a 400 whoever asks), then the caller's role, then what depends on the current settings.
+      await engine.settings.checkPatch(
+        patch,
+        async () => (await ws.getWorkspace(db, writableTeamOf(c), id)).settings.sandbox,
+      );
+      const team = writableTeamOf(c);
+      await templates.checkUsable(team, patch?.template);
       const { before, after } = await ws.updateWorkspace(db, team, id, c.req.valid('json'));
       // Every replica's executions use the new settings from their next request.
       await news.announce('workspace', id);
       if (before.settings.sandbox.template !== after.settings.sandbox.template) void templates.refreshPool();
       // Running sandboxes take a new idle time at once, not only from their next execution.
-      if (engine.idleMsFor(after.settings.sandbox) !== engine.idleMsFor(before.settings.sandbox))
+      if (engine.settings.idleMsFor(after.settings.sandbox) !== engine.settings.idleMsFor(before.settings.sandbox))
         await engine.idleChanged(id, after.settings.sandbox);
       c.set('audit', {
         action: 'workspace.update',
