@@ -149,20 +149,20 @@ describe('approvals', () => {
 
     // A second service on the same database is what a restarted server is.
     const restartedEvents = new RunEventLog(ctx.t.database.db);
-    const restarted = new AgentService(
-      ctx.t.database.db,
-      restartedEvents,
-      new ModelClient({
+    const restarted = new AgentService({
+      db: ctx.t.database.db,
+      events: restartedEvents,
+      model: new ModelClient({
         baseURL: ctx.fake.url,
         apiKey: 'k',
         defaultModel: 'fake-model',
         maxRetries: 0,
         timeoutMs: 30_000,
       }),
-      ctx.t.engine,
-      ctx.t.workspaces,
-      pino({ level: 'silent' }),
-    );
+      engine: ctx.t.engine,
+      workspaces: ctx.t.workspaces,
+      log: pino({ level: 'silent' }),
+    });
     await restarted.startup();
     const [ghostRun] = await ctx.t.database.db.select().from(runs).where(eq(runs.id, 'run_ghost'));
     expect(ghostRun).toMatchObject({ status: 'failed', error: { code: 'interrupted' } });

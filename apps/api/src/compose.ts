@@ -55,9 +55,11 @@ export interface Kiln {
   /** Every run's events: the agent writes them, reviews announce theirs, the routes stream them. */
   events: RunEventLog;
   evolution: EvolutionService;
-  /** Sandbox templates; their builds are jobs of the evolution service's job runner. */
+  /** The job runner: reviews, dreams, template builds and webhook deliveries, each in its lane. */
+  jobs: JobRunner;
+  /** Sandbox templates; their builds are jobs. */
   templates: TemplateService;
-  /** Webhooks; their fan-outs and deliveries are jobs of the evolution service's job runner. */
+  /** Webhooks; their fan-outs and deliveries are jobs. */
   webhooks: WebhookService;
   updates?: SelfUpdates;
   /** This app's Prometheus metrics (its own registry), served at GET /metrics. */
@@ -68,8 +70,8 @@ export interface Kiln {
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
    * repository (`repair`, default on; a second in-process replica of a running app skips it),
    * the agent (resuming or interrupting runs, renewing leases) and its listeners, then, with
-   * `background` (default on; tests drive these themselves), the evolution job runner and the
-   * re-index of stale memory indexes, and last self-update.
+   * `background` (default on; tests drive these themselves), evolution's schedule, the job runner
+   * and the re-index of stale memory indexes, and last self-update.
    */
   start(opts?: { background?: boolean; repair?: boolean }): Promise<void>;
   /** Stops them in reverse, after waiting up to `graceMs` for runs in flight. The database stays open. */
@@ -105,6 +107,26 @@ export function compose(o: ComposeOptions): Kiln {
   const metrics = new KilnMetrics({ db, log: logger, models: [model], runtimes: SANDBOX_RUNTIMES });
   const sealer = new Sealer(config.secretsKey);
   const secrets = new SecretStore(db, sealer);
+
+  // Reviews, dreams, template builds and webhook deliveries are durable jobs, taken by this
+  // instance's job runner: a part of its own, started and stopped here (each service only
+  // registers its handlers with it).
+  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
+
+  // Template builds: their images are built where the sandboxes run, and the warm pool keeps a
+  // few containers of each image in use (it is told through `onPoolImages`, once it runs).
+  const { poolSize: _, ...templateOptions } = config.templates;
+  const templates = new TemplateService(
+    db,
+    o.sandboxes?.images ?? null,
+    jobs,
+    {
+      baseImage: config.sandboxImage,
+      ...templateOptions,
+      onPoolImages: (images) => engine.setTemplateImages(images),
+    },
+    logger,
+  );
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
@@ -113,56 +135,58 @@ export function compose(o: ComposeOptions): Kiln {
     logger,
     secrets,
     metrics,
+    templates,
   );
   metrics.watchPool(() => engine.poolReady);
 
   const embedder =
     o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
-  const limits = {
-    maxFileBytes: config.workspaces.maxFileBytes,
-    maxQuota: config.workspaces.maxQuota,
-    perTeam: config.workspaces.perTeam,
-    embedder,
-    sharedLock: o.lock,
-  };
-  const workspaces = new WorkspaceService(db, repos, limits, logger);
-  // A commit made elsewhere (files API, revert, another session) updates live sandbox copies; a
-  // container the warm pool holds filled with the workspace is refilled (in the background).
-  workspaces.onCommit((wsId, files, origin) => {
-    void engine.pushToWorkspace(wsId, files, origin);
-    engine.workspaceChanged(wsId);
-  });
+  const workspaces = new WorkspaceService(
+    db,
+    repos,
+    {
+      maxFileBytes: config.workspaces.maxFileBytes,
+      maxQuota: config.workspaces.maxQuota,
+      perTeam: config.workspaces.perTeam,
+      embedder,
+      sharedLock: o.lock,
+      // A commit made elsewhere (files API, revert, another session) updates live sandbox copies; a
+      // container the warm pool holds filled with the workspace is refilled (in the background).
+      onCommit: (wsId, files, origin) => {
+        void engine.pushToWorkspace(wsId, files, origin);
+        engine.workspaceChanged(wsId);
+      },
+    },
+    logger,
+  );
 
   const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs, metrics });
   const events = new RunEventLog(db);
-  const lease = { owner: config.instanceId, leaseMs: config.runLeaseMs };
-  const agent = new AgentService(db, events, modelClient, engine, workspaces, logger, lease, metrics);
+  const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
+  const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   // Workspaces' MCP servers are tenants' URLs: only through the outbound policy, each step bounded in time.
   const mcp = new McpClients({ allow: config.outbound.allow, timeoutMs: config.mcp.timeoutMs, secrets });
-  agent.useMcpServers(mcp);
+  const agent = new AgentService({
+    db,
+    events,
+    model: modelClient,
+    engine,
+    workspaces,
+    log: logger,
+    lease: { owner: config.instanceId, leaseMs: config.runLeaseMs },
+    metrics,
+    mcp,
+    sourceUpdates: updates,
+  });
 
-  // Reviews and dreams are durable jobs, taken by this instance's job runner.
-  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
   const evolution = new EvolutionService(
     { db, model: modelClient, workspaces, events, log: logger, maxFileBytes: config.workspaces.maxFileBytes },
     jobs,
     { tickMs: config.evolutionTickMs },
   );
 
-  // Template builds are durable jobs on the same runner; their images are built where the sandboxes run.
-  const { poolSize: _, ...templateOptions } = config.templates;
-  const templates = new TemplateService(
-    db,
-    o.sandboxes?.images ?? null,
-    jobs,
-    { baseImage: config.sandboxImage, ...templateOptions },
-    logger,
-  );
-  engine.useTemplates(templates);
-  templates.onPoolImages((images) => engine.setTemplateImages(images));
-
-  // Webhook deliveries are durable jobs on the same runner; the events that owe them are written by their owners.
+  // The events that owe webhook deliveries are written by their owners.
   const webhooks = new WebhookService(
     db,
     sealer,
@@ -171,12 +195,8 @@ export function compose(o: ComposeOptions): Kiln {
     logger,
   );
 
-  const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
-  const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
-  if (updates) agent.allowSourceUpdates(updates);
-
   const news = new CacheNews(db);
-  const parts = { engine, workspaces, agent, events, evolution, templates, webhooks, updates, metrics, news };
+  const parts = { engine, workspaces, agent, events, evolution, jobs, templates, webhooks, updates, metrics, news };
   const app = createApp({ ...parts, secrets, sealer, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
   // Statements are timed from the moment the app is built until it stops.
   const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
@@ -196,7 +216,10 @@ export function compose(o: ComposeOptions): Kiln {
         await agent.connectCancels(o.listen);
         await news.connect(o.listen);
       }
-      if (background) await evolution.start();
+      if (background) {
+        await evolution.start();
+        await jobs.start();
+      }
       await updates?.startup();
     },
     async stop(graceMs = 0) {
@@ -205,6 +228,7 @@ export function compose(o: ComposeOptions): Kiln {
       // Builds in flight go back to the queue before the job runner stops.
       await templates.stop();
       await evolution.stop();
+      await jobs.stop();
       await workspaces.stopReindexing();
       await agent.stop();
       await events.disconnect();

@@ -67,15 +67,15 @@ export interface RunLoopDeps {
   events: RunEventLog;
   model: ModelClient;
   engine: SandboxEngine;
-  repo: WorkspaceService;
+  workspaces: WorkspaceService;
   log: Logger;
   approvals: Pick<Approvals, 'request'>;
-  /** Where approved source updates go, as it is now (it is set after start-up); none: they are refused. */
-  sourceUpdates: () => su.SourceUpdateSink | undefined;
+  /** Where approved source updates go; none: they are refused. */
+  sourceUpdates?: su.SourceUpdateSink;
   /** Counts the steps (the app's metrics). */
   metrics?: Pick<KilnMetrics, 'runStep'>;
   /** The workspace's MCP servers (their tools offered to the model, each call under the policy); none: no MCP. */
-  mcp: () => McpClients | undefined;
+  mcp?: McpClients;
 }
 
 /** What a run's loop starts from. */
@@ -105,12 +105,12 @@ export class RunLoop {
 
   /** A run's loop, from the database (`loaded` spares re-reading what the caller just wrote); `signal` stops it. */
   static async open(deps: RunLoopDeps, runId: string, signal: AbortSignal, loaded?: Loaded): Promise<RunLoop> {
-    const { db, repo } = deps;
+    const { db, workspaces } = deps;
     const { run, session, ws } = loaded ?? (await load(db, runId));
     const unsummarised = and(eq(messages.sessionId, session.id), sql`${messages.summarizedAt} is null`);
     const [rows, evolutions] = await Promise.all([
       db.select().from(messages).where(unsummarised).orderBy(asc(messages.id)),
-      recentEvolutions(db, { id: ws.id, dir: repo.dirOf(ws.id) }),
+      recentEvolutions(db, { id: ws.id, dir: workspaces.dirOf(ws.id) }),
     ]);
     return new RunLoop(deps, run, session, ws, signal, rows, evolutions);
   }
@@ -283,7 +283,7 @@ export class RunLoop {
     if (action.type === 'memory_search') {
       const filters = { path: action.path, since: action.since, until: action.until };
       const problem = filterProblem(filters);
-      const hits = problem ? [] : (await this.deps.repo.search(this.ws, action.query, { k: 8, ...filters })).hits;
+      const hits = problem ? [] : (await this.deps.workspaces.search(this.ws, action.query, { k: 8, ...filters })).hits;
       this.writes.emit('memory.searched', { query: action.query, ...filters, hits });
       this.reply(toolCallId, problem ? SEARCH_REFUSED(problem) : searchFeedback(action.query, hits));
       this.writes.writeBehind();
@@ -320,7 +320,7 @@ export class RunLoop {
 
   /** The MCP tools of the workspace for this step (a server that fails is named in the prompt, not fatal). */
   private async listMcpTools(): Promise<void> {
-    const mcp = this.deps.mcp();
+    const mcp = this.deps.mcp;
     this.mcpTools =
       mcp && this.ws.settings.mcp_servers.length ? await mcp.toolsFor(this.ws, this.signal) : EMPTY_TOOLSET;
   }
@@ -334,7 +334,7 @@ export class RunLoop {
     toolCallId: string | undefined,
   ): Promise<boolean> {
     const call = { server: action.server, tool: action.tool, arguments: action.arguments };
-    const mcp = this.deps.mcp();
+    const mcp = this.deps.mcp;
     const listed = this.mcpTools.servers.find((s) => s.server === call.server);
     const problem =
       action.problem ??
@@ -370,7 +370,7 @@ export class RunLoop {
   /** Makes the call (bounded by KILN_MCP_TIMEOUT_S), records it (event and audit row) and answers the model. */
   private async runTool(call: tc.ToolCallRequest, toolCallId: string | undefined): Promise<void> {
     if (this.signal.aborted) return;
-    const mcp = this.deps.mcp();
+    const mcp = this.deps.mcp;
     const outcome = mcp
       ? await mcp.call(this.ws, call, this.signal)
       : { text: '', isError: true, error: 'this server has no MCP client', truncated: false, durationMs: 0 };
@@ -405,7 +405,7 @@ export class RunLoop {
     toolCallId: string | undefined,
   ): Promise<boolean> {
     const refusal =
-      !this.ws.settings.source_updates || !this.deps.sourceUpdates()
+      !this.ws.settings.source_updates || !this.deps.sourceUpdates
         ? su.SOURCE_UPDATE_DISABLED
         : !action.patch || !action.reason.trim()
           ? su.SOURCE_UPDATE_INCOMPLETE
@@ -431,7 +431,7 @@ export class RunLoop {
     const toolCallId = approval.toolCallId ?? undefined;
     if (outcome === 'approved' && approval.requiresOrgAdmin) {
       const proposal = su.fromApprovalText(approval.code);
-      const sink = this.deps.sourceUpdates();
+      const sink = this.deps.sourceUpdates;
       const answer = sink
         ? await sink
             .submit({ ...proposal, author: 'agent' }, undefined)
@@ -473,9 +473,9 @@ export class RunLoop {
     // Stored while the code runs; exec.output events queue up behind it, in order.
     this.writes.writeBehind();
     const outputs: Promise<unknown>[] = [];
-    const { engine, repo, events } = this.deps;
+    const { engine, workspaces, events } = this.deps;
     const by = { teamId: this.run.teamId, sessionId, runId };
-    const result = await execInSession({ engine, workspaces: repo }, this.ws, by, code, {
+    const result = await execInSession({ engine, workspaces }, this.ws, by, code, {
       signal: this.signal,
       prov: { author: 'agent', sessionId, runId },
       // Recorded and audited (as the agent) in the step's last write, with its events.
@@ -508,7 +508,13 @@ export class RunLoop {
     let feedback: string;
     try {
       const by = { author: 'agent' as const, sessionId: this.session.id, runId: this.run.id };
-      const { evolution, sha, paths } = await undoEvolution(this.deps.db, this.deps.repo, this.ws, evolutionId, by);
+      const { evolution, sha, paths } = await undoEvolution(
+        this.deps.db,
+        this.deps.workspaces,
+        this.ws,
+        evolutionId,
+        by,
+      );
       this.writes.emit('evolution.reverted', { evolution_id: evolution.id, commit: sha, paths });
       this.evolutions = this.evolutions.map((e) => (e.id === evolution.id ? { ...e, status: 'reverted' } : e));
       const reverted = `evolution ${evolution.id} was reverted by commit ${sha.slice(0, 12)}`;

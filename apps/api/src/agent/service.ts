@@ -20,8 +20,6 @@ import { RunLoop, SHUTDOWN, type Loaded, type RunLoopDeps } from './run-loop.ts'
 import { finishRun, isActive, startRun, type WriteDeps } from './run-writes.ts';
 import type { SourceUpdateSink } from './source-update.ts';
 
-export type { RunLeases } from './leases.ts';
-
 /**
  * The agent as a service: a message starts a run; the run thinks (model), acts (Python in the
  * session sandbox, memory search) and observes until it finishes, hits `max_steps`, fails, is
@@ -34,36 +32,46 @@ export type { RunLeases } from './leases.ts';
  * across replicas), `approvals.ts` (pausing, deciding, expiry) and `transcript.ts` (the request
  * to the model and its condensation).
  */
+/** What the agent is built with (compose.ts): every part it reaches, given once. */
+export interface AgentDeps {
+  db: Db;
+  events: RunEventLog;
+  model: ModelClient;
+  engine: SandboxEngine;
+  workspaces: WorkspaceService;
+  log: Logger;
+  /** Which server runs a run (this instance) and how long its lease lasts without renewal. */
+  lease?: RunLeases;
+  /** Counts run steps (the app's metrics). */
+  metrics?: Pick<KilnMetrics, 'runStep'>;
+  /** The client of workspaces' MCP servers; without it, MCP tools are neither offered nor called. */
+  mcp?: McpClients;
+  /** Where approved `propose_source_update` patches go; without it the action is refused. */
+  sourceUpdates?: SourceUpdateSink;
+}
+
 export class AgentService {
   private readonly model: ModelClient;
   /** Runs looping in this process: how to stop each, and when it has ended. */
   private readonly active = new Map<string, AbortController>();
   private readonly running = new Set<Promise<void>>();
-  private sourceUpdates: SourceUpdateSink | undefined;
-  private mcp: McpClients | undefined;
   private readonly leases: Leases;
   private readonly approvals: Approvals;
   private readonly loopDeps: RunLoopDeps;
   private readonly writeDeps: WriteDeps;
 
-  constructor(
-    private readonly db: Db,
-    events: RunEventLog,
-    model: ModelClient,
-    engine: SandboxEngine,
-    repo: WorkspaceService,
-    private readonly log: Logger,
-    lease: RunLeases = { owner: 'local', leaseMs: 60_000 },
-    /** Counts run steps (the app's metrics). */
-    metrics?: Pick<KilnMetrics, 'runStep'>,
-  ) {
+  private readonly db: Db;
+  private readonly log: Logger;
+
+  constructor(deps: AgentDeps) {
+    const { db, events, model, log } = deps;
+    this.db = db;
+    this.log = log;
     this.model = model;
     this.writeDeps = { db, events };
-    this.leases = new Leases({ db, events, log }, lease, this.active);
+    this.leases = new Leases({ db, events, log }, deps.lease ?? { owner: 'local', leaseMs: 60_000 }, this.active);
     this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
-    const sourceUpdates = () => this.sourceUpdates;
-    const mcp = () => this.mcp;
-    this.loopDeps = { db, events, model, engine, repo, log, approvals: this.approvals, sourceUpdates, metrics, mcp };
+    this.loopDeps = { ...deps, approvals: this.approvals };
   }
 
   /**
@@ -75,16 +83,6 @@ export class AgentService {
     await this.leases.interruptOrphans(true);
     this.leases.startTending();
     await this.approvals.schedulePending();
-  }
-
-  /** Where approved `propose_source_update` patches go; without it the action is refused. */
-  allowSourceUpdates(sink: SourceUpdateSink): void {
-    this.sourceUpdates = sink;
-  }
-
-  /** The client of workspaces' MCP servers; without it, MCP tools are neither offered nor called. */
-  useMcpServers(clients: McpClients): void {
-    this.mcp = clients;
   }
 
   /** Waits (at most `ms`) for the runs in flight to end, so a planned restart interrupts as few as it can. */

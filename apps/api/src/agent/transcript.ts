@@ -156,13 +156,13 @@ export async function fitTranscript(
 
 /** The system prompt, rebuilt from the workspace's files, the session's project state and recent evolutions. */
 export async function systemMessage(
-  deps: { repo: WorkspaceService; engine: SandboxEngine },
+  deps: { workspaces: WorkspaceService; engine: SandboxEngine },
   at: { ws: WorkspaceRow; session: SessionRow; evolutions: RecentEvolutions; mcp?: ToolSet },
 ): Promise<ChatMessage> {
   return {
     role: 'system',
     content: await buildSystemPrompt({
-      dir: deps.repo.dirOf(at.ws.id),
+      dir: deps.workspaces.dirOf(at.ws.id),
       settings: at.ws.settings,
       limits: deps.engine.settings.limitsFor(at.ws.settings.sandbox),
       snapshot: at.session.stateSnapshot,
@@ -178,7 +178,7 @@ export async function systemMessage(
 export interface SummaryDeps {
   db: Db;
   model: ModelClient;
-  repo: WorkspaceService;
+  workspaces: WorkspaceService;
   log: Logger;
 }
 
@@ -217,7 +217,7 @@ export async function summariseTurns(
   if (!summary) return null;
   const day = new Date().toISOString().slice(0, 10);
   const path = `memory/${day}.md`;
-  await deps.repo.change(
+  await deps.workspaces.change(
     at.ws,
     { author: 'agent', sessionId: session.id, runId: at.run.id },
     async (tree) => {

@@ -45,8 +45,8 @@ export class EvolutionService {
     jobs.handle(DREAM_JOB, (p: Payload, job) => this.execute('dream', p, job));
   }
 
+  /** Schedules reviews and dreams from now on (the job runner that runs them is started by compose). */
   async start(): Promise<void> {
-    await this.jobs.start();
     this.timer = setInterval(
       () => void this.tick().catch((err) => this.deps.log.error({ err }, 'evolution tick failed')),
       this.opts.tickMs,
@@ -58,7 +58,6 @@ export class EvolutionService {
   async stop(): Promise<void> {
     clearInterval(this.timer);
     for (const a of this.aborts) a.abort(new Error('shutdown'));
-    await this.jobs.stop();
   }
 
   // ---- requests ------------------------------------------------------------------------

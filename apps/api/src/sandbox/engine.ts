@@ -116,6 +116,8 @@ export class SandboxEngine {
     private readonly secrets: SecretSource,
     /** Where each execution that reached a runner is counted: its duration, timeouts, OOM kills. */
     private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution'>,
+    /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes; without, only the base image. */
+    templates?: TemplateImages,
   ) {
     const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
     const now = () => this.now();
@@ -138,13 +140,8 @@ export class SandboxEngine {
       log,
     );
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
-    this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now });
+    this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now }, templates);
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
-  }
-
-  /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes. */
-  useTemplates(templates: TemplateImages): void {
-    this.live.templates = templates;
   }
 
   /** The template images workspaces use now: the warm pool keeps a few containers of each, and drops the rest. */

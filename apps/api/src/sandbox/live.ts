@@ -88,12 +88,11 @@ export class LiveSandboxes {
   /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
   private readonly claiming = new Set<string>();
   private stopped = false;
-  /** Set when templates are wired in (compose): without it, every sandbox gets the base image. */
-  templates: TemplateImages | undefined;
-
   constructor(
     private readonly deps: LiveDeps,
     private readonly opts: LiveOptions,
+    /** Templates' images in service; without, every sandbox gets the base image. */
+    private readonly templates?: TemplateImages,
   ) {}
 
   get(sessionId: string): Live | undefined {

@@ -46,6 +46,8 @@ export interface TemplateOptions {
   /** Per team: templates, and templates queued or building (default: no cap). */
   maxPerTeam?: number;
   maxQueuedPerTeam?: number;
+  /** Told the images of the templates workspaces use, whenever that may have changed (the warm pool keeps a few of each). */
+  onPoolImages?: (images: string[]) => void;
 }
 
 /**
@@ -90,7 +92,6 @@ const PENDING = ['queued', 'building'] as const;
  */
 export class TemplateService implements TemplateImages {
   private readonly building = new Set<{ abort: AbortController; done: Promise<unknown> }>();
-  private poolListener: ((images: string[]) => void) | undefined;
   private poolTimer: NodeJS.Timeout | undefined;
   /** Set by `stop`: no build starts any more (a job claimed now goes back to the queue). */
   private stopped = false;
@@ -111,11 +112,6 @@ export class TemplateService implements TemplateImages {
       groupLimit: opts.buildTeamConcurrency ?? 1,
     };
     jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.runBuild(p, job), lane);
-  }
-
-  /** Called with the images of the templates workspaces use, whenever that may have changed. */
-  onPoolImages(listener: (images: string[]) => void): void {
-    this.poolListener = listener;
   }
 
   private need(): ImageBuilder {
@@ -379,7 +375,7 @@ export class TemplateService implements TemplateImages {
 
   /** Tells the pool which template images are in use now (after a build, a delete, a workspace change). */
   refreshPool(): Promise<void> {
-    const listener = this.poolListener;
+    const listener = this.opts.onPoolImages;
     if (!listener) return Promise.resolve();
     return this.imagesInUse().then(listener, (err) => this.log.warn({ err }, 'could not list the templates in use'));
   }

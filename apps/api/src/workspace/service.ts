@@ -39,6 +39,8 @@ export interface WorkspaceServiceOptions {
   perTeam?: { count: number; bytes: number };
   /** The database's lock across replicas (Postgres); without it writes are serialised in this process only. */
   sharedLock?: SharedLock;
+  /** Told of every commit, with the committed files' contents (the sandbox engine updates its copies). */
+  onCommit?: CommitListener;
 }
 
 const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
@@ -68,7 +70,7 @@ export interface WorkspaceReader {
 }
 
 /** Told about every commit, with the session it came from (so its own sandbox is not updated twice). */
-export type CommitListener = (
+type CommitListener = (
   workspaceId: string,
   files: { path: string; data: Buffer | null }[],
   originSession?: string,
@@ -76,7 +78,6 @@ export type CommitListener = (
 
 export class WorkspaceService {
   private readonly lock: WorkspaceLock;
-  private readonly listeners: CommitListener[] = [];
   private boilerplate: Promise<ReadonlySet<string>> | undefined;
   private reindexing: Promise<void> | undefined;
   private stopReindex = false;
@@ -113,10 +114,6 @@ export class WorkspaceService {
     }
   }
 
-  onCommit(listener: CommitListener): void {
-    this.listeners.push(listener);
-  }
-
   /** The current content of paths (null for deleted ones), for updating sandbox copies. */
   private contents(workspaceId: string, paths: string[]) {
     return readForSandboxes(
@@ -136,9 +133,9 @@ export class WorkspaceService {
   }
 
   private async announce(workspaceId: string, paths: string[], originSession?: string): Promise<void> {
-    if (!this.listeners.length || !paths.length) return;
-    const files = await this.contents(workspaceId, paths);
-    for (const l of this.listeners) l(workspaceId, files, originSession);
+    const listener = this.opts.onCommit;
+    if (!listener || !paths.length) return;
+    listener(workspaceId, await this.contents(workspaceId, paths), originSession);
   }
 
   /**
