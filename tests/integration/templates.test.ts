@@ -10,7 +10,7 @@ import { sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { imageExists as imageOnEngine } from '../../sandbox-image/build.ts';
-import { TEMPLATE_BUILD_JOB } from '../../apps/api/src/templates/service.ts';
+import { TEMPLATE_BUILD_JOB } from '../../apps/api/src/templates/build.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { rowsOf } from '../support/db.ts';
 import { exec } from '../support/sandbox.ts';

@@ -13,13 +13,12 @@
 import { randomUUID } from 'node:crypto';
 import { and, asc, eq, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
-import { auditRow, insertAudit } from '../audit/audit.ts';
 import type { Db } from '../db/client.ts';
 import { messages, runs, sessions, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import { recentEvolutions } from '../evolution-log/evolutions.ts';
 import { undoEvolution } from '../evolution-log/undo.ts';
 import { ApiError } from '../lib/errors.ts';
-import { EMPTY_TOOLSET, type McpClients, type ToolSet } from '../mcp/client.ts';
+import type { McpClients } from '../mcp/client.ts';
 import { filterProblem } from '../memory/search.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
 import { execInSession } from '../sessions/session-exec.ts';
@@ -42,7 +41,8 @@ import {
 } from './feedback.ts';
 import { ModelError, type ChatMessage, type ModelClient, type ModelTurn, type ToolCall } from './llm.ts';
 import { insertMessage, insertUsage, messageRow, type NewMessage } from './message-rows.ts';
-import { decideCode, decideTool } from './policy.ts';
+import { McpSteps } from './mcp-steps.ts';
+import { decideCode } from './policy.ts';
 import {
   parseToolCall,
   parseXml,
@@ -84,8 +84,8 @@ export type Loaded = { run: RunRow; session: SessionRow; ws: WorkspaceRow };
 export class RunLoop {
   private readonly writes: RunWrites;
   private readonly model: string;
-  /** The MCP tools offered in the current step (listed again, from a short cache, before every model call). */
-  private mcpTools: ToolSet = EMPTY_TOOLSET;
+  /** The run's calls of its workspace's MCP tools, and the tools offered at each step. */
+  private readonly mcp: McpSteps;
 
   private constructor(
     private readonly deps: RunLoopDeps,
@@ -101,6 +101,17 @@ export class RunLoop {
     // Writes and events of the current step not yet flushed (they go in one statement).
     this.writes = new RunWrites(deps.events, run.id);
     this.model = run.model!;
+    this.mcp = new McpSteps({
+      ws,
+      runId: run.id,
+      teamId: run.teamId,
+      signal,
+      writes: this.writes,
+      mcp: deps.mcp,
+      autoApprove: () => this.session.autoApprove,
+      reply: (toolCallId, content) => this.reply(toolCallId, content),
+      requestApproval: (code, toolCallId) => this.requestApproval(code, toolCallId),
+    });
   }
 
   /** A run's loop, from the database (`loaded` spares re-reading what the caller just wrote); `signal` stops it. */
@@ -127,7 +138,7 @@ export class RunLoop {
       this.run = { ...this.run, status: 'in_progress', startedAt };
     }
     if (resume) {
-      await this.listMcpTools();
+      await this.mcp.list();
       // The decided call first, then the calls of its message still unanswered (it paused there).
       await this.afterApproval(resume);
       const decided = resume.approval.toolCallId;
@@ -148,9 +159,9 @@ export class RunLoop {
       this.writes.writeBehind();
 
       let turn: ModelTurn;
-      await this.listMcpTools();
+      await this.mcp.list();
       try {
-        const tools = settings.protocol === 'tools' ? toolsFor(settings, this.mcpTools.tools) : undefined;
+        const tools = settings.protocol === 'tools' ? toolsFor(settings, this.mcp.tools.tools) : undefined;
         const call = async (force?: { budget: number }) =>
           this.deps.model.complete({ model: this.model, messages: await this.transcript(force), tools, signal });
         try {
@@ -176,7 +187,7 @@ export class RunLoop {
       this.say({ role: 'assistant', content: turn.content, toolCalls });
 
       if (toolCalls) {
-        const calls = toolCalls.map((c) => parseToolCall(c, this.mcpTools.tools));
+        const calls = toolCalls.map((c) => parseToolCall(c, this.mcp.tools.tools));
         const broken = calls.flatMap((c) => ('violation' in c ? [c.violation] : []));
         // Only a message with no call that can be carried out counts towards the limit.
         violations = broken.length === calls.length ? violations + 1 : 0;
@@ -252,7 +263,7 @@ export class RunLoop {
     const answered = new Set(this.rows.slice(at + 1).flatMap((r) => (r.role === 'tool' ? [r.toolCallId] : [])));
     return calls(this.rows[at]!)
       .filter((c) => !answered.has(c.id))
-      .map((c) => parseToolCall(c, this.mcpTools.tools));
+      .map((c) => parseToolCall(c, this.mcp.tools.tools));
   }
 
   /**
@@ -294,7 +305,7 @@ export class RunLoop {
       return false;
     }
     if (action.type === 'source_update') return this.proposeSourceUpdate(action, toolCallId);
-    if (action.type === 'tool') return this.proposeTool(action, toolCallId);
+    if (action.type === 'tool') return this.mcp.propose(action, toolCallId);
     if (tc.isToolApprovalText(action.code)) {
       // Never Python, and an approval of it would read as a tool call's.
       this.reply(toolCallId, tc.NOT_PYTHON);
@@ -318,98 +329,12 @@ export class RunLoop {
     return false;
   }
 
-  /** The MCP tools of the workspace for this step (a server that fails is named in the prompt, not fatal). */
-  private async listMcpTools(): Promise<void> {
-    const mcp = this.deps.mcp;
-    this.mcpTools =
-      mcp && this.ws.settings.mcp_servers.length ? await mcp.toolsFor(this.ws, this.signal) : EMPTY_TOOLSET;
-  }
-
-  /**
-   * A call of an MCP tool: refused at once when it cannot be made (unreadable, no such server or
-   * tool), then the approval policy as for code (deny, ask: the run pauses, allow).
-   */
-  private async proposeTool(
-    action: Extract<Action, { type: 'tool' }>,
-    toolCallId: string | undefined,
-  ): Promise<boolean> {
-    const call = { server: action.server, tool: action.tool, arguments: action.arguments };
-    const mcp = this.deps.mcp;
-    const listed = this.mcpTools.servers.find((s) => s.server === call.server);
-    const problem =
-      action.problem ??
-      (!mcp
-        ? 'this server has no MCP client'
-        : !this.ws.settings.mcp_servers.some((s) => s.name === call.server)
-          ? `this workspace has no MCP server named ${JSON.stringify(call.server)} (servers: ${this.ws.settings.mcp_servers.map((s) => s.name).join(', ') || 'none'})`
-          : listed && !listed.error && !listed.tools.some((t) => t.name === call.tool)
-            ? `the server ${call.server} has no tool ${JSON.stringify(call.tool)} (tools: ${listed.tools.map((t) => t.name).join(', ') || 'none'})`
-            : undefined);
-    if (problem) {
-      this.reply(toolCallId, tc.TOOL_PROBLEM(call, problem));
-      this.writes.writeBehind();
-      return false;
-    }
-    const policy = decideTool(this.ws.settings.approval, call);
-    const args = mcp ? await mcp.maskArguments(this.ws.id, call.arguments) : call.arguments;
-    this.writes.emit('tool.call', { server: call.server, tool: call.tool, arguments: args, decision: policy.decision });
-    if (policy.decision === 'deny') {
-      this.reply(toolCallId, tc.TOOL_DENIED_BY_POLICY(policy.rule));
-      this.writes.writeBehind();
-      return false;
-    }
-    if (policy.decision === 'ask' && !this.session.autoApprove) {
-      await this.writes.flush();
-      await this.requestApproval(tc.toolApprovalText(call), toolCallId);
-      return true;
-    }
-    await this.runTool(call, toolCallId);
-    return false;
-  }
-
-  /** Makes the call (bounded by KILN_MCP_TIMEOUT_S), records it (event and audit row) and answers the model. */
-  private async runTool(call: tc.ToolCallRequest, toolCallId: string | undefined): Promise<void> {
-    if (this.signal.aborted) return;
-    const mcp = this.deps.mcp;
-    const outcome = mcp
-      ? await mcp.call(this.ws, call, this.signal)
-      : { text: '', isError: true, error: 'this server has no MCP client', truncated: false, durationMs: 0 };
-    const result = {
-      server: call.server,
-      tool: call.tool,
-      duration_ms: outcome.durationMs,
-      error: outcome.error,
-      is_error: outcome.isError,
-      truncated: outcome.truncated,
-    };
-    this.writes.emit('tool.result', { ...result, content: outcome.text });
-    const audit = auditRow(
-      {
-        action: 'agent.tool_call',
-        resourceType: 'run',
-        resourceId: this.run.id,
-        teamId: this.run.teamId,
-        after: result,
-      },
-      undefined,
-    );
-    audit.actorRole = 'agent';
-    this.writes.write(insertAudit(audit));
-    this.reply(toolCallId, tc.toolFeedback(call, outcome));
-    this.writes.writeBehind();
-  }
-
   /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
   private async proposeSourceUpdate(
     action: { patch: string; reason: string },
     toolCallId: string | undefined,
   ): Promise<boolean> {
-    const refusal =
-      !this.ws.settings.source_updates || !this.deps.sourceUpdates
-        ? su.SOURCE_UPDATE_DISABLED
-        : !action.patch || !action.reason.trim()
-          ? su.SOURCE_UPDATE_INCOMPLETE
-          : null;
+    const refusal = su.proposalRefusal(this.ws.settings.source_updates, this.deps.sourceUpdates, action);
     if (refusal) {
       this.reply(toolCallId, refusal);
       await this.writes.flush();
@@ -430,34 +355,12 @@ export class RunLoop {
   private async afterApproval({ approval, outcome }: Resume): Promise<void> {
     const toolCallId = approval.toolCallId ?? undefined;
     if (outcome === 'approved' && approval.requiresOrgAdmin) {
-      const proposal = su.fromApprovalText(approval.code);
-      const sink = this.deps.sourceUpdates;
-      const answer = sink
-        ? await sink
-            .submit({ ...proposal, author: 'agent' }, undefined)
-            .then(su.sourceUpdateSubmitted, (err: Error) => su.sourceUpdateFailed(err.message))
-        : su.SOURCE_UPDATE_DISABLED;
-      this.reply(toolCallId, answer);
+      this.reply(toolCallId, await su.submitApproved(this.deps.sourceUpdates, approval.code));
       await this.writes.flush();
       return;
     }
     const call = tc.fromToolApprovalText(approval.code);
-    if (call) {
-      const timeout = this.ws.settings.approval.timeout_s;
-      // A deny rule added while the call waited still wins.
-      const now = decideTool(this.ws.settings.approval, call);
-      if (outcome === 'approved' && now.decision !== 'deny') return this.runTool(call, toolCallId);
-      this.reply(
-        toolCallId,
-        outcome === 'approved'
-          ? tc.TOOL_DENIED_BY_POLICY(now.rule)
-          : outcome === 'denied'
-            ? tc.TOOL_DENIED_BY_USER(approval.reason)
-            : tc.TOOL_APPROVAL_EXPIRED(timeout),
-      );
-      await this.writes.flush();
-      return;
-    }
+    if (call) return this.mcp.afterApproval(call, { approval, outcome }, toolCallId);
     if (outcome === 'approved') return this.runCode(approval.code, toolCallId);
     const timeout = this.ws.settings.approval.timeout_s;
     this.reply(toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(timeout));
@@ -550,7 +453,7 @@ export class RunLoop {
           ws: this.ws,
           session: this.session,
           evolutions: this.evolutions,
-          mcp: this.mcpTools,
+          mcp: this.mcp.tools,
         }),
       summarise: (turns) => this.condense(turns),
       force,

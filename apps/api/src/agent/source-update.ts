@@ -46,15 +46,38 @@ export function fromApprovalText(text: string): { reason: string; patch: string 
   return { reason: body.slice(0, cut), patch: body.slice(cut + 2) };
 }
 
-export const SOURCE_UPDATE_DISABLED =
+const SOURCE_UPDATE_DISABLED =
   'Kiln System: [Source update refused] This workspace may not propose platform source updates (an org admin enables them per workspace). Nothing was submitted.';
 
-export const SOURCE_UPDATE_INCOMPLETE =
+const SOURCE_UPDATE_INCOMPLETE =
   'Kiln System: [Source update refused] A proposal needs a non-empty reason and patch. Nothing was submitted.';
 
-export const sourceUpdateSubmitted = (u: { id: string; status: string }) =>
+const sourceUpdateSubmitted = (u: { id: string; status: string }) =>
   `Kiln System: [Source update submitted] An org admin approved your proposal. It is update ${u.id}, status ${u.status}: the self-check ` +
   '(type-check, smoke tests, boot on a spare port) runs now; applying it and restarting the platform is a separate step an org admin takes.';
 
-export const sourceUpdateFailed = (message: string) =>
+const sourceUpdateFailed = (message: string) =>
   `Kiln System: [Source update refused] The approved patch could not be submitted: ${message}`;
+
+/**
+ * Why a proposal cannot go to an org admin (the workspace does not allow source updates, the
+ * server has no sink, or the proposal is incomplete); null when it may.
+ */
+export function proposalRefusal(
+  allowed: boolean,
+  sink: SourceUpdateSink | undefined,
+  action: { patch: string; reason: string },
+): string | null {
+  if (!allowed || !sink) return SOURCE_UPDATE_DISABLED;
+  if (!action.patch || !action.reason.trim()) return SOURCE_UPDATE_INCOMPLETE;
+  return null;
+}
+
+/** What the model is told once an org admin approved a proposal: it was submitted (or why not). */
+export async function submitApproved(sink: SourceUpdateSink | undefined, approvalCode: string): Promise<string> {
+  if (!sink) return SOURCE_UPDATE_DISABLED;
+  const proposal = fromApprovalText(approvalCode);
+  return sink
+    .submit({ ...proposal, author: 'agent' }, undefined)
+    .then(sourceUpdateSubmitted, (err: Error) => sourceUpdateFailed(err.message));
+}

@@ -1,37 +1,24 @@
-import { and, eq, inArray, isNull, or, sql } from 'drizzle-orm';
+import { and, eq, isNull, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { isUniqueViolation } from '../db/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { rowsOf } from '../db/rows.ts';
 import { templates, workspaces } from '../db/schema/index.ts';
-import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
+import type { JobRunner } from '../jobs/runner.ts';
 import { withTeamLocked } from '../auth/teams.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import { type ImageBuilder, ImageBuildFailed } from '../sandbox/backend.ts';
+import type { ImageBuilder } from '../sandbox/backend.ts';
 import type { TemplateImages } from '../sandbox/live.ts';
-import { canonicalSpec, imageTag, specHash, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
+import { type BuildPayload, TEMPLATE_BUILD_JOB, TemplateBuilds } from './build.ts';
+import { canonicalSpec, imageTag, specHash, type BuildSources, type TemplateSpec } from './spec.ts';
 
 export type TemplateRow = typeof templates.$inferSelect & { spec: TemplateSpec };
 
-export const TEMPLATE_BUILD_JOB = 'template.build';
-/** A build interrupted (its process gone) more often than this is failed rather than tried again. */
-const MAX_INTERRUPTIONS = 3;
 /** Lines of the build's output in GET /v1/templates/{template}; the whole (bounded) log is at …/log. */
 const LOG_TAIL_LINES = 20;
-/** How much of the end of the output a failed build's reason quotes. */
-const REASON_LINES = 15;
-const FLUSH_MS = 1000;
 const POOL_REFRESH_MS = 60_000;
-
-interface BuildPayload {
-  hash: string;
-  spec: TemplateSpec;
-  sources: BuildSources;
-  /** The team whose template queued the build: the build lane's per-team limit counts by it. */
-  group?: string;
-}
 
 export interface TemplateOptions {
   /** The base sandbox image (KILN_SANDBOX_IMAGE); templates are built on its id. */
@@ -50,39 +37,8 @@ export interface TemplateOptions {
   onPoolImages?: (images: string[]) => void;
 }
 
-/**
- * What a failed step said of its own failure, to put before Docker's "returned a non-zero code":
- * pip's `ERROR:` lines (a package the index does not have, a version that does not exist) and
- * apt's `E:` lines (a package Debian does not have).
- */
-function causeOf(lines: string[]): string[] {
-  return lines.filter((l) => /^(?:ERROR: |E: )/.test(l)).slice(-5);
-}
-
-/** A build's output, keeping the newest `max` bytes (the end says why it failed). */
-class BuildLog {
-  private text = '';
-  private cut = false;
-  constructor(private readonly max: number) {}
-  line(s: string): void {
-    this.text += `${s}\n`;
-    if (this.text.length > this.max) {
-      this.text = this.text.slice(this.text.length - this.max);
-      this.text = this.text.slice(this.text.indexOf('\n') + 1);
-      this.cut = true;
-    }
-  }
-  toString(): string {
-    return this.cut ? `[earlier output cut: the log keeps its last ${this.max} bytes]\n${this.text}` : this.text;
-  }
-  lastLines(n: number): string[] {
-    return this.text.trimEnd().split('\n').slice(-n);
-  }
-}
-
 const nameTaken = (name: string) =>
   new ApiError('conflict', `a template named ${JSON.stringify(name)} already exists in this team`);
-const PENDING = ['queued', 'building'] as const;
 
 /**
  * Sandbox templates: a team's definition (apt and pip packages, small files) built into an
@@ -91,10 +47,9 @@ const PENDING = ['queued', 'building'] as const;
  * it succeeds.
  */
 export class TemplateService implements TemplateImages {
-  private readonly building = new Set<{ abort: AbortController; done: Promise<unknown> }>();
   private poolTimer: NodeJS.Timeout | undefined;
-  /** Set by `stop`: no build starts any more (a job claimed now goes back to the queue). */
-  private stopped = false;
+  /** The builds: the jobs that do the work (build.ts). */
+  private readonly builds: TemplateBuilds;
 
   constructor(
     private readonly db: Db,
@@ -103,54 +58,13 @@ export class TemplateService implements TemplateImages {
     private readonly opts: TemplateOptions,
     private readonly log: Logger,
   ) {
-    // A lane of their own: a build (minutes, up to the build timeout) never holds up a review or a
-    // dream, and one team's builds take at most buildTeamConcurrency of the lane's slots (counted
-    // across replicas), so another team's build starts as soon as a slot is free.
-    const lane = {
-      name: 'templates',
-      concurrency: opts.buildConcurrency ?? 1,
-      groupLimit: opts.buildTeamConcurrency ?? 1,
-    };
-    jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.runBuild(p, job), lane);
+    this.builds = new TemplateBuilds(db, images, jobRunner, opts, log, () => void this.refreshPool());
   }
 
   private need(): ImageBuilder {
     if (!this.images)
       throw new ApiError('unavailable', 'templates need a container runtime that builds images; this server has none');
     return this.images;
-  }
-
-  private async imageExists(ref: string): Promise<boolean> {
-    return (await this.need().idOf(ref)) !== null;
-  }
-
-  /** Every template waiting for this hash's image has it now. */
-  private async ready(hash: string, tag: string, log: BuildLog): Promise<void> {
-    const replaced = await this.db.selectDistinct({ image: templates.image }).from(templates).where(this.pending(hash));
-    const n = await this.setPending(hash, {
-      status: 'ready',
-      image: tag,
-      error: null,
-      builtAt: new Date(),
-      log: log.toString(),
-    });
-    // The images this one replaces, and this one if every template that wanted it was deleted or
-    // changed meanwhile, go unless another template has them (or a running sandbox: Docker keeps those).
-    for (const r of replaced) if (r.image && r.image !== tag) await this.removeUnused(r.image);
-    if (n === 0) await this.removeUnused(tag);
-    void this.refreshPool();
-  }
-
-  /** Removes a template image no template of any team has (as its image or its pending build). */
-  private async removeUnused(image: string): Promise<void> {
-    const hash = image.slice(image.indexOf(':') + 1);
-    const others = await this.db
-      .select({ id: templates.id })
-      .from(templates)
-      .where(or(eq(templates.image, image), eq(templates.specHash, hash)))
-      .limit(1);
-    // An image a running sandbox still uses stays (Docker refuses); the next delete or a prune takes it.
-    if (!others.length && this.images) await this.images.remove(image);
   }
 
   private async sources(): Promise<BuildSources> {
@@ -168,7 +82,7 @@ export class TemplateService implements TemplateImages {
     const sources = await this.sources();
     const hash = specHash(spec, sources);
     const tag = imageTag(hash);
-    const cached = await this.imageExists(tag);
+    const cached = (await this.need().idOf(tag)) !== null;
     const fields = cached
       ? {
           status: 'ready' as const,
@@ -321,7 +235,8 @@ export class TemplateService implements TemplateImages {
         `template ${id} is the sandbox.template of ${users.join(', ')}; set theirs to another template or null first`,
       );
     await this.db.delete(templates).where(and(eq(templates.id, id), eq(templates.teamId, teamId)));
-    for (const image of new Set([before.image, imageTag(before.specHash)])) if (image) await this.removeUnused(image);
+    for (const image of new Set([before.image, imageTag(before.specHash)]))
+      if (image) await this.builds.removeUnused(image);
     void this.refreshPool();
     return before;
   }
@@ -386,7 +301,7 @@ export class TemplateService implements TemplateImages {
    * minute's grace: a template is written just before its job is queued.)
    */
   async start(): Promise<void> {
-    this.stopped = false;
+    this.builds.stopped = false;
     // Other replicas change which templates are in use too: the pool catches up at least this often.
     this.poolTimer = setInterval(() => void this.refreshPool(), POOL_REFRESH_MS);
     this.poolTimer.unref();
@@ -401,112 +316,8 @@ export class TemplateService implements TemplateImages {
 
   /** Stops builds in flight: their jobs go back to the queue, to be resumed by the next runner. */
   async stop(): Promise<void> {
-    this.stopped = true;
     clearInterval(this.poolTimer);
-    for (const b of this.building) b.abort.abort(new Error('shutdown'));
-    await Promise.allSettled([...this.building].map((b) => b.done));
-  }
-
-  private pending(hash: string) {
-    return and(eq(templates.specHash, hash), inArray(templates.status, [...PENDING]));
-  }
-
-  private async setPending(hash: string, fields: Partial<typeof templates.$inferInsert>): Promise<number> {
-    const rows = await this.db
-      .update(templates)
-      .set({ ...fields, updatedAt: new Date() })
-      .where(this.pending(hash))
-      .returning({ id: templates.id });
-    return rows.length;
-  }
-
-  private async runBuild(p: BuildPayload, job: JobRow): Promise<void> {
-    if (this.stopped) throw new ReleaseJob();
-    const waiting = await this.db
-      .select({ id: templates.id, log: templates.log })
-      .from(templates)
-      .where(this.pending(p.hash))
-      .orderBy(templates.id);
-    if (!waiting.length) return;
-    const tag = imageTag(p.hash);
-    // What an interrupted attempt wrote stays at the top of the log.
-    const log = new BuildLog(this.opts.maxLogBytes);
-    const previous = waiting.find((w) => w.log)?.log;
-    if (previous) {
-      for (const line of previous.trimEnd().split('\n')) log.line(line);
-      log.line('[kiln] resuming the build (the previous attempt was interrupted)');
-    }
-    if (await this.imageExists(tag)) {
-      log.line(`[kiln] cached: ${tag} exists`);
-      await this.ready(p.hash, tag, log);
-      return;
-    }
-    if (job.attempts > MAX_INTERRUPTIONS) {
-      await this.setPending(p.hash, {
-        status: 'failed',
-        error: `the build was interrupted ${job.attempts - 1} times (the server stopped while it ran); PUT the template again to retry`,
-      });
-      return;
-    }
-    log.line(`[kiln] building ${tag} on ${p.sources.baseImageId}`);
-    await this.setPending(p.hash, { status: 'building', error: null, log: log.toString() });
-    const abort = new AbortController();
-    let flushing: Promise<unknown> = Promise.resolve();
-    const flush = () => {
-      flushing = flushing.then(() =>
-        this.db
-          .update(templates)
-          .set({ log: log.toString() })
-          .where(and(eq(templates.specHash, p.hash), eq(templates.status, 'building')))
-          .catch((err) => this.log.warn({ err }, 'could not save a template build log')),
-      );
-    };
-    const timer = setInterval(flush, FLUSH_MS);
-    const done = this.need().build(
-      {
-        base: p.sources.baseImageId,
-        tag,
-        labels: { 'kiln.template': p.hash },
-        apt: p.spec.apt,
-        pip: p.spec.pip,
-        pipIndexUrl: p.sources.pipIndexUrl,
-        debianMirror: p.sources.debianMirror,
-        files: p.spec.files,
-        filesDir: TEMPLATE_FILES_DIR,
-        aptDay: new Date().toISOString().slice(0, 10),
-      },
-      { onLine: (l: string) => log.line(l), timeoutMs: this.opts.buildTimeoutMs, signal: abort.signal },
-    );
-    const entry = { abort, done: done.catch(() => undefined) };
-    this.building.add(entry);
-    try {
-      await done;
-      clearInterval(timer);
-      await flushing;
-      log.line(`[kiln] built ${tag}`);
-      await this.ready(p.hash, tag, log);
-    } catch (err) {
-      clearInterval(timer);
-      await flushing;
-      if (abort.signal.aborted && !(err instanceof ImageBuildFailed)) {
-        log.line('[kiln] the server is stopping: the build resumes when a server takes its job again');
-        await this.setPending(p.hash, { status: 'queued', log: log.toString() });
-        throw new ReleaseJob();
-      }
-      if (!(err instanceof ImageBuildFailed) && job.attempts < job.maxAttempts) {
-        log.line(`[kiln] the build could not run (${(err as Error).message}); it is tried again`);
-        await this.setPending(p.hash, { status: 'queued', log: log.toString() });
-        throw err;
-      }
-      const reason =
-        err instanceof ImageBuildFailed
-          ? [...causeOf(log.lastLines(REASON_LINES)), err.message, '', ...log.lastLines(REASON_LINES)].join('\n')
-          : `the build could not run: ${(err as Error).message}`;
-      log.line(`[kiln] failed: ${(err as Error).message}`);
-      await this.setPending(p.hash, { status: 'failed', error: reason.slice(0, 8000), log: log.toString() });
-    } finally {
-      this.building.delete(entry);
-    }
+    await this.builds.stop();
   }
 }
 

@@ -1,6 +1,6 @@
 import { readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { and, desc, eq, isNull, lt, sql, type SQL } from 'drizzle-orm';
+import { and, desc, eq, lt, sql, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
@@ -8,9 +8,10 @@ import { ApiError } from '../lib/errors.ts';
 import { memoryEntries, type MemoryBudget } from '../memory/budget.ts';
 import type { Embedder } from '../memory/embeddings.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
-import { indexedFiles, reindexAll, reindexPaths, staleIndexes } from '../memory/indexer.ts';
+import { indexedFiles, reindexAll, reindexPaths } from '../memory/indexer.ts';
 import { searchMemory, type SearchOptions } from '../memory/search.ts';
 import { type SharedLock, WorkspaceLock } from './lock.ts';
+import { WorkspaceUpkeep } from './upkeep.ts';
 import { listSkills, type SkillInfo } from './skills.ts';
 import { checkRelativePath, isBuiltinSkillPath } from './paths.ts';
 import type { CommitKind } from './kinds.ts';
@@ -79,8 +80,7 @@ type CommitListener = (
 export class WorkspaceService {
   private readonly lock: WorkspaceLock;
   private boilerplate: Promise<ReadonlySet<string>> | undefined;
-  private reindexing: Promise<void> | undefined;
-  private stopReindex = false;
+  private readonly upkeep: WorkspaceUpkeep;
 
   constructor(
     private readonly db: Db,
@@ -89,6 +89,15 @@ export class WorkspaceService {
     private readonly log: Logger,
   ) {
     this.lock = new WorkspaceLock(opts.sharedLock);
+    this.upkeep = new WorkspaceUpkeep({
+      db,
+      repos,
+      lock: this.lock,
+      log,
+      embedder: opts.embedder,
+      record: (ws, c) => this.record(ws, c),
+      indexTarget: (ws) => this.indexTarget(ws),
+    });
   }
 
   /** A new workspace: the row, then its repository from the template, then the first commit's mirror. */
@@ -425,56 +434,6 @@ export class WorkspaceService {
     return this.boilerplate;
   }
 
-  /**
-   * Re-indexes every workspace whose index an older chunking or ranking built (after an
-   * upgrade) or another embeddings model embedded (KILN_EMBEDDINGS_MODEL changed). Searches keep
-   * answering from the old index meanwhile: each workspace's index is replaced in one
-   * transaction. Replicas share the work: a workspace another server is re-indexing is skipped.
-   * The promise ends with the job; start-up does not wait for it, `stopReindexing` ends it early.
-   */
-  reindexStale(): Promise<void> {
-    this.stopReindex = false;
-    this.reindexing ??= (async () => {
-      try {
-        const ids = await staleIndexes(this.db, this.opts.embedder?.model);
-        if (!ids.length) return;
-        this.log.info(
-          { workspaces: ids.length },
-          'memory index: re-indexing workspaces built by an older version or another embeddings model',
-        );
-        let done = 0;
-        for (const id of ids) {
-          if (this.stopReindex) break;
-          const [ws] = await this.db.select().from(workspaces).where(eq(workspaces.id, id));
-          if (!ws || ws.deletedAt || !this.repos.exists(id)) continue;
-          try {
-            const n = await this.lock.run(id, async () =>
-              reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder, { onlyIfStale: true }),
-            );
-            if (n !== null) done++;
-          } catch (err) {
-            this.log.error(
-              { err, workspace: id },
-              'memory index: could not re-index a workspace; it is tried again at the next start',
-            );
-          }
-        }
-        this.log.info({ reindexed: done, of: ids.length }, 'memory index: re-indexing done');
-      } catch (err) {
-        this.log.error({ err }, 'memory index: the re-index job failed');
-      } finally {
-        this.reindexing = undefined;
-      }
-    })();
-    return this.reindexing;
-  }
-
-  /** Stops the background re-index after the workspace it is on. */
-  async stopReindexing(): Promise<void> {
-    this.stopReindex = true;
-    await this.reindexing;
-  }
-
   async listCommits(ws: WorkspaceRow, f: { kind?: CommitKind; session?: string; after?: string; limit: number }) {
     const conds: (SQL | undefined)[] = [
       eq(commits.workspaceId, ws.id),
@@ -512,63 +471,18 @@ export class WorkspaceService {
     return searchMemory(this.db, ws.id, q, { ...opts, embedder: this.opts.embedder });
   }
 
-  /**
-   * Start-up repair of every live workspace: stale git locks removed, uncommitted changes
-   * committed by the system, and commits the table missed (a crash between git and the
-   * database) mirrored again. A workspace that cannot be repaired is logged, marked
-   * (`repair_error`, shown by its GET) and skipped: one workspace never stops the server.
-   * The mark is cleared by the next repair that succeeds.
-   */
-  async repairAll(): Promise<{ repaired: number; failed: number }> {
-    const rows = (await this.db.select().from(workspaces).where(isNull(workspaces.deletedAt))) as WorkspaceRow[];
-    let repaired = 0;
-    let failed = 0;
-    for (const ws of rows) {
-      try {
-        if (await this.repairOne(ws)) repaired++;
-        if (ws.repairError !== null)
-          await this.db
-            .update(workspaces)
-            .set({ repairError: null, repairFailedAt: null })
-            .where(eq(workspaces.id, ws.id));
-      } catch (err) {
-        failed++;
-        this.log.error({ err, workspace: ws.id }, 'could not repair a workspace; it is marked and skipped');
-        const message = (err as Error).message.slice(0, 2000);
-        await this.db
-          .update(workspaces)
-          .set({ repairError: message, repairFailedAt: new Date() })
-          .where(eq(workspaces.id, ws.id));
-      }
-    }
-    return { repaired, failed };
+  /** Start-up repair of every live workspace (upkeep.ts). */
+  repairAll(): Promise<{ repaired: number; failed: number }> {
+    return this.upkeep.repairAll();
   }
 
-  /** Repairs one workspace; true when there was something to repair. */
-  private async repairOne(ws: WorkspaceRow): Promise<boolean> {
-    if (!this.repos.exists(ws.id)) throw new Error('workspace repository is missing');
-    const { removedLocks, recovered, missing } = await this.lock.run(ws.id, async () => {
-      const fixed = await this.repos.repair(ws.id);
-      const known = new Set(
-        (await this.db.select({ sha: commits.sha }).from(commits).where(eq(commits.workspaceId, ws.id))).map(
-          (r) => r.sha,
-        ),
-      );
-      const absent = (await this.repos.shas(ws.id)).filter((s) => !known.has(s)).reverse();
-      for (const sha of absent) await this.record(ws, await this.repos.commitInfo(ws.id, sha));
-      return { ...fixed, missing: absent };
-    });
-    const head = await this.repos.head(ws.id);
-    if (head && head !== ws.head) await this.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
-    if (missing.length || recovered?.commit) await reindexAll(this.db, await this.indexTarget(ws), this.opts.embedder);
-    const changed = Boolean(removedLocks.length || recovered || missing.length);
-    if (changed) {
-      const refused = recovered?.refused.map((r) => r.path);
-      this.log.warn(
-        { workspace: ws.id, removedLocks, recovered: recovered?.commit?.sha, refused, mirrored: missing.length },
-        'repaired workspace',
-      );
-    }
-    return changed;
+  /** The background re-index of stale memory indexes (upkeep.ts); start-up does not wait for it. */
+  reindexStale(): Promise<void> {
+    return this.upkeep.reindexStale();
+  }
+
+  /** Stops the background re-index after the workspace it is on. */
+  stopReindexing(): Promise<void> {
+    return this.upkeep.stopReindexing();
   }
 }

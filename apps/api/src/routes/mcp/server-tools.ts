@@ -184,7 +184,34 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
     };
   const read = { readOnlyHint: true, destructiveHint: false, openWorldHint: false };
   const write = { readOnlyHint: false, openWorldHint: false };
+  const kit: Kit = { server, api, deps, wrap, read, write };
+  for (const register of [
+    toolRunPython,
+    toolListFiles,
+    toolReadFile,
+    toolWriteFile,
+    toolMemorySearch,
+    toolListCommits,
+    toolRevertCommit,
+    toolAskAgent,
+  ])
+    register(kit);
+}
 
+/** What each tool's registration reaches: the request's server, the caller's API, and the shared wrappers. */
+interface Kit {
+  server: McpServer;
+  api: KilnApi;
+  deps: ToolDeps;
+  wrap: <A>(
+    tool: string,
+    fn: (args: A, ctx: ServerContext) => Promise<Record<string, unknown>>,
+  ) => (args: A, ctx: ServerContext) => Promise<CallToolResult>;
+  read: { readOnlyHint: boolean; destructiveHint: boolean; openWorldHint: boolean };
+  write: { readOnlyHint: boolean; openWorldHint: boolean };
+}
+
+function toolRunPython({ server, api, wrap, write }: Kit): void {
   server.registerTool(
     'run_python',
     {
@@ -229,7 +256,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       };
     }),
   );
+}
 
+function toolListFiles({ server, api, wrap, read }: Kit): void {
   server.registerTool(
     'list_files',
     {
@@ -254,7 +283,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       };
     }),
   );
+}
 
+function toolReadFile({ server, api, wrap, read }: Kit): void {
   server.registerTool(
     'read_file',
     {
@@ -278,7 +309,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       };
     }),
   );
+}
 
+function toolWriteFile({ server, api, wrap, write }: Kit): void {
   server.registerTool(
     'write_file',
     {
@@ -303,7 +336,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       return { workspace_id: ws.id, path, commit: r.commit, redactions: r.redactions, refused: r.refused };
     }),
   );
+}
 
+function toolMemorySearch({ server, api, wrap, read }: Kit): void {
   server.registerTool(
     'memory_search',
     {
@@ -324,7 +359,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       return { workspace_id: ws.id, query, hits: r.data.map((h) => ({ ...h, snippet: clip(h.snippet, 4000).text })) };
     }),
   );
+}
 
+function toolListCommits({ server, api, wrap, read }: Kit): void {
   server.registerTool(
     'list_commits',
     {
@@ -340,7 +377,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       return { workspace_id: ws.id, commits: r.data, has_more: r.has_more };
     }),
   );
+}
 
+function toolRevertCommit({ server, api, wrap, write }: Kit): void {
   server.registerTool(
     'revert_commit',
     {
@@ -363,7 +402,9 @@ export function registerTools(server: McpServer, deps: ToolDeps): void {
       return { workspace_id: ws.id, reverted: sha, commit: r.commit };
     }),
   );
+}
 
+function toolAskAgent({ server, api, deps, wrap, write }: Kit): void {
   server.registerTool(
     'ask_agent',
     {
