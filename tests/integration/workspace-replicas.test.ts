@@ -2,7 +2,9 @@ import { execFileSync } from 'node:child_process';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { commits } from '../../apps/api/src/db/schema/index.ts';
+import { converse } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
+import { type FakeOpenAI, startFakeOpenAI } from '../support/fake-openai.ts';
 
 const git = (dir: string, ...args: string[]) => execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' });
 
@@ -117,5 +119,86 @@ describe("what one replica caches of another's writes", () => {
     const after = await exec();
     expect(after.status).toBe(409);
     expect(after.body.error.message).toMatch(/ended/);
+  });
+});
+
+describe('a review on one replica racing a revert on the other', () => {
+  let fake: FakeOpenAI;
+  let a: TestApp;
+  let b: TestApp;
+  let team: { id: string; key: string };
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+    const model = { baseURL: fake.url, model: 'fake-model' };
+    a = await createTestApp({ sandbox: false, model });
+    b = await createTestApp({ sandbox: false, model, replicaOf: a });
+    team = await a.team('replica-review');
+  });
+  afterAll(async () => {
+    await b?.close();
+    await a?.close();
+    await fake?.close();
+  });
+
+  it("both land: the review's commit (its job run by B) and the revert (on A), in one consistent history", async () => {
+    const ws = (
+      await a.call('POST', '/v1/workspaces', {
+        key: team.key,
+        body: { name: 'review-race', settings: { approval: { mode: 'auto' } } },
+      })
+    ).body.id;
+    const first = await a.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/x.md`, {
+      key: team.key,
+      raw: 'one\n',
+    });
+    expect(first.status).toBe(200);
+    const session = (await a.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key, body: {} })).body.id;
+    fake.script({ content: '<finish>Noted: the answer is 42.</finish>' });
+    expect((await converse(a, team.key, session, 'Remember that the answer is 42')).run.status).toBe('completed');
+    const review = await a.call('POST', `/v1/workspaces/${ws}/review`, {
+      key: team.key,
+      body: { session_id: session },
+    });
+    expect(review.status).toBe(202);
+    fake.script({
+      content:
+        '<write_file path="knowledge/answer.md"># Answer\n\nIt is 42.</write_file><finish>Saved the answer</finish>',
+    });
+    // B's job runner takes the review while A reverts the first commit and keeps writing, one
+    // write after another until the review is done: whenever the review commits, A is committing.
+    let reviewing = true;
+    const drained = b.evolution.jobs.drain().finally(() => {
+      reviewing = false;
+    });
+    const reverting = a.call('POST', `/v1/workspaces/${ws}/commits/${first.body.commit.sha}/revert`, {
+      key: team.key,
+    });
+    const written: { status: number; body: { commit: { sha: string } } }[] = [];
+    for (let i = 0; reviewing && i < 500; i++)
+      written.push(
+        await a.call('PUT', `/v1/workspaces/${ws}/files?path=knowledge/a${i}.md`, { key: team.key, raw: `a${i}\n` }),
+      );
+    const [ran, revert] = await Promise.all([drained, reverting]);
+    expect(ran).toBe(1);
+    expect(revert.status).toBe(201);
+    expect(written.length).toBeGreaterThan(0);
+    expect(written.map((w) => w.status)).toEqual(written.map(() => 200));
+    const evo = await b.call('GET', `/v1/workspaces/${ws}/evolutions/${review.body.id}`, { key: team.key });
+    expect(evo.body).toMatchObject({ status: 'committed', changed_paths: ['knowledge/answer.md'] });
+
+    const dir = a.workspaces.dirOf(ws);
+    const tree = git(dir, 'ls-tree', '-r', '--name-only', 'HEAD').split('\n');
+    expect(tree).toContain('knowledge/answer.md');
+    expect(tree).not.toContain('knowledge/x.md');
+    for (let i = 0; i < written.length; i++) expect(tree).toContain(`knowledge/a${i}.md`);
+    const history = git(dir, 'rev-list', 'HEAD').trim().split('\n');
+    expect(history).toContain(evo.body.commit_sha);
+    for (const w of written) expect(history).toContain(w.body.commit.sha);
+    expect(history).toContain(revert.body.commit.sha);
+    const rows = await a.database.db.select().from(commits).where(eq(commits.workspaceId, ws));
+    expect(rows.map((r) => r.sha).sort()).toEqual([...history].sort());
+    expect(git(dir, 'status', '--porcelain')).toBe('');
+    git(dir, 'fsck', '--no-progress');
+    expect(fake.refusals).toEqual([]);
   });
 });
