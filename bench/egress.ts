@@ -8,6 +8,9 @@
  *     benchmark's own
  *  3. cold start (new session to first result, no warm pool): none vs allowlist (its own
  *     network, the proxy attached to it, its rules written)
+ *
+ * Each under runc and under gVisor, against none in the same runtime (a gVisor sandbox reaches the
+ * proxy through its egress bridge: a Unix socket, no network).
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -62,8 +65,6 @@ async function main() {
     const { key } = await call(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'bench', role: 'owner' });
     const workspace = async (settings: unknown) =>
       (await call(key, 'POST', '/v1/workspaces', { name: `bench-${Math.random()}`, settings })).id as string;
-    const none = await workspace({});
-    const allow = await workspace({ sandbox: { network: 'allowlist', allow: ['api.bench.test'] } });
     const session = async (ws: string) => (await call(key, 'POST', `/v1/workspaces/${ws}/sessions`, {})).id as string;
     const run = async (s: string, code: string) => {
       const r = await call(key, 'POST', `/v1/sessions/${s}/exec`, { code });
@@ -71,41 +72,48 @@ async function main() {
       return r;
     };
     process.stdout.write(`Kiln egress benchmark — image ${image}\n`);
+    // Each runtime against itself: a runc sandbox reaches the proxy on a network of its own, a
+    // gVisor sandbox (no network) through its egress bridge's socket.
+    for (const runtime of ['runc', 'gvisor'] as const) {
+      const none = await workspace({ sandbox: { runtime } });
+      const allow = await workspace({ sandbox: { runtime, network: 'allowlist', allow: ['api.bench.test'] } });
 
-    heading(`1. warm exec of print(1), ${N} sequential calls`);
-    const sNone = await session(none);
-    const sAllow = await session(allow);
-    const warmNone = summarize(await timeEach(N, () => run(sNone, 'print(1)'), 5));
-    const warmAllow = summarize(await timeEach(N, () => run(sAllow, 'print(1)'), 5));
-    process.stdout.write(`${row('baseline: network none', warmNone)}\n`);
-    process.stdout.write(`${row('network allowlist (no request)', warmAllow, warmNone)}\n`);
+      heading(`${runtime} 1. warm exec of print(1), ${N} sequential calls`);
+      const sNone = await session(none);
+      const sAllow = await session(allow);
+      const warmNone = summarize(await timeEach(N, () => run(sNone, 'print(1)'), 5));
+      const warmAllow = summarize(await timeEach(N, () => run(sAllow, 'print(1)'), 5));
+      process.stdout.write(`${row('baseline: network none', warmNone)}\n`);
+      process.stdout.write(`${row('network allowlist (no request)', warmAllow, warmNone)}\n`);
 
-    heading(`2. warm exec of one HTTP GET through the proxy, ${N} sequential calls`);
-    const get = 'import urllib.request\nurllib.request.urlopen("http://api.bench.test/", timeout=10).read()';
-    const warmGet = summarize(await timeEach(N, () => run(sAllow, get), 5));
-    process.stdout.write(`${row('network allowlist, one allowed GET', warmGet, warmNone)}\n`);
+      heading(`${runtime} 2. warm exec of one HTTP GET through the proxy, ${N} sequential calls`);
+      const get = 'import urllib.request\nurllib.request.urlopen("http://api.bench.test/", timeout=10).read()';
+      const warmGet = summarize(await timeEach(N, () => run(sAllow, get), 5));
+      process.stdout.write(`${row('network allowlist, one allowed GET', warmGet, warmNone)}\n`);
+      for (const s of [sNone, sAllow]) await call(key, 'DELETE', `/v1/sessions/${s}`);
 
-    heading(`3. cold start: new session to first result, ${COLD_N} times (no warm pool)`);
-    const cold = async (ws: string) => {
-      const made: string[] = [];
-      const s = summarize(
-        await timeEach(
-          COLD_N,
-          async () => {
-            const id = await session(ws);
-            made.push(id);
-            await run(id, 'print(1)');
-          },
-          1,
-        ),
-      );
-      for (const id of made) await call(key, 'DELETE', `/v1/sessions/${id}`);
-      return s;
-    };
-    const coldNone = await cold(none);
-    const coldAllow = await cold(allow);
-    process.stdout.write(`${row('baseline: network none', coldNone)}\n`);
-    process.stdout.write(`${row('network allowlist', coldAllow, coldNone)}\n`);
+      heading(`${runtime} 3. cold start: new session to first result, ${COLD_N} times (no warm pool)`);
+      const cold = async (ws: string) => {
+        const made: string[] = [];
+        const s = summarize(
+          await timeEach(
+            COLD_N,
+            async () => {
+              const id = await session(ws);
+              made.push(id);
+              await run(id, 'print(1)');
+            },
+            1,
+          ),
+        );
+        for (const id of made) await call(key, 'DELETE', `/v1/sessions/${id}`);
+        return s;
+      };
+      const coldNone = await cold(none);
+      const coldAllow = await cold(allow);
+      process.stdout.write(`${row('baseline: network none', coldNone)}\n`);
+      process.stdout.write(`${row('network allowlist', coldAllow, coldNone)}\n`);
+    }
   } finally {
     server.child.kill('SIGTERM');
     await server.exited;
