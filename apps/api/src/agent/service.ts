@@ -6,19 +6,13 @@ import type { Database, Db } from '../db/client.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { messages, runs, type ApprovalRow, type MessageRow, type RunRow } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
-import type { KilnMetrics } from '../metrics/metrics.ts';
-import type { SandboxEngine } from '../sandbox/engine.ts';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import { getActiveSessionWithWorkspace } from '../sessions/sessions.ts';
-import type { WorkspaceService } from '../workspace/service.ts';
 import { Approvals, type Resume } from './approvals.ts';
-import type { RunEventLog } from './events.ts';
 import { Leases, type RunLeases } from './leases.ts';
 import type { ModelClient } from './llm.ts';
-import type { McpClients } from '../mcp/client.ts';
 import { RunLoop, SHUTDOWN, type Loaded, type RunLoopDeps } from './run-loop.ts';
 import { finishRun, isActive, startRun, type WriteDeps } from './run-writes.ts';
-import type { SourceUpdateSink } from './source-update.ts';
 
 /**
  * The agent as a service: a message starts a run; the run thinks (model), acts (Python in the
@@ -32,23 +26,11 @@ import type { SourceUpdateSink } from './source-update.ts';
  * across replicas), `approvals.ts` (pausing, deciding, expiry) and `transcript.ts` (the request
  * to the model and its condensation).
  */
-/** What the agent is built with (compose.ts): every part it reaches, given once. */
-export interface AgentDeps {
-  db: Db;
-  events: RunEventLog;
-  model: ModelClient;
-  engine: SandboxEngine;
-  workspaces: WorkspaceService;
-  log: Logger;
-  /** Which server runs a run (this instance) and how long its lease lasts without renewal. */
-  lease?: RunLeases;
-  /** Counts run steps (the app's metrics). */
-  metrics?: Pick<KilnMetrics, 'runStep'>;
-  /** The client of workspaces' MCP servers; without it, MCP tools are neither offered nor called. */
-  mcp?: McpClients;
-  /** Where approved `propose_source_update` patches go; without it the action is refused. */
-  sourceUpdates?: SourceUpdateSink;
-}
+/**
+ * What the agent is built with (compose.ts): every part a run's loop reaches (its approvals are
+ * the agent's own), and which server runs a run and how long its lease lasts without renewal.
+ */
+export type AgentDeps = Omit<RunLoopDeps, 'approvals'> & { lease?: RunLeases };
 
 export class AgentService {
   private readonly model: ModelClient;
