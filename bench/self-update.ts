@@ -3,7 +3,8 @@
  *
  * On a clone of this checkout, a server started as its own process takes BENCH_ROUNDS harmless
  * patches (one README line each) through submit → self-check → apply → relay restart, and says
- *  1. how long each self-check step took (install is a node_modules link: the lockfile is unchanged)
+ *  1. how long the self-check took from submit to ready, and each of its steps (install is a
+ *     node_modules link: the lockfile is unchanged; type-check, dashboard and smoke run side by side)
  *  2. the restart's downtime as the relay measured it (SIGTERM to the new version's /readyz 200)
  *  3. the downtime a client saw: the longest run of failed /healthz polls (every 10 ms) around it
  */
@@ -50,6 +51,8 @@ async function main() {
 
   const steps = new Map<string, number[]>();
   const relay: number[] = [];
+  /** Submit to ready, as a client polling every 100 ms sees it (the middle steps overlap). */
+  const checked: number[] = [];
   const client: number[] = [];
   try {
     for (let i = 0; i < ROUNDS; i++) {
@@ -59,12 +62,14 @@ async function main() {
       const patch = `${gitSync(checkout, 'diff')}\n`;
       writeFileSync(readme, original);
 
+      const t0 = performance.now();
       const submitted = await api('/v1/system/updates', 'POST', { patch, reason: `benchmark round ${i}` });
       const ready = await until(async () => {
         const u = await api(`/v1/system/updates/${submitted.id}`);
         return u.status === 'checking' ? undefined : u;
       });
       if (ready.status !== 'ready') throw new Error(`self-check failed: ${JSON.stringify(ready.checks.at(-1))}`);
+      checked.push(performance.now() - t0);
       for (const c of ready.checks) steps.set(c.name, [...(steps.get(c.name) ?? []), c.duration_ms]);
 
       // Poll /healthz from just before the apply until the update is finished.
@@ -107,8 +112,7 @@ async function main() {
     `Platform self-update, ${ROUNDS} round(s) of a one-line patch (PGlite, ${new Date().toISOString().slice(0, 10)})`,
   );
   for (const [name, samples] of steps) process.stdout.write(`${row(`self-check step: ${name}`, summarize(samples))}\n`);
-  const total = [...steps.values()].reduce((acc, s) => acc.map((v, i) => v + s[i]!), new Array<number>(ROUNDS).fill(0));
-  process.stdout.write(`${row('self-check, all steps', summarize(total))}\n`);
+  process.stdout.write(`${row('self-check, submit → ready', summarize(checked))}\n`);
   process.stdout.write(`${row('restart downtime (relay: SIGTERM → /readyz 200)', summarize(relay))}\n`);
   process.stdout.write(`${row('restart downtime seen by a client (/healthz)', summarize(client))}\n`);
 }

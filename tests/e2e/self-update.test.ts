@@ -339,6 +339,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       'readyz',
     ]);
     expect(ready.checks.every((c: { ok: boolean }) => c.ok)).toBe(true);
+    // The patch changes the dashboard: it is type-checked and built anew.
+    expect(ready.checks[2].log).toContain('vite.js build apps/dashboard');
     expect(JSON.stringify(ready.checks)).not.toMatch(/kiln_admin_[A-Za-z0-9_-]{20}/);
     const commit = ready.commit_sha as string;
     expect(head()).toBe(before);
@@ -440,6 +442,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const r = await submit(patch, 'A readiness check that breaks on real data');
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
+    // Nothing the dashboard is made of changed: the running build stands, linked, not rebuilt.
+    expect(ready.checks[2]).toMatchObject({ name: 'dashboard', ok: true });
+    expect(ready.checks[2].log).toMatch(/are as in the running commit [0-9a-f]{12}: linked its build/);
     expect((await api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })).status).toBe(202);
 
     // The server that finishes the row is the one the relay kept: the previous version, restarted.
@@ -515,7 +520,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       error: { code: 'interrupted' },
     });
   });
-  it('a patch to the relay takes effect at the next update; a relay that never starts gets that update reverted while the server keeps running', async () => {
+  it('a patch to the relay takes effect at the next update; a relay that never starts gets that update (one that changes package-lock.json, installed before type-checking) reverted while the server keeps running', async () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const broken = patchOf({
       'apps/relay/src/relay.ts': (t) =>
@@ -535,22 +540,6 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await settled(u1.body.id, ['applying'])).status).toBe('applied');
 
     const tree = git(checkout, 'rev-parse', 'HEAD^{tree}');
-    const u2 = await submit(patchOf({ 'README.md': (t) => `${t}\nOne more line.\n` }), 'A harmless change');
-    const ready2 = await settled(u2.body.id, ['checking']);
-    expect(ready2.status).toBe('ready');
-    expect((await api(`/v1/system/updates/${u2.body.id}/apply`, { method: 'POST' })).status).toBe(202);
-    const done = await settled(u2.body.id, ['applying']);
-    expect(done.status).toBe('failed');
-    expect(done.error).toMatch(/relay did not start/);
-    expect((await api('/v1/system/version')).body).toMatchObject({ pid: v1.pid, commit: ready1.commit_sha });
-    expect(git(checkout, 'rev-parse', 'HEAD~1')).toBe(ready2.commit_sha);
-    expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(tree);
-    expect(git(checkout, 'log', '-1', '--format=%B')).toContain(`Kiln-Update: ${u2.body.id}`);
-    // The lock is free again: the next patch is looked at (and this one refused), not turned away with 409.
-    expect((await submit('not a patch', 'after the failed relay')).status).toBe(400);
-  });
-
-  it('installs the dependencies a patch changes (package-lock.json differs) before type-checking it', async () => {
     // A patch that adds a dependency, made the way a person would: npm resolves it into the lockfile.
     const scratch = mkTemp('kiln-patch-dep-');
     execFileSync('git', ['clone', '-q', checkout, scratch]);
@@ -562,10 +551,10 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     git(scratch, 'add', '-A');
     const patch = `${git(scratch, 'diff', '--cached')}\n`;
     expect(patch).toContain('package-lock.json');
-    const r = await submit(patch, 'Add is-number as a dev dependency');
-    expect(r.status).toBe(202);
-    const done = await settled(r.body.id, ['checking']);
-    expect(done.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
+    const u2 = await submit(patch, 'Add is-number as a dev dependency');
+    expect(u2.status).toBe(202);
+    const ready2 = await settled(u2.body.id, ['checking']);
+    expect(ready2.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
       ['install', true],
       ['typecheck', true],
       ['dashboard', true],
@@ -574,8 +563,18 @@ describe('platform self-update', { timeout: 420_000 }, () => {
       ['readyz', true],
     ]);
     // npm ci ran in the worktree (the unchanged-lockfile path only links node_modules).
-    expect(done.checks[0].log).not.toContain('linked the running checkout');
-    expect(done.checks[0].log).toMatch(/added \d+ packages/);
-    expect(done.status).toBe('ready');
+    expect(ready2.checks[0].log).not.toContain('linked the running checkout');
+    expect(ready2.checks[0].log).toMatch(/added \d+ packages/);
+    expect(ready2.status).toBe('ready');
+    expect((await api(`/v1/system/updates/${u2.body.id}/apply`, { method: 'POST' })).status).toBe(202);
+    const done = await settled(u2.body.id, ['applying']);
+    expect(done.status).toBe('failed');
+    expect(done.error).toMatch(/relay did not start/);
+    expect((await api('/v1/system/version')).body).toMatchObject({ pid: v1.pid, commit: ready1.commit_sha });
+    expect(git(checkout, 'rev-parse', 'HEAD~1')).toBe(ready2.commit_sha);
+    expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(tree);
+    expect(git(checkout, 'log', '-1', '--format=%B')).toContain(`Kiln-Update: ${u2.body.id}`);
+    // The lock is free again: the next patch is looked at (and this one refused), not turned away with 409.
+    expect((await submit('not a patch', 'after the failed relay')).status).toBe(400);
   });
 });

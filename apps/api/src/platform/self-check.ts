@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { generateKey } from '../auth/keys.ts';
@@ -151,13 +151,25 @@ async function timed(name: CheckStep['name'], fn: () => Promise<{ ok: boolean; l
   return { name, ok, duration_ms: Math.round(performance.now() - t0), log: capLog(log) };
 }
 
-/** Runs a command to completion (SIGKILL at the step deadline); ok means exit code 0. */
-function command(o: CheckOptions, cwd: string, cmd: string, args: string[]): Promise<{ ok: boolean; log: string }> {
+/**
+ * Runs a command to completion (SIGKILL at the step deadline, or when `signal` aborts: another
+ * step of the check failed); ok means exit code 0.
+ */
+function command(
+  o: CheckOptions,
+  cwd: string,
+  cmd: string,
+  args: string[],
+  signal?: AbortSignal,
+): Promise<{ ok: boolean; log: string }> {
   const child = spawn(cmd, args, { cwd, env: childEnv(o), stdio: ['ignore', 'pipe', 'pipe'] });
   const { output, exited } = track(o, child);
   const timer = setTimeout(() => child.kill('SIGKILL'), o.stepTimeoutMs);
+  const stop = () => child.kill('SIGKILL');
+  signal?.addEventListener('abort', stop, { once: true });
   return exited.then((code) => {
     clearTimeout(timer);
+    signal?.removeEventListener('abort', stop);
     const note = code === 0 ? '' : code === 'SIGKILL' ? `\n[killed after ${o.stepTimeoutMs} ms]` : `\n[exit ${code}]`;
     return { ok: code === 0, log: `$ ${[cmd, ...args].join(' ')}\n${output()}${note}` };
   });
@@ -232,10 +244,17 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
   }
 }
 
+/** What the dashboard's type-check and build read besides node_modules: its sources and the configs they extend. */
+const DASHBOARD_INPUTS = ['apps/dashboard', 'tsconfig.json', 'package.json', 'package-lock.json'];
+
 /**
  * The self-check of a prepared worktree: install (only when package-lock.json differs from the
- * running checkout's; otherwise its node_modules is linked), type-check, the dashboard build,
- * the fast suite (`npm run test:fast`: unit and smoke tests), then boot and `/readyz`. Stops at the first failing step; `onStep` sees each one as it ends.
+ * running checkout's; otherwise its node_modules is linked), then side by side the type-check,
+ * the dashboard build and the fast suite (`npm run test:fast`: unit and smoke tests), then boot
+ * and `/readyz`. A patch that leaves the dashboard's inputs as they are in the running commit
+ * keeps its type-check and build (the running checkout's build is linked, as the restart
+ * serves it). Steps are reported in that order and the check stops at the first failing one
+ * (ending the others); `onStep` sees each one as it ends.
  */
 export async function runSelfCheck(
   sourceDir: string,
@@ -251,53 +270,56 @@ export async function runSelfCheck(
       return null;
     }
   };
-  const steps: (() => Promise<CheckStep | CheckStep[]>)[] = [
-    () =>
-      lock(p.worktree) === lock(sourceDir)
-        ? timed('install', async () => {
-            symlinkSync(realpathSync(join(sourceDir, 'node_modules')), join(p.worktree, 'node_modules'));
-            return { ok: true, log: "package-lock.json unchanged: linked the running checkout's node_modules" };
-          })
-        : timed('install', () => command(o, p.worktree, 'npm', ['ci', '--no-audit', '--no-fund'])),
-    // The API and the dashboard (its own tsconfig, with the DOM library), as `npm test` checks them.
-    () =>
-      timed('typecheck', async () => {
-        const tsc = (config: string) =>
-          command(o, p.worktree, process.execPath, ['node_modules/typescript/bin/tsc', '-p', config, '--noEmit']);
-        const api = await tsc('tsconfig.json');
-        if (!api.ok) return api;
-        const dashboard = await tsc('apps/dashboard/tsconfig.json');
-        return { ok: dashboard.ok, log: `${api.log}\n${dashboard.log}` };
-      }),
-    // The dashboard builds (into the worktree), so an update cannot leave it unbuildable.
-    () =>
-      timed('dashboard', () =>
-        command(o, p.worktree, process.execPath, [
-          'node_modules/vite/bin/vite.js',
-          'build',
-          'apps/dashboard',
-          '--logLevel',
-          'warn',
-        ]),
-      ),
-    // `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
-    () =>
-      timed('smoke', () =>
-        command(o, p.worktree, process.execPath, [
-          'node_modules/vitest/vitest.mjs',
-          'run',
-          'tests/unit',
-          'tests/smoke',
-        ]),
-      ),
-    () => boot(o, p.worktree, id),
-  ];
-  for (const step of steps) {
-    const done = await step();
+  const report = async (done: CheckStep | CheckStep[]) => {
     for (const s of [done].flat()) {
       await onStep(s);
       if (!s.ok) return false;
     }
+    return true;
+  };
+  const install = await (lock(p.worktree) === lock(sourceDir)
+    ? timed('install', async () => {
+        symlinkSync(realpathSync(join(sourceDir, 'node_modules')), join(p.worktree, 'node_modules'));
+        return { ok: true, log: "package-lock.json unchanged: linked the running checkout's node_modules" };
+      })
+    : timed('install', () => command(o, p.worktree, 'npm', ['ci', '--no-audit', '--no-fund'])));
+  if (!(await report(install))) return false;
+
+  const runningBuild = join(sourceDir, 'apps/dashboard/dist');
+  const dashboardKept =
+    existsSync(join(runningBuild, 'index.html')) &&
+    (await sourceGit(sourceDir)(['diff', '--quiet', p.base, p.commit, '--', ...DASHBOARD_INPUTS]).then(
+      () => true,
+      () => false,
+    ));
+  const kept = `${DASHBOARD_INPUTS.join(', ')} are as in the running commit ${p.base.slice(0, 12)}`;
+  const stop = new AbortController();
+  const node = (args: string[]) => command(o, p.worktree, process.execPath, args, stop.signal);
+  const side: Promise<CheckStep>[] = [
+    // The API and the dashboard (its own tsconfig, with the DOM library), as `npm test` checks them.
+    timed('typecheck', async () => {
+      const tsc = (config: string) => node(['node_modules/typescript/bin/tsc', '-p', config, '--noEmit']);
+      const api = await tsc('tsconfig.json');
+      if (dashboardKept) return { ok: api.ok, log: `${api.log}\n(the dashboard's is kept: ${kept})` };
+      if (!api.ok) return api;
+      const dashboard = await tsc('apps/dashboard/tsconfig.json');
+      return { ok: dashboard.ok, log: `${api.log}\n${dashboard.log}` };
+    }),
+    // The dashboard builds (into the worktree), so an update cannot leave it unbuildable.
+    timed('dashboard', async () => {
+      if (!dashboardKept)
+        return node(['node_modules/vite/bin/vite.js', 'build', 'apps/dashboard', '--logLevel', 'warn']);
+      symlinkSync(realpathSync(runningBuild), join(p.worktree, 'apps/dashboard/dist'));
+      return { ok: true, log: `${kept}: linked its build` };
+    }),
+    // `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
+    timed('smoke', () => node(['node_modules/vitest/vitest.mjs', 'run', 'tests/unit', 'tests/smoke'])),
+  ];
+  try {
+    for (const step of side) if (!(await report(await step))) return false;
+  } finally {
+    stop.abort();
+    await Promise.allSettled(side);
   }
-  return true;
+  return report(await boot(o, p.worktree, id));
 }
