@@ -1,0 +1,274 @@
+import http2, { type ClientHttp2Session, type ClientHttp2Stream } from 'node:http2';
+import { PassThrough } from 'node:stream';
+import { checkServerIdentity, type PeerCertificate } from 'node:tls';
+import { ApiError, type ErrorCode } from '../../lib/errors.ts';
+import {
+  type BackendCapabilities,
+  type ContainerRequest,
+  type EgressEvent,
+  ImageBuildFailed,
+  type ImageBuilder,
+  type ImageRecipe,
+  type ListedContainer,
+  type RunnerChannel,
+  type RuntimeOffer,
+  type SandboxBackend,
+  type SandboxContainer,
+  type Usage,
+} from '../backend.ts';
+import { sameShape } from '../docker/container-spec.ts';
+import type { SandboxLimits } from '../limits.ts';
+import { peerName, type PeerCredentials } from './pki.ts';
+import { type Call, Demux, readAll, STDOUT, type WireError } from './wire.ts';
+
+/** An error the node answered: `gone` when it says the container no longer exists or runs. */
+class NodeError extends Error {
+  constructor(
+    message: string,
+    readonly gone: boolean,
+  ) {
+    super(message);
+  }
+}
+
+/** How long a call may take before it fails (a create can wait on the engine under load). */
+const CALL_TIMEOUT_MS = 300_000;
+
+/**
+ * The API's side of one sandbox node (server.ts): a `SandboxBackend` whose containers live on
+ * that node's host, reached over one HTTP/2 connection with mutual TLS (pki.ts), opened at the
+ * first call and again after it drops. The node's certificate must name the node dialled.
+ * Its sandboxes mount nothing of the API's host: the engine sends them the tree as a tar.
+ */
+export class RemoteBackend implements SandboxBackend {
+  private session: ClientHttp2Session | undefined;
+  readonly images: ImageBuilder;
+
+  constructor(
+    private readonly o: {
+      /** `https://host:port` */
+      url: string;
+      /** The node's name, as its certificate carries it. */
+      name: string;
+      credentials: PeerCredentials;
+    },
+  ) {
+    this.images = {
+      idOf: (ref) => this.call('imageId', ref) as Promise<string | null>,
+      remove: (ref) => this.call('imageRemove', ref) as Promise<void>,
+      build: (recipe, opts) => this.build(recipe, opts),
+    };
+  }
+
+  private connect(): ClientHttp2Session {
+    if (this.session && !this.session.closed && !this.session.destroyed) return this.session;
+    const { credentials, name } = this.o;
+    const session = http2.connect(this.o.url, {
+      ca: credentials.ca,
+      cert: credentials.cert,
+      key: credentials.key,
+      minVersion: 'TLSv1.3',
+      checkServerIdentity: (host: string, cert: PeerCertificate) =>
+        checkServerIdentity(host, cert) ??
+        (peerName(cert.raw, 'node') === name
+          ? undefined
+          : new Error(`the node at ${host} is not node ${name} (its certificate names another)`)),
+    });
+    session.on('error', () => undefined);
+    session.on('close', () => {
+      if (this.session === session) this.session = undefined;
+    });
+    // The connection stays open for the next call, but does not keep the process alive.
+    session.unref();
+    this.session = session;
+    return session;
+  }
+
+  /** A request on the node's connection; rejects with the connection's error if it cannot be opened. */
+  private request(path: string, headers: Record<string, string> = {}): ClientHttp2Stream {
+    const session = this.connect();
+    const stream = session.request({ ':method': 'POST', ':path': path, ...headers });
+    return stream;
+  }
+
+  private response(stream: ClientHttp2Stream): Promise<number> {
+    return new Promise((resolve, reject) => {
+      stream.once('response', (h) => resolve(Number(h[':status'])));
+      stream.once('error', reject);
+      stream.once('close', () =>
+        reject(new NodeError(`node ${this.o.name}: the stream closed before an answer`, false)),
+      );
+    });
+  }
+
+  private fail(e: WireError): Error {
+    if (e.code) return new ApiError(e.code as ErrorCode, e.message);
+    if (e.build) return new ImageBuildFailed(e.message);
+    return new NodeError(e.message, e.gone);
+  }
+
+  private async call(call: Call, ...args: unknown[]): Promise<unknown> {
+    const stream = this.request(`/v1/call/${call}`, { 'content-type': 'application/json' });
+    stream.setTimeout(CALL_TIMEOUT_MS, () => stream.close(http2.constants.NGHTTP2_CANCEL));
+    stream.end(JSON.stringify(args));
+    const [status, body] = await Promise.all([
+      this.response(stream),
+      readAll(stream).catch((err: Error) => {
+        throw new NodeError(`node ${this.o.name}: ${err.message}`, false);
+      }),
+    ]);
+    let answer: { value?: unknown; error?: WireError };
+    try {
+      answer = JSON.parse(body.toString('utf8'));
+    } catch {
+      throw new NodeError(`node ${this.o.name} answered ${status} with no JSON`, false);
+    }
+    if (answer.error) throw this.fail(answer.error);
+    return answer.value;
+  }
+
+  create(req: ContainerRequest): Promise<SandboxContainer> {
+    if (req.workspaceDir) throw new Error('a remote node mounts no directory of the API host');
+    return this.call('create', req) as Promise<SandboxContainer>;
+  }
+  async start(container: SandboxContainer): Promise<void> {
+    await this.call('start', container);
+  }
+  async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
+    await this.call('update', container, limits);
+  }
+  async remove(containerId: string): Promise<void> {
+    await this.call('remove', containerId);
+  }
+  list(): Promise<ListedContainer[]> {
+    return this.call('list') as Promise<ListedContainer[]>;
+  }
+  stats(containerId: string): Promise<Usage | null> {
+    return this.call('stats', containerId) as Promise<Usage | null>;
+  }
+  async capabilities(): Promise<BackendCapabilities> {
+    const { runtimes } = (await this.call('capabilities')) as { runtimes: RuntimeOffer[] };
+    // A node runs Docker: what can change in place is what Docker can change.
+    return { runtimes, hostWorkspaceMounts: false, resizable: sameShape };
+  }
+  async ping(timeoutMs = 2000): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      await Promise.race([
+        this.call('ping', timeoutMs),
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () => reject(new Error(`node ${this.o.name}: no answer within ${timeoutMs} ms`)),
+            timeoutMs,
+          );
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+  isGone(err: unknown): boolean {
+    return err instanceof NodeError && err.gone;
+  }
+  async setAllow(container: SandboxContainer, allow: readonly string[]): Promise<void> {
+    await this.call('setAllow', container, allow);
+  }
+  takeEgress(container: SandboxContainer): Promise<EgressEvent[]> {
+    return this.call('takeEgress', container) as Promise<EgressEvent[]>;
+  }
+  async sweepEgress(owner: string, opts?: { all?: boolean }): Promise<void> {
+    await this.call('sweepEgress', owner, opts);
+  }
+
+  async attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
+    const stream = this.request('/v1/runner', {
+      'kiln-container': Buffer.from(JSON.stringify(container)).toString('base64url'),
+    });
+    const status = await this.response(stream);
+    if (status !== 200) {
+      const body = await readAll(stream).catch(() => Buffer.alloc(0));
+      const e = (() => {
+        try {
+          return (JSON.parse(body.toString('utf8')) as { error?: WireError }).error;
+        } catch {
+          return undefined;
+        }
+      })();
+      throw this.fail(e ?? { message: `node ${this.o.name} answered ${status}`, gone: false });
+    }
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let closed: { err?: Error } | undefined;
+    const listeners: ((err?: Error) => void)[] = [];
+    const close = (err?: Error) => {
+      if (closed) return;
+      closed = { err };
+      stdout.end();
+      stderr.end();
+      for (const l of listeners.splice(0)) l(err);
+    };
+    const demux = new Demux((kind, data) => (kind === STDOUT ? stdout : stderr).write(data));
+    stream.pipe(demux);
+    demux.on('error', (err) => {
+      close(err);
+      stream.close(http2.constants.NGHTTP2_PROTOCOL_ERROR);
+    });
+    demux.on('finish', () => close());
+    demux.resume();
+    stream.on('error', (err) => close(err));
+    stream.on('close', () =>
+      close(
+        stream.rstCode === http2.constants.NGHTTP2_NO_ERROR
+          ? undefined
+          : new Error(`node ${this.o.name}: the runner's stream was reset (${stream.rstCode})`),
+      ),
+    );
+    return {
+      stdin: stream,
+      stdout,
+      stderr,
+      destroy: () => stream.close(http2.constants.NGHTTP2_CANCEL),
+      onClose(listener) {
+        if (closed) listener(closed.err);
+        else listeners.push(listener);
+      },
+    };
+  }
+
+  private async build(
+    recipe: ImageRecipe,
+    opts: { onLine: (line: string) => void; timeoutMs: number; signal: AbortSignal },
+  ): Promise<void> {
+    opts.signal.throwIfAborted();
+    const stream = this.request('/v1/images/build', { 'content-type': 'application/json' });
+    const onAbort = () => stream.close(http2.constants.NGHTTP2_CANCEL);
+    opts.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      stream.end(JSON.stringify({ recipe, timeoutMs: opts.timeoutMs }));
+      await this.response(stream);
+      let rest = '';
+      let end: { done?: true; error?: WireError } | undefined;
+      for await (const chunk of stream) {
+        rest += chunk.toString();
+        let at: number;
+        while ((at = rest.indexOf('\n')) >= 0) {
+          const msg = JSON.parse(rest.slice(0, at)) as { line?: string; done?: true; error?: WireError };
+          rest = rest.slice(at + 1);
+          if (typeof msg.line === 'string') opts.onLine(msg.line);
+          else end = msg;
+        }
+      }
+      opts.signal.throwIfAborted();
+      if (end?.error) throw this.fail(end.error);
+      if (!end?.done) throw new NodeError(`node ${this.o.name}: the build's stream ended without a result`, false);
+    } finally {
+      opts.signal.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Closes the connection to the node (calls after it open a new one). */
+  close(): void {
+    this.session?.close();
+    this.session = undefined;
+  }
+}

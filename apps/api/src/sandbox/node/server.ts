@@ -1,0 +1,315 @@
+import http2, { type Http2Server, type ServerHttp2Stream, type IncomingHttpHeaders } from 'node:http2';
+import type { TLSSocket } from 'node:tls';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import { ApiError } from '../../lib/errors.ts';
+import { ImageBuildFailed, type SandboxBackend, type SandboxContainer } from '../backend.ts';
+import { peerName, type PeerCredentials } from './pki.ts';
+import { CALLS, type Call, frame, readAll, STDERR, STDOUT, type WireError } from './wire.ts';
+
+/**
+ * A sandbox node: the one process on a sandbox host that holds its Docker Engine, serving the
+ * host's `SandboxBackend` to the installation's API replicas over HTTP/2 with mutual TLS
+ * (wire.ts, pki.ts). It has no database, no secrets key and no workspace repository: each call
+ * brings what one sandbox needs, and a runner's output goes back raw (the API masks it).
+ * Peers whose certificate is not an API replica's of this installation are refused at the
+ * connection, and every call is checked here before it reaches the backend.
+ */
+export interface NodeServerOptions {
+  backend: SandboxBackend;
+  credentials: PeerCredentials;
+  host: string;
+  port: number;
+  log?: Logger;
+}
+
+export interface RunningNode {
+  /** `https://host:port` */
+  url: string;
+  port: number;
+  close(): Promise<void>;
+}
+
+const id = z.string().regex(/^[A-Za-z0-9_.-]{1,128}$/);
+const runtime = z.enum(['runc', 'gvisor']);
+const limits = z.object({
+  memoryMb: z.number().positive(),
+  cpus: z.number().positive(),
+  pids: z.number().int().positive(),
+  timeoutS: z.number().positive(),
+  diskMb: z.number().positive(),
+});
+const container = z.object({
+  id,
+  uid: z.number().int().nonnegative(),
+  runtime,
+  proxyUrl: z.string().max(2048).optional(),
+});
+const allow = z.array(z.string().max(512)).max(1024);
+const request = z.object({
+  image: z.string().min(1).max(512),
+  sandboxId: z.string().max(128),
+  owner: z.string().max(256),
+  teamId: z.string().max(128),
+  sessionId: z.string().max(128),
+  expiresAt: z.iso.datetime().transform((s) => new Date(s)),
+  limits,
+  runtime,
+  // A node mounts no path an API names: its sandboxes get the tree as a tar.
+  workspaceDir: z.undefined().optional(),
+  network: z
+    .discriminatedUnion('mode', [
+      z.object({ mode: z.literal('none') }),
+      z.object({ mode: z.literal('allowlist'), allow }),
+    ])
+    .optional(),
+});
+const recipe = z.object({
+  base: z.string().min(1).max(512),
+  tag: z.string().min(1).max(512),
+  labels: z.record(z.string().max(256), z.string().max(1024)),
+  apt: z.array(z.string().max(256)).max(512),
+  pip: z.array(z.string().max(512)).max(512),
+  pipIndexUrl: z.string().max(2048),
+  debianMirror: z.string().max(2048).optional(),
+  files: z.array(z.object({ path: z.string().max(1024), content: z.string() })).max(256),
+  filesDir: z.string().max(1024),
+  aptDay: z.string().max(32),
+});
+
+/** Each call's arguments, as the node accepts them. */
+const ARGS: Record<Call, z.ZodType<unknown[]>> = {
+  create: z.tuple([request]),
+  start: z.tuple([container]),
+  update: z.tuple([container, limits]),
+  remove: z.tuple([id]),
+  list: z.tuple([]),
+  stats: z.tuple([id]),
+  capabilities: z.tuple([]),
+  ping: z.tuple([z.number().int().positive().max(60_000).optional()]),
+  setAllow: z.tuple([container, allow]),
+  takeEgress: z.tuple([container]),
+  sweepEgress: z.tuple([z.string().max(256), z.object({ all: z.boolean().optional() }).optional()]),
+  imageId: z.tuple([z.string().min(1).max(512)]),
+  imageRemove: z.tuple([z.string().min(1).max(512)]),
+};
+
+function wireError(backend: SandboxBackend, err: unknown): WireError {
+  const e = err instanceof Error ? err : new Error(String(err));
+  return {
+    message: e.message,
+    gone: backend.isGone(err),
+    ...(err instanceof ApiError ? { code: err.code } : {}),
+    ...(err instanceof ImageBuildFailed ? { build: true } : {}),
+  };
+}
+
+async function callBackend(b: SandboxBackend, call: Call, args: unknown[]): Promise<unknown> {
+  const a = args as never[];
+  switch (call) {
+    case 'create':
+      return b.create(a[0]!);
+    case 'start':
+      return b.start(a[0]!);
+    case 'update':
+      return b.update(a[0]!, a[1]!);
+    case 'remove':
+      return b.remove(a[0]!);
+    case 'list':
+      return b.list();
+    case 'stats':
+      return b.stats(a[0]!);
+    case 'capabilities': {
+      const { runtimes } = await b.capabilities();
+      return { runtimes };
+    }
+    case 'ping':
+      return b.ping(a[0]);
+    case 'setAllow':
+      if (!b.setAllow) throw new ApiError('unavailable', 'this node has no egress proxy');
+      return b.setAllow(a[0]!, a[1]!);
+    case 'takeEgress':
+      return b.takeEgress ? b.takeEgress(a[0]!) : [];
+    case 'sweepEgress':
+      return b.sweepEgress?.(a[0]!, a[1]);
+    case 'imageId':
+      return b.images ? b.images.idOf(a[0]!) : null;
+    case 'imageRemove':
+      return b.images?.remove(a[0]!);
+  }
+}
+
+export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
+  const { backend, log } = o;
+  const server: Http2Server = http2.createSecureServer({
+    cert: o.credentials.cert,
+    key: o.credentials.key,
+    ca: o.credentials.ca,
+    requestCert: true,
+    rejectUnauthorized: true,
+    minVersion: 'TLSv1.3',
+    allowHTTP1: false,
+  });
+  // The handshake checked the chain; the name must also say API replica (a node's certificate is refused).
+  server.on('secureConnection', (socket: TLSSocket) => {
+    if (!peerName(socket.getPeerCertificate().raw, 'api')) {
+      log?.warn({ remote: socket.remoteAddress }, 'node: refused a peer that is not an API replica');
+      socket.destroy();
+    }
+  });
+  const sessions = new Set<http2.ServerHttp2Session>();
+  server.on('session', (s) => {
+    sessions.add(s);
+    s.on('close', () => sessions.delete(s));
+  });
+  server.on('stream', (stream, headers) => {
+    const socket = stream.session?.socket as TLSSocket | undefined;
+    if (!socket || !peerName(socket.getPeerCertificate().raw, 'api')) {
+      stream.respond({ ':status': 403 });
+      stream.end();
+      return;
+    }
+    handle(stream, headers).catch((err: Error) => {
+      log?.error({ err }, 'node: a request failed');
+      if (!stream.destroyed) stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    });
+  });
+  const answer = (stream: ServerHttp2Stream, status: number, body: unknown) => {
+    if (stream.destroyed) return;
+    stream.respond({ ':status': status, 'content-type': 'application/json' });
+    stream.end(JSON.stringify(body));
+  };
+
+  async function handle(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): Promise<void> {
+    const path = String(headers[':path'] ?? '');
+    if (headers[':method'] !== 'POST') return answer(stream, 405, { error: { message: 'POST only', gone: false } });
+    const callName = /^\/v1\/call\/([A-Za-z]+)$/.exec(path)?.[1];
+    if (callName) {
+      if (!(CALLS as readonly string[]).includes(callName))
+        return answer(stream, 404, { error: { message: `no call ${callName}`, gone: false } });
+      const call = callName as Call;
+      const parsed = ARGS[call].safeParse(
+        await readAll(stream)
+          .then((b) => JSON.parse(b.toString('utf8')))
+          .catch(() => undefined),
+      );
+      if (!parsed.success)
+        return answer(stream, 400, {
+          error: {
+            message: `bad arguments for ${call}: ${parsed.error.issues[0]?.message ?? 'not JSON'}`,
+            gone: false,
+          },
+        });
+      try {
+        const value = await callBackend(backend, call, parsed.data);
+        return answer(stream, 200, { value: value ?? null });
+      } catch (err) {
+        return answer(stream, 200, { error: wireError(backend, err) });
+      }
+    }
+    if (path === '/v1/runner') return runner(stream, headers);
+    if (path === '/v1/images/build') return build(stream);
+    return answer(stream, 404, { error: { message: `no route ${path}`, gone: false } });
+  }
+
+  /** A runner's stdio as one stream: request body → stdin; stdout and stderr → framed response. */
+  async function runner(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): Promise<void> {
+    const parsed = container.safeParse(
+      (() => {
+        try {
+          return JSON.parse(Buffer.from(String(headers['kiln-container'] ?? ''), 'base64url').toString('utf8'));
+        } catch {
+          return undefined;
+        }
+      })(),
+    );
+    if (!parsed.success) return answer(stream, 400, { error: { message: 'bad kiln-container header', gone: false } });
+    let channel: Awaited<ReturnType<SandboxBackend['attachRunner']>>;
+    try {
+      channel = await backend.attachRunner(parsed.data as SandboxContainer);
+    } catch (err) {
+      return answer(stream, 409, { error: wireError(backend, err) });
+    }
+    if (stream.destroyed) return channel.destroy();
+    stream.respond({ ':status': 200, 'content-type': 'application/x-kiln-stdio' });
+    const send = (kind: number) => (chunk: Buffer) => {
+      for (let at = 0; at < chunk.length; at += 65_536) {
+        if (!stream.write(frame(kind, chunk.subarray(at, at + 65_536)))) {
+          channel.stdout.pause();
+          channel.stderr.pause();
+        }
+      }
+    };
+    stream.on('drain', () => {
+      channel.stdout.resume();
+      channel.stderr.resume();
+    });
+    channel.stdout.on('data', send(STDOUT));
+    channel.stderr.on('data', send(STDERR));
+    // stdin: the API's end of the request is the runner's end of input (it cleans up and exits).
+    stream.pipe(channel.stdin);
+    channel.onClose(() => {
+      if (!stream.destroyed) stream.end();
+    });
+    stream.on('close', () => {
+      // The API dropped the stream (not a clean end of input): drop the runner's connection too.
+      if (stream.rstCode !== http2.constants.NGHTTP2_NO_ERROR) channel.destroy();
+    });
+  }
+
+  /** A template build: output lines as JSON lines; the stream's cancellation aborts it. */
+  async function build(stream: ServerHttp2Stream): Promise<void> {
+    const parsed = z
+      .object({
+        recipe,
+        timeoutMs: z
+          .number()
+          .int()
+          .positive()
+          .max(24 * 3600 * 1000),
+      })
+      .safeParse(
+        await readAll(stream)
+          .then((b) => JSON.parse(b.toString('utf8')))
+          .catch(() => undefined),
+      );
+    if (!parsed.success) return answer(stream, 400, { error: { message: 'bad build request', gone: false } });
+    if (!backend.images) return answer(stream, 200, { error: { message: 'this node builds no images', gone: false } });
+    stream.respond({ ':status': 200, 'content-type': 'application/x-ndjson' });
+    const abort = new AbortController();
+    stream.on('close', () => abort.abort(new Error('the API cancelled the build')));
+    const line = (v: unknown) => {
+      if (!stream.destroyed) stream.write(`${JSON.stringify(v)}\n`);
+    };
+    try {
+      await backend.images.build(parsed.data.recipe, {
+        timeoutMs: parsed.data.timeoutMs,
+        signal: abort.signal,
+        onLine: (text) => line({ line: text }),
+      });
+      line({ done: true });
+    } catch (err) {
+      line({ error: wireError(backend, err) });
+    }
+    if (!stream.destroyed) stream.end();
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(o.port, o.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as { port: number }).port;
+  return {
+    url: `https://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`,
+    port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sessions) s.close();
+        server.close(() => resolve());
+        for (const s of sessions) s.destroy();
+      }),
+  };
+}
