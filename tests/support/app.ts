@@ -9,6 +9,7 @@ import { bootstrapAdminKey } from '../../apps/api/src/auth/bootstrap.ts';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { compose, type Kiln } from '../../apps/api/src/compose.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
+import type { Db } from '../../apps/api/src/db/client.ts';
 import type { StatementListener } from '../../apps/api/src/db/statements.ts';
 import type { Embedder } from '../../apps/api/src/memory/embeddings.ts';
 import type { SandboxBackend } from '../../apps/api/src/sandbox/backend.ts';
@@ -71,8 +72,11 @@ export async function createTestApp(
     jobsNow?: () => number;
     /** Engine timings and limits, or false for no container runtime (running code answers 503). */
     sandbox?: Partial<EngineOptions> | false;
-    /** The sandbox backend (default: the Docker Engine); the unit tests give the in-process fake. */
-    backend?: SandboxBackend;
+    /**
+     * The sandbox backend (default: the Docker Engine); the unit tests give the in-process fake; a
+     * function is given the app's database (a fleet of nodes reads its registry there).
+     */
+    backend?: SandboxBackend | ((db: Db) => SandboxBackend);
     embedder?: Embedder;
     maxFileBytes?: number;
     /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
@@ -151,7 +155,7 @@ export async function createTestApp(
     sandboxes:
       opts.sandbox === false
         ? null
-        : (opts.backend ??
+        : ((typeof opts.backend === 'function' ? opts.backend(database.db) : opts.backend) ??
           new DockerBackend(
             connectDocker(process.env.DOCKER_HOST),
             egressOf(config, logger),

@@ -35,6 +35,9 @@ import { workspaceRepoRouter } from './routes/workspace-repo/workspace-repo.inde
 import type { WorkspaceService } from './workspace/service.ts';
 import { teamsRouter } from './routes/teams/teams.index.ts';
 import { systemRouter } from './routes/system/system.index.ts';
+import { nodesRouter } from './routes/nodes/nodes.index.ts';
+import type { FleetBackend } from './sandbox/node/fleet.ts';
+import type { NodeRegistry } from './sandbox/node/registry.ts';
 import type { SelfUpdates } from './platform/self-update.ts';
 import { workspacesRouter } from './routes/workspaces/workspaces.index.ts';
 import { workspaceSecretsRouter } from './routes/workspace-secrets/workspace-secrets.index.ts';
@@ -73,6 +76,8 @@ export interface AppDeps {
   now?: () => number;
   /** News of writes that make cached keys, sessions and settings stale, for every replica. */
   news: CacheNews;
+  /** The sandbox node registry (its routes), and the fleet when sandboxes are placed on nodes. */
+  nodes: { registry: NodeRegistry; fleet?: FleetBackend };
 }
 
 /** Maps anything thrown to the API's error envelope; only 5xx are logged as errors. */
@@ -124,6 +129,7 @@ const docsHeaders = headers(["'self'", "'unsafe-inline'"]);
 export function createApp({
   config,
   db,
+  nodes,
   engine,
   workspaces,
   agent,
@@ -180,6 +186,7 @@ export function createApp({
   app.route('/', auditRouter(db));
   app.route('/', webhooksRouter(webhooks));
   if (updates) app.route('/', systemRouter(db, updates));
+  app.route('/', nodesRouter(nodes.registry, nodes.fleet));
   const mcp = mcpHandler({
     fetch: (req, env) => app.fetch(req, env),
     events,

@@ -15,6 +15,8 @@ import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
 import { NoSandboxes } from './sandbox/no-sandboxes.ts';
+import { FleetBackend } from './sandbox/node/fleet.ts';
+import { NodeRegistry } from './sandbox/node/registry.ts';
 import { TemplateService } from './templates/service.ts';
 import { Sealer } from './secrets/sealing.ts';
 import { SecretStore } from './secrets/store.ts';
@@ -197,7 +199,21 @@ export function compose(o: ComposeOptions): Kiln {
 
   const news = new CacheNews(db);
   const parts = { engine, workspaces, agent, events, evolution, jobs, templates, webhooks, updates, metrics, news };
-  const app = createApp({ ...parts, secrets, sealer, config, db, logger, now: o.now, dashboardDir: o.dashboardDir });
+  const nodes = {
+    registry: new NodeRegistry(db),
+    fleet: o.sandboxes instanceof FleetBackend ? o.sandboxes : undefined,
+  };
+  const app = createApp({
+    ...parts,
+    nodes,
+    secrets,
+    sealer,
+    config,
+    db,
+    logger,
+    now: o.now,
+    dashboardDir: o.dashboardDir,
+  });
   // Statements are timed from the moment the app is built until it stops.
   const stopTimings = o.onStatement?.((driver, kind, s) => metrics.statement(driver, kind, s));
 

@@ -91,6 +91,13 @@ const schema = z.object({
   KILN_SANDBOX_TEAM_WEIGHT: int(1, 10_000).default(100),
   // A cap on each team's sandboxes' CPUs together; unset, none (the weights share what is free).
   KILN_SANDBOX_TEAM_MAX_CPUS: z.coerce.number().min(0.1).max(1024).optional(),
+  // Sandbox nodes (docs/scaling.md): on, new sandboxes are placed across the registered nodes
+  // (and this host's engine unless KILN_SANDBOX_LOCAL=off), reached with this replica's certificate.
+  KILN_SANDBOX_NODES: z.enum(['on', 'off']).default('off'),
+  KILN_SANDBOX_LOCAL: z.enum(['on', 'off']).default('on'),
+  KILN_NODE_CERT: z.string().min(1).optional(),
+  KILN_NODE_KEY: z.string().min(1).optional(),
+  KILN_NODE_CA: z.string().min(1).optional(),
   // Egress: whether workspaces may set sandbox.network = allowlist, and how the proxy is set up.
   KILN_EGRESS: z.enum(['on', 'off']).default('on'),
   KILN_EGRESS_IMAGE: z.string().min(1).default('kiln-egress:latest'),
@@ -196,6 +203,11 @@ export type Config = {
   rateLimit: { perMinute: number; burst: number };
   sandboxImage: string;
   dockerHost?: string;
+  /**
+   * KILN_SANDBOX_NODES=on: sandboxes on the registered nodes (sandbox/node/fleet.ts), and on this
+   * host's engine too when `local`; the files of this replica's node-protocol certificate.
+   */
+  nodes?: { local: boolean; cert: string; key: string; ca: string };
   shutdownGraceMs: number;
   /**
    * Stable across restarts of this server, distinct between replicas and installations: it
@@ -330,6 +342,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     );
   }
   const e = parsed.data;
+  if (e.KILN_SANDBOX_NODES === 'on') {
+    const missing = (['KILN_NODE_CERT', 'KILN_NODE_KEY', 'KILN_NODE_CA'] as const).filter((k) => !e[k]);
+    if (missing.length)
+      throw new ConfigError(
+        missing.map(
+          (k) =>
+            `${k}: required with KILN_SANDBOX_NODES=on (this replica's node-protocol certificate, key and CA: npm run sandbox-node:credentials, docs/scaling.md)`,
+        ),
+      );
+  }
   const fairShare = e.KILN_SANDBOX_FAIR_SHARE === 'on';
   return {
     port: e.KILN_PORT,
@@ -342,6 +364,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     rateLimit: { perMinute: e.KILN_RATE_LIMIT_PER_MINUTE, burst: e.KILN_RATE_LIMIT_BURST },
     sandboxImage: e.KILN_SANDBOX_IMAGE,
     dockerHost: e.DOCKER_HOST,
+    nodes:
+      e.KILN_SANDBOX_NODES === 'on'
+        ? { local: e.KILN_SANDBOX_LOCAL === 'on', cert: e.KILN_NODE_CERT!, key: e.KILN_NODE_KEY!, ca: e.KILN_NODE_CA! }
+        : undefined,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
     get instanceId() {
       // Asked for (by the server) rather than made while parsing: loading the configuration writes nothing.

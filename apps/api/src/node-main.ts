@@ -19,7 +19,8 @@ import { startNode } from './sandbox/node/server.ts';
  * ca.key: whoever holds ca.key can make nodes and replicas.
  *
  * Without a command it serves: KILN_NODE_NAME, KILN_NODE_CERT, KILN_NODE_KEY, KILN_NODE_CA (file
- * paths), KILN_NODE_HOST (0.0.0.0), KILN_NODE_PORT (7443); Docker, runtimes and egress as the API
+ * paths), KILN_NODE_HOST (0.0.0.0), KILN_NODE_PORT (7443), KILN_NODE_MEMORY_MB and KILN_NODE_CPUS (what
+ * sandboxes may be given together; default the host's); Docker, runtimes and egress as the API
  * reads them (DOCKER_HOST, KILN_EGRESS…, docs/configuration.md). No database, no secrets key.
  */
 const NodeEnv = z.object({
@@ -29,6 +30,9 @@ const NodeEnv = z.object({
   KILN_NODE_CA: z.string().min(1),
   KILN_NODE_HOST: z.string().min(1).default('0.0.0.0'),
   KILN_NODE_PORT: z.coerce.number().int().min(0).max(65_535).default(7443),
+  // What of the host sandboxes may be given together (placement's capacity); default all of it.
+  KILN_NODE_MEMORY_MB: z.coerce.number().int().min(64).optional(),
+  KILN_NODE_CPUS: z.coerce.number().min(0.1).optional(),
 });
 
 async function credentials(args: string[]): Promise<void> {
@@ -83,6 +87,7 @@ async function serve(): Promise<void> {
     connectDocker(config.dockerHost),
     egressOf(config, logger),
     config.sandbox.fairShare,
+    e.KILN_NODE_NAME,
   );
   const node = await startNode({
     backend,
@@ -93,6 +98,7 @@ async function serve(): Promise<void> {
     },
     host: e.KILN_NODE_HOST,
     port: e.KILN_NODE_PORT,
+    reserve: { memoryMb: e.KILN_NODE_MEMORY_MB, cpus: e.KILN_NODE_CPUS },
     log: logger,
   });
   process.stdout.write(`Kiln node ${e.KILN_NODE_NAME} is listening on ${node.url}\n`);

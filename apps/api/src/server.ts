@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { serve, type ServerType } from '@hono/node-server';
 import type { Logger } from 'pino';
 import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
@@ -6,6 +7,7 @@ import type { Config } from './config.ts';
 import { openDatabase, type Database } from './db/client.ts';
 import { DockerBackend, egressOf } from './sandbox/docker/backend.ts';
 import { connectDocker } from './sandbox/docker/connect.ts';
+import { FleetBackend } from './sandbox/node/fleet.ts';
 
 export interface RunningServer {
   url: string;
@@ -18,13 +20,28 @@ export interface RunningServer {
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
+  const local = new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger), config.sandbox.fairShare);
+  // With sandbox nodes, the backend is the fleet (registered nodes, and this host's engine unless turned off).
+  const fleet = config.nodes
+    ? new FleetBackend({
+        db: database.db,
+        credentials: {
+          cert: readFileSync(config.nodes.cert, 'utf8'),
+          key: readFileSync(config.nodes.key, 'utf8'),
+          ca: readFileSync(config.nodes.ca, 'utf8'),
+        },
+        local: config.nodes.local ? local : undefined,
+        log: logger,
+      })
+    : undefined;
+  await fleet?.open();
   const kiln = compose({
     config,
     db: database.db,
     listen: database.listen,
     lock: database.lock,
     onStatement: database.onStatement,
-    sandboxes: new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger), config.sandbox.fairShare),
+    sandboxes: fleet ?? local,
     logger,
   });
   await kiln.start();
@@ -51,6 +68,7 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
         if ('closeIdleConnections' in server) server.closeIdleConnections();
       });
       await kiln.stop(config.shutdownGraceMs);
+      fleet?.close();
       await database.close();
     })());
   return { url, database, bootstrap, close };

@@ -28,6 +28,8 @@ export interface SandboxBackend {
   stats(containerId: string): Promise<Usage | null>;
   /** What this backend can do (asked once, at start-up): shared code asks it rather than knowing the engine. */
   capabilities(): Promise<BackendCapabilities>;
+  /** The host's memory and CPUs, for placement across several backends (asked again and again). */
+  capacity?(): Promise<{ memoryMb: number; cpus: number }>;
   /** Resolves when the runtime answers within `timeoutMs`, rejects with the reason otherwise. */
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */

@@ -19,3 +19,4 @@ export { idempotencyKeys } from './idempotency-keys.ts';
 export { workspaceSecrets } from './workspace-secrets.ts';
 export { templates } from './templates.ts';
 export { webhooks, webhookDeliveries } from './webhooks.ts';
+export { sandboxNodes } from './sandbox-nodes.ts';

@@ -34,6 +34,7 @@ const LABEL = 'kiln.managed';
 /** The label that records a container's sandbox uid: the record every replica on this Docker host checks. */
 const UID_LABEL = 'kiln.uid';
 const UID_ATTEMPTS = 8;
+const NODE_LABEL = 'kiln.node';
 
 /** The egress proxy's options from the server's configuration; undefined when KILN_EGRESS=off. */
 export function egressOf(
@@ -67,6 +68,11 @@ export class DockerBackend implements SandboxBackend {
     private readonly egress?: EgressOptions & { log?: Logger },
     /** Unset: sandboxes are in Docker's default cgroup parent, each with only its own limits. */
     private readonly fairShare?: FairShareOptions,
+    /**
+     * A sandbox node's name: its containers carry it (`kiln.node`) and it lists only those, so
+     * two nodes on one engine (or a node beside an API that uses the engine itself) keep apart.
+     */
+    private readonly node?: string,
   ) {
     if (fairShare) this.cgroups = new TeamCgroups(fairShare);
     this.images = new DockerImages(docker);
@@ -156,6 +162,7 @@ export class DockerBackend implements SandboxBackend {
               'kiln.expires': req.expiresAt.toISOString(),
               [UID_LABEL]: String(uid),
               'kiln.runtime': req.runtime,
+              ...(this.node ? { [NODE_LABEL]: this.node } : {}),
             },
           }),
         );
@@ -232,8 +239,13 @@ export class DockerBackend implements SandboxBackend {
   }
 
   async list(): Promise<ListedContainer[]> {
-    const containers = await this.docker.listContainers({ all: true, filters: { label: [`${LABEL}=1`] } });
-    return containers.map((c) => {
+    const containers = await this.docker.listContainers({
+      all: true,
+      filters: { label: [`${LABEL}=1`, ...(this.node ? [`${NODE_LABEL}=${this.node}`] : [])] },
+    });
+    // Without a node name, a node's containers on the same engine are that node's, not this backend's.
+    const own = this.node ? containers : containers.filter((c) => !c.Labels[NODE_LABEL]);
+    return own.map((c) => {
       const expires = Date.parse(c.Labels['kiln.expires'] ?? '');
       return {
         id: c.Id,
@@ -265,6 +277,12 @@ export class DockerBackend implements SandboxBackend {
     // A bind mount names a path of the engine's host: this one only when the engine is on a local socket.
     const hostWorkspaceMounts = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
     return { runtimes, hostWorkspaceMounts, resizable: sameShape };
+  }
+
+  /** The engine host's memory and CPUs, which placement weighs the limits of its sandboxes against. */
+  async capacity(): Promise<{ memoryMb: number; cpus: number }> {
+    const info = (await this.docker.info()) as { MemTotal?: number; NCPU?: number };
+    return { memoryMb: Math.floor((info.MemTotal ?? 0) / 2 ** 20), cpus: info.NCPU ?? 0 };
   }
 
   async ping(timeoutMs = 2000): Promise<void> {

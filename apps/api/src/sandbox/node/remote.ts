@@ -151,6 +151,9 @@ export class RemoteBackend implements SandboxBackend {
     // A node runs Docker: what can change in place is what Docker can change.
     return { runtimes, hostWorkspaceMounts: false, resizable: sameShape };
   }
+  capacity(): Promise<{ memoryMb: number; cpus: number }> {
+    return this.call('capacity') as Promise<{ memoryMb: number; cpus: number }>;
+  }
   async ping(timeoutMs = 2000): Promise<void> {
     let timer: NodeJS.Timeout | undefined;
     try {

@@ -20,6 +20,8 @@ export interface NodeServerOptions {
   credentials: PeerCredentials;
   host: string;
   port: number;
+  /** What of the host's memory and CPUs sandboxes may be given (less than all: the host keeps the rest). */
+  reserve?: { memoryMb?: number; cpus?: number };
   log?: Logger;
 }
 
@@ -86,6 +88,7 @@ const ARGS: Record<Call, z.ZodType<unknown[]>> = {
   list: z.tuple([]),
   stats: z.tuple([id]),
   capabilities: z.tuple([]),
+  capacity: z.tuple([]),
   ping: z.tuple([z.number().int().positive().max(60_000).optional()]),
   setAllow: z.tuple([container, allow]),
   takeEgress: z.tuple([container]),
@@ -104,7 +107,12 @@ function wireError(backend: SandboxBackend, err: unknown): WireError {
   };
 }
 
-async function callBackend(b: SandboxBackend, call: Call, args: unknown[]): Promise<unknown> {
+async function callBackend(
+  b: SandboxBackend,
+  call: Call,
+  args: unknown[],
+  reserve: NodeServerOptions['reserve'] = {},
+): Promise<unknown> {
   const a = args as never[];
   switch (call) {
     case 'create':
@@ -122,6 +130,14 @@ async function callBackend(b: SandboxBackend, call: Call, args: unknown[]): Prom
     case 'capabilities': {
       const { runtimes } = await b.capabilities();
       return { runtimes };
+    }
+    case 'capacity': {
+      if (!b.capacity) throw new Error('this node cannot say its capacity');
+      const host = await b.capacity();
+      return {
+        memoryMb: Math.min(host.memoryMb, reserve.memoryMb ?? Number.POSITIVE_INFINITY),
+        cpus: Math.min(host.cpus, reserve.cpus ?? Number.POSITIVE_INFINITY),
+      };
     }
     case 'ping':
       return b.ping(a[0]);
@@ -201,7 +217,7 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
           },
         });
       try {
-        const value = await callBackend(backend, call, parsed.data);
+        const value = await callBackend(backend, call, parsed.data, o.reserve);
         return answer(stream, 200, { value: value ?? null });
       } catch (err) {
         return answer(stream, 200, { error: wireError(backend, err) });

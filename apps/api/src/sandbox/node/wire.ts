@@ -19,6 +19,7 @@ export const CALLS = [
   'list',
   'stats',
   'capabilities',
+  'capacity',
   'ping',
   'setAllow',
   'takeEgress',

@@ -1,0 +1,336 @@
+import { eq, ne, sql } from 'drizzle-orm';
+import type { Logger } from 'pino';
+import type { Db } from '../../db/client.ts';
+import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
+import { ApiError } from '../../lib/errors.ts';
+import type {
+  BackendCapabilities,
+  ContainerRequest,
+  EgressEvent,
+  ImageBuilder,
+  ListedContainer,
+  RunnerChannel,
+  RuntimeOffer,
+  SandboxBackend,
+  SandboxContainer,
+  Usage,
+} from '../backend.ts';
+import { sameShape } from '../docker/container-spec.ts';
+import type { SandboxLimits } from '../limits.ts';
+import type { PeerCredentials } from './pki.ts';
+import { RemoteBackend } from './remote.ts';
+
+/** The API host's own engine, when it runs sandboxes too. Its containers' ids carry no node name. */
+const LOCAL = 'local';
+
+interface Member {
+  name: string;
+  backend: SandboxBackend;
+  url?: string;
+  state: 'active' | 'draining';
+  capacity: { memoryMb: number; cpus: number };
+  runtimes: RuntimeOffer[];
+  /** When this replica last had an answer from it (epoch ms); 0: never. */
+  heardAt: number;
+}
+
+export interface FleetOptions {
+  db: Db;
+  /** This replica's certificate for the node protocol (pki.ts). */
+  credentials: PeerCredentials;
+  /** The API host's own Docker backend, a member named `local`; unset, sandboxes run on nodes only. */
+  local?: SandboxBackend;
+  /** How often the registry is read and every node is pinged. */
+  heartbeatMs?: number;
+  /** A node this replica has not heard from for this long takes no new sandboxes from it. */
+  silentMs?: number;
+  log?: Logger;
+  now?: () => number;
+}
+
+/**
+ * Sandboxes on a fleet: the nodes an org admin registered (`sandbox_nodes`), each reached as a
+ * `RemoteBackend`, and optionally the API host's own engine. It is one more `SandboxBackend`, so
+ * the engine, the pool and the reaper work as on one machine. A container's id is
+ * `<node>/<id on the node>` (the local engine's have no prefix, as on one machine), which routes
+ * every later call to the node that holds it.
+ *
+ * Placement (`create`): among active members that run the runtime (with egress when the
+ * sandbox needs it), were heard from lately and have the memory left for it after the limits of
+ * the sandboxes every replica has placed there (from `sandboxes`, so the count is fleet-wide):
+ * the one with the fewest of the same team's sandboxes (spread), then the most memory left (CPU
+ * left a tenth as much). A sandbox that fits nowhere is `sandbox_unavailable` (429) saying so.
+ */
+export class FleetBackend implements SandboxBackend {
+  private readonly members = new Map<string, Member>();
+  private timer: NodeJS.Timeout | undefined;
+  private refreshing: Promise<void> | undefined;
+  private readonly now: () => number;
+  readonly images: ImageBuilder;
+
+  constructor(private readonly o: FleetOptions) {
+    this.now = o.now ?? Date.now;
+    if (o.local)
+      this.members.set(LOCAL, {
+        name: LOCAL,
+        backend: o.local,
+        state: 'active',
+        capacity: { memoryMb: 0, cpus: 0 },
+        runtimes: [],
+        heardAt: 0,
+      });
+    this.images = {
+      // A template's image is usable when every member that takes sandboxes has it.
+      idOf: async (ref) => {
+        const ids = await Promise.all(this.placing().map((m) => m.backend.images?.idOf(ref) ?? null));
+        return ids.length && ids.every((id) => id) ? ids[0]! : null;
+      },
+      build: async (recipe, opts) => {
+        for (const m of this.placing()) {
+          if (!m.backend.images) continue;
+          opts.onLine(`[${m.name}]`);
+          await m.backend.images.build(recipe, opts);
+        }
+      },
+      remove: async (ref) => {
+        await Promise.all([...this.members.values()].map((m) => m.backend.images?.remove(ref).catch(() => undefined)));
+      },
+    };
+  }
+
+  /** Reads the registry and hears from every member now, then again every `heartbeatMs`. */
+  async open(): Promise<void> {
+    await this.refresh();
+    this.timer = setInterval(() => void this.refresh(), this.o.heartbeatMs ?? 5000);
+    this.timer.unref();
+  }
+
+  close(): void {
+    clearInterval(this.timer);
+    for (const m of this.members.values()) if (m.backend instanceof RemoteBackend) m.backend.close();
+  }
+
+  /** One round: the registry's nodes joined or left, each pinged; what it says is recorded for every replica. */
+  refresh(): Promise<void> {
+    this.refreshing ??= this.round().finally(() => (this.refreshing = undefined));
+    return this.refreshing;
+  }
+
+  private async round(): Promise<void> {
+    const rows = await this.o.db.select().from(sandboxNodes);
+    const named = new Set(rows.map((r) => r.name));
+    for (const [name, m] of this.members) {
+      if (name === LOCAL || named.has(name)) continue;
+      if (m.backend instanceof RemoteBackend) m.backend.close();
+      this.members.delete(name);
+    }
+    for (const r of rows) {
+      let m = this.members.get(r.name);
+      if (!m || m.url !== r.url) {
+        if (m?.backend instanceof RemoteBackend) m.backend.close();
+        m = {
+          name: r.name,
+          url: r.url,
+          backend: new RemoteBackend({ url: r.url, name: r.name, credentials: this.o.credentials }),
+          state: r.state,
+          capacity: { memoryMb: r.memoryMb, cpus: r.cpus },
+          runtimes: r.runtimes,
+          heardAt: 0,
+        };
+        this.members.set(r.name, m);
+      }
+      m.state = r.state;
+    }
+    await Promise.all([...this.members.values()].map((m) => this.hear(m)));
+  }
+
+  private async hear(m: Member): Promise<void> {
+    try {
+      const [capacity, caps] = await Promise.all([
+        m.backend.capacity ? m.backend.capacity() : Promise.resolve(m.capacity),
+        m.backend.capabilities(),
+        m.backend.ping(5000),
+      ]);
+      m.capacity = capacity;
+      m.runtimes = caps.runtimes;
+      m.heardAt = this.now();
+      if (m.name === LOCAL) return;
+      await this.o.db
+        .update(sandboxNodes)
+        .set({
+          memoryMb: capacity.memoryMb,
+          cpus: capacity.cpus,
+          runtimes: caps.runtimes,
+          lastHeardAt: sql`greatest(${sandboxNodes.lastHeardAt}, now())`,
+          lastError: null,
+        })
+        .where(eq(sandboxNodes.name, m.name));
+    } catch (err) {
+      this.o.log?.warn({ err, node: m.name }, 'sandbox node did not answer');
+      if (m.name !== LOCAL)
+        await this.o.db
+          .update(sandboxNodes)
+          .set({ lastError: (err as Error).message.slice(0, 500) })
+          .where(eq(sandboxNodes.name, m.name))
+          .catch(() => undefined);
+    }
+  }
+
+  /** Members that take new sandboxes: active and heard from lately. */
+  private placing(): Member[] {
+    const silent = this.o.silentMs ?? 30_000;
+    return [...this.members.values()].filter((m) => m.state === 'active' && this.now() - m.heardAt <= silent);
+  }
+
+  private split(id: string): { member: Member; id: string } {
+    const at = id.indexOf('/');
+    const name = at < 0 ? LOCAL : id.slice(0, at);
+    const member = this.members.get(name);
+    if (!member) throw new FleetGone(`sandbox node ${name} is not in the registry`);
+    return { member, id: at < 0 ? id : id.slice(at + 1) };
+  }
+
+  private join(member: Member, id: string): string {
+    return member.name === LOCAL ? id : `${member.name}/${id}`;
+  }
+
+  private on(container: SandboxContainer): { member: Member; container: SandboxContainer } {
+    const { member, id } = this.split(container.id);
+    return { member, container: { ...container, id } };
+  }
+
+  async create(req: ContainerRequest): Promise<SandboxContainer> {
+    if (!this.members.size || !this.placing().length) await this.refresh();
+    const needsEgress = req.network?.mode === 'allowlist';
+    const able = this.placing().filter((m) =>
+      m.runtimes.some((r) => r.runtime === req.runtime && (!needsEgress || r.egress)),
+    );
+    const committed = await this.committed(req.teamId);
+    const scored = able
+      .map((m) => {
+        const c = committed.get(m.name) ?? { memoryMb: 0, cpus: 0, team: 0 };
+        const freeMb = m.capacity.memoryMb - c.memoryMb;
+        const free =
+          (freeMb - req.limits.memoryMb) / Math.max(1, m.capacity.memoryMb) +
+          (0.1 * (m.capacity.cpus - c.cpus)) / Math.max(1, m.capacity.cpus);
+        return { m, fits: freeMb >= req.limits.memoryMb, team: c.team, free };
+      })
+      .filter((s) => s.fits)
+      // The team's own sandboxes first (fewest wins: one host lost costs a team as little as can be), then room.
+      .sort((a, b) => a.team - b.team || b.free - a.free);
+    if (!scored.length)
+      throw new ApiError(
+        'sandbox_unavailable',
+        able.length
+          ? `every sandbox node that runs ${req.runtime} is full (${req.limits.memoryMb} MB asked); try again when sandboxes end, or add a node`
+          : `no sandbox node is taking ${req.runtime} sandboxes${needsEgress ? ' with egress' : ''} now (${this.members.size} registered)`,
+      );
+    let last: unknown;
+    // A node that fails the create (unreachable, or its engine refused) is passed over for the
+    // next best, up to three; a refusal of the request itself (an ApiError) is final.
+    for (const { m } of scored.slice(0, 3)) {
+      try {
+        const made = await m.backend.create(req);
+        return { ...made, id: this.join(m, made.id) };
+      } catch (err) {
+        if (err instanceof ApiError) throw err;
+        this.o.log?.warn({ err, node: m.name }, 'sandbox node could not create a sandbox; trying the next');
+        last = err;
+      }
+    }
+    throw last;
+  }
+
+  /** The memory and CPUs of the sandboxes not removed on each member, and how many are `team`'s. */
+  private async committed(team: string): Promise<Map<string, { memoryMb: number; cpus: number; team: number }>> {
+    const rows = await this.o.db
+      .select({ containerId: sandboxes.containerId, limits: sandboxes.limits, teamId: sandboxes.teamId })
+      .from(sandboxes)
+      .where(ne(sandboxes.state, 'removed'));
+    const out = new Map<string, { memoryMb: number; cpus: number; team: number }>();
+    for (const r of rows) {
+      // A sandbox still being created has no container (and so no member) yet.
+      if (!r.containerId) continue;
+      const at = r.containerId.indexOf('/');
+      const name = at < 0 ? LOCAL : r.containerId.slice(0, at);
+      const l = r.limits as Partial<SandboxLimits>;
+      const c = out.get(name) ?? { memoryMb: 0, cpus: 0, team: 0 };
+      c.memoryMb += l.memoryMb ?? 0;
+      c.cpus += l.cpus ?? 0;
+      if (team && r.teamId === team) c.team++;
+      out.set(name, c);
+    }
+    return out;
+  }
+
+  async start(container: SandboxContainer): Promise<void> {
+    const on = this.on(container);
+    await on.member.backend.start(on.container);
+  }
+  attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
+    const on = this.on(container);
+    return on.member.backend.attachRunner(on.container);
+  }
+  async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
+    const on = this.on(container);
+    await on.member.backend.update(on.container, limits);
+  }
+  async remove(containerId: string): Promise<void> {
+    const { member, id } = this.split(containerId);
+    await member.backend.remove(id);
+  }
+  async list(): Promise<ListedContainer[]> {
+    const lists = await Promise.all(
+      [...this.members.values()].map(async (m) => {
+        try {
+          return (await m.backend.list()).map((c) => ({ ...c, id: this.join(m, c.id) }));
+        } catch (err) {
+          // A member that cannot be listed now is left out: nothing is decided from its absence.
+          this.o.log?.warn({ err, node: m.name }, 'could not list a sandbox node');
+          return [];
+        }
+      }),
+    );
+    return lists.flat();
+  }
+  stats(containerId: string): Promise<Usage | null> {
+    const { member, id } = this.split(containerId);
+    return member.backend.stats(id).catch(() => null);
+  }
+  async capabilities(): Promise<BackendCapabilities> {
+    await this.refresh();
+    // What the members heard at start-up offer together; each sandbox then goes to a member that
+    // has what it needs, and none having it now is a 429 saying so. With none heard yet: runc.
+    const runtimes: RuntimeOffer[] = [];
+    for (const runtime of ['runc', 'gvisor'] as const) {
+      const offers = [...this.members.values()].flatMap((m) => m.runtimes.filter((r) => r.runtime === runtime));
+      if (offers.length) runtimes.push({ runtime, egress: offers.some((r) => r.egress) });
+    }
+    if (!runtimes.length) runtimes.push({ runtime: 'runc', egress: false });
+    // Nodes mount nothing of the API's host: every member gets the tree as a tar, the local one too.
+    return { runtimes, hostWorkspaceMounts: false, resizable: sameShape };
+  }
+  async ping(timeoutMs?: number): Promise<void> {
+    if (this.o.local) return this.o.local.ping(timeoutMs);
+    if (!this.placing().length) throw new Error('no sandbox node has answered lately');
+  }
+  isGone(err: unknown): boolean {
+    return err instanceof FleetGone || [...this.members.values()].some((m) => m.backend.isGone(err));
+  }
+  async setAllow(container: SandboxContainer, allow: readonly string[]): Promise<void> {
+    const on = this.on(container);
+    await on.member.backend.setAllow?.(on.container, allow);
+  }
+  async takeEgress(container: SandboxContainer): Promise<EgressEvent[]> {
+    const on = this.on(container);
+    return (await on.member.backend.takeEgress?.(on.container)) ?? [];
+  }
+  async sweepEgress(owner: string, opts?: { all?: boolean }): Promise<void> {
+    await Promise.all(
+      [...this.members.values()].map((m) => m.backend.sweepEgress?.(owner, opts).catch(() => undefined)),
+    );
+  }
+}
+
+/** A container on a node the registry no longer has: gone, as far as this installation can tell. */
+class FleetGone extends Error {}

@@ -1,0 +1,147 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { like } from 'drizzle-orm';
+import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
+import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
+import { issue, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
+import { type RunningNode, startNode } from '../../apps/api/src/sandbox/node/server.ts';
+import { ensureSandboxImage } from '../../sandbox-image/build.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+
+/**
+ * The API placing sandboxes on a fleet of two sandbox nodes (each a real node process's server
+ * over its own slice of the Docker Engine, on loopback with mutual TLS): the registry routes,
+ * placement that spreads a team, exec through a node, drain, removal, and a full fleet's 429.
+ * (Nodes on hosts of their own, with their own engines, are the next step: docs/scaling.md.)
+ */
+describe('sandboxes on a fleet of nodes', () => {
+  let t: TestApp;
+  let team: { id: string; key: string };
+  let ws: string;
+  const nodes: RunningNode[] = [];
+  const url: Record<string, string> = {};
+
+  beforeAll(async () => {
+    await ensureSandboxImage();
+    const ca = await makeAuthority('fleet-test');
+    const docker = connectDocker(process.env.DOCKER_HOST);
+    // node-a may give sandboxes 4 GiB, node-b only 1.5 GiB.
+    for (const [name, memoryMb] of [
+      ['node-a', 4096],
+      ['node-b', 1536],
+    ] as const) {
+      const n = await startNode({
+        backend: new DockerBackend(docker, undefined, undefined, name),
+        credentials: await issue(ca, { role: 'node', name, hosts: ['127.0.0.1'] }),
+        host: '127.0.0.1',
+        port: 0,
+        reserve: { memoryMb },
+      });
+      nodes.push(n);
+      url[name] = n.url;
+    }
+    const replica = await issue(ca, { role: 'api', name: 'replica-1' });
+    t = await createTestApp({ backend: (db) => new FleetBackend({ db, credentials: replica }) });
+    team = await t.team('fleet');
+    ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'placed' } })).body.id;
+  });
+  afterAll(async () => {
+    await t?.close();
+    for (const n of nodes) await n.close();
+  });
+
+  const exec = async (session: string) =>
+    t.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code: 'print(6 * 7)' } });
+  const newSession = async () =>
+    (await t.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key })).body.id as string;
+  const nodeOf = async (session: string) => {
+    const rows = await t.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, session));
+    return rows.find((r) => r.state !== 'removed')?.containerId.split('/')[0];
+  };
+  const sessions: string[] = [];
+
+  it('registers nodes (org admins only, audited); each is heard at once with what its host offers', async () => {
+    const add = (key: string | undefined, name: string) =>
+      t.call('POST', '/v1/system/nodes', { key: key ?? t.adminKey, body: { name, url: url[name] } });
+    expect((await add(team.key, 'node-a')).status).toBe(403);
+    const a = await add(undefined, 'node-a');
+    expect(a.status).toBe(201);
+    expect(a.body).toMatchObject({ name: 'node-a', state: 'active', health: 'heard', capacity: { memory_mb: 4096 } });
+    expect(a.body.runtimes.map((r: { runtime: string }) => r.runtime)).toContain('runc');
+    expect((await add(undefined, 'node-b')).status).toBe(201);
+    expect((await add(undefined, 'node-b')).status).toBe(409);
+    const bad = await t.call('POST', '/v1/system/nodes', {
+      key: t.adminKey,
+      body: { name: 'Node C', url: 'http://10.0.0.1:7443' },
+    });
+    expect(bad.status).toBe(400);
+    const listed = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
+    expect(listed.map((n: { name: string; health: string }) => [n.name, n.health])).toEqual([
+      ['node-a', 'heard'],
+      ['node-b', 'heard'],
+    ]);
+    const audit = (await t.call('GET', '/v1/audit?limit=50', { key: t.adminKey })).body.data.map(
+      (e: { action: string }) => e.action,
+    );
+    expect(audit.filter((a: string) => a === 'system.node.add')).toHaveLength(2);
+  });
+
+  it('places a team’s sessions across the nodes and runs their code through them', async () => {
+    for (let i = 0; i < 4; i++) sessions.push(await newSession());
+    for (const s of sessions) expect((await exec(s)).body).toMatchObject({ exit_code: 0, stdout: '42\n' });
+    const placed = await Promise.all(sessions.map(nodeOf));
+    expect(placed.filter((n) => n === 'node-a')).toHaveLength(2);
+    expect(placed.filter((n) => n === 'node-b')).toHaveLength(2);
+    // Variables live in the node's sandbox between executions.
+    await t.call('POST', `/v1/sessions/${sessions[0]}/exec`, { key: team.key, body: { code: 'x = 5' } });
+    const again = await t.call('POST', `/v1/sessions/${sessions[0]}/exec`, {
+      key: team.key,
+      body: { code: 'print(x)' },
+    });
+    expect(again.body.stdout).toBe('5\n');
+    // The engine's own containers and each node's stay apart: a backend with no node name lists none of these.
+    const inner = (await t.database.db.select().from(sandboxes).where(like(sandboxes.containerId, 'node-%')))
+      .filter((r) => r.state !== 'removed')
+      .map((r) => r.containerId.split('/')[1]!);
+    expect(inner).toHaveLength(4);
+    const plain = (await new DockerBackend(connectDocker(process.env.DOCKER_HOST)).list()).map((c) => c.id);
+    for (const id of inner) expect(plain).not.toContain(id);
+    const onA = (
+      await new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a').list()
+    ).map((c) => c.id);
+    expect(inner.filter((id) => onA.includes(id))).toHaveLength(2);
+    const view = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
+    for (const n of view) expect(n).toMatchObject({ sandboxes: 2, committed: { memory_mb: 1024 } });
+  });
+
+  it('a drained node takes no new sandboxes; it is removed only once it has none; a full fleet is a 429 that says so', async () => {
+    const drained = await t.call('POST', '/v1/system/nodes/node-a/drain', { key: t.adminKey });
+    expect(drained.body).toMatchObject({ state: 'draining', sandboxes: 2 });
+    // node-b has 1536 MB for sandboxes and 1024 placed: one more 512 MB sandbox fits, then none.
+    const s5 = await newSession();
+    expect((await exec(s5)).body.stdout).toBe('42\n');
+    expect(await nodeOf(s5)).toBe('node-b');
+    const s6 = await newSession();
+    const full = await exec(s6);
+    expect(full.status).toBe(429);
+    expect(full.body.error.code).toBe('sandbox_unavailable');
+    expect(full.body.error.message).toMatch(/every sandbox node that runs runc is full/);
+
+    const early = await t.call('DELETE', '/v1/system/nodes/node-a', { key: t.adminKey });
+    expect(early.status).toBe(409);
+    expect(early.body.error.message).toMatch(/still has 2 sandbox/);
+    // Its sessions end; their sandboxes go, and the node can be forgotten.
+    for (const s of sessions)
+      if ((await nodeOf(s)) === 'node-a') await t.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+    const gone = await t.call('DELETE', '/v1/system/nodes/node-a', { key: t.adminKey });
+    expect(gone.status).toBe(200);
+    expect(
+      (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data.map((n: { name: string }) => n.name),
+    ).toEqual(['node-b']);
+    const audit = (await t.call('GET', '/v1/audit?limit=100', { key: t.adminKey })).body.data.map(
+      (e: { action: string }) => e.action,
+    );
+    expect(audit).toEqual(expect.arrayContaining(['system.node.drain', 'system.node.remove']));
+  });
+});
