@@ -4,7 +4,7 @@ import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
-import { issue, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
+import { issue, type KeyPair, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
 import { type RunningNode, startNode } from '../../apps/api/src/sandbox/node/server.ts';
 import { ensureSandboxImage } from '../../sandbox-image/build.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
@@ -21,10 +21,13 @@ describe('sandboxes on a fleet of nodes', () => {
   let ws: string;
   const nodes: RunningNode[] = [];
   const url: Record<string, string> = {};
+  let ca: KeyPair;
+  /** Sessions made after the first four (on node-b once node-a drains). */
+  const extra: string[] = [];
 
   beforeAll(async () => {
     await ensureSandboxImage();
-    const ca = await makeAuthority('fleet-test');
+    ca = await makeAuthority('fleet-test');
     const docker = connectDocker(process.env.DOCKER_HOST);
     // node-a may give sandboxes 4 GiB, node-b only 1.5 GiB.
     for (const [name, memoryMb] of [
@@ -49,6 +52,11 @@ describe('sandboxes on a fleet of nodes', () => {
   afterAll(async () => {
     await t?.close();
     for (const n of nodes) await n.close();
+    // What a dead node left on the engine.
+    for (const name of ['node-a', 'node-b', 'node-c']) {
+      const left = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, name);
+      for (const c of await left.list()) await left.remove(c.id);
+    }
   });
 
   const exec = async (session: string) =>
@@ -120,6 +128,7 @@ describe('sandboxes on a fleet of nodes', () => {
     expect(drained.body).toMatchObject({ state: 'draining', sandboxes: 2 });
     // node-b has 1536 MB for sandboxes and 1024 placed: one more 512 MB sandbox fits, then none.
     const s5 = await newSession();
+    extra.push(s5);
     expect((await exec(s5)).body.stdout).toBe('42\n');
     expect(await nodeOf(s5)).toBe('node-b');
     const s6 = await newSession();
@@ -143,5 +152,54 @@ describe('sandboxes on a fleet of nodes', () => {
       (e: { action: string }) => e.action,
     );
     expect(audit).toEqual(expect.arrayContaining(['system.node.drain', 'system.node.remove']));
+  });
+
+  it('a node that dies mid-session: the next exec of each of its sessions says the variables are gone and runs on another node; nothing answers 500', async () => {
+    const c = await startNode({
+      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-c'),
+      credentials: await issue(ca, { role: 'node', name: 'node-c', hosts: ['127.0.0.1'] }),
+      host: '127.0.0.1',
+      port: 0,
+    });
+    nodes.push(c);
+    expect(
+      (await t.call('POST', '/v1/system/nodes', { key: t.adminKey, body: { name: 'node-c', url: c.url } })).status,
+    ).toBe(201);
+    const onB: string[] = [];
+    for (const s of [...sessions, ...extra]) if ((await nodeOf(s)) === 'node-b') onB.push(s);
+    expect(onB.length).toBeGreaterThan(0);
+    await t.call('POST', `/v1/sessions/${onB[0]}/exec`, { key: team.key, body: { code: 'y = 1' } });
+    // node-b's process dies (its containers stay behind on the engine, unreachable).
+    await nodes[1]!.close();
+    for (const s of onB) {
+      const first = await t.call('POST', `/v1/sessions/${s}/exec`, { key: team.key, body: { code: 'print(6 * 7)' } });
+      expect(first.status).toBe(200);
+      // The code ran, in a new sandbox on a live node, and the answer says the variables are gone.
+      expect(first.body).toMatchObject({ restarted: true, exit_code: 0, stdout: '42\n' });
+      const next = await t.call('POST', `/v1/sessions/${s}/exec`, {
+        key: team.key,
+        body: { code: 'print(globals().get("y"), 6 * 7)' },
+      });
+      expect(next.status).toBe(200);
+      expect(next.body.stdout).toBe('None 42\n');
+      expect(await nodeOf(s)).toBe('node-c');
+    }
+
+    // node-b comes back at its address: what it still holds was replaced, and the reaper removes it.
+    const port = Number(new URL(url['node-b']!).port);
+    const leftOnB = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-b');
+    expect((await leftOnB.list()).length).toBeGreaterThan(0);
+    nodes[1] = await startNode({
+      backend: leftOnB,
+      credentials: await issue(ca, { role: 'node', name: 'node-b', hosts: ['127.0.0.1'] }),
+      host: '127.0.0.1',
+      port,
+    });
+    await t.engine.reap();
+    expect(await leftOnB.list()).toEqual([]);
+    // Sessions on node-c were not touched.
+    const onC = await t.call('POST', `/v1/sessions/${onB[0]}/exec`, { key: team.key, body: { code: 'print(1)' } });
+    expect(onC.body).toMatchObject({ stdout: '1\n' });
+    expect(onC.body.restarted).toBeFalsy();
   });
 });
