@@ -1,0 +1,111 @@
+import { like } from 'drizzle-orm';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
+import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
+import { issue, type KeyPair, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
+import { RemoteBackend } from '../../apps/api/src/sandbox/node/remote.ts';
+import { ensureSandboxImage } from '../../sandbox-image/build.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { type Host, Hosts } from '../support/hosts.ts';
+
+/**
+ * A fleet on two hosts of its own: each a network namespace with its own dockerd and a Kiln node
+ * process in it, reached over a veth from two API replicas on one Postgres (the test's own
+ * namespace). Made and removed by the test itself.
+ */
+describe('a fleet on two hosts, each with its own dockerd and node', () => {
+  let hosts: Hosts;
+  let h: Host[] = [];
+  let ca: KeyPair;
+  let a: TestApp;
+  let b: TestApp;
+  let team: { id: string; key: string };
+  let ws: string;
+
+  beforeAll(async () => {
+    const image = await ensureSandboxImage();
+    ca = await makeAuthority('hosts-test');
+    hosts = new Hosts('kf', ca, [image, 'kiln-sandbox:latest']);
+    h = await Promise.all([hosts.start(1), hosts.start(2)]);
+    const ra = await issue(ca, { role: 'api', name: 'replica-a' });
+    const rb = await issue(ca, { role: 'api', name: 'replica-b' });
+    a = await createTestApp({ backend: (db) => new FleetBackend({ db, credentials: ra }) });
+    b = await createTestApp({ replicaOf: a, backend: (db) => new FleetBackend({ db, credentials: rb }) });
+    for (const host of h)
+      expect(
+        (await a.call('POST', '/v1/system/nodes', { key: a.adminKey, body: { name: host.name, url: host.url } }))
+          .status,
+      ).toBe(201);
+    team = await a.team('hosts');
+    ws = (await a.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'spread' } })).body.id;
+  }, 300_000);
+  afterAll(async () => {
+    await b?.close();
+    await a?.close();
+    await hosts?.close();
+  }, 120_000);
+
+  const hostOf = async (session: string) => {
+    const rows = await a.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, session));
+    return rows.find((r) => r.state !== 'removed')?.containerId.split('/')[0];
+  };
+  const exec = (app: TestApp, session: string, code: string) =>
+    app.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code } });
+  const session = async (app: TestApp) =>
+    (await app.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key })).body.id as string;
+  const placed: string[] = [];
+
+  it('both replicas see both hosts heard; a team’s sessions spread over them, from either replica', async () => {
+    const seen = (await b.call('GET', '/v1/system/nodes', { key: b.adminKey })).body.data;
+    expect(seen.map((n: { name: string; health: string }) => [n.name, n.health])).toEqual([
+      ['kf1', 'heard'],
+      ['kf2', 'heard'],
+    ]);
+    placed.push(await session(a), await session(b));
+    expect((await exec(a, placed[0]!, 'x = 1; print(6 * 7)')).body.stdout).toBe('42\n');
+    expect((await exec(b, placed[1]!, 'x = 2; print(6 * 7)')).body.stdout).toBe('42\n');
+    expect((await Promise.all(placed.map(hostOf))).sort()).toEqual(['kf1', 'kf2']);
+  });
+
+  it('a sandbox on a host reaches no node’s control port, nor the API’s host', async () => {
+    const probe = [...h.map((x) => `("${x.ip}", 7443)`), `("${h[0]!.ip.replace(/\.2$/, '.1')}", 5432)`].join(', ');
+    const r = await exec(
+      a,
+      placed[0]!,
+      `import socket\nfor addr in [${probe}]:\n    try:\n        socket.create_connection(addr, timeout=2).close(); print("reached", addr)\n    except OSError as e:\n        print("refused", type(e).__name__)`,
+    );
+    expect(r.body.stdout).not.toContain('reached');
+    expect(r.body.stdout.trim().split('\n')).toHaveLength(3);
+  });
+
+  it('a replica with another CA’s certificate is refused at a node’s real address', async () => {
+    const other = await makeAuthority('hosts-test');
+    const forged = await issue(other, { role: 'api', name: 'replica-a' });
+    const bad = new RemoteBackend({ url: h[0]!.url, name: 'kf1', credentials: { ...forged, ca: ca.cert } });
+    await expect(bad.ping()).rejects.toThrow();
+    bad.close();
+    const good = new RemoteBackend({
+      url: h[0]!.url,
+      name: 'kf1',
+      credentials: await issue(ca, { role: 'api', name: 'probe' }),
+    });
+    await expect(good.ping()).resolves.toBeUndefined();
+    good.close();
+  });
+
+  it('a host killed with its dockerd mid-session: the session’s next exec runs on the other host, restarted; nothing answers 500', async () => {
+    const victim = placed[0]!;
+    const dead = (await hostOf(victim))!;
+    await h.find((x) => x.name === dead)!.kill();
+    const r = await exec(a, victim, 'print(globals().get("x"), 6 * 7)');
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ restarted: true, stdout: 'None 42\n' });
+    const now = await hostOf(victim);
+    expect(now).toBeDefined();
+    expect(now).not.toBe(dead);
+    // The other session, on the live host, keeps its variables.
+    const other = placed.find((s) => s !== victim)!;
+    expect(await hostOf(other)).not.toBe(dead);
+    expect((await exec(b, other, 'print(x)')).body).toMatchObject({ stdout: '2\n' });
+  });
+});

@@ -1,0 +1,203 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { randomInt } from 'node:crypto';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { KeyPair } from '../../apps/api/src/sandbox/node/pki.ts';
+import { issue } from '../../apps/api/src/sandbox/node/pki.ts';
+
+/**
+ * Sandbox hosts on this machine, for the fleet tests: each a network namespace joined to the
+ * test's own namespace by a veth pair, with a `dockerd` of its own (data-root, exec-root,
+ * pidfile, socket and bridge), the sandbox image loaded into it, and a Kiln node process in it
+ * listening on the namespace's address. dockerd is started with `nsenter --net=` (under
+ * `ip netns exec` it cannot see the cgroup mounts). `stop()` tears one down as a crash would;
+ * `close()` removes everything it made.
+ */
+export interface Host {
+  name: string;
+  /** The address of the host in its namespace; the node listens on it. */
+  ip: string;
+  /** https://ip:7443 */
+  url: string;
+  dockerSock: string;
+  /** Kills the node and its dockerd at once (SIGKILL): the host dies. */
+  kill(): Promise<void>;
+}
+
+const MAIN = fileURLToPath(new URL('../../apps/api/src/node-main.ts', import.meta.url));
+const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+const quiet = (cmd: string, args: string[]) => {
+  try {
+    run(cmd, args);
+  } catch {
+    // already gone
+  }
+};
+
+async function until<T>(what: string, fn: () => T | undefined | Promise<T | undefined>, ms = 60_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+export class Hosts {
+  private readonly procs: ChildProcess[] = [];
+  private readonly made: { ns: string; veth: string; dir: string; pidfile: string }[] = [];
+  /** Containers of killed hosts' engines, whose processes outlive their dockerd. */
+  private readonly orphans: string[] = [];
+  /** A /16 of its own for this run's hosts: 10.<n>.<host>.0/24. */
+  private readonly net = 200 + randomInt(50);
+
+  constructor(
+    private readonly tag: string,
+    private readonly ca: KeyPair,
+    /** The sandbox image tags to load into each host's engine. */
+    private readonly images: string[],
+  ) {}
+
+  async start(index: number): Promise<Host> {
+    const name = `${this.tag}${index}`;
+    const ns = `kiln-${name}`;
+    const veth = `kv${name}`.slice(0, 12);
+    const hostIp = `10.${this.net}.${index}.1`;
+    const ip = `10.${this.net}.${index}.2`;
+    const dir = `/tmp/kiln-host-${name}`;
+    const pidfile = join(dir, 'docker.pid');
+    const dockerSock = join(dir, 'docker.sock');
+    // What a crashed earlier run may have left under these names.
+    if (existsSync(pidfile)) quiet('kill', ['-KILL', readFileSync(pidfile, 'utf8').trim()]);
+    quiet('sh', ['-c', `grep -o ' ${dir}[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l`]);
+    quiet('ip', ['netns', 'del', ns]);
+    quiet('ip', ['link', 'del', veth]);
+    rmSync(dir, { recursive: true, force: true });
+    mkdirSync(join(dir, 'exec'), { recursive: true });
+    this.made.push({ ns, veth, dir, pidfile });
+    run('ip', ['netns', 'add', ns]);
+    run('ip', ['link', 'add', veth, 'type', 'veth', 'peer', 'name', `${veth}n`]);
+    run('ip', ['link', 'set', `${veth}n`, 'netns', ns]);
+    run('ip', ['addr', 'add', `${hostIp}/24`, 'dev', veth]);
+    run('ip', ['link', 'set', veth, 'up']);
+    const inNs = (...args: string[]) => run('ip', ['netns', 'exec', ns, ...args]);
+    inNs('ip', 'addr', 'add', `${ip}/24`, 'dev', `${veth}n`);
+    inNs('ip', 'link', 'set', `${veth}n`, 'up');
+    inNs('ip', 'link', 'set', 'lo', 'up');
+    inNs('ip', 'route', 'add', 'default', 'via', hostIp);
+    // The machine's runtimes (runc, the gVisor ones), a data-root and bridge of its own.
+    copyFileSync('/etc/docker/daemon.json', join(dir, 'daemon.json'));
+    const dockerd = spawn(
+      'nsenter',
+      [
+        `--net=/run/netns/${ns}`,
+        'dockerd',
+        '--config-file',
+        join(dir, 'daemon.json'),
+        '--data-root',
+        join(dir, 'data'),
+        '--exec-root',
+        join(dir, 'exec'),
+        '--pidfile',
+        pidfile,
+        '-H',
+        `unix://${dockerSock}`,
+        '--bip',
+        `172.29.${index}.1/24`,
+      ],
+      { stdio: ['ignore', 'ignore', 'ignore'], detached: true },
+    );
+    this.procs.push(dockerd);
+    await until(`dockerd of ${name}`, () => {
+      try {
+        run('docker', ['-H', `unix://${dockerSock}`, 'version']);
+        return true;
+      } catch {
+        return undefined;
+      }
+    });
+    execFileSync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${dockerSock} load -q`]);
+    const creds = await issue(this.ca, { role: 'node', name, hosts: [ip] });
+    writeFileSync(join(dir, 'node.pem'), creds.cert);
+    writeFileSync(join(dir, 'node.key'), creds.key, { mode: 0o600 });
+    writeFileSync(join(dir, 'ca.pem'), creds.ca);
+    const node = spawn('nsenter', [`--net=/run/netns/${ns}`, process.execPath, '--import', 'tsx', MAIN], {
+      env: {
+        PATH: process.env.PATH,
+        DOCKER_HOST: `unix://${dockerSock}`,
+        KILN_NODE_NAME: name,
+        KILN_NODE_CERT: join(dir, 'node.pem'),
+        KILN_NODE_KEY: join(dir, 'node.key'),
+        KILN_NODE_CA: join(dir, 'ca.pem'),
+        KILN_NODE_HOST: ip,
+        KILN_NODE_PORT: '7443',
+        KILN_LOG_LEVEL: 'warn',
+        // No egress proxy on these hosts: their sandboxes have network none.
+        KILN_EGRESS: 'off',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.procs.push(node);
+    let out = '';
+    node.stdout!.on('data', (d) => (out += d));
+    node.stderr!.on('data', (d) => (out += d));
+    await until(`node ${name} (${out})`, () =>
+      out.includes('listening on') ? true : node.exitCode !== null ? true : undefined,
+    );
+    if (node.exitCode !== null) throw new Error(`node ${name} exited: ${out}`);
+    const kill = async () => {
+      // What a crash leaves running: cleared by close() through the containers' cgroups.
+      for (const id of run('docker', ['-H', `unix://${dockerSock}`, 'ps', '-aq', '--no-trunc'])
+        .toString()
+        .split('\n')
+        .filter(Boolean))
+        this.orphans.push(id);
+      node.kill('SIGKILL');
+      const pid = existsSync(pidfile) ? Number(readFileSync(pidfile, 'utf8')) : dockerd.pid;
+      if (pid) quiet('kill', ['-KILL', String(pid)]);
+      await until(`node ${name} to die`, () => (node.exitCode !== null || node.signalCode ? true : undefined), 10_000);
+    };
+    return { name, ip, url: `https://${ip}:7443`, dockerSock, kill };
+  }
+
+  /** Stops every node and dockerd, then removes the namespaces, veths and directories. */
+  async close(): Promise<void> {
+    for (const p of this.procs) if (p.exitCode === null && !p.signalCode && p !== undefined) p.kill('SIGTERM');
+    for (const m of this.made) {
+      const pid = existsSync(m.pidfile) ? Number(readFileSync(m.pidfile, 'utf8')) : undefined;
+      if (pid) {
+        quiet('kill', ['-TERM', String(pid)]);
+        await until(
+          `dockerd ${m.ns} to stop`,
+          () => {
+            try {
+              process.kill(pid, 0);
+              return undefined;
+            } catch {
+              return true;
+            }
+          },
+          30_000,
+        ).catch(() => quiet('kill', ['-KILL', String(pid)]));
+      }
+      // A killed dockerd's containerd and shims (in the namespace), then its containers' processes.
+      quiet('sh', ['-c', `ip netns pids ${m.ns} | xargs -r kill -KILL`]);
+      for (const id of this.orphans) {
+        const procs = `/sys/fs/cgroup/pids/docker/${id}/cgroup.procs`;
+        quiet('sh', ['-c', `cat ${procs} 2>/dev/null | xargs -r kill -KILL`]);
+        await until(`the processes of container ${id} to end`, () =>
+          !existsSync(procs) || !readFileSync(procs, 'utf8').trim() ? true : undefined,
+        );
+        // Their (now empty) groups, in every hierarchy.
+        quiet('sh', ['-c', `rmdir /sys/fs/cgroup/*/docker/${id} 2>/dev/null; true`]);
+      }
+      // Whatever a killed dockerd left mounted under its directories.
+      quiet('sh', ['-c', `grep -o ' ${m.dir}[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l`]);
+      quiet('ip', ['netns', 'del', m.ns]);
+      quiet('ip', ['link', 'del', m.veth]);
+      rmSync(m.dir, { recursive: true, force: true });
+    }
+  }
+}
