@@ -437,6 +437,25 @@ describe('ops dashboard in chromium', () => {
     // Webhooks are a team's: the org-admin key is told so and gets no webhook panel.
     expect(await page.locator('#webhooks-hint').textContent()).toContain('team key');
     expect(await page.locator('#webhooks, #webhook-create').count()).toBe(0);
+
+    // Sandbox nodes: a registered node nobody can reach shows as silent; it is drained, then removed.
+    const added = await ctx.t.call('POST', '/v1/system/nodes', {
+      key: ctx.t.adminKey,
+      body: { name: 'node-dash', url: 'https://127.0.0.1:9' },
+    });
+    expect(added.status).toBe(201);
+    await page.reload();
+    const row = page.locator('#nodes tr', { hasText: 'node-dash' });
+    await row.waitFor();
+    expect(await row.textContent()).toContain('silent');
+    page.once('dialog', (d) => void d.accept());
+    await row.getByRole('button', { name: 'Drain' }).click();
+    await row.getByRole('button', { name: 'Remove' }).waitFor();
+    expect(await row.textContent()).toContain('draining');
+    page.once('dialog', (d) => void d.accept());
+    await row.getByRole('button', { name: 'Remove' }).click();
+    await page.locator('#nodes .empty').waitFor();
+    expect((await ctx.t.call('GET', '/v1/system/nodes', { key: ctx.t.adminKey })).body.data).toEqual([]);
   });
   it('platform updates (org-admin key): each check with its log, Apply refused as the API says, a patch that does not apply refused at submit', async () => {
     const head = execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8' }).trim();
@@ -954,7 +973,7 @@ describe('ops dashboard in chromium', () => {
       await open('#/admin');
       await page.locator('#webhooks .empty, #webhooks table').first().waitFor();
       // A team key's Team page does not ask for the org-admin panels (version, platform updates).
-      expect(await page.locator('#version, #updates, #update-submit').count()).toBe(0);
+      expect(await page.locator('#version, #updates, #update-submit, #nodes').count()).toBe(0);
       await page.fill('#webhook-url', receiver.url);
       await page.check('#webhook-form input[value="sandbox.oom"]');
       await page.check('#webhook-form input[value="update.applied"]');

@@ -121,6 +121,14 @@ describe('sandboxes on a fleet of nodes', () => {
     expect(inner.filter((id) => onA.includes(id))).toHaveLength(2);
     const view = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
     for (const n of view) expect(n).toMatchObject({ sandboxes: 2, committed: { memory_mb: 1024 } });
+    // /metrics tells the same, read from the registry at the scrape.
+    const scrape = await (
+      await t.app.request('/metrics', { headers: { authorization: `Bearer ${t.adminKey}` } })
+    ).text();
+    expect(scrape).toContain('kiln_sandbox_node_up{node="node-a"} 1');
+    expect(scrape).toContain('kiln_sandbox_node_sandboxes{node="node-b"} 2');
+    expect(scrape).toContain('kiln_sandbox_node_memory_mb{node="node-b",of="capacity"} 1536');
+    expect(scrape).toContain('kiln_sandbox_node_memory_mb{node="node-b",of="committed"} 1024');
   });
 
   it('a drained node takes no new sandboxes; it is removed only once it has none; a full fleet is a 429 that says so', async () => {

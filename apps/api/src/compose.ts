@@ -203,6 +203,18 @@ export function compose(o: ComposeOptions): Kiln {
     registry: new NodeRegistry(db),
     fleet: o.sandboxes instanceof FleetBackend ? o.sandboxes : undefined,
   };
+  metrics.watchNodes(async () =>
+    (await nodes.registry.list()).map((n) => ({
+      name: n.name,
+      heard: n.health === 'heard',
+      draining: n.state === 'draining',
+      memoryMb: n.capacity.memory_mb,
+      committedMemoryMb: n.committed.memory_mb,
+      cpus: n.capacity.cpus,
+      committedCpus: n.committed.cpus,
+      sandboxes: n.sandboxes,
+    })),
+  );
   const app = createApp({
     ...parts,
     nodes,

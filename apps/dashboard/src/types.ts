@@ -139,6 +139,8 @@ export type EgressRow = Schemas['EgressEvent'];
 /** One of a workspace's MCP servers (`settings.mcp_servers`): its header values may reference `${secrets.NAME}`. */
 export type McpServer = Schemas['WorkspaceSettings']['mcp_servers'][number];
 export type Webhook = Schemas['Webhook'];
+/** A registered sandbox node (`GET /v1/system/nodes`). */
+export type SandboxNode = Schemas['SandboxNode'];
 /** The answer of create and rotate-secret: the signing secret, shown this once. */
 export type WebhookWithSecret = Schemas['WebhookWithSecret'];
 export type WebhookDelivery = Schemas['WebhookDelivery'];

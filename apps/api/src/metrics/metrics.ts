@@ -23,6 +23,18 @@ export interface MetricsOptions {
 
 const seconds = (ms: number) => ms / 1000;
 
+/** What the metrics say of one sandbox node (the registry's view, as plain figures). */
+export interface NodeFigures {
+  name: string;
+  heard: boolean;
+  draining: boolean;
+  memoryMb: number;
+  committedMemoryMb: number;
+  cpus: number;
+  committedCpus: number;
+  sandboxes: number;
+}
+
 /**
  * Every metric of one Kiln app, on a registry of its own (never prom-client's global one: several
  * apps, test apps and replicas, share a process). Built by compose.ts and handed to the parts that
@@ -194,6 +206,63 @@ export class KilnMetrics {
         for (const v of values) this.set({ [label]: v }, by[v] ?? 0);
       },
     });
+  }
+
+  /**
+   * The registered sandbox nodes, read from the database at each scrape (every replica reports the
+   * same fleet): whether each was heard lately, whether it drains, its memory and CPUs against what
+   * is placed on it, and its sandboxes. A failed read leaves them out of that scrape.
+   */
+  watchNodes(read: () => Promise<NodeFigures[]>): void {
+    const registers = [this.registry];
+    let last: { at: number; read: Promise<NodeFigures[] | null> } | undefined;
+    // One read per scrape, shared by the five gauges (collected together): a read is reused for a second.
+    const figures = () => {
+      if (!last || Date.now() - last.at > 1000) last = { at: Date.now(), read: read().catch(() => null) };
+      return last.read;
+    };
+    const gauge = (name: string, help: string, labels: string[], set: (g: Gauge, n: NodeFigures) => void) =>
+      new Gauge({
+        name,
+        help,
+        labelNames: labels,
+        registers,
+        async collect() {
+          const nodes = await figures();
+          this.reset();
+          for (const n of nodes ?? []) set(this, n);
+        },
+      });
+    gauge(
+      'kiln_sandbox_node_up',
+      'Sandbox nodes: 1 when a replica heard from it within 30 s, else 0',
+      ['node'],
+      (g, n) => g.set({ node: n.name }, n.heard ? 1 : 0),
+    );
+    gauge('kiln_sandbox_node_draining', 'Sandbox nodes: 1 while draining (no new sandboxes)', ['node'], (g, n) =>
+      g.set({ node: n.name }, n.draining ? 1 : 0),
+    );
+    gauge(
+      'kiln_sandbox_node_memory_mb',
+      'Sandbox nodes: memory sandboxes may be given (of=capacity) and the limits of those placed (of=committed)',
+      ['node', 'of'],
+      (g, n) => {
+        g.set({ node: n.name, of: 'capacity' }, n.memoryMb);
+        g.set({ node: n.name, of: 'committed' }, n.committedMemoryMb);
+      },
+    );
+    gauge(
+      'kiln_sandbox_node_cpus',
+      'Sandbox nodes: CPUs (of=capacity) and the CPU limits of the sandboxes placed (of=committed)',
+      ['node', 'of'],
+      (g, n) => {
+        g.set({ node: n.name, of: 'capacity' }, n.cpus);
+        g.set({ node: n.name, of: 'committed' }, n.committedCpus);
+      },
+    );
+    gauge('kiln_sandbox_node_sandboxes', 'Sandbox nodes: sandboxes placed on each (all replicas)', ['node'], (g, n) =>
+      g.set({ node: n.name }, n.sandboxes),
+    );
   }
 
   /** The warm containers ready now (the sandbox engine's pool). */

@@ -1,7 +1,7 @@
 import { api, getKey, isOrgAdminKey, messageOf } from '../api.ts';
 import { h, replace, table, when } from '../dom.ts';
 import { action, afterParam, pagedPanel, panel, type Dispose } from '../panel.ts';
-import type { List, Team, Update, Version } from '../types.ts';
+import type { List, SandboxNode, Team, Update, Version } from '../types.ts';
 import { webhooksPanels } from './webhooks.ts';
 
 const short = (sha: string | null) => (sha ? sha.slice(0, 10) : '—');
@@ -115,7 +115,47 @@ function platformPanels(dispose: Dispose[]): HTMLElement[] {
     },
     { everyMs: 5000, dispose },
   );
+  const nodes = panel(
+    'nodes',
+    'Sandbox nodes',
+    () => api<{ data: SandboxNode[] }>('GET', '/v1/system/nodes'),
+    ({ data }, reload) =>
+      table(
+        ['node', 'state', 'heard', 'memory (placed / capacity)', 'CPUs', 'sandboxes', 'runtimes', 'last heard', ''],
+        data,
+        (n) => [
+          h('strong', {}, n.name),
+          h('span', { class: `status ${n.state}` }, n.state),
+          h('span', { class: n.health === 'heard' ? 'ok' : 'error' }, n.health),
+          `${n.committed.memory_mb} / ${n.capacity.memory_mb} MB`,
+          `${n.committed.cpus} / ${n.capacity.cpus}`,
+          String(n.sandboxes),
+          n.runtimes.map((r) => `${r.runtime}${r.egress ? ' (egress)' : ''}`).join(', ') || '—',
+          n.last_heard_at ? when(n.last_heard_at) : 'never',
+          n.state === 'active'
+            ? action(
+                'Drain',
+                async () => `${(await api<SandboxNode>('POST', `/v1/system/nodes/${n.name}/drain`)).state}`,
+                {
+                  confirm: `Drain ${n.name}? It takes no new sandboxes; the ones it has end as usual.`,
+                  after: reload,
+                },
+              )
+            : action(
+                'Remove',
+                async () => `removed ${(await api<SandboxNode>('DELETE', `/v1/system/nodes/${n.name}`)).name}`,
+                {
+                  confirm: `Forget ${n.name}? Only a drained node with no sandboxes left can be removed.`,
+                  after: reload,
+                },
+              ),
+        ],
+        'no sandbox node: sandboxes run on this server’s own Docker Engine (docs/scaling.md)',
+      ),
+    { everyMs: 5000, dispose },
+  );
   return [
+    nodes,
     panel(
       'version',
       'Running version',
