@@ -23,6 +23,8 @@ export interface Host {
   dockerSock: string;
   /** Kills the node and its dockerd at once (SIGKILL): the host dies. */
   kill(): Promise<void>;
+  /** Takes the host's link down (true) or up again (false): a partition, with everything on it still running. */
+  cut(down: boolean): void;
 }
 
 const MAIN = fileURLToPath(new URL('../../apps/api/src/node-main.ts', import.meta.url));
@@ -143,6 +145,9 @@ export class Hosts {
     let out = '';
     node.stdout!.on('data', (d) => (out += d));
     node.stderr!.on('data', (d) => (out += d));
+    node.on('exit', (code, signal) => {
+      if (process.env.KILN_TEST_DEBUG) console.log(`node ${name} exited ${code ?? signal}: ${out.slice(-3000)}`);
+    });
     await until(`node ${name} (${out})`, () =>
       out.includes('listening on') ? true : node.exitCode !== null ? true : undefined,
     );
@@ -159,7 +164,10 @@ export class Hosts {
       if (pid) quiet('kill', ['-KILL', String(pid)]);
       await until(`node ${name} to die`, () => (node.exitCode !== null || node.signalCode ? true : undefined), 10_000);
     };
-    return { name, ip, url: `https://${ip}:7443`, dockerSock, kill };
+    // The namespace's side of the link: the host keeps its route to the address, so packets to it
+    // are dropped rather than sent out of the machine's default route.
+    const cut = (down: boolean) => inNs('ip', 'link', 'set', `${veth}n`, down ? 'down' : 'up');
+    return { name, ip, url: `https://${ip}:7443`, dockerSock, kill, cut };
   }
 
   /** Stops every node and dockerd, then removes the namespaces, veths and directories. */

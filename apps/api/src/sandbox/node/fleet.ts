@@ -44,6 +44,12 @@ export interface FleetOptions {
   heartbeatMs?: number;
   /** A node this replica has not heard from for this long takes no new sandboxes from it. */
   silentMs?: number;
+  /**
+   * A node this replica has not heard from for this long is lost to it: its connection is dropped,
+   * so every runner on it fails now (each session's next execution gets a new sandbox elsewhere)
+   * rather than waiting on a node that may never answer.
+   */
+  lostMs?: number;
   log?: Logger;
   now?: () => number;
 }
@@ -167,6 +173,16 @@ export class FleetBackend implements SandboxBackend {
         .where(eq(sandboxNodes.name, m.name));
     } catch (err) {
       this.o.log?.warn({ err, node: m.name }, 'sandbox node did not answer');
+      const lost = this.o.lostMs ?? 15_000;
+      if (m.backend instanceof RemoteBackend && m.heardAt > 0 && this.now() - m.heardAt > lost) {
+        this.o.log?.warn(
+          { node: m.name, silentMs: this.now() - m.heardAt },
+          'sandbox node lost: dropping its connection',
+        );
+        m.backend.close(true);
+        // Declared once: the next answer makes it heard again.
+        m.heardAt = 0;
+      }
       if (m.name !== LOCAL)
         await this.o.db
           .update(sandboxNodes)
@@ -225,7 +241,7 @@ export class FleetBackend implements SandboxBackend {
           ? `every sandbox node that runs ${req.runtime} is full (${req.limits.memoryMb} MB asked); try again when sandboxes end, or add a node`
           : `no sandbox node is taking ${req.runtime} sandboxes${needsEgress ? ' with egress' : ''} now (${this.members.size} registered)`,
       );
-    let last: unknown;
+    const failed: string[] = [];
     // A node that fails the create (unreachable, or its engine refused) is passed over for the
     // next best, up to three; a refusal of the request itself (an ApiError) is final.
     for (const { m } of scored.slice(0, 3)) {
@@ -235,10 +251,15 @@ export class FleetBackend implements SandboxBackend {
       } catch (err) {
         if (err instanceof ApiError) throw err;
         this.o.log?.warn({ err, node: m.name }, 'sandbox node could not create a sandbox; trying the next');
-        last = err;
+        failed.push(`${m.name}: ${(err as Error).message.slice(0, 200)}`);
       }
     }
-    throw last;
+    throw new ApiError(
+      'sandbox_unavailable',
+      `no sandbox node could create the sandbox now (${failed.join('; ')}); try again`,
+      {},
+      { 'Retry-After': '5' },
+    );
   }
 
   /** The memory and CPUs of the sandboxes not removed on each member, and how many are `team`'s. */

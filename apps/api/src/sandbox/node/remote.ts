@@ -33,6 +33,8 @@ class NodeError extends Error {
 
 /** How long a call may take before it fails (a create can wait on the engine under load). */
 const CALL_TIMEOUT_MS = 300_000;
+/** How long the connection to a node may take to open (TCP and the TLS handshake). */
+const CONNECT_TIMEOUT_MS = 5000;
 
 /**
  * The API's side of one sandbox node (server.ts): a `SandboxBackend` whose containers live on
@@ -75,6 +77,14 @@ export class RemoteBackend implements SandboxBackend {
           : new Error(`the node at ${host} is not node ${name} (its certificate names another)`)),
     });
     session.on('error', () => undefined);
+    // A node that does not complete the handshake in time is not there: its calls fail now, not
+    // after the kernel gives up on the connection (minutes, when packets are dropped).
+    const slow = setTimeout(() => {
+      if (session.connecting) session.destroy(new Error(`node ${name}: no connection within ${CONNECT_TIMEOUT_MS} ms`));
+    }, CONNECT_TIMEOUT_MS);
+    slow.unref();
+    session.once('connect', () => clearTimeout(slow));
+    session.once('close', () => clearTimeout(slow));
     session.on('close', () => {
       if (this.session === session) this.session = undefined;
     });
@@ -88,6 +98,8 @@ export class RemoteBackend implements SandboxBackend {
   private request(path: string, headers: Record<string, string> = {}): ClientHttp2Stream {
     const session = this.connect();
     const stream = session.request({ ':method': 'POST', ':path': path, ...headers });
+    // Each caller reads the error it waits for; one that comes later (a reset) is not a crash.
+    stream.on('error', () => undefined);
     return stream;
   }
 
@@ -269,9 +281,13 @@ export class RemoteBackend implements SandboxBackend {
     }
   }
 
-  /** Closes the connection to the node (calls after it open a new one). */
-  close(): void {
-    this.session?.close();
+  /**
+   * Closes the connection to the node (calls after it open a new one). With `drop`, at once:
+   * every stream on it (runners included) fails now instead of waiting on a node that is gone.
+   */
+  close(drop = false): void {
+    if (drop) this.session?.destroy(new Error(`node ${this.o.name} stopped answering`));
+    else this.session?.close();
     this.session = undefined;
   }
 }

@@ -173,12 +173,17 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
       socket.destroy();
     }
   });
+  server.on('tlsClientError', (err) => log?.info({ err }, 'node: a TLS handshake failed'));
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on('session', (s) => {
     sessions.add(s);
     s.on('close', () => sessions.delete(s));
+    // A replica that goes away (or a network that does) ends its session with an error: expected.
+    s.on('error', (err) => log?.debug({ err }, 'node: a replica session ended with an error'));
   });
   server.on('stream', (stream, headers) => {
+    // Likewise each stream: a reset from the replica must never take the node down.
+    stream.on('error', (err) => log?.debug({ err }, 'node: a stream ended with an error'));
     const socket = stream.session?.socket as TLSSocket | undefined;
     if (!socket || !peerName(socket.getPeerCertificate().raw, 'api')) {
       stream.respond({ ':status': 403 });
@@ -264,6 +269,7 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
     channel.stderr.on('data', send(STDERR));
     // stdin: the API's end of the request is the runner's end of input (it cleans up and exits).
     stream.pipe(channel.stdin);
+    channel.stdin.on('error', (err) => log?.debug({ err }, 'node: a runner connection failed'));
     channel.onClose(() => {
       if (!stream.destroyed) stream.end();
     });
