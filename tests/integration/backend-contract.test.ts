@@ -16,7 +16,8 @@ backendContract('Docker', async () => ({
 backendContract('a sandbox node (Docker behind the node protocol)', async () => {
   const ca = await makeAuthority('contract');
   const node = await startNode({
-    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST)),
+    // Named, as every node is: it lists (and reaps) only its own containers on the shared engine.
+    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a'),
     credentials: await issue(ca, { role: 'node', name: 'node-a', hosts: ['127.0.0.1'] }),
     host: '127.0.0.1',
     port: 0,

@@ -27,7 +27,8 @@ describe('sandbox node: who may talk to whom', () => {
   const calls: string[] = [];
   let image: string;
   const owner = `node-test-${randomBytes(4).toString('hex')}`;
-  const docker = new DockerBackend(connectDocker(process.env.DOCKER_HOST));
+  // Its containers carry the node's name, so its lifetime reaper and listings see only them.
+  const docker = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a');
   const remotes: RemoteBackend[] = [];
   const remote = (o: ConstructorParameters<typeof RemoteBackend>[0]) => {
     const r = new RemoteBackend(o);
@@ -174,6 +175,34 @@ describe('sandbox node: who may talk to whom', () => {
     expect(calls).toEqual(['create']);
     expect((await r.list()).map((c) => c.id)).toContain(made.id);
     await r.remove(made.id);
+  });
+
+  it('removes its containers past their hard lifetime by itself, whether or not a replica is left', async () => {
+    const r = remote({ url: node.url, name: 'node-a', credentials: replica });
+    const base = {
+      image,
+      owner,
+      teamId: '',
+      sessionId: '',
+      limits: { memoryMb: 256, cpus: 0.5, pids: 64, timeoutS: 10, diskMb: 64 },
+      runtime: 'runc' as const,
+    };
+    const old = await r.create({
+      ...base,
+      sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
+      expiresAt: new Date(Date.now() - 1000),
+    });
+    const young = await r.create({
+      ...base,
+      sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
+      expiresAt: new Date(Date.now() + 600_000),
+    });
+    r.close();
+    expect(await node.reap()).toBeGreaterThanOrEqual(1);
+    const left = (await docker.list()).map((c) => c.id);
+    expect(left).not.toContain(old.id);
+    expect(left).toContain(young.id);
+    await docker.remove(young.id);
   });
 });
 

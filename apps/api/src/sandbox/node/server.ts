@@ -22,6 +22,8 @@ export interface NodeServerOptions {
   port: number;
   /** What of the host's memory and CPUs sandboxes may be given (less than all: the host keeps the rest). */
   reserve?: { memoryMb?: number; cpus?: number };
+  /** How often the node removes its containers past their hard lifetime by itself (default 60 s). */
+  reapMs?: number;
   log?: Logger;
 }
 
@@ -29,6 +31,8 @@ export interface RunningNode {
   /** `https://host:port` */
   url: string;
   port: number;
+  /** Removes this node's containers past their hard lifetime now; resolves with how many. */
+  reap(): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -324,11 +328,29 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
     });
   });
   const port = (server.address() as { port: number }).port;
+  // A container's hard lifetime holds on its host even when no API replica is left to reap it.
+  const reap = async () => {
+    let removed = 0;
+    for (const c of await backend.list())
+      if (c.expiresAt !== undefined && c.expiresAt < Date.now()) {
+        await backend.remove(c.id);
+        removed++;
+      }
+    if (removed) log?.info({ removed }, 'node: removed containers past their lifetime');
+    return removed;
+  };
+  const reaper = setInterval(
+    () => void reap().catch((err) => log?.warn({ err }, 'node: the lifetime reaper failed')),
+    o.reapMs ?? 60_000,
+  );
+  reaper.unref();
   return {
     url: `https://${o.host.includes(':') ? `[${o.host}]` : o.host}:${port}`,
     port,
+    reap,
     close: () =>
       new Promise<void>((resolve) => {
+        clearInterval(reaper);
         for (const s of sessions) s.close();
         server.close(() => resolve());
         for (const s of sessions) s.destroy();
