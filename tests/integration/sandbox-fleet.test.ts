@@ -84,6 +84,12 @@ describe('sandboxes on a fleet of nodes', () => {
       body: { name: 'Node C', url: 'http://10.0.0.1:7443' },
     });
     expect(bad.status).toBe(400);
+    const reserved = await t.call('POST', '/v1/system/nodes', {
+      key: t.adminKey,
+      body: { name: 'local', url: 'https://10.0.0.1:7443' },
+    });
+    expect(reserved.status).toBe(400);
+    expect(reserved.body.error.message).toMatch(/own engine/);
     const listed = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
     expect(listed.map((n: { name: string; health: string }) => [n.name, n.health])).toEqual([
       ['node-a', 'heard'],

@@ -20,8 +20,8 @@ import type { SandboxLimits } from '../limits.ts';
 import type { PeerCredentials } from './pki.ts';
 import { RemoteBackend } from './remote.ts';
 
-/** The API host's own engine, when it runs sandboxes too. Its containers' ids carry no node name. */
-const LOCAL = 'local';
+/** The API host's own engine, when it runs sandboxes too (a name no node may have). Its containers' ids carry no node name. */
+export const LOCAL = 'local';
 
 interface Member {
   name: string;
@@ -107,7 +107,10 @@ export class FleetBackend implements SandboxBackend {
   /** Reads the registry and hears from every member now, then again every `heartbeatMs`. */
   async open(): Promise<void> {
     await this.refresh();
-    this.timer = setInterval(() => void this.refresh(), this.o.heartbeatMs ?? 5000);
+    this.timer = setInterval(
+      () => void this.refresh().catch((err) => this.o.log?.error({ err }, 'could not read the sandbox node registry')),
+      this.o.heartbeatMs ?? 5000,
+    );
     this.timer.unref();
   }
 

@@ -3,6 +3,7 @@ import type { Db } from '../../db/client.ts';
 import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type { SandboxLimits } from '../limits.ts';
+import { LOCAL } from './fleet.ts';
 
 type NodeRow = typeof sandboxNodes.$inferSelect;
 
@@ -67,6 +68,8 @@ export class NodeRegistry {
   }
 
   async add(name: string, url: string): Promise<NodeView> {
+    if (name === LOCAL)
+      throw new ApiError('invalid_request', `"${LOCAL}" names this server's own engine; choose another name`);
     const [r] = await this.db.insert(sandboxNodes).values({ name, url }).onConflictDoNothing().returning();
     if (!r) throw new ApiError('conflict', `a sandbox node named ${name} is registered already`);
     return view(this.db, r, this.silentMs);
