@@ -40,6 +40,7 @@ const TABLES = [
   'audit_events',
   'usage',
   'idempotency_keys',
+  'sandbox_nodes',
 ];
 
 describe.each(DRIVERS)('database layer on %s', (driver) => {
