@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { like } from 'drizzle-orm';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
-import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { loadConfig } from '../../apps/api/src/config.ts';
+import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
 import { issue, type KeyPair, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
@@ -170,7 +171,8 @@ describe('sandboxes on a fleet of nodes', () => {
 
   it('a node that dies mid-session: the next exec of each of its sessions says the variables are gone and runs on another node; nothing answers 500', async () => {
     const c = await startNode({
-      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-c'),
+      // node-c has an egress proxy of its own (on its engine), as a node with KILN_EGRESS on does.
+      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(loadConfig()), undefined, 'node-c'),
       credentials: await issue(ca, { role: 'node', name: 'node-c', hosts: ['127.0.0.1'] }),
       host: '127.0.0.1',
       port: 0,
@@ -215,5 +217,31 @@ describe('sandboxes on a fleet of nodes', () => {
     const onC = await t.call('POST', `/v1/sessions/${onB[0]}/exec`, { key: team.key, body: { code: 'print(1)' } });
     expect(onC.body).toMatchObject({ stdout: '1\n' });
     expect(onC.body.restarted).toBeFalsy();
+  });
+
+  it('an allowlist sandbox on a node goes through that node’s egress proxy, which applies its rules; the log comes back through the node', async () => {
+    const ws2 = (
+      await t.call('POST', '/v1/workspaces', {
+        key: team.key,
+        body: {
+          name: 'egress-on-node',
+          settings: { sandbox: { network: 'allowlist', allow: ['api.allowed.test'], runtime: 'runc' } },
+        },
+      })
+    ).body.id;
+    const s = (await t.call('POST', `/v1/workspaces/${ws2}/sessions`, { key: team.key })).body.id as string;
+    const r = await t.call('POST', `/v1/sessions/${s}/exec`, {
+      key: team.key,
+      body: {
+        code: 'import urllib.request\ntry:\n    urllib.request.urlopen("http://other.refused.test/", timeout=10)\nexcept Exception as e:\n    print(getattr(e, "code", type(e).__name__))',
+      },
+    });
+    expect(r.status).toBe(200);
+    // node-b came back without a proxy: only node-c can take an allowlist sandbox.
+    expect(await nodeOf(s)).toBe('node-c');
+    expect(r.body.stdout).toBe('403\n');
+    expect(r.body.egress).toEqual([
+      expect.objectContaining({ host: 'other.refused.test', allowed: false, status: 403 }),
+    ]);
   });
 });

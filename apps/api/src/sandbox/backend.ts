@@ -26,8 +26,13 @@ export interface SandboxBackend {
   list(): Promise<ListedContainer[]>;
   /** The container's memory and CPU use now; null when it cannot be read (e.g. it is gone). */
   stats(containerId: string): Promise<Usage | null>;
-  /** What this backend can do (asked once, at start-up): shared code asks it rather than knowing the engine. */
+  /** What this backend can do (asked at start-up): shared code asks it rather than knowing the engine. */
   capabilities(): Promise<BackendCapabilities>;
+  /**
+   * For a backend whose capabilities change while it runs (a fleet whose nodes join and leave):
+   * `listener` is called after each change, and the engine asks `capabilities()` again.
+   */
+  onCapabilities?(listener: () => void): void;
   /** The host's memory and CPUs, for placement across several backends (asked again and again). */
   capacity?(): Promise<{ memoryMb: number; cpus: number }>;
   /** Resolves when the runtime answers within `timeoutMs`, rejects with the reason otherwise. */

@@ -251,6 +251,12 @@ export class SandboxEngine {
    */
   async start(): Promise<void> {
     await this.resolveRuntimes();
+    // A fleet's runtimes follow its nodes: a node with gVisor (or egress) that joins is offered at once.
+    this.backend.onCapabilities?.(() => {
+      this.resolveRuntimes().catch((err) =>
+        this.log.error({ err }, 'the sandbox backend changed what it offers and it cannot be used'),
+      );
+    });
     const m = this.opts.workspaceMount;
     this.containers.useMounts(
       m

@@ -69,6 +69,9 @@ export interface FleetOptions {
  */
 export class FleetBackend implements SandboxBackend {
   private readonly members = new Map<string, Member>();
+  private readonly listeners: (() => void)[] = [];
+  /** What the members offered at the last round, to tell the engine when it changes. */
+  private offered = '';
   private timer: NodeJS.Timeout | undefined;
   private refreshing: Promise<void> | undefined;
   private readonly now: () => number;
@@ -151,6 +154,30 @@ export class FleetBackend implements SandboxBackend {
       m.state = r.state;
     }
     await Promise.all([...this.members.values()].map((m) => this.hear(m)));
+    const offered = JSON.stringify(this.offers());
+    if (offered !== this.offered) {
+      this.offered = offered;
+      for (const l of this.listeners) l();
+    }
+  }
+
+  onCapabilities(listener: () => void): void {
+    this.listeners.push(listener);
+  }
+
+  /**
+   * What the members heard so far offer together (a member keeps what it last said while it is
+   * silent, so a node's blip does not take its runtime away): each sandbox then goes to a member
+   * that has what it needs, and none having it now is a 429 saying so. With none heard yet: runc.
+   */
+  private offers(): RuntimeOffer[] {
+    const runtimes: RuntimeOffer[] = [];
+    for (const runtime of ['runc', 'gvisor'] as const) {
+      const offers = [...this.members.values()].flatMap((m) => m.runtimes.filter((r) => r.runtime === runtime));
+      if (offers.length) runtimes.push({ runtime, egress: offers.some((r) => r.egress) });
+    }
+    if (!runtimes.length) runtimes.push({ runtime: 'runc', egress: false });
+    return runtimes;
   }
 
   private async hear(m: Member): Promise<void> {
@@ -322,17 +349,9 @@ export class FleetBackend implements SandboxBackend {
     return member.backend.stats(id).catch(() => null);
   }
   async capabilities(): Promise<BackendCapabilities> {
-    await this.refresh();
-    // What the members heard at start-up offer together; each sandbox then goes to a member that
-    // has what it needs, and none having it now is a 429 saying so. With none heard yet: runc.
-    const runtimes: RuntimeOffer[] = [];
-    for (const runtime of ['runc', 'gvisor'] as const) {
-      const offers = [...this.members.values()].flatMap((m) => m.runtimes.filter((r) => r.runtime === runtime));
-      if (offers.length) runtimes.push({ runtime, egress: offers.some((r) => r.egress) });
-    }
-    if (!runtimes.length) runtimes.push({ runtime: 'runc', egress: false });
+    if (!this.offered) await this.refresh();
     // Nodes mount nothing of the API's host: every member gets the tree as a tar, the local one too.
-    return { runtimes, hostWorkspaceMounts: false, resizable: sameShape };
+    return { runtimes: this.offers(), hostWorkspaceMounts: false, resizable: sameShape };
   }
   async ping(timeoutMs?: number): Promise<void> {
     if (this.o.local) return this.o.local.ping(timeoutMs);
