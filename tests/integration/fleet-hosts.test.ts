@@ -34,7 +34,14 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     const rb = await issue(ca, { role: 'api', name: 'replica-b' });
     // Each replica hears from every node every 500 ms, as a server does every 5 s (server.ts opens the fleet).
     const fleet = (credentials: typeof ra) => (db: Db) => {
-      const f = new FleetBackend({ db, credentials, heartbeatMs: 500, silentMs: 3000, lostMs: 3000 });
+      const f = new FleetBackend({
+        db,
+        credentials,
+        heartbeatMs: 500,
+        silentMs: 3000,
+        lostMs: 3000,
+        lostGraceMs: 3000,
+      });
       fleets.push(f);
       return f;
     };
@@ -153,6 +160,20 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     const now = await hostOf(victim);
     expect(now).toBeDefined();
     expect(now).not.toBe(dead);
+    // The other session's sandbox there, which nobody touched since: once no replica has heard from
+    // the host for the grace period, it is marked lost for the whole installation.
+    const other = placed[1]!;
+    const stale = async () =>
+      (await a.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, other))).find((r) =>
+        r.containerId.startsWith(`${dead}/`),
+      );
+    // (The cut-off test moved it to this host.)
+    expect(await stale()).toBeDefined();
+    await waitFor(async () => (await stale())?.state === 'removed');
+    expect((await stale())!.removedReason).toBe('node_lost');
+    const moved = await exec(b, other, 'print(6 * 7)');
+    expect(moved.body).toMatchObject({ restarted: true, stdout: '42\n' });
+    expect(await hostOf(other)).not.toBe(dead);
   });
 });
 

@@ -1,6 +1,7 @@
 import { eq, ne, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../../db/client.ts';
+import { rowsOf } from '../../db/rows.ts';
 import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type {
@@ -44,6 +45,13 @@ export interface FleetOptions {
   heartbeatMs?: number;
   /** A node this replica has not heard from for this long takes no new sandboxes from it. */
   silentMs?: number;
+  /**
+   * A node no replica has heard from for this long (its registry row's `last_heard_at`) is lost
+   * to the whole installation: every replica marks the sandboxes on it removed (`node_lost`), those
+   * of replicas that died with it included, so they no longer count against a team's cap or the
+   * fleet's capacity. Default 60 s.
+   */
+  lostGraceMs?: number;
   /**
    * A node this replica has not heard from for this long is lost to it: its connection is dropped,
    * so every runner on it fails now (each session's next execution gets a new sandbox elsewhere)
@@ -153,12 +161,40 @@ export class FleetBackend implements SandboxBackend {
       }
       m.state = r.state;
     }
-    await Promise.all([...this.members.values()].map((m) => this.hear(m)));
+    const heard = await Promise.all([...this.members.values()].map(async (m) => [m.name, await this.hear(m)] as const));
+    await this.declareLost(heard.filter(([name, ok]) => !ok && name !== LOCAL).map(([name]) => name));
     const offered = JSON.stringify(this.offers());
     if (offered !== this.offered) {
       this.offered = offered;
       for (const l of this.listeners) l();
     }
+  }
+
+  /**
+   * Marks removed the sandboxes on nodes that did not answer this replica just now (`silent`) and
+   * that no replica has heard from for the grace period, by the database's clock, which every
+   * replica shares. A node this replica did hear is never declared lost, however long the round
+   * took. Any replica may do it; it is idempotent.
+   */
+  private async declareLost(silent: string[]): Promise<void> {
+    if (!silent.length) return;
+    const graceS = (this.o.lostGraceMs ?? 60_000) / 1000;
+    const lost = rowsOf<{ id: string; node: string }>(
+      await this.o.db.execute(sql`
+        update sandboxes s set state = 'removed', removed_reason = 'node_lost', removed_at = now()
+        from sandbox_nodes n
+        where s.state <> 'removed' and n.name in (${sql.join(
+          silent.map((name) => sql`${name}`),
+          sql`, `,
+        )}) and s.container_id like n.name || '/%'
+          and coalesce(n.last_heard_at, n.created_at) < now() - make_interval(secs => ${graceS})
+        returning s.id, n.name as node`),
+    );
+    if (lost.length)
+      this.o.log?.warn(
+        { sandboxes: lost.map((l) => l.id), nodes: [...new Set(lost.map((l) => l.node))] },
+        'sandbox node lost: its sandboxes are marked removed',
+      );
   }
 
   onCapabilities(listener: () => void): void {
@@ -180,7 +216,8 @@ export class FleetBackend implements SandboxBackend {
     return runtimes;
   }
 
-  private async hear(m: Member): Promise<void> {
+  /** Asks the member what it has now and records it; false when it did not answer. */
+  private async hear(m: Member): Promise<boolean> {
     try {
       const [capacity, caps] = await Promise.all([
         m.backend.capacity ? m.backend.capacity() : Promise.resolve(m.capacity),
@@ -190,7 +227,7 @@ export class FleetBackend implements SandboxBackend {
       m.capacity = capacity;
       m.runtimes = caps.runtimes;
       m.heardAt = this.now();
-      if (m.name === LOCAL) return;
+      if (m.name === LOCAL) return true;
       await this.o.db
         .update(sandboxNodes)
         .set({
@@ -201,6 +238,7 @@ export class FleetBackend implements SandboxBackend {
           lastError: null,
         })
         .where(eq(sandboxNodes.name, m.name));
+      return true;
     } catch (err) {
       this.o.log?.warn({ err, node: m.name }, 'sandbox node did not answer');
       const lost = this.o.lostMs ?? 15_000;
@@ -219,6 +257,7 @@ export class FleetBackend implements SandboxBackend {
           .set({ lastError: (err as Error).message.slice(0, 500) })
           .where(eq(sandboxNodes.name, m.name))
           .catch(() => undefined);
+      return false;
     }
   }
 
