@@ -163,6 +163,9 @@ describe('sandbox node: who may talk to whom', () => {
       expect(mount.status).toBe(400);
       expect(JSON.parse(mount.body).error.message).toMatch(/bad arguments for create/);
       expect((await ask('/v1/call/remove', JSON.stringify(['../../etc']))).status).toBe(400);
+      // A runner as root (or any uid outside the sandboxes' range) is not asked for at all.
+      const asRoot = await ask('/v1/call/start', JSON.stringify([{ id: 'abc', uid: 0, runtime: 'runc' }]));
+      expect(asRoot.status).toBe(400);
       expect((await ask('/v1/call/create', 'not json')).status).toBe(400);
       expect((await ask('/v1/call/exec', '[]')).status).toBe(404);
       expect(calls).toEqual([]);

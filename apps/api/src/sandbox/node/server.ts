@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { ApiError } from '../../lib/errors.ts';
 import { ImageBuildFailed, type SandboxBackend, type SandboxContainer } from '../backend.ts';
+import { SANDBOX_UID_COUNT, SANDBOX_UID_MIN } from '../docker/container-spec.ts';
 import { peerName, type PeerCredentials } from './pki.ts';
 import { CALLS, type Call, frame, readAll, STDERR, STDOUT, type WireError } from './wire.ts';
 
@@ -47,7 +48,12 @@ const limits = z.object({
 });
 const container = z.object({
   id,
-  uid: z.number().int().nonnegative(),
+  // Only a sandbox uid: no call can make the node start a runner as root or a system user.
+  uid: z
+    .number()
+    .int()
+    .min(SANDBOX_UID_MIN)
+    .max(SANDBOX_UID_MIN + SANDBOX_UID_COUNT - 1),
   runtime,
   proxyUrl: z.string().max(2048).optional(),
 });
