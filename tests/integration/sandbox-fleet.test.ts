@@ -244,4 +244,34 @@ describe('sandboxes on a fleet of nodes', () => {
       expect.objectContaining({ host: 'other.refused.test', allowed: false, status: 403 }),
     ]);
   });
+
+  it('a container another replica left running after its row was marked removed (a node declared lost) is reaped by any replica', async () => {
+    const s = await newSession();
+    expect((await exec(s)).body.stdout).toBe('42\n');
+    const [row] = (await t.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, s))).filter(
+      (r) => r.state !== 'removed',
+    );
+    const [node, inner] = row!.containerId.split('/') as [string, string];
+    // What declaring a node lost does to the row while its container still runs somewhere.
+    await t.database.db
+      .update(sandboxes)
+      .set({ state: 'removed', removedReason: 'node_lost' })
+      .where(like(sandboxes.id, row!.id));
+    const onNode = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, node);
+    expect((await onNode.list()).map((c) => c.id)).toContain(inner);
+    // A second replica, which never had it: it is not its own and not past its lifetime, but its row says removed.
+    const replica = await issue(ca, { role: 'api', name: 'replica-2' });
+    const other = await createTestApp({
+      replicaOf: t,
+      backend: (db) => new FleetBackend({ db, credentials: replica }),
+    });
+    try {
+      await other.engine.reap();
+      expect((await onNode.list()).map((c) => c.id)).not.toContain(inner);
+    } finally {
+      await other.close();
+    }
+    // The session goes on in a new sandbox.
+    expect((await exec(s)).body).toMatchObject({ restarted: true, stdout: '42\n' });
+  });
 });

@@ -26,7 +26,8 @@ export interface ReaperOptions {
 
 /**
  * Reconciles the container runtime with the database. Any replica of this installation removes its
- * containers past their hard lifetime (never another installation's, whatever their age);
+ * containers past their hard lifetime and those whose row says removed (never another
+ * installation's, whatever their age);
  * this instance also removes its own containers that are neither pooled nor live
  * (all of them at start-up: their runner streams died with the previous process), sandboxes
  * idle longer than their workspace's idle time, and those whose session has ended.
@@ -105,7 +106,10 @@ export class Reaper {
     if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }
 
-  /** Removes the containers the runtime lists that are past their lifetime, or this instance's and unused. */
+  /**
+   * Removes the containers the runtime lists that are past their lifetime, this instance's that
+   * are unused, and another replica's whose row says removed.
+   */
   private async reapContainers(now: number, startup: boolean): Promise<number> {
     const { db, backend, containers, live, pool } = this.deps;
     let removed = 0;
@@ -114,9 +118,15 @@ export class Reaper {
     // database (another replica's); any other is another installation's and never touched.
     const foreign = listed.filter((c) => c.owner !== this.opts.owner).map((c) => c.sandboxId);
     const rows = foreign.length
-      ? await db.select({ id: sandboxes.id }).from(sandboxes).where(inArray(sandboxes.id, foreign))
+      ? await db
+          .select({ id: sandboxes.id, state: sandboxes.state })
+          .from(sandboxes)
+          .where(inArray(sandboxes.id, foreign))
       : [];
     const known = new Set(rows.map((r) => r.id));
+    // Another replica's containers whose rows say removed (a sandbox node declared lost, say, whose
+    // replica died too) are left over wherever they still run: any replica removes them.
+    const removedRows = new Set(rows.filter((r) => r.state === 'removed').map((r) => r.id));
     const liveOn = (containerId: string) => [...live.values()].find((l) => l.container.id === containerId);
     for (const info of listed) {
       const sbx = info.sandboxId;
@@ -128,7 +138,7 @@ export class Reaper {
       if (!mine && !known.has(sbx)) continue;
       const expired = info.expiresAt !== undefined && info.expiresAt < now;
       if (kept && !expired && !startup) continue;
-      if (!expired && !mine) continue;
+      if (!expired && !mine && !removedRows.has(sbx)) continue;
       await backend.remove(info.id).catch(() => undefined);
       if (kept) {
         pool.drop(info.id);
