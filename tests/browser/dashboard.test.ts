@@ -431,7 +431,7 @@ describe('ops dashboard in chromium', () => {
 
     await open('#/', ctx.t.adminKey);
     await page.locator('#runs', { hasText: 'team key' }).waitFor();
-    await page.getByRole('link', { name: 'Teams & updates' }).click();
+    await page.getByRole('link', { name: 'Teams, nodes & updates' }).click();
     await page.locator('#teams tr', { hasText: ctx.team.id }).waitFor();
     expect(await page.locator('#teams').textContent()).toContain('dash');
     // Webhooks are a team's: the org-admin key is told so and gets no webhook panel.

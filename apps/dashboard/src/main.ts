@@ -95,7 +95,7 @@ function render(): void {
     h('a', { href: '#/runs' }, 'Runs'),
     h('a', { href: '#/chat' }, 'Chat'),
     h('a', { href: '#/audit' }, 'Audit'),
-    h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams & updates' : 'Team & webhooks'),
+    h('a', { href: '#/admin' }, isOrgAdminKey(key) ? 'Teams, nodes & updates' : 'Team & webhooks'),
     h('span', { class: 'who' }, isOrgAdminKey(key) ? 'org-admin key' : 'team key', ` ${key.slice(0, 14)}…`),
     h(
       'button',
@@ -115,7 +115,7 @@ function render(): void {
     ? h(
         'p',
         { class: 'hint' },
-        'An org-admin key manages teams and platform updates; runs, approvals, sandboxes and workspaces need a team key.',
+        'An org-admin key manages teams, sandbox nodes and platform updates; runs, approvals, sandboxes and workspaces need a team key.',
       )
     : null;
   replace(flash);
