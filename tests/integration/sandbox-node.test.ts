@@ -180,6 +180,53 @@ describe('sandbox node: who may talk to whom', () => {
     await r.remove(made.id);
   });
 
+  it('builds a template image on its host for a replica, streaming the build’s output; the image is then there until removed', async () => {
+    const r = remote({ url: node.url, name: 'node-a', credentials: replica });
+    const tag = `kiln-node-test:${randomBytes(4).toString('hex')}`;
+    const lines: string[] = [];
+    await r.images.build(
+      {
+        base: image,
+        tag,
+        labels: { 'kiln.test': owner },
+        apt: [],
+        pip: [],
+        pipIndexUrl: 'https://pypi.org/simple',
+        files: [{ path: 'hello.txt', content: 'built on the node\n' }],
+        filesDir: '/opt/kiln-template',
+        aptDay: '2026-12-04',
+      },
+      { onLine: (l) => lines.push(l), timeoutMs: 120_000, signal: new AbortController().signal },
+    );
+    expect(lines.join('\n')).toMatch(/COPY files/);
+    expect(await r.images.idOf(tag)).toMatch(/^sha256:/);
+    // A sandbox of that image has the file.
+    const c = await r.create({
+      image: tag,
+      sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
+      owner,
+      teamId: '',
+      sessionId: '',
+      expiresAt: new Date(Date.now() + 60_000),
+      limits: { memoryMb: 256, cpus: 0.5, pids: 64, timeoutS: 10, diskMb: 64 },
+      runtime: 'runc',
+    });
+    try {
+      await r.start(c);
+      const client = await RunnerClient.start(await r.attachRunner(c), 30_000, true);
+      const res = await client.exec('print(open("/opt/kiln-template/hello.txt").read(), end="")', {
+        timeoutMs: 10_000,
+        maxOutputBytes: 65_536,
+      });
+      expect(res.stdout).toBe('built on the node\n');
+      client.close();
+    } finally {
+      await r.remove(c.id);
+    }
+    await r.images.remove(tag);
+    expect(await r.images.idOf(tag)).toBeNull();
+  });
+
   it('removes its containers past their hard lifetime by itself, whether or not a replica is left', async () => {
     const r = remote({ url: node.url, name: 'node-a', credentials: replica });
     const base = {
