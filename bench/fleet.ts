@@ -14,8 +14,7 @@
  * BENCH_N (warm execs per server, 100), BENCH_COLD_N (10), BENCH_SIZE_N (5) change the sizes.
  */
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { closeSync, fsyncSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -24,6 +23,7 @@ import { issue, makeAuthority } from '../apps/api/src/sandbox/node/pki.ts';
 import { freePort } from '../tests/support/checkout.ts';
 import { startKiln } from '../tests/support/server.ts';
 import { apiCaller, heading, row, summarize, timeEach } from './lib.ts';
+import { fillWorkspace } from './sandbox-workspace.ts';
 
 const N = Number(process.env.BENCH_N ?? 100);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 10);
@@ -31,18 +31,6 @@ const SIZE_N = Number(process.env.BENCH_SIZE_N ?? 5);
 const BLOCK = 20;
 const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
 const MAIN = fileURLToPath(new URL('../apps/api/src/node-main.ts', import.meta.url));
-
-function fillWorkspace(dir: string, mb: number): void {
-  const chunk = randomBytes(1024 * 1024);
-  for (let i = 0; i < mb; i++) {
-    const sub = join(dir, 'data', `d${Math.floor(i / 32)}`);
-    mkdirSync(sub, { recursive: true });
-    const fd = openSync(join(sub, `f${i}.bin`), 'w');
-    writeSync(fd, chunk);
-    fsyncSync(fd);
-    closeSync(fd);
-  }
-}
 
 async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'kiln-bench-fleet-'));

@@ -28,7 +28,8 @@ const MiB = 1024 * 1024;
 /** The files of a workspace: 1 MiB each, 32 to a directory, plus a few small ones. */
 const FILE_BYTES = MiB;
 
-function fillWorkspace(dir: string, mb: number): void {
+/** Writes `mb` files of 1 MiB under `dir/data` (fsynced, so no write-back competes with the timing). */
+export function fillWorkspace(dir: string, mb: number): void {
   const chunk = randomBytes(FILE_BYTES);
   for (let i = 0; i < mb; i++) {
     const sub = join(dir, 'data', `d${Math.floor(i / 32)}`);

@@ -1,8 +1,8 @@
-import { eq, ne, sql } from 'drizzle-orm';
+import { eq, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../../db/client.ts';
 import { rowsOf } from '../../db/rows.ts';
-import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
+import { sandboxNodes } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type {
   BackendCapabilities,
@@ -19,10 +19,8 @@ import type {
 import { sameShape } from '../docker/container-spec.ts';
 import type { SandboxLimits } from '../limits.ts';
 import type { PeerCredentials } from './pki.ts';
+import { LOCAL, placedOn } from './registry.ts';
 import { RemoteBackend } from './remote.ts';
-
-/** The API host's own engine, when it runs sandboxes too (a name no node may have). Its containers' ids carry no node name. */
-export const LOCAL = 'local';
 
 interface Member {
   name: string;
@@ -290,7 +288,7 @@ export class FleetBackend implements SandboxBackend {
     const able = this.placing().filter((m) =>
       m.runtimes.some((r) => r.runtime === req.runtime && (!needsEgress || r.egress)),
     );
-    const committed = await this.committed(req.teamId);
+    const committed = await placedOn(this.o.db, req.teamId);
     const scored = able
       .map((m) => {
         const c = committed.get(m.name) ?? { memoryMb: 0, cpus: 0, team: 0 };
@@ -329,28 +327,6 @@ export class FleetBackend implements SandboxBackend {
       {},
       { 'Retry-After': '5' },
     );
-  }
-
-  /** The memory and CPUs of the sandboxes not removed on each member, and how many are `team`'s. */
-  private async committed(team: string): Promise<Map<string, { memoryMb: number; cpus: number; team: number }>> {
-    const rows = await this.o.db
-      .select({ containerId: sandboxes.containerId, limits: sandboxes.limits, teamId: sandboxes.teamId })
-      .from(sandboxes)
-      .where(ne(sandboxes.state, 'removed'));
-    const out = new Map<string, { memoryMb: number; cpus: number; team: number }>();
-    for (const r of rows) {
-      // A sandbox still being created has no container (and so no member) yet.
-      if (!r.containerId) continue;
-      const at = r.containerId.indexOf('/');
-      const name = at < 0 ? LOCAL : r.containerId.slice(0, at);
-      const l = r.limits as Partial<SandboxLimits>;
-      const c = out.get(name) ?? { memoryMb: 0, cpus: 0, team: 0 };
-      c.memoryMb += l.memoryMb ?? 0;
-      c.cpus += l.cpus ?? 0;
-      if (team && r.teamId === team) c.team++;
-      out.set(name, c);
-    }
-    return out;
   }
 
   async start(container: SandboxContainer): Promise<void> {

@@ -1,9 +1,45 @@
-import { and, eq, like, ne } from 'drizzle-orm';
+import { eq, ne } from 'drizzle-orm';
 import type { Db } from '../../db/client.ts';
 import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
 import type { SandboxLimits } from '../limits.ts';
-import { LOCAL } from './fleet.ts';
+
+/** The API host's own engine, when it runs sandboxes too (a name no node may have). Its containers' ids carry no node name. */
+export const LOCAL = 'local';
+
+/** What is placed on one member: the limits of its sandboxes not removed, their count, and how many are one team's. */
+export interface Placed {
+  memoryMb: number;
+  cpus: number;
+  sandboxes: number;
+  team: number;
+}
+
+/**
+ * The sandboxes not removed on every member, by every replica (read from `sandboxes`, one
+ * statement): a container id `<node>/<id>` names its node; one without a node is the local
+ * engine's; one still being created has no container (and no member) yet.
+ */
+export async function placedOn(db: Db, team = ''): Promise<Map<string, Placed>> {
+  const rows = await db
+    .select({ containerId: sandboxes.containerId, limits: sandboxes.limits, teamId: sandboxes.teamId })
+    .from(sandboxes)
+    .where(ne(sandboxes.state, 'removed'));
+  const out = new Map<string, Placed>();
+  for (const r of rows) {
+    if (!r.containerId) continue;
+    const at = r.containerId.indexOf('/');
+    const name = at < 0 ? LOCAL : r.containerId.slice(0, at);
+    const l = r.limits as Partial<SandboxLimits>;
+    const c = out.get(name) ?? { memoryMb: 0, cpus: 0, sandboxes: 0, team: 0 };
+    c.memoryMb += l.memoryMb ?? 0;
+    c.cpus += l.cpus ?? 0;
+    c.sandboxes++;
+    if (team && r.teamId === team) c.team++;
+    out.set(name, c);
+  }
+  return out;
+}
 
 type NodeRow = typeof sandboxNodes.$inferSelect;
 
@@ -23,25 +59,16 @@ export interface NodeView {
   created_at: string;
 }
 
-const onNode = (name: string) => and(like(sandboxes.containerId, `${name}/%`), ne(sandboxes.state, 'removed'));
-
-async function view(db: Db, r: NodeRow, silentMs: number): Promise<NodeView> {
-  const placed = await db.select({ limits: sandboxes.limits }).from(sandboxes).where(onNode(r.name));
-  const committed = placed.reduce(
-    (acc, p) => {
-      const l = p.limits as Partial<SandboxLimits>;
-      return { memory_mb: acc.memory_mb + (l.memoryMb ?? 0), cpus: acc.cpus + (l.cpus ?? 0) };
-    },
-    { memory_mb: 0, cpus: 0 },
-  );
+function view(r: NodeRow, placed: Map<string, Placed>, silentMs: number): NodeView {
+  const p = placed.get(r.name) ?? { memoryMb: 0, cpus: 0, sandboxes: 0, team: 0 };
   return {
     name: r.name,
     url: r.url,
     state: r.state,
     health: r.lastHeardAt && Date.now() - r.lastHeardAt.getTime() <= silentMs ? 'heard' : 'silent',
     capacity: { memory_mb: r.memoryMb, cpus: r.cpus },
-    committed,
-    sandboxes: placed.length,
+    committed: { memory_mb: p.memoryMb, cpus: p.cpus },
+    sandboxes: p.sandboxes,
     runtimes: r.runtimes,
     last_heard_at: r.lastHeardAt?.toISOString() ?? null,
     last_error: r.lastError,
@@ -57,14 +84,17 @@ export class NodeRegistry {
   ) {}
 
   async list(): Promise<NodeView[]> {
-    const rows = await this.db.select().from(sandboxNodes).orderBy(sandboxNodes.name);
-    return Promise.all(rows.map((r) => view(this.db, r, this.silentMs)));
+    const [rows, placed] = await Promise.all([
+      this.db.select().from(sandboxNodes).orderBy(sandboxNodes.name),
+      placedOn(this.db),
+    ]);
+    return rows.map((r) => view(r, placed, this.silentMs));
   }
 
   async get(name: string): Promise<NodeView> {
     const [r] = await this.db.select().from(sandboxNodes).where(eq(sandboxNodes.name, name));
     if (!r) throw new ApiError('not_found', `no sandbox node named ${name}`);
-    return view(this.db, r, this.silentMs);
+    return view(r, await placedOn(this.db), this.silentMs);
   }
 
   async add(name: string, url: string): Promise<NodeView> {
@@ -72,7 +102,7 @@ export class NodeRegistry {
       throw new ApiError('invalid_request', `"${LOCAL}" names this server's own engine; choose another name`);
     const [r] = await this.db.insert(sandboxNodes).values({ name, url }).onConflictDoNothing().returning();
     if (!r) throw new ApiError('conflict', `a sandbox node named ${name} is registered already`);
-    return view(this.db, r, this.silentMs);
+    return view(r, new Map(), this.silentMs);
   }
 
   /** No new sandboxes on it; the ones it has end as usual (idle, session end, lifetime). */

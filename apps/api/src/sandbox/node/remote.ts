@@ -33,6 +33,8 @@ class NodeError extends Error {
 
 /** How long a call may take before it fails (a create can wait on the engine under load). */
 const CALL_TIMEOUT_MS = 300_000;
+/** The longest line of a build's output stream the API holds while waiting for its end. */
+const MAX_BUILD_LINE = 1024 * 1024;
 /** How long the connection to a node may take to open (TCP and the TLS handshake). */
 const CONNECT_TIMEOUT_MS = 5000;
 
@@ -265,6 +267,9 @@ export class RemoteBackend implements SandboxBackend {
       let end: { done?: true; error?: WireError } | undefined;
       for await (const chunk of stream) {
         rest += chunk.toString();
+        // A build's output line is the tenant's packages' output: never held beyond a bound.
+        if (rest.length > MAX_BUILD_LINE)
+          throw new NodeError(`node ${this.o.name}: a build output line over ${MAX_BUILD_LINE} bytes`, false);
         let at: number;
         while ((at = rest.indexOf('\n')) >= 0) {
           const msg = JSON.parse(rest.slice(0, at)) as { line?: string; done?: true; error?: WireError };
