@@ -332,7 +332,12 @@ describe('GET /metrics (Prometheus)', () => {
 describe('GET /metrics of an app with a warm pool, on PGlite, whose database goes away', () => {
   let t: TestApp;
   beforeAll(async () => {
-    t = await createTestApp({ driver: 'pglite', sandbox: { poolSize: 1 }, env: { KILN_METRICS_TOKEN: TOKEN } });
+    // The pool without fair share: warm containers for any team (with it, tests/integration/sandbox-fair-share.test.ts).
+    t = await createTestApp({
+      driver: 'pglite',
+      sandbox: { poolSize: 1 },
+      env: { KILN_METRICS_TOKEN: TOKEN, KILN_SANDBOX_FAIR_SHARE: 'off' },
+    });
     await t.engine.poolSettled();
   });
   afterAll(() => t.close());

@@ -1,12 +1,15 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import type { Logger } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { removeCgroupTree, teamGroup } from '../../apps/api/src/sandbox/docker/cgroups.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import type { SandboxContainer } from '../../apps/api/src/sandbox/backend.ts';
 import type { SandboxRuntime } from '../../apps/api/src/workspace/settings.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 const ROOT = '/sys/fs/cgroup';
@@ -142,16 +145,136 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
     expect(comms).toEqual(expect.arrayContaining(['runsc-sandbox', 'runsc-gofer']));
     await remove(c);
   });
+
+  it('a backend starting up removes the empty team groups a killed process left, never one that holds a container', async () => {
+    const live = await create('team_live');
+    const leftover = teamGroup('team_killed');
+    mkdirSync(groupDir(leftover), { recursive: true });
+    const next = new DockerBackend(docker, undefined, { parent: PARENT, parentWeight: 30, teamWeight: 200 });
+    expect((await next.capabilities()).teamBound).toBe(true);
+    expect(existsSync(groupDir(leftover))).toBe(false);
+    expect(await cgroupOf(live.id)).toBe(`/${PARENT}/${teamGroup('team_live')}/${live.id}`);
+    await remove(live);
+  });
+});
+
+describe('fair share through the API: warm containers made in the team group of the teams that claimed last', () => {
+  const parent = `kiln-test-api-${process.pid}`;
+  let t: TestApp;
+  let replica: TestApp | undefined;
+  const env = {
+    KILN_SANDBOX_FAIR_SHARE: 'on',
+    KILN_SANDBOX_CGROUP: parent,
+    KILN_SANDBOX_POOL_SIZE: '2',
+  };
+
+  beforeAll(async () => {
+    t = await createTestApp({ env });
+    await t.engine.poolSettled();
+  });
+  afterAll(async () => {
+    await replica?.close();
+    await t?.close();
+    await removeCgroupTree(parent);
+  });
+
+  /** This app's containers that no session of these teams holds: the warm pool, with each one's team and cgroup. */
+  const warm = async (app: TestApp, teams: { key: string }[]) => {
+    const owner = (app.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const live = new Set<string>();
+    for (const team of teams)
+      for (const s of (await app.call('GET', '/v1/sandboxes', { key: team.key })).body.data) live.add(s.id);
+    const listed = await docker.listContainers({ filters: { label: [`kiln.owner=${owner}`] } });
+    return Promise.all(
+      listed
+        .filter((c) => !live.has(c.Labels['kiln.sandbox']!))
+        .map(async (c) => ({
+          team: c.Labels['kiln.team'],
+          sandbox: c.Labels['kiln.sandbox'],
+          cgroup: await cgroupOf(c.Id),
+        })),
+    );
+  };
+
+  it("claims a warm container made in its team's group; another team's first sandbox starts cold in its own", async () => {
+    const [a, b] = [await t.team('fair-a'), await t.team('fair-b')];
+    expect(await warm(t, [a, b])).toEqual([]);
+    const first = await exec(t, a.key, (await sessionIn(t, a)).session, 'print(1)');
+    expect(first.stdout).toBe('1\n');
+    await t.engine.poolSettled();
+    const made = await warm(t, [a, b]);
+    expect(made).toHaveLength(2);
+    for (const w of made) {
+      expect(w.team).toBe(a.id);
+      expect(w.cgroup).toMatch(new RegExp(`^/${parent}/${teamGroup(a.id)}/[0-9a-f]{64}$`));
+    }
+    const second = await exec(t, a.key, (await sessionIn(t, a)).session, 'print(2)');
+    expect(made.map((w) => w.sandbox)).toContain(second.sandbox_id);
+
+    const other = await exec(t, b.key, (await sessionIn(t, b)).session, 'print(3)');
+    expect(made.map((w) => w.sandbox)).not.toContain(other.sandbox_id);
+    const [c] = await docker.listContainers({ filters: { label: [`kiln.sandbox=${other.sandbox_id}`] } });
+    expect(await cgroupOf(c!.Id)).toBe(`/${parent}/${teamGroup(b.id)}/${c!.Id}`);
+    await t.engine.poolSettled();
+    expect((await warm(t, [a, b])).map((w) => w.team).sort()).toEqual([a.id, b.id].sort());
+
+    // A replica started later makes its warm containers for the teams that started sandboxes last.
+    replica = await createTestApp({ env, replicaOf: t });
+    await replica.engine.poolSettled();
+    const seeded = await warm(replica, [a, b]);
+    expect(seeded.map((w) => w.team).sort()).toEqual([a.id, b.id].sort());
+    for (const w of seeded) expect(w.cgroup.startsWith(`/${parent}/${teamGroup(w.team!)}/`)).toBe(true);
+  });
 });
 
 describe('fair share configuration', () => {
-  it('is off by default; on, it names the parent and weights and keeps no warm containers', () => {
-    expect(loadConfig({}).sandbox.fairShare).toBeUndefined();
+  it('is auto by default: on where the host allows it, with warm containers; off turns it off; a bad name is refused', () => {
+    const auto = loadConfig({});
+    expect(auto.sandbox.fairShare).toEqual({ parent: 'kiln', parentWeight: 50, teamWeight: 100, auto: true });
+    expect([auto.sandbox.poolSize, auto.sandbox.preparedPoolSize, auto.templates.poolSize]).toEqual([2, 2, 1]);
+    expect(loadConfig({ KILN_SANDBOX_FAIR_SHARE: 'off' }).sandbox.fairShare).toBeUndefined();
     const on = loadConfig({ KILN_SANDBOX_FAIR_SHARE: 'on', KILN_SANDBOX_CPU_WEIGHT: '20' });
-    expect(on.sandbox.fairShare).toEqual({ parent: 'kiln', parentWeight: 20, teamWeight: 100 });
-    expect([on.sandbox.poolSize, on.sandbox.preparedPoolSize, on.templates.poolSize]).toEqual([0, 0, 0]);
+    expect(on.sandbox.fairShare).toEqual({ parent: 'kiln', parentWeight: 20, teamWeight: 100, auto: false });
     expect(() => loadConfig({ KILN_SANDBOX_FAIR_SHARE: 'on', KILN_SANDBOX_CGROUP: '../etc' })).toThrow(
       /KILN_SANDBOX_CGROUP/,
     );
+  });
+
+  it('auto: on this host (local engine, cgroupfs, root) it binds containers to their team; where it cannot make its group, it is off and says why', async () => {
+    const here = new DockerBackend(docker, undefined, {
+      parent: PARENT,
+      parentWeight: 50,
+      teamWeight: 100,
+      auto: true,
+    });
+    expect((await here.capabilities()).teamBound).toBe(true);
+    const warnings: unknown[] = [];
+    const log = { warn: (o: unknown) => warnings.push(o), info: () => undefined } as unknown as Logger;
+    const nowhere = new DockerBackend(docker, undefined, {
+      parent: PARENT,
+      parentWeight: 50,
+      teamWeight: 100,
+      auto: true,
+      root: '/nonexistent-cgroup-root',
+      log,
+    });
+    expect((await nowhere.capabilities()).teamBound).toBe(false);
+    expect(warnings).toEqual([{ reason: 'no cgroup file system at /nonexistent-cgroup-root' }]);
+    // Its sandboxes stay in Docker's default parent, each with its own limits.
+    const c = await nowhere.create({
+      image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
+      sandboxId: `sbx_fairtest${process.pid}auto`,
+      owner: OWNER,
+      teamId: 'team_auto',
+      sessionId: 'ses_fairtest',
+      expiresAt: new Date(Date.now() + 600_000),
+      limits,
+      runtime: 'runc',
+    });
+    try {
+      expect((await docker.getContainer(c.id).inspect()).HostConfig.CgroupParent).toBe('');
+    } finally {
+      await nowhere.remove(c.id);
+    }
   });
 });

@@ -32,7 +32,11 @@ describe('sandbox lifecycle', () => {
   let t: TestApp;
   let team: { id: string; key: string };
   beforeAll(async () => {
-    t = await createTestApp({ sandbox: { poolSize: 2, idleMs: 60_000, perTeamMax: 20, now: () => now } });
+    // The pool without fair share: warm containers for any team (with it, tests/integration/sandbox-fair-share.test.ts).
+    t = await createTestApp({
+      sandbox: { poolSize: 2, idleMs: 60_000, perTeamMax: 20, now: () => now },
+      env: { KILN_SANDBOX_FAIR_SHARE: 'off' },
+    });
     team = await t.team('lifecycle');
   });
   afterAll(() => t.close());

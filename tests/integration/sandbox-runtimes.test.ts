@@ -24,7 +24,11 @@ describe('sandbox runtimes with gVisor available (the default KILN_SANDBOX_RUNTI
   let team: { id: string; key: string };
   beforeAll(async () => {
     // The server's own default (the test apps otherwise pin runc), and one warm container.
-    t = await createTestApp({ sandbox: { defaultRuntime: undefined, poolSize: 1 } });
+    // The pool without fair share: warm containers for any team (with it, tests/integration/sandbox-fair-share.test.ts).
+    t = await createTestApp({
+      sandbox: { defaultRuntime: undefined, poolSize: 1 },
+      env: { KILN_SANDBOX_FAIR_SHARE: 'off' },
+    });
     team = await t.team('runtimes');
     await t.engine.poolSettled();
   });

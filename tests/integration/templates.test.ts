@@ -134,7 +134,11 @@ describe('sandbox templates', () => {
   beforeAll(async () => {
     wheelDir = mkdtempSync(join(tmpdir(), 'kiln-wheel-'));
     index = await serveIndex(buildWheel(wheelDir));
-    t = await createTestApp({ env: { KILN_PIP_INDEX_URL: index.url }, sandbox: { templatePoolSize: 1 } });
+    // Template images have warm containers without fair share only (an image is no team's: docs/security.md).
+    t = await createTestApp({
+      env: { KILN_PIP_INDEX_URL: index.url, KILN_SANDBOX_FAIR_SHARE: 'off' },
+      sandbox: { templatePoolSize: 1 },
+    });
     owner = await t.team('templates-owner');
     other = await t.team('templates-other');
   }, 60_000);

@@ -159,7 +159,7 @@ export async function createTestApp(
           new DockerBackend(
             connectDocker(process.env.DOCKER_HOST),
             egressOf(config, logger),
-            config.sandbox.fairShare,
+            config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
           )),
     logger,
     selfUpdate: opts.selfUpdate ?? false,

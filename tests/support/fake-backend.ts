@@ -46,6 +46,7 @@ export class FakeBackend implements SandboxBackend {
       hostWorkspaceMounts: false,
       // Memory, CPU and pids change in place; the disk (tmpfs sizes) only at creation.
       resizable: (from: SandboxLimits, to: SandboxLimits) => from.diskMb === to.diskMb,
+      teamBound: false,
       ...this.caps,
     };
   }

@@ -130,3 +130,67 @@ describe('sandbox engine on the fake backend', () => {
     expect(await warm()).toHaveLength(2);
   });
 });
+
+describe('warm pool on a backend that binds a container to its team (fair share)', () => {
+  let t: TestApp;
+  let fake: FakeBackend;
+
+  beforeAll(async () => {
+    fake = new FakeBackend([IMAGE], { teamBound: true });
+    t = await createTestApp({
+      driver: 'pglite',
+      backend: fake,
+      sandbox: { poolSize: 2, reapIntervalMs: 3_600_000 },
+      env: { KILN_SANDBOX_IMAGE: IMAGE },
+    });
+    await t.engine.poolSettled();
+  });
+  afterAll(() => t?.close());
+
+  /** Containers made for no session that no session of these teams has claimed, as team id → count. */
+  const warmByTeam = async (app: TestApp, teams: { id: string; key: string }[]) => {
+    const live = new Set<string>();
+    for (const team of teams)
+      for (const s of (await app.call('GET', '/v1/sandboxes', { key: team.key })).body.data) live.add(s.id);
+    const owner = (app.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const counts: Record<string, number> = {};
+    for (const c of fake.containers.values())
+      if (c.req.owner === owner && c.req.sessionId === '' && !live.has(c.req.sandboxId))
+        counts[c.req.teamId] = (counts[c.req.teamId] ?? 0) + 1;
+    return counts;
+  };
+  const warmIds = (teamId: string) =>
+    new Set(
+      [...fake.containers.values()]
+        .filter((c) => c.req.teamId === teamId && c.req.sessionId === '')
+        .map((c) => c.req.sandboxId),
+    );
+
+  it("makes warm containers for the teams that claimed last, and a team never claims another team's", async () => {
+    const [a, b, c] = [await t.team('bound-a'), await t.team('bound-b'), await t.team('bound-c')];
+    // No team has claimed yet: nothing is warm, and a team's first sandbox starts cold.
+    expect(await warmByTeam(t, [a, b, c])).toEqual({});
+    const first = await exec(t, a.key, (await sessionIn(t, a)).session, 'print(1)');
+    expect(first.stdout).toBe('1\n');
+    await t.engine.poolSettled();
+    expect(await warmByTeam(t, [a, b, c])).toEqual({ [a.id]: 2 });
+
+    // Its next session claims one made for it.
+    const aWarm = warmIds(a.id);
+    const second = await exec(t, a.key, (await sessionIn(t, a)).session, 'print(2)');
+    expect(aWarm.has(second.sandbox_id)).toBe(true);
+    await t.engine.poolSettled();
+
+    // Another team's session never takes a's: it starts cold, and the pool then holds one for each.
+    const bFirst = await exec(t, b.key, (await sessionIn(t, b)).session, 'print(3)');
+    expect(warmIds(a.id).has(bFirst.sandbox_id)).toBe(false);
+    expect([...fake.containers.values()].find((x) => x.req.sandboxId === bFirst.sandbox_id)!.req.teamId).toBe(b.id);
+    await t.engine.poolSettled();
+    expect(await warmByTeam(t, [a, b, c])).toEqual({ [a.id]: 1, [b.id]: 1 });
+
+    // A third team pushes out the one that claimed least recently: a's warm container goes.
+    await exec(t, c.key, (await sessionIn(t, c)).session, 'print(4)');
+    await t.engine.poolSettled();
+    expect(await warmByTeam(t, [a, b, c])).toEqual({ [b.id]: 1, [c.id]: 1 });
+  });
+});

@@ -82,7 +82,8 @@ const schema = z.object({
   KILN_SANDBOX_MOUNT_MAX_MB: int(1, 1_048_576).optional(),
   // Fair share of the host (sandbox/docker/cgroups.ts): each team's sandboxes in one cgroup with
   // one CPU/IO weight, under a parent for all sandboxes weighted below the rest of the host.
-  KILN_SANDBOX_FAIR_SHARE: z.enum(['on', 'off']).default('off'),
+  // auto: where the host allows it (local engine, cgroupfs driver, cgroup fs writable), else off, logged.
+  KILN_SANDBOX_FAIR_SHARE: z.enum(['on', 'off', 'auto']).default('auto'),
   KILN_SANDBOX_CGROUP: z
     .string()
     .regex(/^[A-Za-z0-9_-]{1,64}$/, 'a cgroup name: letters, digits, _ - only (max 64)')
@@ -254,8 +255,11 @@ export type Config = {
     /** The runtimes workspaces may pick (KILN_SANDBOX_RUNTIMES); unset, decided at start-up from what dockerd has. */
     runtimes?: SandboxRuntime[];
     max: { memoryMb: number; cpus: number; pids: number; timeoutS: number; diskMb: number };
-    /** KILN_SANDBOX_FAIR_SHARE=on: the team cgroups' parent and weights (sandbox/docker/cgroups.ts); off, unset. */
-    fairShare?: { parent: string; parentWeight: number; teamWeight: number; teamCpus?: number };
+    /**
+     * KILN_SANDBOX_FAIR_SHARE on or auto: the team cgroups' parent and weights (sandbox/docker/cgroups.ts),
+     * with `auto` where the host decides (else no fair share, logged); off, unset.
+     */
+    fairShare?: { parent: string; parentWeight: number; teamWeight: number; teamCpus?: number; auto: boolean };
     /** Host workspace mounts (sandbox/workspace-mounts.ts). */
     workspaceMount: {
       mode: 'auto' | 'on' | 'off';
@@ -352,7 +356,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         ),
       );
   }
-  const fairShare = e.KILN_SANDBOX_FAIR_SHARE === 'on';
+  const fairShare = e.KILN_SANDBOX_FAIR_SHARE !== 'off';
   return {
     port: e.KILN_PORT,
     host: e.KILN_HOST,
@@ -403,16 +407,17 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       timeoutMs: e.KILN_MODEL_TIMEOUT_S * 1000,
     },
     sandbox: {
-      // A container's cgroup is fixed when it is created, before a warm one has a team: with fair
-      // share there are no warm containers (a claimed one would sit outside its team's group).
-      poolSize: fairShare ? 0 : e.KILN_SANDBOX_POOL_SIZE,
-      preparedPoolSize: fairShare ? 0 : e.KILN_SANDBOX_PREPARED_POOL_SIZE,
+      // With fair share a container's cgroup is fixed when it is created: warm ones are made for
+      // a team (the pool keeps them for the teams that started sandboxes last, pool.ts).
+      poolSize: e.KILN_SANDBOX_POOL_SIZE,
+      preparedPoolSize: e.KILN_SANDBOX_PREPARED_POOL_SIZE,
       fairShare: fairShare
         ? {
             parent: e.KILN_SANDBOX_CGROUP,
             parentWeight: e.KILN_SANDBOX_CPU_WEIGHT,
             teamWeight: e.KILN_SANDBOX_TEAM_WEIGHT,
             teamCpus: e.KILN_SANDBOX_TEAM_MAX_CPUS,
+            auto: e.KILN_SANDBOX_FAIR_SHARE === 'auto',
           }
         : undefined,
       idleS: e.KILN_SANDBOX_IDLE_S,
@@ -440,7 +445,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       debianMirror: /^https?:\/\//.test(e.KILN_DEBIAN_MIRROR ?? '') ? e.KILN_DEBIAN_MIRROR : undefined,
       buildTimeoutMs: e.KILN_TEMPLATE_BUILD_TIMEOUT_S * 1000,
       maxLogBytes: e.KILN_TEMPLATE_MAX_LOG_BYTES,
-      poolSize: fairShare ? 0 : e.KILN_TEMPLATE_POOL_SIZE,
+      poolSize: e.KILN_TEMPLATE_POOL_SIZE,
       buildConcurrency: e.KILN_TEMPLATE_BUILD_CONCURRENCY,
       buildTeamConcurrency: e.KILN_TEMPLATE_BUILD_TEAM_CONCURRENCY,
       maxPerTeam: e.KILN_TEMPLATES_MAX_PER_TEAM,

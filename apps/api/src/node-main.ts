@@ -86,7 +86,7 @@ async function serve(): Promise<void> {
   const backend = new DockerBackend(
     connectDocker(config.dockerHost),
     egressOf(config, logger),
-    config.sandbox.fairShare,
+    config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
     e.KILN_NODE_NAME,
   );
   const node = await startNode({

@@ -20,7 +20,8 @@ export interface RunningServer {
 export async function startServer(config: Config, logger: Logger): Promise<RunningServer> {
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
-  const local = new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger), config.sandbox.fairShare);
+  const fairShare = config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger };
+  const local = new DockerBackend(connectDocker(config.dockerHost), egressOf(config, logger), fairShare);
   // With sandbox nodes, the backend is the fleet (registered nodes, and this host's engine unless turned off).
   const fleet = config.nodes
     ? new FleetBackend({

@@ -72,6 +72,12 @@ export interface BackendCapabilities {
    * when a workspace claims it; else a claim with `to` starts a new one.
    */
   resizable(from: SandboxLimits, to: SandboxLimits, runtime: SandboxRuntime): boolean;
+  /**
+   * A container is bound for good to the team it is created for (its share of the host: fair
+   * share's team cgroup, fixed at creation). Warm containers are then made for a team, and only
+   * that team's sessions claim them; else they are made for no team and any team claims them.
+   */
+  teamBound: boolean;
 }
 
 /** A runtime a backend can run, and whether its sandboxes can reach the egress proxy. */

@@ -21,6 +21,8 @@ export interface Sandbox {
   workspaceDir?: string;
   /** That directory already holds the copy of the workspace it was created for (a cold start). */
   filled?: boolean;
+  /** A warm container made for one team (a team-bound backend: fair share): only that team claims it. */
+  forTeam?: string;
 }
 
 /** The team and session a container is created for; empty for a warm one. */

@@ -1,4 +1,4 @@
-import { and, eq, inArray, isNull, ne, type SQL } from 'drizzle-orm';
+import { and, desc, eq, gt, inArray, isNull, max, ne, type SQL } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { combine } from '../db/batch.ts';
@@ -242,7 +242,7 @@ export class SandboxEngine {
       throw new ConfigError([`the default sandbox runtime ${defaultRt} is not among ${offered.join(', ')}`]);
     this.settings.useRuntimes(offered, defaultRt, withEgress);
     // Warm containers are for the runtime new workspaces get; a workspace with the other one starts cold.
-    this.pool.use({ runtime: defaultRt }, caps.resizable);
+    this.pool.use({ runtime: defaultRt }, caps);
   }
 
   /**
@@ -271,8 +271,23 @@ export class SandboxEngine {
     await this.reap({ startup: true });
     // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.
     await this.backend.sweepEgress?.(this.opts.owner, { all: true });
+    // With team-bound containers, warm ones for the teams that started sandboxes last, before a restart too.
+    for (const teamId of (await this.recentTeams()).reverse()) this.pool.claimedBy(teamId);
     this.pool.fill();
     this.reaper.start();
+  }
+
+  /** The teams that started sandboxes most recently (this week), most recent first, as many as the pool holds. */
+  private async recentTeams(): Promise<string[]> {
+    if (!this.opts.poolSize) return [];
+    const rows = await this.db
+      .select({ teamId: sandboxes.teamId, last: max(sandboxes.createdAt) })
+      .from(sandboxes)
+      .where(gt(sandboxes.createdAt, new Date(this.now() - 7 * 86_400_000)))
+      .groupBy(sandboxes.teamId)
+      .orderBy(desc(max(sandboxes.createdAt)))
+      .limit(this.opts.poolSize);
+    return rows.map((r) => r.teamId);
   }
 
   /** Removes every container of this instance: the runner streams die with the process anyway. */

@@ -216,7 +216,7 @@ export class LiveSandboxes {
     const head = ctx.workspaceDir ? readHead(ctx.workspaceDir) : null;
     const warm = offNet
       ? (ctx.workspaceDir && pool.takePrepared(limits, key, image, { id: ctx.workspaceId, head })) ||
-        pool.take(limits, key, image)
+        pool.take(limits, key, image, ctx.teamId)
       : undefined;
     const id = warm?.id ?? newId('sbx');
     // Between the pool and the live map, a claimed container belongs to no list the reaper knows.
@@ -283,11 +283,12 @@ export class LiveSandboxes {
       throw err;
     } finally {
       this.claiming.delete(id);
+      pool.claimedBy(ctx.teamId);
       pool.fill();
       // The workspace's next session gets a container filled with its tree ahead of time, when
       // the pool's containers fit it (another runtime or shape could never take one).
       if (ctx.workspaceDir && offNet && pool.serves(limits, key) && this.bySession.get(ctx.sessionId)?.id === id)
-        pool.prepare(ctx.workspaceId, ctx.workspaceDir, image);
+        pool.prepare(ctx.workspaceId, ctx.teamId, ctx.workspaceDir, image);
     }
   }
 

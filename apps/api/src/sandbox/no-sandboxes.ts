@@ -37,6 +37,7 @@ export class NoSandboxes implements SandboxBackend {
       runtimes: [{ runtime: 'runc' as const, egress: false }],
       hostWorkspaceMounts: false,
       resizable: () => false,
+      teamBound: false,
     };
   }
   ping() {

@@ -45,12 +45,14 @@ interface Prepared {
   head: string | null;
   /** The working tree it was copied from: what a refill after a commit copies again. */
   dir: string;
+  /** The workspace's team: with team-bound containers, the one it is made for. */
+  teamId: string;
 }
 
 /** Where the fills of one workspace stand (see `prepare`). */
 interface FillState {
-  /** A fill is wanted: of this directory, in this image. */
-  wanted?: { dir: string; image: string };
+  /** A fill is wanted: of this directory, in this image, for the workspace's team. */
+  wanted?: { dir: string; image: string; teamId: string };
   /** When the last fill for the workspace started (performance.now()). */
   lastStart: number;
   /** Until when a fill waits for the workspace's commits to stop (the last commit plus the interval). */
@@ -64,9 +66,15 @@ interface FillState {
 }
 
 /**
- * The warm pool: started containers with a ready runner, for no team or session yet, so that a
- * session whose workspace has the pool's shape skips the cold start. Refilled after every claim
- * and reaper pass; never after `stop`.
+ * The warm pool: started containers with a ready runner, for no session yet, so that a session
+ * whose workspace has the pool's shape skips the cold start. Refilled after every claim and
+ * reaper pass; never after `stop`.
+ *
+ * A container is for no team either, unless the backend binds containers to the team they are
+ * made for (fair share: its cgroup is fixed at creation). Then the pool's `size` warm containers
+ * are made for the teams that claimed sandboxes last, at most `size` of them: one each, the most
+ * recent the rest; a team's first sandbox starts cold. Template images then have no warm
+ * containers (an image is not a team's), and a workspace's filled one is made in its team's.
  */
 export class WarmPool {
   private ready: Sandbox[] = [];
@@ -75,6 +83,10 @@ export class WarmPool {
   private templateImages: string[] = [];
   /** Whether a warm container's limits can become a claim's (the backend's answer; none until `use`). */
   private resizable: BackendCapabilities['resizable'] = () => false;
+  /** Containers are bound to the team they are made for (the backend's answer, see `use`). */
+  private teamBound = false;
+  /** With team-bound containers: the teams that claimed sandboxes last, most recent first, at most `size`. */
+  private teams: string[] = [];
   /** Filled for a workspace, most recent last; claimed only by a session of that workspace. */
   private prepared: Prepared[] = [];
   /** Containers being filled for a workspace (created, copy under way), by container id. */
@@ -84,6 +96,8 @@ export class WarmPool {
   /** Workspaces waiting for one of the `prepareConcurrency` fill slots, first come first served. */
   private readonly fillQueue: string[] = [];
   private fillsRunning = 0;
+  /** Containers it threw away that are being removed. */
+  private readonly removals = new Set<Promise<void>>();
   private stopped = false;
 
   constructor(
@@ -97,26 +111,34 @@ export class WarmPool {
     return this.ready;
   }
 
-  /** What warm containers are made for from now on (before the first fill). */
-  use(key: PoolKey, resizable: BackendCapabilities['resizable']): void {
+  /** What warm containers are made for from now on (before the first fill; again when the backend changes). */
+  use(key: PoolKey, caps: Pick<BackendCapabilities, 'resizable' | 'teamBound'>): void {
     this.opts.key = key;
-    this.resizable = resizable;
+    this.resizable = caps.resizable;
+    this.teamBound = caps.teamBound;
+  }
+
+  /**
+   * A team claimed a sandbox (or did lately, at start-up): with team-bound containers, the warm
+   * ones are made for it from now on, and those of a team that is no longer among the last
+   * `size` go.
+   */
+  claimedBy(teamId: string): void {
+    if (!this.teamBound || !this.opts.size || this.teams[0] === teamId) return;
+    this.teams = [teamId, ...this.teams.filter((t) => t !== teamId)].slice(0, this.opts.size);
   }
 
   /**
    * A warm container of the image for these limits and key when they are the pool's (else the
    * claim starts one cold); those whose runner is gone are thrown away.
    */
-  take(limits: SandboxLimits, key: PoolKey, image = this.opts.image): Sandbox | undefined {
+  take(limits: SandboxLimits, key: PoolKey, image: string, teamId: string): Sandbox | undefined {
     if (!this.serves(limits, key)) return undefined;
-    for (
-      let i = this.ready.findIndex((c) => c.image === image);
-      i >= 0;
-      i = this.ready.findIndex((c) => c.image === image)
-    ) {
+    const fits = (c: Sandbox) => c.image === image && c.forTeam === (this.teamBound ? teamId : undefined);
+    for (let i = this.ready.findIndex(fits); i >= 0; i = this.ready.findIndex(fits)) {
       const [warm] = this.ready.splice(i, 1);
       if (warm!.client.alive) return warm;
-      void this.containers.destroy(warm!);
+      this.discard(warm!);
     }
     return undefined;
   }
@@ -137,13 +159,25 @@ export class WarmPool {
     const kept = new Set([this.opts.image, ...this.templateImages]);
     const dropped = this.ready.filter((c) => !kept.has(c.image));
     this.ready = this.ready.filter((c) => kept.has(c.image));
-    for (const c of dropped) void this.containers.destroy(c);
+    for (const c of dropped) this.discard(c);
     this.fill();
   }
 
-  /** How many warm containers of the image the pool should hold. */
-  private sizeOf(image: string): number {
-    return image === this.opts.image ? this.opts.size : this.opts.templateSize;
+  /**
+   * What the pool should hold: how many warm containers of each image, for which team (none:
+   * any). With team-bound containers, base-image ones for the last teams only (see the class).
+   */
+  private targets(): { image: string; team?: string; count: number }[] {
+    if (this.teamBound)
+      return this.teams.map((team, i) => ({
+        image: this.opts.image,
+        team,
+        count: i === 0 ? this.opts.size - (this.teams.length - 1) : 1,
+      }));
+    return [
+      { image: this.opts.image, count: this.opts.size },
+      ...this.templateImages.map((image) => ({ image, count: this.opts.templateSize })),
+    ];
   }
 
   /**
@@ -162,7 +196,7 @@ export class WarmPool {
     const [p] = this.prepared.splice(i, 1);
     const fits = p!.head === workspace.head && p!.sandbox.image === image && this.serves(limits, key);
     if (fits && p!.sandbox.client.alive) return p!.sandbox;
-    void this.containers.destroy(p!.sandbox);
+    this.discard(p!.sandbox);
     return undefined;
   }
 
@@ -179,11 +213,11 @@ export class WarmPool {
    * The least recently filled goes when `preparedSize` are held; one filled for the workspace
    * before (at an older HEAD) goes once the new one is ready.
    */
-  prepare(workspaceId: string, dir: string, image = this.opts.image): void {
+  prepare(workspaceId: string, teamId: string, dir: string, image = this.opts.image): void {
     if (this.stopped || !this.opts.preparedSize || !this.containers.mountsWorkspaces || image !== this.opts.image)
       return;
     const s = this.fillStateOf(workspaceId);
-    s.wanted = { dir, image };
+    s.wanted = { dir, image, teamId };
     this.schedule(workspaceId, s);
   }
 
@@ -211,7 +245,7 @@ export class WarmPool {
     // A timer set for an earlier time is set again for the later one.
     clearTimeout(s.timer);
     s.timer = undefined;
-    this.prepare(workspaceId, held.dir, held.sandbox.image);
+    this.prepare(workspaceId, held.teamId, held.dir, held.sandbox.image);
   }
 
   /** Whether the pool holds a container filled with the workspace at the HEAD its directory has now. */
@@ -250,7 +284,7 @@ export class WarmPool {
       s.running = true;
       s.lastStart = performance.now();
       this.fillsRunning++;
-      const fill: Promise<void> = this.fillFor(workspaceId, wanted.dir, wanted.image)
+      const fill: Promise<void> = this.fillFor(workspaceId, wanted)
         .catch((err) => this.log.warn({ err, workspace: workspaceId }, 'could not prepare a sandbox for a workspace'))
         .finally(() => {
           this.fills.delete(fill);
@@ -276,8 +310,14 @@ export class WarmPool {
    * One fill: a new container, the working tree copied into its mount, kept only when the copy
    * saw one HEAD from start to end (a commit meanwhile asks for another fill through `changed`).
    */
-  private async fillFor(workspaceId: string, dir: string, image: string): Promise<void> {
-    const c = await this.containers.create(newId('sbx'), this.opts.limits, this.opts.key.runtime, { image });
+  private async fillFor(
+    workspaceId: string,
+    { dir, image, teamId }: { dir: string; image: string; teamId: string },
+  ): Promise<void> {
+    const c = await this.containers.create(newId('sbx'), this.opts.limits, this.opts.key.runtime, {
+      image,
+      session: this.teamBound ? { teamId, sessionId: '' } : undefined,
+    });
     this.preparing.set(c.container.id, { sandboxId: c.id, workspaceId });
     try {
       const head = readHead(dir);
@@ -287,21 +327,20 @@ export class WarmPool {
       // Stopped, or the workspace deleted meanwhile (its state forgotten), or a commit since: not kept.
       if (this.stopped || !this.fillStates.has(workspaceId) || readHead(dir) !== head) {
         await this.containers.destroy(c);
-        if (!this.stopped && this.fillStates.has(workspaceId)) this.prepare(workspaceId, dir, image);
+        if (!this.stopped && this.fillStates.has(workspaceId)) this.prepare(workspaceId, teamId, dir, image);
         return;
       }
       c.filled = true;
       // The one filled before, at an older HEAD, is replaced.
       const older = this.prepared.filter((p) => p.workspaceId === workspaceId);
       this.prepared = this.prepared.filter((p) => p.workspaceId !== workspaceId);
-      for (const p of older) void this.containers.destroy(p.sandbox);
-      this.prepared.push({ sandbox: c, workspaceId, head, dir });
+      for (const p of older) this.discard(p.sandbox);
+      this.prepared.push({ sandbox: c, workspaceId, head, dir, teamId });
       this.log.info(
         { workspace: workspaceId, sandbox: c.id, ...copied, copy_ms: Math.round(performance.now() - t0) },
         "sandbox filled for the workspace's next session",
       );
-      while (this.prepared.length > this.opts.preparedSize)
-        void this.containers.destroy(this.prepared.shift()!.sandbox);
+      while (this.prepared.length > this.opts.preparedSize) this.discard(this.prepared.shift()!.sandbox);
     } catch (err) {
       await this.containers.destroy(c);
       throw err;
@@ -317,7 +356,7 @@ export class WarmPool {
     this.fillStates.delete(workspaceId);
     const gone = this.prepared.filter((p) => p.workspaceId === workspaceId);
     this.prepared = this.prepared.filter((p) => p.workspaceId !== workspaceId);
-    for (const p of gone) void this.containers.destroy(p.sandbox);
+    for (const p of gone) this.discard(p.sandbox);
   }
 
   /** Puts back a warm container taken for a claim that did not happen, first in line. */
@@ -349,32 +388,61 @@ export class WarmPool {
     this.prepared = this.prepared.filter((p) => p.sandbox.container.id !== containerId);
   }
 
-  /** Starts as many warm containers of each image as the pool lacks (counting those being started). */
+  /**
+   * Starts as many warm containers of each image (and team) as the pool lacks, counting those
+   * being started; removes those it no longer wants, oldest first (a template dropped, a team no
+   * longer among the last, or one that now gets fewer).
+   */
   fill(): void {
-    for (const image of [this.opts.image, ...this.templateImages]) {
-      const count = () =>
-        this.ready.filter((c) => c.image === image).length + [...this.fills.values()].filter((i) => i === image).length;
-      while (!this.stopped && count() < this.sizeOf(image)) {
+    const targets = this.targets();
+    const slot = (image: string, team?: string) => `${image}\n${team ?? ''}`;
+    const room = new Map(targets.map((t) => [slot(t.image, t.team), t.count]));
+    const kept: Sandbox[] = [];
+    for (const c of [...this.ready].reverse()) {
+      const key = slot(c.image, c.forTeam);
+      const left = room.get(key) ?? 0;
+      if (left > 0) {
+        room.set(key, left - 1);
+        kept.unshift(c);
+      } else this.discard(c);
+    }
+    this.ready = kept;
+    for (const { image, team, count } of targets) {
+      const key = slot(image, team);
+      const held = () =>
+        this.ready.filter((c) => slot(c.image, c.forTeam) === key).length +
+        [...this.fills.values()].filter((k) => k === key).length;
+      while (!this.stopped && held() < count) {
         const fill: Promise<void> = this.containers
-          .create(newId('sbx'), this.opts.limits, this.opts.key.runtime, { image })
+          .create(newId('sbx'), this.opts.limits, this.opts.key.runtime, {
+            image,
+            session: team === undefined ? undefined : { teamId: team, sessionId: '' },
+          })
           .then(
             async (c) => {
-              // A template dropped while its container was starting: not kept.
-              if (this.stopped || (image !== this.opts.image && !this.templateImages.includes(image)))
+              c.forTeam = team;
+              // A template (or team) dropped while its container was starting: not kept.
+              if (this.stopped || !this.targets().some((t) => slot(t.image, t.team) === key))
                 await this.containers.destroy(c);
               else this.ready.push(c);
             },
             (err) => this.log.error({ err, image }, 'could not start a warm sandbox'),
           )
           .finally(() => this.fills.delete(fill));
-        this.fills.set(fill, image);
+        this.fills.set(fill, key);
       }
     }
   }
 
-  /** Resolves once the warm containers being started right now are ready (or failed). */
+  /** Removes a container the pool no longer holds, in the background (`settled` waits for it). */
+  private discard(c: Sandbox): void {
+    const removal: Promise<void> = this.containers.destroy(c).finally(() => this.removals.delete(removal));
+    this.removals.add(removal);
+  }
+
+  /** Resolves once the warm containers being started right now are ready (or failed), and those it threw away are gone. */
   async settled(): Promise<void> {
-    while (this.fills.size) await Promise.allSettled([...this.fills.keys()]);
+    while (this.fills.size || this.removals.size) await Promise.allSettled([...this.fills.keys(), ...this.removals]);
   }
 
   /** No more fills; a warm container still being started removes itself once it is up. */

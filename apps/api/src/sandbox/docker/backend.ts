@@ -54,8 +54,11 @@ export class DockerBackend implements SandboxBackend {
   private readonly proxies = new Map<string, EgressProxy>();
   /** Allowlist sandboxes' containers: their proxy and sandbox id. */
   private readonly egressOf = new Map<string, { proxy: EgressProxy; sandboxId: string }>();
-  /** With fair share: each team's sandboxes in a cgroup of its own (cgroups.ts). */
-  private readonly cgroups?: TeamCgroups;
+  /**
+   * With fair share in force on this host: each team's sandboxes in a cgroup of its own
+   * (cgroups.ts). Decided once, at the first question (`auto`: only where the host allows it).
+   */
+  private cgroups?: Promise<TeamCgroups | undefined>;
   /** The team of each container made in a team cgroup, whose group it leaves when removed. */
   private readonly teamOf = new Map<string, string>();
 
@@ -67,14 +70,13 @@ export class DockerBackend implements SandboxBackend {
     /** Unset: no egress proxy (a request for an allowlist sandbox is refused). */
     private readonly egress?: EgressOptions & { log?: Logger },
     /** Unset: sandboxes are in Docker's default cgroup parent, each with only its own limits. */
-    private readonly fairShare?: FairShareOptions,
+    private readonly fairShare?: FairShareOptions & { auto?: boolean; log?: Logger },
     /**
      * A sandbox node's name: its containers carry it (`kiln.node`) and it lists only those, so
      * two nodes on one engine (or a node beside an API that uses the engine itself) keep apart.
      */
     private readonly node?: string,
   ) {
-    if (fairShare) this.cgroups = new TeamCgroups(fairShare);
     this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
   }
@@ -117,23 +119,71 @@ export class DockerBackend implements SandboxBackend {
   }
 
   private async createWith(req: ContainerRequest, egress?: EgressAttachment): Promise<SandboxContainer> {
-    // A warm container (no team yet) stays in Docker's default parent; with fair share there are none (config.ts).
-    const team = this.cgroups && req.teamId ? req.teamId : undefined;
-    const cgroupParent = team ? await this.cgroups!.enter(team) : undefined;
+    // With fair share, warm containers are made for a team too (capabilities: teamBound); one
+    // for no team (a contract test's) stays in Docker's default parent.
+    const cgroups = await this.teamCgroups();
+    const team = cgroups && req.teamId ? req.teamId : undefined;
+    const cgroupParent = team ? await cgroups!.enter(team) : undefined;
     try {
-      const made = await this.createIn(req, egress, cgroupParent);
+      const made = await this.createIn(req, egress, cgroupParent, cgroups !== undefined);
       if (team) this.teamOf.set(made.id, team);
       return made;
     } catch (err) {
-      if (team) await this.cgroups!.leave(team);
+      if (team) await cgroups!.leave(team);
       throw err;
     }
+  }
+
+  /** The team cgroups when fair share is in force on this host, decided at the first question. */
+  private teamCgroups(): Promise<TeamCgroups | undefined> {
+    this.cgroups ??= this.decideFairShare();
+    return this.cgroups;
+  }
+
+  /**
+   * `on`: the team cgroups (a host that cannot make them fails each create, naming why).
+   * `auto`: the same where this host allows it, else none, logged once with the reason: the
+   * engine on a local socket with Docker's cgroupfs driver (a CgroupParent is then a path of
+   * this host's cgroup file system), and this process able to make the parent group there.
+   */
+  private async decideFairShare(): Promise<TeamCgroups | undefined> {
+    const o = this.fairShare;
+    if (!o) return undefined;
+    const cgroups = new TeamCgroups(o);
+    if (!o.auto) return this.swept(cgroups);
+    let blocker: string | undefined;
+    if (!(this.docker.modem as { socketPath?: unknown }).socketPath) blocker = 'the Docker Engine is not on this host';
+    else {
+      const { CgroupDriver } = (await this.docker.info()) as { CgroupDriver?: string };
+      if (CgroupDriver !== 'cgroupfs') blocker = `Docker's cgroup driver is ${CgroupDriver ?? 'unknown'}, not cgroupfs`;
+      else
+        blocker = await cgroups.check().then(
+          () => undefined,
+          (err: Error) => err.message,
+        );
+    }
+    if (blocker) {
+      o.log?.warn(
+        { reason: blocker },
+        "fair share is off on this host (KILN_SANDBOX_FAIR_SHARE=auto): each sandbox has only its own limits, and a team's many sandboxes together may take more of the host than another team's one",
+      );
+      return undefined;
+    }
+    o.log?.info({ parent: o.parent }, "fair share is on: each team's sandboxes share one cgroup of this host");
+    return this.swept(cgroups);
+  }
+
+  /** The team cgroups, once the empty team groups a killed process left are removed (best effort). */
+  private async swept(cgroups: TeamCgroups): Promise<TeamCgroups> {
+    await cgroups.sweep().catch((err) => this.fairShare?.log?.warn({ err }, 'could not sweep empty team cgroups'));
+    return cgroups;
   }
 
   private async createIn(
     req: ContainerRequest,
     egress: EgressAttachment | undefined,
     cgroupParent: string | undefined,
+    fair: boolean,
   ): Promise<SandboxContainer> {
     const network = egress?.network ? { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS } : undefined;
     const bridge = egress?.bridgeDir ? { dir: egress.bridgeDir, mount: BRIDGE_MOUNT } : undefined;
@@ -146,7 +196,7 @@ export class DockerBackend implements SandboxBackend {
           containerSpec({
             image: req.image,
             name: `kiln-${req.sandboxId}`,
-            limits: this.capped(req.limits),
+            limits: this.capped(req.limits, fair),
             uid,
             runtime: req.runtime,
             workspaceDir: req.workspaceDir,
@@ -183,8 +233,8 @@ export class DockerBackend implements SandboxBackend {
    * With a cap on each team's CPUs: no sandbox is given more than its team may use together
    * (cgroup v1 refuses a container's quota above its parent's).
    */
-  private capped(limits: SandboxLimits): SandboxLimits {
-    const cap = this.fairShare?.teamCpus;
+  private capped(limits: SandboxLimits, fair: boolean): SandboxLimits {
+    const cap = fair ? this.fairShare?.teamCpus : undefined;
     return cap && cap < limits.cpus ? { ...limits, cpus: cap } : limits;
   }
 
@@ -199,7 +249,8 @@ export class DockerBackend implements SandboxBackend {
   }
 
   async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
-    await this.docker.getContainer(container.id).update(updateSpec(this.capped(limits), container.runtime));
+    const fair = (await this.teamCgroups()) !== undefined;
+    await this.docker.getContainer(container.id).update(updateSpec(this.capped(limits, fair), container.runtime));
   }
 
   async remove(containerId: string): Promise<void> {
@@ -212,7 +263,7 @@ export class DockerBackend implements SandboxBackend {
       });
     const team = this.teamOf.get(containerId);
     this.teamOf.delete(containerId);
-    if (team) await this.cgroups!.leave(team);
+    if (team) await (await this.teamCgroups())!.leave(team);
     const egress = this.egressOf.get(containerId);
     this.egressOf.delete(containerId);
     if (egress) await egress.proxy.detach(egress.sandboxId);
@@ -276,7 +327,8 @@ export class DockerBackend implements SandboxBackend {
       });
     // A bind mount names a path of the engine's host: this one only when the engine is on a local socket.
     const hostWorkspaceMounts = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
-    return { runtimes, hostWorkspaceMounts, resizable: sameShape };
+    const teamBound = (await this.teamCgroups()) !== undefined;
+    return { runtimes, hostWorkspaceMounts, resizable: sameShape, teamBound };
   }
 
   /** The engine host's memory and CPUs, which placement weighs the limits of its sandboxes against. */

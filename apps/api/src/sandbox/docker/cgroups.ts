@@ -54,13 +54,49 @@ export class TeamCgroups {
     this.root = opts.root ?? '/sys/fs/cgroup';
   }
 
+  /** Resolves once the parent group is made with its weight; rejects with the host's reason when it cannot be. */
+  async check(): Promise<void> {
+    await this.setUp(true);
+  }
+
+  /**
+   * Removes the team groups that hold no container (a process killed before it could remove
+   * its own): the kernel refuses to remove one that holds any, so a live team's group stays. One
+   * another process made a moment ago for a container it is creating is made again by the
+   * runtime, with the default weight.
+   */
+  async sweep(): Promise<number> {
+    const version = await this.setUp();
+    const parents =
+      version === 'v2'
+        ? [join(this.root, this.opts.parent)]
+        : (await readdir(this.root)).map((h) => join(this.root, h, this.opts.parent)).filter((d) => existsSync(d));
+    let removed = 0;
+    for (const parent of parents)
+      for (const e of await readdir(parent, { withFileTypes: true }))
+        if (e.isDirectory() && /^team-[0-9a-f]{16}$/.test(e.name) && !this.holders.has(e.name))
+          removed += await rmdir(join(parent, e.name)).then(
+            () => 1,
+            (err: { code?: string }) => {
+              if (err.code !== 'ENOENT' && err.code !== 'EBUSY') throw err;
+              return 0;
+            },
+          );
+    return removed;
+  }
+
   /** The CgroupParent of a new container of this team (the group is made, with its weights, first). */
   async enter(teamId: string): Promise<string> {
     const version = await this.setUp();
     const group = teamGroup(teamId);
     this.holders.set(group, (this.holders.get(group) ?? 0) + 1);
     try {
-      await this.make(version, `${this.opts.parent}/${group}`, this.opts.teamWeight, this.opts.teamCpus);
+      const path = `${this.opts.parent}/${group}`;
+      // Another process's sweep may remove the group between its mkdir and its weights: once more.
+      await this.make(version, path, this.opts.teamWeight, this.opts.teamCpus).catch((err: { code?: string }) => {
+        if (err.code !== 'ENOENT') throw err;
+        return this.make(version, path, this.opts.teamWeight, this.opts.teamCpus);
+      });
     } catch (err) {
       this.leaveCount(group);
       throw err;
@@ -83,7 +119,7 @@ export class TeamCgroups {
   }
 
   /** The cgroup version, once the parent group is made with its weight. */
-  private setUp(): Promise<'v1' | 'v2'> {
+  private setUp(raw = false): Promise<'v1' | 'v2'> {
     this.ready ??= (async () => {
       const version = existsSync(join(this.root, 'cgroup.controllers'))
         ? 'v2'
@@ -98,6 +134,7 @@ export class TeamCgroups {
     this.ready.catch(() => {
       this.ready = undefined;
     });
+    if (raw) return this.ready;
     return this.ready.catch((err) => {
       throw new ApiError(
         'unavailable',

@@ -29,6 +29,8 @@ interface Member {
   state: 'active' | 'draining';
   capacity: { memoryMb: number; cpus: number };
   runtimes: RuntimeOffer[];
+  /** Its containers are bound to the team they are made for (BackendCapabilities.teamBound), as it last said. */
+  teamBound: boolean;
   /** When this replica last had an answer from it (epoch ms); 0: never. */
   heardAt: number;
 }
@@ -92,6 +94,7 @@ export class FleetBackend implements SandboxBackend {
         state: 'active',
         capacity: { memoryMb: 0, cpus: 0 },
         runtimes: [],
+        teamBound: false,
         heardAt: 0,
       });
     this.images = {
@@ -153,6 +156,7 @@ export class FleetBackend implements SandboxBackend {
           state: r.state,
           capacity: { memoryMb: r.memoryMb, cpus: r.cpus },
           runtimes: r.runtimes,
+          teamBound: false,
           heardAt: 0,
         };
         this.members.set(r.name, m);
@@ -161,7 +165,7 @@ export class FleetBackend implements SandboxBackend {
     }
     const heard = await Promise.all([...this.members.values()].map(async (m) => [m.name, await this.hear(m)] as const));
     await this.declareLost(heard.filter(([name, ok]) => !ok && name !== LOCAL).map(([name]) => name));
-    const offered = JSON.stringify(this.offers());
+    const offered = JSON.stringify([this.offers(), this.teamBound()]);
     if (offered !== this.offered) {
       this.offered = offered;
       for (const l of this.listeners) l();
@@ -214,6 +218,14 @@ export class FleetBackend implements SandboxBackend {
     return runtimes;
   }
 
+  /**
+   * Whether warm containers must be made for a team: when any member binds a container to its
+   * team (fair share on its host), since a warm one may be placed there.
+   */
+  private teamBound(): boolean {
+    return [...this.members.values()].some((m) => m.teamBound);
+  }
+
   /** Asks the member what it has now and records it; false when it did not answer. */
   private async hear(m: Member): Promise<boolean> {
     try {
@@ -224,6 +236,7 @@ export class FleetBackend implements SandboxBackend {
       ]);
       m.capacity = capacity;
       m.runtimes = caps.runtimes;
+      m.teamBound = caps.teamBound;
       m.heardAt = this.now();
       if (m.name === LOCAL) return true;
       await this.o.db
@@ -366,7 +379,7 @@ export class FleetBackend implements SandboxBackend {
   async capabilities(): Promise<BackendCapabilities> {
     if (!this.offered) await this.refresh();
     // Nodes mount nothing of the API's host: every member gets the tree as a tar, the local one too.
-    return { runtimes: this.offers(), hostWorkspaceMounts: false, resizable: sameShape };
+    return { runtimes: this.offers(), hostWorkspaceMounts: false, resizable: sameShape, teamBound: this.teamBound() };
   }
   async ping(timeoutMs?: number): Promise<void> {
     if (this.o.local) return this.o.local.ping(timeoutMs);

@@ -161,9 +161,12 @@ export class RemoteBackend implements SandboxBackend {
     return this.call('stats', containerId) as Promise<Usage | null>;
   }
   async capabilities(): Promise<BackendCapabilities> {
-    const { runtimes } = (await this.call('capabilities')) as { runtimes: RuntimeOffer[] };
+    const { runtimes, teamBound } = (await this.call('capabilities')) as {
+      runtimes: RuntimeOffer[];
+      teamBound?: boolean;
+    };
     // A node runs Docker: what can change in place is what Docker can change.
-    return { runtimes, hostWorkspaceMounts: false, resizable: sameShape };
+    return { runtimes, hostWorkspaceMounts: false, resizable: sameShape, teamBound: teamBound === true };
   }
   capacity(): Promise<{ memoryMb: number; cpus: number }> {
     return this.call('capacity') as Promise<{ memoryMb: number; cpus: number }>;

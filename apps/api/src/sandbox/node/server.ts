@@ -138,8 +138,8 @@ async function callBackend(
     case 'stats':
       return b.stats(a[0]!);
     case 'capabilities': {
-      const { runtimes } = await b.capabilities();
-      return { runtimes };
+      const { runtimes, teamBound } = await b.capabilities();
+      return { runtimes, teamBound };
     }
     case 'capacity': {
       if (!b.capacity) throw new Error('this node cannot say its capacity');
