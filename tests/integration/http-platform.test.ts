@@ -20,7 +20,10 @@ describe('ops endpoints and documentation', () => {
     expect((await t.call('GET', '/healthz')).body).toEqual({ status: 'ok' });
     const ready = await t.call('GET', '/readyz');
     expect(ready.status).toBe(200);
-    expect(ready.body).toEqual({ status: 'ok', checks: { database: { ok: true }, docker: { ok: true } } });
+    expect(ready.body).toEqual({
+      status: 'ok',
+      checks: { database: { ok: true }, sandboxes: { ok: true }, docker: { ok: true } },
+    });
   });
 
   it('/openapi.json passes Redocly\u2019s recommended rules: every operation has a unique operationId, a security requirement and its 4xx answers', async () => {

@@ -29,7 +29,7 @@ export interface paths {
       path?: never;
       cookie?: never;
     };
-    /** The database and the Docker Engine are reachable */
+    /** The database and where sandboxes run are reachable */
     get: operations['getReadiness'];
     put?: never;
     post?: never;
@@ -1824,6 +1824,12 @@ export interface operations {
                 ok: boolean;
                 error?: string;
               };
+              /** @description Where sandboxes run: this host's container runtime, or the fleet of sandbox nodes */
+              sandboxes: {
+                ok: boolean;
+                error?: string;
+              };
+              /** @description Deprecated: the same as `sandboxes` (its name before sandboxes could run on nodes) */
               docker: {
                 ok: boolean;
                 error?: string;
@@ -1846,6 +1852,12 @@ export interface operations {
                 ok: boolean;
                 error?: string;
               };
+              /** @description Where sandboxes run: this host's container runtime, or the fleet of sandbox nodes */
+              sandboxes: {
+                ok: boolean;
+                error?: string;
+              };
+              /** @description Deprecated: the same as `sandboxes` (its name before sandboxes could run on nodes) */
               docker: {
                 ok: boolean;
                 error?: string;

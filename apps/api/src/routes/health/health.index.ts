@@ -20,7 +20,10 @@ export function healthRouter(db: Db, sandboxes: Pick<SandboxEngine, 'ping'>) {
       const [database, engine] = await Promise.all([check(() => pingDatabase(db)), check(() => sandboxes.ping())]);
       const ok = database.ok && engine.ok;
       return c.json(
-        { status: ok ? ('ok' as const) : ('unavailable' as const), checks: { database, docker: engine } },
+        {
+          status: ok ? ('ok' as const) : ('unavailable' as const),
+          checks: { database, sandboxes: engine, docker: engine },
+        },
         ok ? 200 : 503,
       );
     });

@@ -2,7 +2,14 @@ import { createRoute, z } from '@hono/zod-openapi';
 import { jsonContent } from '../../http/router.ts';
 
 const Check = z.object({ ok: z.boolean(), error: z.string().optional() });
-const Ready = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.object({ database: Check, docker: Check }) });
+const Ready = z.object({
+  status: z.enum(['ok', 'unavailable']),
+  checks: z.object({
+    database: Check,
+    sandboxes: Check.describe("Where sandboxes run: this host's container runtime, or the fleet of sandbox nodes"),
+    docker: Check.describe('Deprecated: the same as `sandboxes` (its name before sandboxes could run on nodes)'),
+  }),
+});
 
 export const healthz = createRoute({
   operationId: 'getHealth',
@@ -21,6 +28,6 @@ export const readyz = createRoute({
   path: '/readyz',
   tags: ['Ops'],
   security: [],
-  summary: 'The database and the Docker Engine are reachable',
+  summary: 'The database and where sandboxes run are reachable',
   responses: { 200: jsonContent(Ready, 'Ready'), 503: jsonContent(Ready, 'Not ready; `checks` says what failed') },
 });
