@@ -1,4 +1,7 @@
+import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Containers } from '../../apps/api/src/sandbox/containers.ts';
+import { WarmPool } from '../../apps/api/src/sandbox/pool.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { FakeBackend } from '../support/fake-backend.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
@@ -192,5 +195,62 @@ describe('warm pool on a backend that binds a container to its team (fair share)
     await exec(t, c.key, (await sessionIn(t, c)).session, 'print(4)');
     await t.engine.poolSettled();
     expect(await warmByTeam(t, [a, b, c])).toEqual({ [b.id]: 1, [c.id]: 1 });
+  });
+});
+
+describe('warm pool of template images on a backend that binds a container to its team', () => {
+  const TPL = 'kiln-template:fake';
+  const limits = { memoryMb: 256, cpus: 1, pids: 128, timeoutS: 30, diskMb: 64 };
+  const key = { runtime: 'runc' as const };
+
+  it('keeps a template image warm for the teams that claimed it last, and drops them with the image', async () => {
+    const fake = new FakeBackend([IMAGE, TPL], { teamBound: true });
+    const log = pino({ level: 'silent' });
+    const containers = new Containers(
+      fake,
+      { image: IMAGE, owner: 'pool-test', maxLifetimeMs: 3_600_000, now: Date.now },
+      log,
+    );
+    const pool = new WarmPool(
+      containers,
+      {
+        size: 1,
+        limits,
+        key,
+        image: IMAGE,
+        preparedSize: 0,
+        templateSize: 1,
+        prepareIntervalMs: 1000,
+        prepareConcurrency: 1,
+      },
+      log,
+    );
+    pool.use(key, await fake.capabilities());
+    pool.setTemplateImages([TPL]);
+    await pool.settled();
+    // No team has claimed: nothing warm, of either image.
+    expect(fake.containers.size).toBe(0);
+
+    pool.claimedBy('team_a', TPL);
+    pool.fill();
+    await pool.settled();
+    const made = () => [...fake.containers.values()].map((c) => [c.req.image, c.req.teamId]);
+    expect(made()).toEqual([[TPL, 'team_a']]);
+    expect(pool.take(limits, key, TPL, 'team_b')).toBeUndefined();
+    const taken = pool.take(limits, key, TPL, 'team_a');
+    expect(taken?.forTeam).toBe('team_a');
+    pool.fill();
+    await pool.settled();
+    expect(made()).toEqual([
+      [TPL, 'team_a'],
+      [TPL, 'team_a'],
+    ]);
+
+    // The template is no longer in use: its warm container goes (the claimed one is the session's).
+    pool.setTemplateImages([]);
+    await pool.settled();
+    expect(made()).toEqual([[TPL, 'team_a']]);
+    expect([...fake.containers.values()][0]!.req.sandboxId).toBe(taken!.id);
+    pool.stop();
   });
 });

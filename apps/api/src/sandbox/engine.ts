@@ -272,22 +272,24 @@ export class SandboxEngine {
     // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.
     await this.backend.sweepEgress?.(this.opts.owner, { all: true });
     // With team-bound containers, warm ones for the teams that started sandboxes last, before a restart too.
-    for (const teamId of (await this.recentTeams()).reverse()) this.pool.claimedBy(teamId);
+    for (const { teamId, image } of (await this.recentClaims()).reverse()) this.pool.claimedBy(teamId, image);
     this.pool.fill();
     this.reaper.start();
   }
 
-  /** The teams that started sandboxes most recently (this week), most recent first, as many as the pool holds. */
-  private async recentTeams(): Promise<string[]> {
-    if (!this.opts.poolSize) return [];
-    const rows = await this.db
-      .select({ teamId: sandboxes.teamId, last: max(sandboxes.createdAt) })
+  /**
+   * The teams that started sandboxes most recently (this week), with the image of each, most
+   * recent first: more than the pool keeps, which takes the last of each kind (pool.ts).
+   */
+  private async recentClaims(): Promise<{ teamId: string; image: string }[]> {
+    if (!this.opts.poolSize && !this.opts.templatePoolSize) return [];
+    return this.db
+      .select({ teamId: sandboxes.teamId, image: sandboxes.image })
       .from(sandboxes)
       .where(gt(sandboxes.createdAt, new Date(this.now() - 7 * 86_400_000)))
-      .groupBy(sandboxes.teamId)
+      .groupBy(sandboxes.teamId, sandboxes.image)
       .orderBy(desc(max(sandboxes.createdAt)))
-      .limit(this.opts.poolSize);
-    return rows.map((r) => r.teamId);
+      .limit(this.opts.poolSize + 16);
   }
 
   /** Removes every container of this instance: the runner streams die with the process anyway. */

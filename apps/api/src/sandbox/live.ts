@@ -283,7 +283,7 @@ export class LiveSandboxes {
       throw err;
     } finally {
       this.claiming.delete(id);
-      pool.claimedBy(ctx.teamId);
+      pool.claimedBy(ctx.teamId, image);
       pool.fill();
       // The workspace's next session gets a container filled with its tree ahead of time, when
       // the pool's containers fit it (another runtime or shape could never take one).

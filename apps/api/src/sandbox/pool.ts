@@ -73,8 +73,9 @@ interface FillState {
  * A container is for no team either, unless the backend binds containers to the team they are
  * made for (fair share: its cgroup is fixed at creation). Then the pool's `size` warm containers
  * are made for the teams that claimed sandboxes last, at most `size` of them: one each, the most
- * recent the rest; a team's first sandbox starts cold. Template images then have no warm
- * containers (an image is not a team's), and a workspace's filled one is made in its team's.
+ * recent the rest; a team's first sandbox starts cold. Of a template image in use, the pool keeps
+ * `templateSize` for each of the last MAX_TEMPLATE_IMAGES teams that claimed one of it. A
+ * workspace's filled container is made for its team.
  */
 export class WarmPool {
   private ready: Sandbox[] = [];
@@ -87,6 +88,8 @@ export class WarmPool {
   private teamBound = false;
   /** With team-bound containers: the teams that claimed sandboxes last, most recent first, at most `size`. */
   private teams: string[] = [];
+  /** With team-bound containers: the teams that claimed a template image's sandbox last, most recent first. */
+  private templateTeams: { team: string; image: string }[] = [];
   /** Filled for a workspace, most recent last; claimed only by a session of that workspace. */
   private prepared: Prepared[] = [];
   /** Containers being filled for a workspace (created, copy under way), by container id. */
@@ -123,8 +126,15 @@ export class WarmPool {
    * ones are made for it from now on, and those of a team that is no longer among the last
    * `size` go.
    */
-  claimedBy(teamId: string): void {
-    if (!this.teamBound || !this.opts.size || this.teams[0] === teamId) return;
+  claimedBy(teamId: string, image = this.opts.image): void {
+    if (!this.teamBound) return;
+    if (image !== this.opts.image) {
+      if (!this.opts.templateSize) return;
+      const rest = this.templateTeams.filter((t) => t.team !== teamId || t.image !== image);
+      this.templateTeams = [{ team: teamId, image }, ...rest].slice(0, MAX_TEMPLATE_IMAGES);
+      return;
+    }
+    if (!this.opts.size || this.teams[0] === teamId) return;
     this.teams = [teamId, ...this.teams.filter((t) => t !== teamId)].slice(0, this.opts.size);
   }
 
@@ -165,15 +175,21 @@ export class WarmPool {
 
   /**
    * What the pool should hold: how many warm containers of each image, for which team (none:
-   * any). With team-bound containers, base-image ones for the last teams only (see the class).
+   * any). With team-bound containers, for the last teams only (see the class).
    */
   private targets(): { image: string; team?: string; count: number }[] {
     if (this.teamBound)
-      return this.teams.map((team, i) => ({
-        image: this.opts.image,
-        team,
-        count: i === 0 ? this.opts.size - (this.teams.length - 1) : 1,
-      }));
+      return [
+        ...this.teams.map((team, i) => ({
+          image: this.opts.image,
+          team,
+          count: i === 0 ? this.opts.size - (this.teams.length - 1) : 1,
+        })),
+        // Of the template images still in use only.
+        ...this.templateTeams
+          .filter((t) => this.templateImages.includes(t.image))
+          .map((t) => ({ ...t, count: this.opts.templateSize })),
+      ];
     return [
       { image: this.opts.image, count: this.opts.size },
       ...this.templateImages.map((image) => ({ image, count: this.opts.templateSize })),
