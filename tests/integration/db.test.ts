@@ -17,6 +17,7 @@ import {
 
 const TABLES = [
   'teams',
+  'api_replicas',
   'api_keys',
   'workspaces',
   'workspace_secrets',

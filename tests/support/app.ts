@@ -42,6 +42,8 @@ export interface TestApp {
   evolution: Kiln['evolution'];
   /** News of writes that make cached keys, sessions and settings stale (from this and other replicas). */
   news: Kiln['news'];
+  /** The replicas sharing its database; not opened: a test that serves the app over HTTP opens it with its URL. */
+  replicas: Kiln['replicas'];
   database: TestDatabase;
   adminKey: string;
   workspacesDir: string;
@@ -222,6 +224,7 @@ export async function createTestApp(
     evolution,
     templates,
     news,
+    replicas: kiln.replicas,
     async close() {
       await kiln.stop();
       if (replica) return database.close();

@@ -1,3 +1,4 @@
+import { forwardToHolder, type Replicas } from './http/replicas.ts';
 import { HTTPException } from 'hono/http-exception';
 import { bodyLimit } from 'hono/body-limit';
 import { secureHeaders } from 'hono/secure-headers';
@@ -78,6 +79,8 @@ export interface AppDeps {
   news: CacheNews;
   /** The sandbox node registry (its routes), and the fleet when sandboxes are placed on nodes. */
   nodes: { registry: NodeRegistry; fleet?: FleetBackend };
+  /** The API replicas sharing the database: a request about a session held by another goes there. */
+  replicas: Replicas;
 }
 
 /** Maps anything thrown to the API's error envelope; only 5xx are logged as errors. */
@@ -145,6 +148,7 @@ export function createApp({
   dashboardDir,
   metrics,
   news,
+  replicas,
 }: AppDeps) {
   const app = createRouter();
 
@@ -164,7 +168,9 @@ export function createApp({
   const keys = new KeyCache(db, news);
   // One limiter for the API and /mcp: a team's MCP requests and API requests share its bucket.
   const limit = rateLimit(config.rateLimit, now);
-  app.use('/v1/*', authn(keys), limit, idempotency(db, sealer), auditTrail(db));
+  // A request about a session whose sandbox another replica holds goes there once authenticated,
+  // before this one counts, stores or audits it: the holder does.
+  app.use('/v1/*', authn(keys), forwardToHolder(db, replicas, logger), limit, idempotency(db, sealer), auditTrail(db));
   // The MCP tools act through the /v1 routes (in-process, with the caller's key): those requests
   // are audited there, in the API's own terms, under this request's id (see docs/mcp.md).
   app.use('/mcp', authn(keys), limit);

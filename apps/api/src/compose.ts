@@ -1,3 +1,4 @@
+import { Replicas } from './http/replicas.ts';
 import type { Logger } from 'pino';
 import { RunEventLog } from './agent/events.ts';
 import { ModelClient } from './agent/llm.ts';
@@ -68,6 +69,11 @@ export interface Kiln {
   metrics: KilnMetrics;
   /** News of writes that make other replicas' cached keys, sessions and settings stale. */
   news: CacheNews;
+  /**
+   * The API replicas sharing the database; `open(url)` once listening (server.ts) says where this
+   * one is reached, and requests about a session held by another are sent on to it.
+   */
+  replicas: Replicas;
   /**
    * Starts the parts in order: sandboxes (pool, reaper), the repair of every workspace
    * repository (`repair`, default on; a second in-process replica of a running app skips it),
@@ -198,7 +204,22 @@ export function compose(o: ComposeOptions): Kiln {
   );
 
   const news = new CacheNews(db);
-  const parts = { engine, workspaces, agent, events, evolution, jobs, templates, webhooks, updates, metrics, news };
+  // The replicas sharing the database: a request about a session goes to the one holding its sandbox.
+  const replicas = new Replicas(db, { instance: config.instanceId, secretsKey: config.secretsKey, log: logger });
+  const parts = {
+    engine,
+    workspaces,
+    agent,
+    events,
+    evolution,
+    jobs,
+    templates,
+    webhooks,
+    updates,
+    metrics,
+    news,
+    replicas,
+  };
   const nodes = {
     registry: new NodeRegistry(db),
     fleet: o.sandboxes instanceof FleetBackend ? o.sandboxes : undefined,
@@ -251,6 +272,8 @@ export function compose(o: ComposeOptions): Kiln {
       await updates?.startup();
     },
     async stop(graceMs = 0) {
+      // The others stop sending requests here before the sandboxes go.
+      await replicas.close();
       updates?.stop();
       await agent.drain(graceMs);
       // Builds in flight go back to the queue before the job runner stops.

@@ -48,6 +48,13 @@ const schema = z.object({
     .string()
     .regex(/^[A-Za-z0-9._-]{1,64}$/, 'letters, digits, . _ - only (max 64)')
     .optional(),
+  // Where the other API replicas reach this one (http/replicas.ts); unset, its listening address
+  // (this host's name when it listens on every interface).
+  KILN_REPLICA_URL: z
+    .string()
+    .url()
+    .regex(/^https?:\/\/[^/?#]+$/, 'http(s)://host:port, with no path')
+    .optional(),
   KILN_SANDBOX_POOL_SIZE: int(0, 64).default(2),
   // Warm containers kept filled with a recently used workspace's tree (host mounts only; 0: none).
   KILN_SANDBOX_PREPARED_POOL_SIZE: int(0, 16).default(2),
@@ -215,6 +222,8 @@ export type Config = {
    * owns its containers. Unset, it is made once and kept in `<dataDir>/instance-id`.
    */
   instanceId: string;
+  /** KILN_REPLICA_URL: where the other replicas reach this one; unset, decided once listening (server.ts). */
+  replicaUrl?: string;
   /**
    * The key that seals workspace secrets (AES-256-GCM). Unset, it is made once and kept in
    * `<dataDir>/secrets.key` (mode 0600).
@@ -373,6 +382,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         ? { local: e.KILN_SANDBOX_LOCAL === 'on', cert: e.KILN_NODE_CERT!, key: e.KILN_NODE_KEY!, ca: e.KILN_NODE_CA! }
         : undefined,
     shutdownGraceMs: e.KILN_SHUTDOWN_GRACE_MS,
+    replicaUrl: e.KILN_REPLICA_URL,
     get instanceId() {
       // Asked for (by the server) rather than made while parsing: loading the configuration writes nothing.
       return e.KILN_INSTANCE_ID ?? installationInstanceId(resolve(e.KILN_DATA_DIR));

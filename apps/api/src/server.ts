@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { serve, type ServerType } from '@hono/node-server';
 import type { Logger } from 'pino';
 import { bootstrapAdminKey, type BootstrapResult } from './auth/bootstrap.ts';
@@ -54,6 +55,9 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : config.port;
   const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
+  // Where the other replicas send the requests about sessions whose sandbox this one holds.
+  const everywhere = config.host === '0.0.0.0' || config.host === '::';
+  await kiln.replicas.open(config.replicaUrl ?? (everywhere ? `http://${hostname()}:${port}` : url));
 
   let closing: Promise<void> | undefined;
   const close = () =>

@@ -425,18 +425,30 @@ export class LiveSandboxes {
   /**
    * Takes up the deadlines other replicas wrote into the rows of this instance's sandboxes (a
    * keepalive or a settings change made there). A row older than what this instance knows
-   * (an execution's deadline still being written) is ignored.
+   * (an execution's deadline still being written) is ignored; one another replica marked removed
+   * is released here too.
    */
   async adoptDeadlines(): Promise<void> {
     const byId = new Map([...this.bySession.values()].map((l) => [l.id, l]));
     if (!byId.size) return;
     const rows = await this.deps.db
-      .select({ id: sandboxes.id, lastUsedAt: sandboxes.lastUsedAt, expiresAt: sandboxes.expiresAt })
+      .select({
+        id: sandboxes.id,
+        state: sandboxes.state,
+        lastUsedAt: sandboxes.lastUsedAt,
+        expiresAt: sandboxes.expiresAt,
+      })
       .from(sandboxes)
       .where(inArray(sandboxes.id, [...byId.keys()]));
     for (const r of rows) {
       const l = byId.get(r.id);
-      if (!l || r.lastUsedAt.getTime() < l.lastUsed) continue;
+      if (!l) continue;
+      // Another replica gave it up (it could not reach this one, http/replicas.ts): it goes here too.
+      if (r.state === 'removed') {
+        if (this.bySession.get(l.sessionId) === l) await this.release(l.sessionId, 'removed_elsewhere');
+        continue;
+      }
+      if (r.lastUsedAt.getTime() < l.lastUsed) continue;
       l.lastUsed = r.lastUsedAt.getTime();
       l.idleMs = r.expiresAt.getTime() - l.lastUsed;
     }

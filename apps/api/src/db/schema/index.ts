@@ -20,3 +20,4 @@ export { workspaceSecrets } from './workspace-secrets.ts';
 export { templates } from './templates.ts';
 export { webhooks, webhookDeliveries } from './webhooks.ts';
 export { sandboxNodes } from './sandbox-nodes.ts';
+export { apiReplicas } from './api-replicas.ts';
