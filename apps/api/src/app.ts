@@ -170,7 +170,14 @@ export function createApp({
   const limit = rateLimit(config.rateLimit, now);
   // A request about a session whose sandbox another replica holds goes there once authenticated,
   // before this one counts, stores or audits it: the holder does.
-  app.use('/v1/*', authn(keys), forwardToHolder(db, replicas, logger), limit, idempotency(db, sealer), auditTrail(db));
+  app.use(
+    '/v1/*',
+    authn(keys),
+    forwardToHolder(db, replicas, (s) => engine.holds(s), logger),
+    limit,
+    idempotency(db, sealer),
+    auditTrail(db),
+  );
   // The MCP tools act through the /v1 routes (in-process, with the caller's key): those requests
   // are audited there, in the API's own terms, under this request's id (see docs/mcp.md).
   app.use('/mcp', authn(keys), limit);

@@ -147,13 +147,19 @@ async function sessionOf(db: Db, c: Context): Promise<string | undefined> {
  * (`replica_unreachable`; the holder's reaper removes the container if it is still there), and
  * the session gets a new sandbox here and says so, as after any lost sandbox.
  */
-export function forwardToHolder(db: Db, replicas: Replicas, log?: Logger): MiddlewareHandler {
+export function forwardToHolder(
+  db: Db,
+  replicas: Replicas,
+  /** Whether this replica holds the session's live sandbox: then nothing is looked up. */
+  holds: (sessionId: string) => boolean,
+  log?: Logger,
+): MiddlewareHandler {
   return async (c, next) => {
     if (replicas.alone) return next();
     // Sent on by a replica: served here. (A mark no replica made is no mark: sent on as usual.)
     if (replicas.marked(c.req.header(FORWARDED_BY))) return next();
     const session = await sessionOf(db, c);
-    if (!session) return next();
+    if (!session || holds(session)) return next();
     const [row] = await db
       .select({ id: sandboxes.id, owner: sandboxes.owner })
       .from(sandboxes)

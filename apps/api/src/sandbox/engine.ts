@@ -485,6 +485,11 @@ export class SandboxEngine {
     return live.client.putFile(path, data);
   }
 
+  /** Whether this instance holds the session's live sandbox (its runner answers here). */
+  holds(sessionId: string): boolean {
+    return this.live.get(sessionId)?.client.alive === true;
+  }
+
   /** Reads a file in the session's running sandbox; null when it has none (a read never starts one). */
   async readLiveFile(sessionId: string, path: string): Promise<Buffer | null> {
     const live = this.live.get(sessionId);
