@@ -100,7 +100,7 @@ async function main() {
     process.stdout.write(`${row('replica A, which holds the sandbox', holder, single1)}\n`);
     process.stdout.write(`${row('replica B, sent on to A', summarize(samples.other), holder)}\n`);
     process.stdout.write(
-      '  (A\'s ratio is against the server alone: the holder\'s own lookup; B\'s is against A: the hop)\n',
+      "  (A's ratio is against the server alone: the holder's own lookup; B's is against A: the hop)\n",
     );
   } finally {
     for (const s of servers) s.child.kill('SIGTERM');
