@@ -124,7 +124,7 @@ describe('the server process', () => {
     expect(p.stdout()).toContain('database: postgres');
     const key = /(kiln_admin_\S+)/.exec(p.stdout())![1]!;
     const ready = await (await fetch(`${p.url}/readyz`)).json();
-    expect(ready.checks).toEqual({ database: { ok: true }, docker: { ok: true } });
+    expect(ready.checks).toEqual({ database: { ok: true }, sandboxes: { ok: true }, docker: { ok: true } });
     expect((await api(p, key, '/v1/teams', { method: 'POST', body: JSON.stringify({ name: 'pg' }) })).status).toBe(201);
     expect(existsSync(join(dir, 'pglite'))).toBe(false);
   });

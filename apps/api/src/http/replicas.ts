@@ -1,5 +1,5 @@
 import { createHmac, hkdfSync, timingSafeEqual } from 'node:crypto';
-import { and, desc, eq, gt, ne } from 'drizzle-orm';
+import { and, desc, eq, gt, ne, sql } from 'drizzle-orm';
 import type { Context, MiddlewareHandler } from 'hono';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
@@ -88,21 +88,21 @@ export class Replicas {
     this.timer.unref();
   }
 
-  /** Records this replica as up and reads the others that are. */
+  /** Records this replica as up and reads the others that are, by the database's clock, which every replica shares. */
   async beat(): Promise<void> {
     if (!this.url) return;
-    const now = new Date();
     await this.db
       .insert(apiReplicas)
-      .values({ instance: this.o.instance, url: this.url, heardAt: now })
-      .onConflictDoUpdate({ target: apiReplicas.instance, set: { url: this.url, heardAt: now } });
+      .values({ instance: this.o.instance, url: this.url, heardAt: sql`now()` })
+      .onConflictDoUpdate({ target: apiReplicas.instance, set: { url: this.url, heardAt: sql`now()` } });
+    const liveS = (this.o.liveMs ?? 15_000) / 1000;
     const rows = await this.db
       .select({ instance: apiReplicas.instance, url: apiReplicas.url })
       .from(apiReplicas)
       .where(
         and(
           ne(apiReplicas.instance, this.o.instance),
-          gt(apiReplicas.heardAt, new Date(now.getTime() - (this.o.liveMs ?? 15_000))),
+          gt(apiReplicas.heardAt, sql`now() - make_interval(secs => ${liveS})`),
         ),
       );
     this.peers = new Map(rows.map((r) => [r.instance, r.url]));
