@@ -6,7 +6,7 @@ import { loadConfig } from '../../apps/api/src/config.ts';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { removeCgroupTree, teamGroup } from '../../apps/api/src/sandbox/docker/cgroups.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
-import type { SandboxContainer } from '../../apps/api/src/sandbox/backend.ts';
+import type { ContainerRequest, SandboxContainer } from '../../apps/api/src/sandbox/backend.ts';
 import type { SandboxRuntime } from '../../apps/api/src/workspace/settings.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
@@ -18,6 +18,19 @@ const V2 = existsSync(join(ROOT, 'cgroup.controllers'));
 const PARENT = `kiln-test-${process.pid}`;
 const OWNER = `fair-share-test-${process.pid}`;
 const limits = { memoryMb: 256, cpus: 1, pids: 128, timeoutS: 30, diskMb: 64 };
+
+/** A container request of this test: its own owner and sandbox id, for `teamId`. */
+const requestFor = (suffix: string, teamId: string, over: Partial<ContainerRequest> = {}): ContainerRequest => ({
+  image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
+  sandboxId: `sbx_fairtest${process.pid}${suffix}`,
+  owner: OWNER,
+  teamId,
+  sessionId: 'ses_fairtest',
+  expiresAt: new Date(Date.now() + 600_000),
+  limits,
+  runtime: 'runc',
+  ...over,
+});
 
 /** Where the CPU weight of a group (a path under the parent) is, and its value in cgroup v2 units. */
 function cpuWeight(group: string): number {
@@ -39,16 +52,7 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
   const made: SandboxContainer[] = [];
   let n = 0;
   const create = async (teamId: string, runtime: SandboxRuntime = 'runc') => {
-    const c = await backend.create({
-      image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
-      sandboxId: `sbx_fairtest${process.pid}x${n++}`,
-      owner: OWNER,
-      teamId,
-      sessionId: 'ses_fairtest',
-      expiresAt: new Date(Date.now() + 600_000),
-      limits,
-      runtime,
-    });
+    const c = await backend.create(requestFor(`x${n++}`, teamId, { runtime }));
     made.push(c);
     await backend.start(c);
     return c;
@@ -108,16 +112,7 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
       teamWeight: 200,
       teamCpus: 1,
     });
-    const c = await capped.create({
-      image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
-      sandboxId: `sbx_fairtest${process.pid}cap`,
-      owner: OWNER,
-      teamId: 'team_capped',
-      sessionId: 'ses_fairtest',
-      expiresAt: new Date(Date.now() + 600_000),
-      limits: { ...limits, cpus: 2 },
-      runtime: 'runc',
-    });
+    const c = await capped.create(requestFor('cap', 'team_capped', { limits: { ...limits, cpus: 2 } }));
     try {
       await capped.start(c);
       const group = teamGroup('team_capped');
@@ -264,16 +259,7 @@ describe('fair share configuration', () => {
     expect((await nowhere.capabilities()).teamBound).toBe(false);
     expect(warnings).toEqual([{ reason: 'no cgroup file system at /nonexistent-cgroup-root' }]);
     // Its sandboxes stay in Docker's default parent, each with its own limits.
-    const c = await nowhere.create({
-      image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
-      sandboxId: `sbx_fairtest${process.pid}auto`,
-      owner: OWNER,
-      teamId: 'team_auto',
-      sessionId: 'ses_fairtest',
-      expiresAt: new Date(Date.now() + 600_000),
-      limits,
-      runtime: 'runc',
-    });
+    const c = await nowhere.create(requestFor('auto', 'team_auto'));
     try {
       expect((await docker.getContainer(c.id).inspect()).HostConfig.CgroupParent).toBe('');
     } finally {
