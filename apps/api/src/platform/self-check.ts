@@ -125,6 +125,28 @@ function childEnv(o: CheckOptions, extra: Record<string, string> = {}): NodeJS.P
   };
 }
 
+/**
+ * A check's processes run in a process group of their own (`detached`), ended as one: killing
+ * only the command left what it started running (vitest's workers ran their files to the end,
+ * holding the log's pipe open, after a failed type-check had ended the check).
+ */
+function spawnGroup(cmd: string, args: string[], cwd: string, env: NodeJS.ProcessEnv): ChildProcess {
+  const child = spawn(cmd, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  // The command's exit ends what it left behind too (the log's pipe closes only when they are gone).
+  child.once('exit', () => killGroup(child));
+  return child;
+}
+
+/** Sends `signal` to the process group a check's command leads (it may be gone: nothing to do). */
+export function killGroup(child: ChildProcess, signal: NodeJS.Signals = 'SIGKILL'): void {
+  if (child.pid === undefined) return;
+  try {
+    process.kill(-child.pid, signal);
+  } catch {
+    // ESRCH: the group is empty.
+  }
+}
+
 function track(o: CheckOptions, child: ChildProcess): { output: () => string; exited: Promise<number | string> } {
   let out = '';
   const take = (d: Buffer) => {
@@ -155,17 +177,17 @@ async function timed(name: CheckStep['name'], fn: () => Promise<{ ok: boolean; l
  * Runs a command to completion (SIGKILL at the step deadline, or when `signal` aborts: another
  * step of the check failed); ok means exit code 0.
  */
-function command(
+export function command(
   o: CheckOptions,
   cwd: string,
   cmd: string,
   args: string[],
   signal?: AbortSignal,
 ): Promise<{ ok: boolean; log: string }> {
-  const child = spawn(cmd, args, { cwd, env: childEnv(o), stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawnGroup(cmd, args, cwd, childEnv(o));
   const { output, exited } = track(o, child);
-  const timer = setTimeout(() => child.kill('SIGKILL'), o.stepTimeoutMs);
-  const stop = () => child.kill('SIGKILL');
+  const stop = () => killGroup(child);
+  const timer = setTimeout(stop, o.stepTimeoutMs);
   signal?.addEventListener('abort', stop, { once: true });
   return exited.then((code) => {
     clearTimeout(timer);
@@ -194,11 +216,7 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
     KILN_LOG_LEVEL: 'warn',
     KILN_SOURCE_DIR: worktree,
   });
-  const child = spawn(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], {
-    cwd: worktree,
-    env,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawnGroup(process.execPath, ['--import', 'tsx', 'apps/api/src/main.ts'], worktree, env);
   const { output, exited } = track(o, child);
   let gone: number | string | undefined;
   void exited.then((c) => (gone = c));
@@ -238,7 +256,7 @@ async function boot(o: CheckOptions, worktree: string, id: string): Promise<Chec
     return [booted, ready];
   } finally {
     if (gone === undefined) {
-      child.kill('SIGKILL');
+      killGroup(child);
       await exited;
     }
   }

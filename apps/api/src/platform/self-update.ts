@@ -19,6 +19,7 @@ import {
   capLog,
   IDENTITY,
   isCheckWorktree,
+  killGroup,
   PatchError,
   preparePatch,
   SourceError,
@@ -133,7 +134,7 @@ export class SelfUpdates implements SourceUpdateSink {
   /** Ends the self-check's processes (shutdown); the check's row is failed at the next start. */
   stop(): void {
     clearInterval(this.watch);
-    for (const c of this.children) c.kill('SIGKILL');
+    for (const c of this.children) killGroup(c);
   }
 
   currentVersion(): Version {
