@@ -10,8 +10,12 @@ import { launchKiln, startKiln, type KilnProcess } from '../support/server.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 
-/** The real server as a child process, the way `npm start` runs it. */
-describe('the server process', () => {
+/**
+ * The real server as a child process, the way `npm start` runs it. A case starts one or two of
+ * them, each 5–8 s alone (a new PGlite, tsx, the checks of Docker) and 20–25 s beside the rest
+ * of the suite (2026-12-04): the kill -9 case took 44 s there, too near vitest's default minute.
+ */
+describe('the server process', { timeout: 120_000 }, () => {
   const cleanups: (() => unknown)[] = [];
   afterEach(async () => {
     for (const c of cleanups.splice(0).reverse()) await c();
