@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { command, type CheckOptions } from '../../apps/api/src/platform/self-check.ts';
+import { alive as running } from '../../apps/relay/src/relay.ts';
 
 /**
  * A self-check's step is a real process tree (vitest and its workers, npm and its scripts): when
@@ -13,14 +14,6 @@ describe('a self-check step ends with everything it started', () => {
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
   let n = 0;
 
-  /** Running and not a zombie (an orphan's zombie waits for init to reap it). */
-  const running = (pid: number) => {
-    try {
-      return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-    } catch {
-      return false;
-    }
-  };
   const options = (stepTimeoutMs = 120_000): CheckOptions => ({
     stepTimeoutMs,
     readyTimeoutMs: 1000,
@@ -46,10 +39,15 @@ describe('a self-check step ends with everything it started', () => {
    * wait for that (a process left running stays running, and this fails).
    */
   const ended = (pid: number) => vi.waitFor(() => expect(running(pid)).toBe(false), { timeout: 5000, interval: 20 });
-  const grandchild = async (pidFile: string) => {
-    while (!existsSync(pidFile) || readFileSync(pidFile, 'utf8') === '') await new Promise((r) => setImmediate(r));
-    return Number(readFileSync(pidFile, 'utf8'));
-  };
+  const grandchild = (pidFile: string) =>
+    vi.waitFor(
+      () => {
+        const pid = existsSync(pidFile) ? Number(readFileSync(pidFile, 'utf8')) : 0;
+        expect(pid).toBeGreaterThan(0);
+        return pid;
+      },
+      { timeout: 30_000, interval: 20 },
+    );
 
   it('when another step failed (abort): the step and its child are gone and the result comes', async () => {
     const { pidFile, args } = script(false);

@@ -137,11 +137,11 @@ function spawnGroup(cmd: string, args: string[], cwd: string, env: NodeJS.Proces
   return child;
 }
 
-/** Sends `signal` to the process group a check's command leads (it may be gone: nothing to do). */
-export function killGroup(child: ChildProcess, signal: NodeJS.Signals = 'SIGKILL'): void {
+/** SIGKILLs the process group a check's command leads (it may be gone: nothing to do). */
+export function killGroup(child: ChildProcess): void {
   if (child.pid === undefined) return;
   try {
-    process.kill(-child.pid, signal);
+    process.kill(-child.pid, 'SIGKILL');
   } catch {
     // ESRCH: the group is empty.
   }
