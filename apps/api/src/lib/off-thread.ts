@@ -12,12 +12,15 @@ import { Worker } from 'node:worker_threads';
  * The thread starts on first use and keeps the process alive only while a request is pending.
  * If it dies, what was pending fails and the next request starts a new thread.
  */
-/** A request that did not finish before its deadline (its thread was then replaced). */
+/** A request that did not finish within its deadline of work (its thread was then replaced). */
 export class DeadlineExceeded extends Error {}
 
 export class OffThread<Request extends object, Result> {
   private worker: Worker | undefined;
-  private readonly pending = new Map<number, { resolve: (v: Result) => void; reject: (e: Error) => void }>();
+  private readonly pending = new Map<
+    number,
+    { resolve: (v: Result) => void; reject: (e: Error) => void; started: () => void }
+  >();
   private nextId = 1;
 
   constructor(
@@ -26,8 +29,12 @@ export class OffThread<Request extends object, Result> {
   ) {}
 
   /**
-   * With `deadlineMs`, a request still running then is rejected with `DeadlineExceeded` and the
-   * thread is replaced: the other requests it had fail with an ordinary error (safe to retry).
+   * With `deadlineMs`, a request still running that long after the thread began working on it is
+   * rejected with `DeadlineExceeded` and the thread is replaced: the other requests it had fail
+   * with an ordinary error (safe to retry). The clock starts when the thread says it has begun
+   * the request (serve-thread.mjs), not when it is sent: a thread still loading its modules
+   * (a new one, after a replacement, on a busy host) or busy with the requests queued before
+   * this one, another tenant's among them, costs this request nothing of its deadline.
    */
   run(request: Request, transfer: ArrayBuffer[] = [], deadlineMs?: number): Promise<Result> {
     const worker = this.start();
@@ -40,8 +47,8 @@ export class OffThread<Request extends object, Result> {
           clearTimeout(timer);
           fn(v);
         };
-      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
-      if (deadlineMs !== undefined) {
+      const started = () => {
+        if (deadlineMs === undefined || timer) return;
         timer = setTimeout(() => {
           this.pending.delete(id);
           reject(new DeadlineExceeded(`it did not finish within ${deadlineMs / 1000} s`));
@@ -51,7 +58,8 @@ export class OffThread<Request extends object, Result> {
           }
           void worker.terminate();
         }, deadlineMs);
-      }
+      };
+      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject), started });
       if (this.pending.size === 1) worker.ref();
       worker.postMessage({ id, ...request }, transfer);
     });
@@ -69,9 +77,13 @@ export class OffThread<Request extends object, Result> {
     if (this.worker) return this.worker;
     const worker = new Worker(this.file, { name: this.name });
     worker.unref();
-    worker.on('message', (msg: { id: number; ok?: Result; error?: string }) => {
+    worker.on('message', (msg: { id: number; started?: true; ok?: Result; error?: string }) => {
       const waiting = this.pending.get(msg.id);
       if (!waiting) return;
+      if (msg.started) {
+        waiting.started();
+        return;
+      }
       this.pending.delete(msg.id);
       if (this.pending.size === 0) worker.unref();
       if (msg.error !== undefined) waiting.reject(new Error(msg.error));

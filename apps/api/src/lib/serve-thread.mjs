@@ -1,6 +1,6 @@
 // The worker side of off-thread.ts (plain JavaScript: Node starts workers outside tsx's loaders).
 // `serve(handle)` answers each `{ id, ...request }` with `{ id, ok }` or `{ id, error }` (a handler
-// may be async);
+// may be async), after `{ id, started: true }` as it begins (the caller's deadline counts from it);
 // `handle` may return `{ value, transfer }` (made by `transferring`) to move buffers, not copy them.
 import { parentPort } from 'node:worker_threads';
 
@@ -17,6 +17,7 @@ export function serve(handle) {
   };
   const refuse = (id, err) => parentPort.postMessage({ id, error: err?.message ?? String(err) });
   parentPort.on('message', (msg) => {
+    parentPort.postMessage({ id: msg.id, started: true });
     let out;
     try {
       out = handle(msg);
