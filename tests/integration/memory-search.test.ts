@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
 import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
-import { SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
+import { recencyFactor, SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
 import { openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
@@ -336,8 +336,12 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
 describe('the same answers on PGlite and on Postgres', () => {
   it('ranks a workspace with the same files identically on both databases', async () => {
     const results: Record<Driver, unknown> = { postgres: null, pglite: null };
+    // One clock for both, the app's: recency moves with every second, and the two apps start a
+    // minute apart (scores are shown to four places, so a tiny move crossed a rounding boundary
+    // now and then).
+    const now = Date.parse('2026-03-01T00:00:00Z');
     for (const driver of DRIVERS) {
-      const t = await createTestApp({ driver });
+      const t = await createTestApp({ driver, now: () => now });
       try {
         const w = await workspaceOn(t, `same-${driver}`);
         for (let d = 0; d < 6; d++)
@@ -361,6 +365,10 @@ describe('the same answers on PGlite and on Postgres', () => {
       }
     }
     expect(results.pglite).toEqual(results.postgres);
+    // The recency shown is the app clock's, not the system's.
+    const hits = (results.postgres as SearchHit[][]).flat();
+    const jan = hits.find((h) => h.path === 'memory/2026-01-15.md');
+    expect(jan?.debug?.recency).toBe(Math.round(recencyFactor('2026-01-15', new Date(now)) * 10_000) / 10_000);
   });
 });
 

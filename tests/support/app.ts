@@ -69,6 +69,7 @@ export async function createTestApp(
     driver?: Driver;
     rateLimit?: { perMinute: number; burst: number };
     bodyLimitBytes?: number;
+    /** The clock of the rate limiter and of memory search's recency. */
     now?: () => number;
     /** The job runner's clock (due times, leases, webhook retry schedules); default the wall clock. */
     jobsNow?: () => number;

@@ -40,7 +40,7 @@ export interface ComposeOptions {
   logger: Logger;
   /** Platform self-update and its /v1/system routes (default on; off in in-process test apps). */
   selfUpdate?: boolean;
-  /** Seams for tests: another embedder, engine timings, the rate limiter's clock, the dashboard's files. */
+  /** Seams for tests: another embedder, engine timings, the clock of the rate limiter and of memory search's recency, the dashboard's files. */
   embedder?: Embedder;
   engine?: Partial<EngineOptions>;
   now?: () => number;
@@ -159,6 +159,7 @@ export function compose(o: ComposeOptions): Kiln {
       perTeam: config.workspaces.perTeam,
       embedder,
       sharedLock: o.lock,
+      now: o.now,
       // A commit made elsewhere (files API, revert, another session) updates live sandbox copies; a
       // container the warm pool holds filled with the workspace is refilled (in the background).
       onCommit: (wsId, files, origin) => {

@@ -42,6 +42,8 @@ export interface WorkspaceServiceOptions {
   sharedLock?: SharedLock;
   /** Told of every commit, with the committed files' contents (the sandbox engine updates its copies). */
   onCommit?: CommitListener;
+  /** The clock memory search measures recency by (default: the system's). */
+  now?: () => number;
 }
 
 const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
@@ -468,7 +470,8 @@ export class WorkspaceService {
   }
 
   search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
-    return searchMemory(this.db, ws.id, q, { ...opts, embedder: this.opts.embedder });
+    const now = this.opts.now ? new Date(this.opts.now()) : undefined;
+    return searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.embedder });
   }
 
   /** Start-up repair of every live workspace (upkeep.ts). */
