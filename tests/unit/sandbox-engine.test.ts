@@ -144,7 +144,7 @@ describe('warm pool on a backend that binds a container to its team (fair share)
       driver: 'pglite',
       backend: fake,
       sandbox: { poolSize: 2, reapIntervalMs: 3_600_000 },
-      env: { KILN_SANDBOX_IMAGE: IMAGE },
+      env: { KILN_SANDBOX_IMAGE: IMAGE, KILN_SANDBOX_MAX_PER_TEAM: '2' },
     });
     await t.engine.poolSettled();
   });
@@ -193,6 +193,17 @@ describe('warm pool on a backend that binds a container to its team (fair share)
 
     // A third team pushes out the one that claimed least recently: a's warm container goes.
     await exec(t, c.key, (await sessionIn(t, c)).session, 'print(4)');
+    await t.engine.poolSettled();
+    expect(await warmByTeam(t, [a, b, c])).toEqual({ [b.id]: 1, [c.id]: 1 });
+
+    // a is at its maximum (two live sandboxes): a third session is refused, and a refused claim is
+    // no claim, so a does not push b out of the pool.
+    const over = await sessionIn(t, a);
+    const refused = await t.call('POST', `/v1/sessions/${over.session}/exec`, {
+      key: a.key,
+      body: { code: 'print(5)' },
+    });
+    expect(refused.body.error?.code).toBe('sandbox_unavailable');
     await t.engine.poolSettled();
     expect(await warmByTeam(t, [a, b, c])).toEqual({ [b.id]: 1, [c.id]: 1 });
   });

@@ -283,11 +283,14 @@ export class LiveSandboxes {
       throw err;
     } finally {
       this.claiming.delete(id);
-      pool.claimedBy(ctx.teamId, image);
+      // Only a claim that got its sandbox counts for the warm order: one refused (at the team's
+      // maximum, say) would otherwise move its team to the front and push another's container out.
+      const claimed = this.bySession.get(ctx.sessionId)?.id === id;
+      if (claimed) pool.claimedBy(ctx.teamId, image);
       pool.fill();
       // The workspace's next session gets a container filled with its tree ahead of time, when
       // the pool's containers fit it (another runtime or shape could never take one).
-      if (ctx.workspaceDir && offNet && pool.serves(limits, key) && this.bySession.get(ctx.sessionId)?.id === id)
+      if (claimed && ctx.workspaceDir && offNet && pool.serves(limits, key))
         pool.prepare(ctx.workspaceId, ctx.teamId, ctx.workspaceDir, image);
     }
   }
