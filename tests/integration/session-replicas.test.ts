@@ -6,6 +6,7 @@ import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { type FakeOpenAI, startFakeOpenAI } from '../support/fake-openai.ts';
+import { callMcpTool } from '../support/mcp.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
@@ -32,6 +33,16 @@ const outputOf = (events: RunEvent[]) =>
     .filter((e) => e.event === 'exec.output')
     .map((e) => (e.data as { data: string }).data)
     .join('');
+
+/** A replica's kiln_replica_forwards_total, by outcome, from its /metrics. */
+async function forwards(t: TestApp): Promise<Record<string, number>> {
+  const r = await t.app.request('/metrics', { headers: { authorization: `Bearer ${t.adminKey}` } });
+  expect(r.status).toBe(200);
+  const out: Record<string, number> = {};
+  for (const m of (await r.text()).matchAll(/^kiln_replica_forwards_total\{outcome="(\w+)"\} (\d+)$/gm))
+    out[m[1]!] = Number(m[2]);
+  return out;
+}
 
 /** The sandbox containers of a sandbox id, whichever replica made them. */
 const containersOf = (sandboxId: string) =>
@@ -63,6 +74,8 @@ describe("two replicas behind one address: a request about a session reaches the
   });
 
   it('executions, a streamed one, a file of the sandbox and a keepalive through either replica reach one interpreter', async () => {
+    const [fromA, fromB] = [await forwards(a), await forwards(b)];
+    expect(fromB).toEqual({ sent: 0, unreachable: 0, received: 0 });
     const team = await a.team('replicas');
     const { session } = await sessionIn(a, team);
     const first = await exec(
@@ -108,6 +121,25 @@ describe("two replicas behind one address: a request about a session reaches the
     const listed = await b.call('GET', '/v1/sandboxes', { key: team.key });
     expect(listed.body.data.map((s: { id: string }) => s.id)).toEqual([first.sandbox_id]);
     expect(await containersOf(first.sandbox_id)).toHaveLength(1);
+
+    // Counted on both sides: B sent on the seven requests about the session (the three with a
+    // forged mark too), A served them.
+    expect(await forwards(b)).toEqual({ ...fromB, sent: fromB.sent! + 7 });
+    expect(await forwards(a)).toEqual({ ...fromA, received: fromA.received! + 7 });
+  });
+
+  it("MCP's run_python with a session, called through the other replica, runs in that session's interpreter", async () => {
+    const team = await a.team('replicas-mcp');
+    const { session, ws: workspace } = await sessionIn(a, team);
+    await exec(a, team.key, session, 'z = 20');
+    const r = await callMcpTool(b.app, team.key, 'run_python', { workspace, session, code: 'print(z + 1)' });
+    expect(r.status).toBe(200);
+    const text = await r.text();
+    // Answered as JSON or as one SSE event, whichever the transport chose.
+    const body = JSON.parse(text.startsWith('{') ? text : /^data: (.*)$/m.exec(text)![1]!);
+    expect(body.result.isError, JSON.stringify(body)).toBeFalsy();
+    expect(body.result.structuredContent).toMatchObject({ session_id: session, stdout: '21\n', restarted: false });
+    expect((await exec(a, team.key, session, 'print(z)')).stdout).toBe('20\n');
   });
 
   it("a message posted through the other replica starts its run where the sandbox is: the agent's code sees the session's variables", async () => {
@@ -157,12 +189,14 @@ describe("two replicas behind one address: a request about a session reaches the
     const team = await a.team('holder-gone');
     const { session } = await sessionIn(a, team);
     const first = await exec(a, team.key, session, 'y = 1');
+    const before = await forwards(b);
     // A no longer answers on its address, though its last heartbeat is still fresh.
     await shut(serverA!);
     serverA = undefined;
     const next = await exec(b, team.key, session, "print('y' in dir())");
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
     expect(next.sandbox_id).not.toBe(first.sandbox_id);
+    expect(await forwards(b)).toEqual({ ...before, unreachable: before.unreachable! + 1 });
     const rows = await b.call('GET', '/v1/sandboxes', { key: team.key });
     expect(rows.body.data.map((s: { id: string }) => s.id)).toEqual([next.sandbox_id]);
     // A's reaper sees its sandbox given up and removes it.

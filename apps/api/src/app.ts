@@ -173,7 +173,10 @@ export function createApp({
   app.use(
     '/v1/*',
     authn(keys),
-    forwardToHolder(db, replicas, (s) => engine.holds(s), logger),
+    forwardToHolder(db, replicas, (s) => engine.holds(s), {
+      log: logger,
+      counted: (outcome) => metrics.replicaForward(outcome),
+    }),
     limit,
     idempotency(db, sealer),
     auditTrail(db),

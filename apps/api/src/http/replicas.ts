@@ -4,6 +4,7 @@ import type { Context, MiddlewareHandler } from 'hono';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { apiReplicas, approvals, sandboxes } from '../db/schema/index.ts';
+import type { ForwardOutcome } from '../metrics/metrics.ts';
 import { markRemoved } from '../sandbox/rows.ts';
 
 /**
@@ -152,12 +153,16 @@ export function forwardToHolder(
   replicas: Replicas,
   /** Whether this replica holds the session's live sandbox: then nothing is looked up. */
   holds: (sessionId: string) => boolean,
-  log?: Logger,
+  o: { log?: Logger; counted?: (outcome: ForwardOutcome) => void } = {},
 ): MiddlewareHandler {
+  const { log, counted } = o;
   return async (c, next) => {
     if (replicas.alone) return next();
     // Sent on by a replica: served here. (A mark no replica made is no mark: sent on as usual.)
-    if (replicas.marked(c.req.header(FORWARDED_BY))) return next();
+    if (replicas.marked(c.req.header(FORWARDED_BY))) {
+      counted?.('received');
+      return next();
+    }
     const session = await sessionOf(db, c);
     if (!session || holds(session)) return next();
     const [row] = await db
@@ -188,8 +193,10 @@ export function forwardToHolder(
       // Its runner is out of reach: the sandbox counts as lost, and the session's next execution here gets a new one and says so.
       log?.warn({ err, session, holder: row!.owner }, "could not reach the replica holding the session's sandbox");
       await markRemoved(db, [row!.id], 'replica_unreachable');
+      counted?.('unreachable');
       return next();
     }
+    counted?.('sent');
     const out = new Headers(res.headers);
     for (const h of HOP) out.delete(h);
     return new Response(res.body, { status: res.status, headers: out });

@@ -35,6 +35,9 @@ export interface NodeFigures {
   sandboxes: number;
 }
 
+const FORWARD_OUTCOMES = ['sent', 'unreachable', 'received'] as const;
+export type ForwardOutcome = (typeof FORWARD_OUTCOMES)[number];
+
 /**
  * Every metric of one Kiln app, on a registry of its own (never prom-client's global one: several
  * apps, test apps and replicas, share a process). Built by compose.ts and handed to the parts that
@@ -53,6 +56,7 @@ export class KilnMetrics {
   private readonly execTimeouts: Counter<'runtime'>;
   private readonly oomKills: Counter<'runtime'>;
   private readonly statements: Histogram<'driver' | 'kind'>;
+  private readonly forwards: Counter<'outcome'>;
   private readonly statementChildren = new Map<string, { observe(v: number): void }>();
   private readonly scrapeErrors: Counter<'source'>;
   private readonly models: BoundedLabel;
@@ -126,6 +130,16 @@ export class KilnMetrics {
       registers,
       collect: () => pool.set(this.poolReady()),
     });
+
+    this.forwards = new Counter({
+      name: 'kiln_replica_forwards_total',
+      help:
+        'Requests about a session whose sandbox another replica holds, by outcome: sent (on to the holder), ' +
+        'unreachable (the holder could not be reached: served here with a new sandbox), received (sent on by another replica, served here)',
+      labelNames: ['outcome'],
+      registers,
+    });
+    for (const outcome of FORWARD_OUTCOMES) this.forwards.inc({ outcome }, 0);
 
     this.statements = new Histogram({
       name: 'kiln_db_statement_duration_seconds',
@@ -272,6 +286,11 @@ export class KilnMetrics {
 
   httpRequest(method: string, route: string, status: number, ms: number): void {
     this.http.observe({ method, route, status: String(status) }, seconds(ms));
+  }
+
+  /** A request about a session, sent on to the replica holding its sandbox, or received from one (http/replicas.ts). */
+  replicaForward(outcome: ForwardOutcome): void {
+    this.forwards.inc({ outcome });
   }
 
   runStep(): void {
