@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { eq, sql } from 'drizzle-orm';
@@ -100,4 +100,38 @@ describe('PGlite in its own thread', () => {
     await thread.close();
     await expect(thread.query('select 1')).rejects.toThrow(/database thread/);
   });
+});
+
+describe('an in-memory PGlite starts from a migrated template', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'kiln-pglite-template-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const tables = async (db: Database) =>
+    rowsOf<{ n: number }>(
+      await db.db.execute(sql`select count(*)::int as n from information_schema.tables where table_schema = 'public'`),
+    )[0]!.n;
+
+  it('made by the first database, empty of what that one wrote; a broken one is made again', async () => {
+    const first = await openDatabase({ templateDir: dir });
+    const migrated = await tables(first);
+    expect(migrated).toBeGreaterThan(20);
+    await createTeam(first.db, 'written-after');
+    await first.close();
+    const [file] = readdirSync(dir);
+    expect(file).toMatch(/^pglite-[0-9a-f]{24}\.tar$/);
+    const made = readFileSync(join(dir, file!));
+
+    // The next starts from it: the same schema (its migrations already applied), none of the rows.
+    const second = await openDatabase({ templateDir: dir });
+    expect(await tables(second)).toBe(migrated);
+    expect(await second.db.select().from(schema.teams)).toEqual([]);
+    await second.close();
+    expect(readdirSync(dir)).toEqual([file]);
+
+    // A template cut short is dropped, the database made from nothing, and the template made again.
+    writeFileSync(join(dir, file!), made.subarray(0, 4096));
+    const third = await openDatabase({ templateDir: dir });
+    expect(await tables(third)).toBe(migrated);
+    await third.close();
+    expect(readFileSync(join(dir, file!)).length).toBe(made.length);
+  }, 120_000);
 });

@@ -7,6 +7,7 @@ type Request =
   | { op: 'exec'; sql: string; rowMode?: string; parsers?: number[]; tx?: number }
   | { op: 'begin' }
   | { op: 'commit' | 'rollback'; tx: number }
+  | { op: 'dump'; path: string }
   | { op: 'close' };
 
 /** An error from the database thread, with the Postgres fields (code, constraint, …) it carried. */
@@ -41,8 +42,12 @@ export class PgliteThread {
     dataDir?: string,
     /** Told how long each statement took, from the post to the answer (the metrics' statement latency). */
     private readonly timings?: StatementTimings,
+    /** A data directory dumped by `dump`, to start from (an in-memory database only). */
+    template?: string,
   ) {
-    this.worker = new Worker(new URL('./pglite-thread.worker.mjs', import.meta.url), { workerData: { dataDir } });
+    this.worker = new Worker(new URL('./pglite-thread.worker.mjs', import.meta.url), {
+      workerData: { dataDir, template },
+    });
     this.ready = new Promise((resolve, reject) => this.pending.set(0, { resolve: () => resolve(), reject }));
     this.worker.on(
       'message',
@@ -63,8 +68,8 @@ export class PgliteThread {
     this.worker.on('exit', (code) => fail(new Error(`the database thread exited (code ${code})`)));
   }
 
-  static async open(dataDir?: string, timings?: StatementTimings): Promise<PgliteThread> {
-    const thread = new PgliteThread(dataDir, timings);
+  static async open(dataDir?: string, timings?: StatementTimings, template?: string): Promise<PgliteThread> {
+    const thread = new PgliteThread(dataDir, timings, template);
     try {
       await thread.ready;
     } catch (err) {
@@ -128,6 +133,11 @@ export class PgliteThread {
       await this.send({ op: 'commit', tx: id });
     }
     return result;
+  }
+
+  /** Writes the whole data directory as it is now to `path` (a tar, written aside and renamed into place). */
+  dump(path: string): Promise<void> {
+    return this.send({ op: 'dump', path });
   }
 
   async close(): Promise<void> {

@@ -6,7 +6,11 @@
 // TypeScript loaders. It speaks the small protocol that pglite-thread.ts expects:
 //   in:  { id, op: 'query', sql, params, rowMode, parsers, tx } | { id, op: 'exec', sql, tx }
 //        | { id, op: 'begin' } | { id, op: 'commit', tx } | { id, op: 'rollback', tx } | { id, op: 'close' }
+//        | { id, op: 'dump', path } (the data directory as a tar, written to a temporary name, then renamed)
+//   workerData: { dataDir?, template? } (template: a dump to start an in-memory database from)
 //   out: { id, ok } | { id, error }
+import { randomBytes } from 'node:crypto';
+import { readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { parentPort, workerData } from 'node:worker_threads';
 import { PGlite } from '@electric-sql/pglite';
 import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
@@ -91,6 +95,17 @@ async function handle(msg) {
       }
       return null;
     }
+    case 'dump': {
+      const tar = await pg.dumpDataDir('none');
+      const aside = `${msg.path}.${randomBytes(6).toString('hex')}.part`;
+      try {
+        await writeFile(aside, Buffer.from(await tar.arrayBuffer()), { mode: 0o600 });
+        await rename(aside, msg.path);
+      } finally {
+        await rm(aside, { force: true });
+      }
+      return null;
+    }
     case 'close':
       await pg.close();
       return null;
@@ -100,7 +115,12 @@ async function handle(msg) {
 }
 
 try {
-  pg = await PGlite.create(workerData.dataDir, { relaxedDurability: true, extensions: { pg_trgm, vector } });
+  const loadDataDir = workerData.template ? new Blob([await readFile(workerData.template)]) : undefined;
+  pg = await PGlite.create(workerData.dataDir, {
+    relaxedDurability: true,
+    extensions: { pg_trgm, vector },
+    ...(loadDataDir ? { loadDataDir } : {}),
+  });
   parentPort.on('message', (msg) => {
     handle(msg).then(
       (ok) => parentPort.postMessage({ id: msg.id, ok }),
