@@ -117,6 +117,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         KILN_PORT: String(port),
         KILN_SOURCE_DIR: checkout,
         KILN_RESTART_READY_TIMEOUT_S: '30',
+        // The check's test step: the smoke suite and the docs' test (the unit tests run in this
+        // suite anyway; all of them in each of this file's seven checks took 2 minutes each).
+        KILN_SELF_CHECK_TESTS: 'tests/smoke tests/unit/docs.test.ts',
         KILN_RESTART_STOP_TIMEOUT_S: '30',
         // How long a stopping server waits for HTTP requests, then for runs in flight.
         KILN_SHUTDOWN_GRACE_MS: '5000',
@@ -272,8 +275,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await enable()).body).toEqual({ workspace_id: ws.id, enabled: true });
     expect((await api(`/v1/workspaces/${ws.id}`, { key: teamKey })).body.settings.source_updates).toBe(true);
 
+    // It type-checks, and its own test (in the check's test set) fails: the test step refuses it.
     const patch = patchOf({
-      'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const agentBroke: number = 'still not a number';\n`,
+      'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const ID_RANDOM_CHARS = 8;\n`,
+      'tests/smoke/ids-constant.test.ts': () =>
+        "import { expect, it } from 'vitest';\nimport { ID_RANDOM_CHARS } from '../../apps/api/src/lib/ids.ts';\n\nit('ids carry nine random characters', () => {\n  expect(ID_RANDOM_CHARS).toBe(9);\n});\n",
     });
     fake.script(
       {
@@ -418,9 +424,18 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(done).toMatchObject({
       status: 'failed',
       reason: 'Add a constant to the id helper',
-      changed_paths: ['apps/api/src/lib/ids.ts'],
+      changed_paths: ['apps/api/src/lib/ids.ts', 'tests/smoke/ids-constant.test.ts'],
     });
-    expect(done.checks.at(-1)).toMatchObject({ name: 'typecheck', ok: false });
+    expect(done.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
+      ['install', true],
+      ['typecheck', true],
+      ['dashboard', true],
+      ['smoke', false],
+    ]);
+    // The server's test set, the patch's own test among them.
+    expect(done.checks[3].log).toContain('vitest.mjs run tests/smoke tests/unit/docs.test.ts');
+    expect(done.checks[3].log).toContain('ids carry nine random characters');
+    expect(done.checks[3].log).toContain('expected 8 to be 9');
     expect(git(checkout, 'log', '-1', '--format=%B', `refs/kiln/updates/${id}`)).toContain('Kiln-Author: agent');
   });
 

@@ -116,24 +116,34 @@ describe('config', () => {
     expect(loadConfig({}).selfUpdate).toEqual({
       sourceDir: fileURLToPath(new URL('../..', import.meta.url)).replace(/\/$/, ''),
       checkTimeoutMs: 600_000,
+      checkTests: ['tests/unit', 'tests/smoke'],
       stopTimeoutMs: 60_000,
       readyTimeoutMs: 60_000,
     });
     const c = loadConfig({
       KILN_SOURCE_DIR: '/srv/kiln',
       KILN_SELF_CHECK_TIMEOUT_S: '120',
+      KILN_SELF_CHECK_TESTS: ' tests/smoke  tests/unit/docs.test.ts\n',
       KILN_RESTART_STOP_TIMEOUT_S: '5',
       KILN_RESTART_READY_TIMEOUT_S: '7',
     });
     expect(c.selfUpdate).toEqual({
       sourceDir: '/srv/kiln',
       checkTimeoutMs: 120_000,
+      checkTests: ['tests/smoke', 'tests/unit/docs.test.ts'],
       stopTimeoutMs: 5000,
       readyTimeoutMs: 7000,
     });
     expect(
       problems({ KILN_SELF_CHECK_TIMEOUT_S: '1', KILN_RESTART_READY_TIMEOUT_S: 'soon' }).map((l) => l.split(':')[0]),
     ).toEqual(['KILN_SELF_CHECK_TIMEOUT_S', 'KILN_RESTART_READY_TIMEOUT_S']);
+    // The test step's arguments: paths inside the checkout, never an option or a way out of it.
+    for (const bad of ['--reporter=./evil.js', '/etc', 'tests/../../etc', '..', 'tests/$(id)', ' '])
+      expect(problems({ KILN_SELF_CHECK_TESTS: bad }), bad).toHaveLength(1);
+    expect(loadConfig({ KILN_SELF_CHECK_TESTS: 'tests/unit/a..b.test.ts tests/.x' }).selfUpdate.checkTests).toEqual([
+      'tests/unit/a..b.test.ts',
+      'tests/.x',
+    ]);
   });
 
   it('treats empty strings as unset', () => {

@@ -144,6 +144,24 @@ const schema = z.object({
   KILN_MODEL_TIMEOUT_S: int(1, 3600).default(120),
   KILN_SOURCE_DIR: z.string().min(1).optional(),
   KILN_SELF_CHECK_TIMEOUT_S: int(10, 7200).default(600),
+  KILN_SELF_CHECK_TESTS: z
+    .string()
+    .max(2000)
+    .transform((s) => s.split(/\s+/).filter(Boolean))
+    .pipe(
+      z
+        .array(
+          z
+            .string()
+            .regex(
+              /^(?!-)(?!\/)(?!.*(?:^|\/)\.\.(?:\/|$))[A-Za-z0-9_./-]+$/,
+              'each entry is a test file or directory inside the checkout: letters, digits, _ . / -, not absolute, no .., not an option',
+            ),
+        )
+        .min(1)
+        .max(50),
+    )
+    .default(['tests/unit', 'tests/smoke']),
   KILN_RESTART_STOP_TIMEOUT_S: int(1, 3600).default(60),
   KILN_RESTART_READY_TIMEOUT_S: int(1, 3600).default(60),
   KILN_EVOLUTION_TICK_S: int(1, 3600).default(60),
@@ -320,7 +338,14 @@ export type Config = {
   /** Webhook deliveries: attempts, backoff, deadline, webhooks per team, concurrency, poll (KILN_WEBHOOK_*). */
   webhooks: Omit<WebhookOptions, 'outboundAllow'>;
   /** Platform self-update: the git checkout of Kiln's own source and the deadlines of its steps. */
-  selfUpdate: { sourceDir: string; checkTimeoutMs: number; stopTimeoutMs: number; readyTimeoutMs: number };
+  selfUpdate: {
+    sourceDir: string;
+    checkTimeoutMs: number;
+    /** What the self-check's test step runs (vitest paths inside the checkout). */
+    checkTests: string[];
+    stopTimeoutMs: number;
+    readyTimeoutMs: number;
+  };
 };
 
 /**
@@ -493,6 +518,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     selfUpdate: {
       sourceDir: resolve(e.KILN_SOURCE_DIR ?? fileURLToPath(new URL('../../..', import.meta.url))),
       checkTimeoutMs: e.KILN_SELF_CHECK_TIMEOUT_S * 1000,
+      checkTests: e.KILN_SELF_CHECK_TESTS,
       stopTimeoutMs: e.KILN_RESTART_STOP_TIMEOUT_S * 1000,
       readyTimeoutMs: e.KILN_RESTART_READY_TIMEOUT_S * 1000,
     },

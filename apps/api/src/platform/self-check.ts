@@ -17,6 +17,8 @@ export interface CheckStep {
 export interface CheckOptions {
   /** Per step: install, type-check, smoke tests, boot. */
   stepTimeoutMs: number;
+  /** What the test step runs: vitest paths inside the checkout (default `tests/unit tests/smoke`). */
+  tests?: string[];
   readyTimeoutMs: number;
   stopTimeoutMs: number;
   dockerHost?: string;
@@ -330,8 +332,10 @@ export async function runSelfCheck(
       symlinkSync(realpathSync(runningBuild), join(p.worktree, 'apps/dashboard/dist'));
       return { ok: true, log: `${kept}: linked its build` };
     }),
-    // `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
-    timed('smoke', () => node(['node_modules/vitest/vitest.mjs', 'run', 'tests/unit', 'tests/smoke'])),
+    // By default `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
+    timed('smoke', () =>
+      node(['node_modules/vitest/vitest.mjs', 'run', ...(o.tests ?? ['tests/unit', 'tests/smoke'])]),
+    ),
   ];
   try {
     for (const step of side) if (!(await report(await step))) return false;

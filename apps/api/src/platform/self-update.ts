@@ -36,6 +36,8 @@ export interface SelfUpdateOptions {
   sourceDir: string;
   dataDir: string;
   checkTimeoutMs: number;
+  /** What the self-check's test step runs (default tests/unit and tests/smoke). */
+  checkTests?: string[];
   stopTimeoutMs: number;
   readyTimeoutMs: number;
   dockerHost?: string;
@@ -226,6 +228,7 @@ export class SelfUpdates implements SourceUpdateSink {
         row.id,
         {
           stepTimeoutMs: this.o.checkTimeoutMs,
+          tests: this.o.checkTests,
           readyTimeoutMs: this.o.readyTimeoutMs,
           stopTimeoutMs: this.o.stopTimeoutMs,
           dockerHost: this.o.dockerHost,
