@@ -85,6 +85,41 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     expect((await Promise.all(placed.map(hostOf))).sort()).toEqual(['kf1', 'kf2']);
   });
 
+  it('a template made through the API is built on every host; its sessions run on either host with its files', async () => {
+    const created = await a.call('POST', '/v1/templates', {
+      key: team.key,
+      body: { name: 'fleet-files', files: [{ path: 'greeting.txt', content: 'built on every host' }] },
+    });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    // The build is a job: whichever replica runs it builds on every host that takes sandboxes.
+    await b.evolution.jobs.drain();
+    const ready = (await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body;
+    expect(ready, JSON.stringify(ready)).toMatchObject({ status: 'ready', error: null });
+    for (const host of h)
+      expect(
+        execFileSync('docker', ['-H', `unix://${host.dockerSock}`, 'image', 'ls', '-q', ready.image], {
+          encoding: 'utf8',
+        }).trim(),
+        host.name,
+      ).not.toBe('');
+    const templated = await a.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'templated', settings: { sandbox: { template: created.body.id } } },
+    });
+    expect(templated.status, JSON.stringify(templated.body)).toBe(201);
+    const sessions: string[] = [];
+    for (const app of [a, b])
+      sessions.push(
+        (await app.call('POST', `/v1/workspaces/${templated.body.id}/sessions`, { key: team.key })).body.id as string,
+      );
+    for (const [i, s] of sessions.entries()) {
+      const r = await exec(i ? b : a, s, "print(open('/opt/kiln/template/greeting.txt').read())");
+      expect(r.body.stdout, JSON.stringify(r.body)).toBe('built on every host\n');
+    }
+    expect((await Promise.all(sessions.map(hostOf))).sort()).toEqual(['kf1', 'kf2']);
+    for (const s of sessions) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  });
+
   it('a sandbox on a host reaches no node’s control port, nor the API’s host', async () => {
     const probe = [...h.map((x) => `("${x.ip}", 7443)`), `("${h[0]!.ip.replace(/\.2$/, '.1')}", 5432)`].join(', ');
     const r = await exec(
