@@ -227,6 +227,7 @@ async function startApi(dir: string): Promise<Bench> {
     KILN_BODY_LIMIT_BYTES: String(5 << 20),
     KILN_RATE_LIMIT_PER_MINUTE: '1000000',
     KILN_RATE_LIMIT_BURST: '1000000',
+    ...(process.env.KILN_EMBEDDINGS_MODEL ? { KILN_EMBEDDINGS_MODEL: process.env.KILN_EMBEDDINGS_MODEL } : {}),
   });
   // No container runtime: the benchmark runs no code, only the workspace and memory routes.
   const { app, workspaces: service } = compose({ config, db: database.db, sandboxes: null, logger, selfUpdate: false });

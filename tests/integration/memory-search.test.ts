@@ -7,7 +7,8 @@ import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
 import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
 import { recencyFactor, SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
-import { openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
+import { BUILTIN_EMBEDDINGS, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
+import { loadConfig } from '../../apps/api/src/config.ts';
 import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { DRIVERS, type Driver } from '../support/db.ts';
@@ -501,5 +502,57 @@ describe('start-up repair after a crash', () => {
     } finally {
       await t.close();
     }
+  });
+});
+
+describe('memory search with the built-in sentence encoder (the default)', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    // What a server gets with no KILN_EMBEDDINGS_MODEL: the encoder inside Kiln, no endpoint.
+    expect(loadConfig({}).openai.embeddingsModel).toBe('builtin');
+    t = await createTestApp({ driver: 'pglite', env: { KILN_EMBEDDINGS_MODEL: 'builtin' } });
+  });
+  afterAll(() => t?.close());
+
+  const chunksOf = async (ws: string, path: string) =>
+    (
+      await t.database.db
+        .select({ id: memoryChunks.id, start: memoryChunks.startLine, embedding: memoryChunks.embedding })
+        .from(memoryChunks)
+        .where(and(eq(memoryChunks.workspaceId, ws), eq(memoryChunks.path, path)))
+    ).sort((a, b) => a.start - b.start);
+
+  it('finds by meaning with no shared word; an appended log keeps the vectors of the chunks it did not change', async () => {
+    const w = await workspaceOn(t, 'builtin-vectors');
+    const turns = [
+      'Jonas: I have news... I proposed to Clara this morning, on the beach at Cascais.',
+      'Maya: No way! What did she say?',
+      'Jonas: She said yes!',
+      ...FILLER,
+    ];
+    await w.put('memory/2026-05-11.md', chat('2026-05-11', turns));
+    await w.put(
+      'memory/2026-05-12.md',
+      chat('2026-05-12', ['Maya: The forecast says rain all week.', 'Jonas: Bring an umbrella then.']),
+    );
+    const hits = await w.search('wedding engagement', { path: 'memory/', debug: 'true' });
+    expect(hits[0]).toMatchObject({ path: 'memory/2026-05-11.md', debug: { lexical_rank: null, vector_rank: 1 } });
+    expect(hits[0]!.snippet).toContain('proposed to Clara');
+    const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
+    expect(stats!.embedModel).toBe(BUILTIN_EMBEDDINGS);
+
+    // A marker in the first chunk's vector: kept if that chunk is not embedded again.
+    const before = await chunksOf(w.ws, 'memory/2026-05-11.md');
+    expect(before.length).toBeGreaterThan(2);
+    expect(before.every((c) => c.embedding?.length === 512)).toBe(true);
+    const marker = Array.from({ length: 512 }, () => 0.25);
+    await t.database.db.update(memoryChunks).set({ embedding: marker }).where(eq(memoryChunks.id, before[0]!.id));
+    await w.put('memory/2026-05-11.md', chat('2026-05-11', [...turns, 'Maya: Congratulations to you both!']));
+    const after = await chunksOf(w.ws, 'memory/2026-05-11.md');
+    expect(after.length).toBeGreaterThanOrEqual(before.length);
+    expect(after[0]!.embedding).toEqual(marker);
+    // The new last chunk was embedded (a real vector, not the marker).
+    expect(after.at(-1)!.embedding).toHaveLength(512);
+    expect(after.at(-1)!.embedding).not.toEqual(marker);
   });
 });

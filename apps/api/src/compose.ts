@@ -11,7 +11,7 @@ import { EvolutionService } from './evolution/service.ts';
 import { JobRunner } from './jobs/runner.ts';
 import { KilnMetrics } from './metrics/metrics.ts';
 import { McpClients } from './mcp/client.ts';
-import { type Embedder, openAiEmbedder } from './memory/embeddings.ts';
+import { type Embedder, localEmbedder, openAiEmbedder } from './memory/embeddings.ts';
 import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
@@ -148,7 +148,12 @@ export function compose(o: ComposeOptions): Kiln {
   metrics.watchPool(() => engine.poolReady);
 
   const embedder =
-    o.embedder ?? (embeddingsModel ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey }) : undefined);
+    o.embedder ??
+    (embeddingsModel === 'builtin'
+      ? localEmbedder()
+      : embeddingsModel
+        ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey })
+        : undefined);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
   const workspaces = new WorkspaceService(
     db,

