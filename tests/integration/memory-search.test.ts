@@ -505,11 +505,12 @@ describe('start-up repair after a crash', () => {
   });
 });
 
-describe('memory search with the built-in sentence encoder (the default)', () => {
+describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODEL=builtin)', () => {
   let t: TestApp;
   beforeAll(async () => {
-    // What a server gets with no KILN_EMBEDDINGS_MODEL: the encoder inside Kiln, no endpoint.
-    expect(loadConfig({}).openai.embeddingsModel).toBe('builtin');
+    // Off unless asked for (none says so too): see docs/memory.md for why it is not the default yet.
+    expect(loadConfig({}).openai.embeddingsModel).toBeUndefined();
+    expect(loadConfig({ KILN_EMBEDDINGS_MODEL: 'none' }).openai.embeddingsModel).toBeUndefined();
     t = await createTestApp({ driver: 'pglite', env: { KILN_EMBEDDINGS_MODEL: 'builtin' } });
   });
   afterAll(() => t?.close());

@@ -128,9 +128,6 @@ export async function createTestApp(
     KILN_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes ?? 1024 * 1024),
     KILN_RATE_LIMIT_PER_MINUTE: String(opts.rateLimit?.perMinute ?? 1_000_000),
     KILN_RATE_LIMIT_BURST: String(opts.rateLimit?.burst ?? 1_000_000),
-    // Lexical search only, unless a suite asks for the built-in encoder (env) or passes an embedder:
-    // most suites rank nothing, and the ranking suites pin down each part on its own.
-    KILN_EMBEDDINGS_MODEL: 'none',
     ...(opts.model
       ? { OPENAI_BASE_URL: opts.model.baseURL, OPENAI_API_KEY: 'test-key', KILN_MODEL: opts.model.model }
       : {}),

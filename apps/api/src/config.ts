@@ -138,7 +138,7 @@ const schema = z.object({
   KILN_TEAM_WORKSPACE_BYTES_MAX: int(1024, 1024 ** 5).default(2 * 1024 ** 3),
   OPENAI_BASE_URL: z.string().url().optional(),
   OPENAI_API_KEY: z.string().min(1).optional(),
-  KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).default('builtin'),
+  KILN_EMBEDDINGS_MODEL: z.string().min(1).max(200).optional(),
   KILN_MODEL: z.string().min(1).max(200).optional(),
   KILN_MODEL_MAX_RETRIES: int(0, 10).default(3),
   KILN_MODEL_TIMEOUT_S: int(1, 3600).default(120),
@@ -258,7 +258,7 @@ export type Config = {
   openai: {
     baseURL?: string;
     apiKey?: string;
-    /** `builtin` (the default): the encoder inside Kiln; another name: that model of the endpoint; unset: none (`none`). */
+    /** `builtin`: the encoder inside Kiln; another name: that model of the endpoint; unset (or `none`): no vectors. */
     embeddingsModel?: string;
     model?: string;
     maxRetries: number;
