@@ -14,6 +14,10 @@ import { serve } from '../lib/serve-thread.mjs';
 let model;
 
 serve(async ({ texts }) => {
-  model ??= initModel(modelSource);
+  // Loaded on first use; a load that failed is tried again by the next request.
+  model ??= initModel(modelSource).catch((err) => {
+    model = undefined;
+    throw err;
+  });
   return (await model).embed(texts);
 });

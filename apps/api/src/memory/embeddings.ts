@@ -1,7 +1,7 @@
 import OpenAI from 'openai';
 import { OffThread } from '../lib/off-thread.ts';
 
-/** Turns texts into vectors: the built-in encoder by default, an endpoint's model, or none (KILN_EMBEDDINGS_MODEL). */
+/** Turns texts into vectors: an endpoint's model or the built-in encoder, when KILN_EMBEDDINGS_MODEL names one. */
 export interface Embedder {
   model: string;
   embed(texts: string[]): Promise<number[][]>;
