@@ -134,4 +134,32 @@ describe('an in-memory PGlite starts from a migrated template', () => {
     await third.close();
     expect(readFileSync(join(dir, file!)).length).toBe(made.length);
   }, 120_000);
+
+  it('a new data directory on disk is unpacked from it; one that exists is opened as it is', async () => {
+    const data = mkdtempSync(join(tmpdir(), 'kiln-pglite-new-'));
+    const other = mkdtempSync(join(tmpdir(), 'kiln-pglite-new-'));
+    /** initdb gives every cluster an identifier of its own: the same one twice is the template's. */
+    const systemId = async (db: Database) =>
+      rowsOf<{ id: string }>(
+        await db.db.execute(sql`select system_identifier::text as id from pg_control_system()`),
+      )[0]!.id;
+    try {
+      const first = await openDatabase({ dataDir: data, templateDir: dir });
+      const twin = await openDatabase({ dataDir: other, templateDir: dir });
+      expect(await systemId(first)).toBe(await systemId(twin));
+      await twin.close();
+      expect(await tables(first)).toBeGreaterThan(20);
+      expect(await first.db.select().from(schema.teams)).toEqual([]);
+      await createTeam(first.db, 'kept on disk');
+      await first.close();
+      // Nothing left beside it from the unpacking.
+      expect(readdirSync(data)).toEqual(['pglite']);
+      const again = await openDatabase({ dataDir: data, templateDir: dir });
+      expect((await again.db.select().from(schema.teams)).map((t) => t.name)).toEqual(['kept on disk']);
+      await again.close();
+    } finally {
+      rmSync(data, { recursive: true, force: true });
+      rmSync(other, { recursive: true, force: true });
+    }
+  }, 120_000);
 });
