@@ -541,6 +541,19 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
     expect(hits[0]!.snippet).toContain('proposed to Clara');
     const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
     expect(stats!.embedModel).toBe(BUILTIN_EMBEDDINGS);
+    // The encoder's vectors have their approximate index (migration 0017), and the planner can use
+    // it for a search's query (forced here: a table this small is read whole otherwise).
+    const plan = await t.database.db.transaction(async (tx) => {
+      await tx.execute(sql`set local enable_seqscan = off`);
+      const vec = `[${Array.from({ length: 512 }, () => 0.1).join(',')}]`;
+      return rowsOf<{ 'QUERY PLAN': string }>(
+        await tx.execute(sql`explain select id from memory_chunks c where array_length(c.embedding, 1) = 512
+          order by c.embedding::vector(512) <=> ${vec}::vector(512) limit 10`),
+      )
+        .map((r) => r['QUERY PLAN'])
+        .join('\n');
+    });
+    expect(plan).toContain('memory_chunks_vector_512');
 
     // A marker in the first chunk's vector: kept if that chunk is not embedded again.
     const before = await chunksOf(w.ws, 'memory/2026-05-11.md');

@@ -4,6 +4,7 @@ import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memor
 import {
   BUILTIN_FACTOR,
   fuseRanks,
+  VECTOR_WEIGHT,
   idf,
   mergeHits,
   RECENCY_MAX,
@@ -150,6 +151,18 @@ describe('ranking', () => {
     expect(fused.get('b')!).toBeGreaterThan(fused.get('a')!);
     expect(fused.get('a')!).toBeGreaterThan(fused.get('d')!);
     expect(fused.get('e')).toBeUndefined();
+    // Weighted as search weighs the vectors: first in words beats first in meaning alone, and
+    // found by both still beats either.
+    const weighted = fuseRanks(
+      [
+        ['a', 'b'],
+        ['c', 'b'],
+      ],
+      [1, VECTOR_WEIGHT],
+    );
+    expect(VECTOR_WEIGHT).toBeLessThan(1);
+    expect(weighted.get('a')!).toBeGreaterThan(weighted.get('c')!);
+    expect(weighted.get('b')!).toBeGreaterThan(weighted.get('a')!);
   });
 
   it('merges hits that overlap or touch in a file, keeps apart what does not, and never repeats a line', () => {

@@ -8,6 +8,7 @@ import {
   B,
   BUILTIN_FACTOR,
   fuseRanks,
+  VECTOR_WEIGHT,
   idf,
   K1,
   mergeHits,
@@ -199,7 +200,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     }
     vectorOrder = near.map((v) => String(v.c.id));
   }
-  const fused = opts.embedder ? fuseRanks([lexicalOrder, vectorOrder]) : null;
+  const fused = opts.embedder ? fuseRanks([lexicalOrder, vectorOrder], [1, VECTOR_WEIGHT]) : null;
   const now = opts.now ?? new Date();
 
   const ranked = [...byId.entries()].map(([id, { c, vector }]) => {
@@ -293,6 +294,24 @@ async function nearest(
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
   if (await hasPgvector(db)) {
     const vec = `[${qv.join(',')}]`;
+    if (qv.length === INDEXED_DIMS && (await hasIterativeScan(db))) {
+      // The HNSW index of migration 0017 (its predicate and expression, word for word), read on
+      // past the rows the filters drop (pgvector 0.8's iterative scan, in relaxed order: sorted here).
+      const rows = await db.transaction(async (t) => {
+        const tx = t as unknown as Db;
+        await tx.execute(
+          sql`select set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', ${String(Math.max(40, limit))}, true)`,
+        );
+        return rowsOf<Candidate & { similarity: number }>(
+          await tx.execute(sql`select ${cols}, (1 - (c.embedding::vector(512) <=> ${vec}::vector(512)))::float8 as similarity
+            from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = 512${where}
+            order by c.embedding::vector(512) <=> ${vec}::vector(512) limit ${limit}`),
+        );
+      });
+      return rows
+        .map((r) => ({ c: r, similarity: Number(r.similarity) }))
+        .sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
+    }
     const rows = rowsOf<Candidate & { similarity: number }>(
       await db.execute(sql`select ${cols}, (1 - (c.embedding::vector <=> ${vec}::vector))::float8 as similarity
         from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
@@ -310,6 +329,32 @@ async function nearest(
     .filter((r) => r.similarity > 0)
     .sort((a, b) => b.similarity - a.similarity)
     .slice(0, limit);
+}
+
+/** The vector size migration 0017 indexes (the built-in encoder's). */
+const INDEXED_DIMS = 512;
+
+const iterativeSupport = new WeakMap<Db, Promise<boolean>>();
+/**
+ * Whether the database's pgvector reads an index on past filtered rows (0.8 and later): before it,
+ * an index scan filtered to one workspace could return fewer neighbours than asked, so the exact
+ * comparison is used instead.
+ */
+function hasIterativeScan(db: Db): Promise<boolean> {
+  let known = iterativeSupport.get(db);
+  if (!known) {
+    known = db
+      .execute(sql`select extversion from pg_extension where extname = 'vector'`)
+      .then((r) => {
+        const [major = 0, minor = 0] = (rowsOf<{ extversion: string }>(r)[0]?.extversion ?? '0.0')
+          .split('.')
+          .map(Number);
+        return major > 0 || minor >= 8;
+      })
+      .catch(() => false);
+    iterativeSupport.set(db, known);
+  }
+  return known;
 }
 
 const vectorSupport = new WeakMap<Db, Promise<boolean>>();
