@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { parseCidr } from './lib/cidr.ts';
 import { ConfigError } from './lib/errors.ts';
 import { parseAllowEntry } from './lib/outbound.ts';
+import { DEFAULT_CHECK_TESTS } from './platform/self-check.ts';
 import { installationSecretsKey, parseKey } from './secrets/sealing.ts';
 import { MAX_ALLOW } from './workspace/egress-allow.ts';
 import type { QuotaMax } from './workspace/quota.ts';
@@ -161,7 +162,7 @@ const schema = z.object({
         .min(1)
         .max(50),
     )
-    .default(['tests/unit', 'tests/smoke']),
+    .default(DEFAULT_CHECK_TESTS),
   KILN_RESTART_STOP_TIMEOUT_S: int(1, 3600).default(60),
   KILN_RESTART_READY_TIMEOUT_S: int(1, 3600).default(60),
   KILN_EVOLUTION_TICK_S: int(1, 3600).default(60),

@@ -96,7 +96,7 @@ async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder, re
     const known = reuse ? await knownVectors(reuse, ws.id, embedder.model, paths) : new Map<string, number[]>();
     for (const r of rows)
       r.embedding =
-        known.get(vectorKey(r as Row & { contentHash: string })) ??
+        known.get(vectorKey(r)) ??
         (r.builtin ? builtinVectors.get(builtinKey(embedder.model, r.searchText!)) : undefined);
     const missing = rows.filter((r) => !r.embedding);
     const vectors = missing.length ? await embedder.embed(missing.map((r) => r.searchText!)) : [];

@@ -334,41 +334,38 @@ async function nearest(
 /** The vector size migration 0017 indexes (the built-in encoder's). */
 const INDEXED_DIMS = 512;
 
-const iterativeSupport = new WeakMap<Db, Promise<boolean>>();
+const vectorVersions = new WeakMap<Db, Promise<[number, number] | null>>();
+/** The database's pgvector as [major, minor], or null when it is not installed (asked once per database handle). */
+function pgvectorVersion(db: Db): Promise<[number, number] | null> {
+  let known = vectorVersions.get(db);
+  if (!known) {
+    known = db
+      .execute(sql`select extversion from pg_extension where extname = 'vector'`)
+      .then((r) => {
+        const v = rowsOf<{ extversion: string }>(r)[0]?.extversion;
+        if (!v) return null;
+        const [major = 0, minor = 0] = v.split('.').map(Number);
+        return [major, minor] as [number, number];
+      })
+      .catch(() => null);
+    vectorVersions.set(db, known);
+  }
+  return known;
+}
+
+/** Whether the database has pgvector installed. */
+export async function hasPgvector(db: Db): Promise<boolean> {
+  return (await pgvectorVersion(db)) !== null;
+}
+
 /**
  * Whether the database's pgvector reads an index on past filtered rows (0.8 and later): before it,
  * an index scan filtered to one workspace could return fewer neighbours than asked, so the exact
  * comparison is used instead.
  */
-function hasIterativeScan(db: Db): Promise<boolean> {
-  let known = iterativeSupport.get(db);
-  if (!known) {
-    known = db
-      .execute(sql`select extversion from pg_extension where extname = 'vector'`)
-      .then((r) => {
-        const [major = 0, minor = 0] = (rowsOf<{ extversion: string }>(r)[0]?.extversion ?? '0.0')
-          .split('.')
-          .map(Number);
-        return major > 0 || minor >= 8;
-      })
-      .catch(() => false);
-    iterativeSupport.set(db, known);
-  }
-  return known;
-}
-
-const vectorSupport = new WeakMap<Db, Promise<boolean>>();
-/** Whether the database has pgvector installed (asked once per database handle). */
-export function hasPgvector(db: Db): Promise<boolean> {
-  let known = vectorSupport.get(db);
-  if (!known) {
-    known = db
-      .execute(sql`select exists(select 1 from pg_extension where extname = 'vector') as ok`)
-      .then((r) => Boolean(rowsOf<{ ok: boolean }>(r)[0]?.ok))
-      .catch(() => false);
-    vectorSupport.set(db, known);
-  }
-  return known;
+async function hasIterativeScan(db: Db): Promise<boolean> {
+  const v = await pgvectorVersion(db);
+  return v !== null && (v[0] > 0 || v[1] >= 8);
 }
 
 /** What a cursor belongs to: the query and its filters (a cursor of another query is refused). */

@@ -14,10 +14,13 @@ export interface CheckStep {
   log: string;
 }
 
+/** What a self-check's test step runs unless KILN_SELF_CHECK_TESTS says otherwise (`npm run test:fast`). */
+export const DEFAULT_CHECK_TESTS = ['tests/unit', 'tests/smoke'];
+
 export interface CheckOptions {
   /** Per step: install, type-check, smoke tests, boot. */
   stepTimeoutMs: number;
-  /** What the test step runs: vitest paths inside the checkout (default `tests/unit tests/smoke`). */
+  /** What the test step runs: vitest paths inside the checkout (default DEFAULT_CHECK_TESTS). */
   tests?: string[];
   readyTimeoutMs: number;
   stopTimeoutMs: number;
@@ -333,9 +336,7 @@ export async function runSelfCheck(
       return { ok: true, log: `${kept}: linked its build` };
     }),
     // By default `npm run test:fast`: the unit tests and the smoke suite (no Docker, no Postgres, ~30 s).
-    timed('smoke', () =>
-      node(['node_modules/vitest/vitest.mjs', 'run', ...(o.tests ?? ['tests/unit', 'tests/smoke'])]),
-    ),
+    timed('smoke', () => node(['node_modules/vitest/vitest.mjs', 'run', ...(o.tests ?? DEFAULT_CHECK_TESTS)])),
   ];
   try {
     for (const step of side) if (!(await report(await step))) return false;

@@ -36,7 +36,7 @@ export interface SelfUpdateOptions {
   sourceDir: string;
   dataDir: string;
   checkTimeoutMs: number;
-  /** What the self-check's test step runs (default tests/unit and tests/smoke). */
+  /** What the self-check's test step runs (default DEFAULT_CHECK_TESTS). */
   checkTests?: string[];
   stopTimeoutMs: number;
   readyTimeoutMs: number;
