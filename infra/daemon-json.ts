@@ -1,5 +1,6 @@
 /**
- * Registers Kiln's gVisor runtimes in dockerd's daemon.json (run by infra/docker.sh):
+ * Registers Kiln's gVisor runtimes in dockerd's daemon.json, and turns on its experimental API
+ * (only for checkpoints: idle gVisor sandboxes are paused to disk), run by infra/docker.sh:
  *
  *   tsx infra/daemon-json.ts <daemon.json> <runsc path> <platform>   → prints "changed" or "unchanged"
  *   tsx infra/daemon-json.ts <daemon.json> --platform                  → prints the recorded platform, or nothing
@@ -39,8 +40,10 @@ export function mergeRuntimes(text: string, runsc: string, platform: string): { 
     runtimes[name] = want;
     changed = true;
   }
+  // Docker's checkpoint API (pausing idle gVisor sandboxes to disk) is behind its experimental switch.
+  if (current.experimental !== true) changed = true;
   if (!changed) return { text, changed };
-  return { text: `${JSON.stringify({ ...current, runtimes }, null, 2)}\n`, changed };
+  return { text: `${JSON.stringify({ ...current, runtimes, experimental: true }, null, 2)}\n`, changed };
 }
 
 /** The platform recorded in the kiln-gvisor-nonet entry, if any. */

@@ -5,7 +5,8 @@
 # picks the gVisor platform that works on this machine, registers the runtimes kiln-gvisor and
 # kiln-gvisor-nonet in /etc/docker/daemon.json (merged with what is there) and, only when that
 # changed the file and the dockerd running is the one this script started, reloads it. Without
-# gVisor, Kiln runs its sandboxes with runc only (and says so here).
+# gVisor, Kiln runs its sandboxes with runc only (and says so here). Last, it makes sure dockerd's
+# experimental API (checkpoints: idle gVisor sandboxes are paused to disk) is on.
 #
 # KILN_GVISOR_PLATFORM=<name> skips the probe and uses that platform (it must still work).
 # KILN_DOCKER_DAEMON_JSON and KILN_DOCKERD_PIDFILE point the script at other files (for testing it).
@@ -50,6 +51,15 @@ ensure_dockerd() {
 }
 
 # The dockerd running now is the one this script started (its pid file names a live dockerd).
+# Stops the dockerd this script started ($1) and starts it again; $2 says why, in the message.
+restart_dockerd() {
+  say "restarting dockerd ($1)$2"
+  kill -TERM "$1"
+  for _ in $(seq 1 60); do [ -d "/proc/$1" ] || break; sleep 0.5; done
+  [ -d "/proc/$1" ] && die "dockerd ($1) did not stop within 30 s"
+  start_dockerd
+}
+
 started_by_us() {
   local pid
   pid="$(cat "$PIDFILE" 2>/dev/null)" || return 1
@@ -125,13 +135,26 @@ setup_gvisor() {
   say "reloading dockerd ($pid)"
   kill -HUP "$pid"
   for _ in $(seq 1 20); do gvisor_registered && return 0; sleep 0.5; done
-  say "restarting dockerd ($pid)"
-  kill -TERM "$pid"
-  for _ in $(seq 1 60); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
-  [ -d "/proc/$pid" ] && die "dockerd ($pid) did not stop within 30 s"
-  start_dockerd
+  restart_dockerd "$pid" ""
   gvisor_registered || runc_only "dockerd does not report kiln-gvisor-nonet after a restart (see /var/log/kiln-dockerd.log)"
+}
+
+experimental_on() { [ "$(docker version --format '{{.Server.Experimental}}' 2>/dev/null)" = true ]; }
+
+# Pausing idle gVisor sandboxes to disk uses Docker's checkpoint API, which only a dockerd started
+# with its experimental switch (set in daemon.json by daemon-json.ts) has: a reload does not turn it
+# on, so a dockerd this script started is restarted (before Kiln runs: no sandbox is lost).
+setup_checkpoints() {
+  gvisor_registered || return 0
+  if experimental_on; then say "checkpoints: dockerd's experimental API is on (idle gVisor sandboxes are paused to disk)"; return 0; fi
+  if ! grep -q '"experimental": true' "$DAEMON_JSON" 2>/dev/null || ! started_by_us; then
+    say "checkpoints: dockerd's experimental API is off, so idle gVisor sandboxes are removed rather than paused (set \"experimental\": true in $DAEMON_JSON and restart dockerd to pause them)"
+    return 0
+  fi
+  restart_dockerd "$(cat "$PIDFILE")" " with its experimental API on (checkpoints)"
+  experimental_on || say "checkpoints: dockerd still reports its experimental API off (see /var/log/kiln-dockerd.log); idle gVisor sandboxes are removed"
 }
 
 ensure_dockerd
 setup_gvisor
+setup_checkpoints

@@ -15,6 +15,19 @@ An exec's `env` (the workspace's secrets) is handed to the interpreter with its 
 its environment for that cell; the runner never keeps it, and the host masks the values in
 whatever comes back.
 
+A sandbox that may be paused (a gVisor checkpoint) cannot keep a `docker exec` alive across the
+checkpoint: gVisor restores no exec'd process, nor anything holding its stdio. There the host
+starts the runner with `--daemon` (as the sandbox's uid): it hardens itself, listens on the
+abstract Unix socket SOCKET, leaves the exec's process tree and stdio, and the exec ends. The
+host then speaks to it through `--attach`, a relay it starts as the keeper uid (which the user's
+code cannot signal or trace) that moves bytes between its stdio and that socket. The relay's
+end is the runner's detach, not its end: the interpreter and its variables stay, the sandbox is
+checkpointed, and after a restore a new relay attaches. A connection after the first must prove
+it is the host's before anything else: the runner's `ready` carries a nonce (signed with the key,
+so the host knows it speaks to its runner) and the first frame back must be
+{"op": "auth", "mac": hex(HMAC-SHA256(key, "attach:" + nonce))}; any other connection (code in
+the sandbox can reach the socket too) is dropped.
+
 Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output", "env"?} | {"op": "cancel", "id"}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
                 {"op": "sync_in", "id", "local": true} | {"op": "delete", "id", "path"}
@@ -33,6 +46,7 @@ import resource
 import select
 import selectors
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -75,6 +89,11 @@ SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 # (the unified table from 425 on); the x32 bit is masked so that ABI cannot go round it.
 IO_URING_FIRST, IO_URING_LAST, X32_BIT = 425, 427, 0x40000000
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, EPERM = 0x7FFF0000, 0x00050000, 1
+# A daemon runner's socket (abstract: it goes with the sandbox's network namespace and its checkpoint).
+SOCKET = b"\0kiln-runner"
+AUTH_WAIT_S = 5.0  # a connection that has not proved itself the host's by then is dropped
+MAX_UNPROVEN = 4  # connections waiting to prove it at once; the oldest goes first
+UNPROVEN_FRAME = 4096
 
 
 class SockFilter(ctypes.Structure):
@@ -296,9 +315,14 @@ class Capture:
 
 
 class Runner:
-    def __init__(self):
-        self.out = sys.stdout.buffer
-        self.inp = sys.stdin.buffer
+    def __init__(self, listener=None):
+        # Daemon mode (a listening socket): the host comes and goes through it; else stdin/stdout.
+        self.listener = listener
+        self.conn = None  # daemon mode: the host's connection, while one is attached
+        self.unproven = {}  # daemon mode: fd -> [socket, buffer, deadline, nonce]
+        self.attached_once = False
+        self.out = None if listener else sys.stdout.buffer
+        self.inp = None if listener else sys.stdin.buffer
         self.sel = selectors.DefaultSelector()
         self.worker = None
         self.restarted = False
@@ -319,6 +343,9 @@ class Runner:
         if self.key:
             data = hmac.digest(self.key, data, "sha256") + data
         rest = memoryview(struct.pack(">I", len(data)) + data)
+        if self.listener:
+            self.send_conn(self.conn, rest)
+            return
         fd = self.out.fileno()
         while rest:
             try:
@@ -326,15 +353,106 @@ class Runner:
             except BlockingIOError:
                 select.select([], [fd], [])
 
-    def frames(self, chunk):
-        self.inbuf += chunk
-        while len(self.inbuf) >= 4:
-            (n,) = struct.unpack(">I", self.inbuf[:4])
-            if len(self.inbuf) < 4 + n:
+    def send_conn(self, conn, rest):
+        """Daemon mode: a frame to a connection; one that is gone is the host's detach (frames then go nowhere)."""
+        if conn is None:
+            return
+        try:
+            while rest:
+                rest = rest[conn.send(rest, socket.MSG_NOSIGNAL) :]
+        except OSError:
+            if conn is self.conn:
+                self.detach()
+
+    def frames(self, chunk, buf=None, limit=None):
+        buf = self.inbuf if buf is None else buf
+        buf += chunk
+        while len(buf) >= 4:
+            (n,) = struct.unpack(">I", buf[:4])
+            if limit is not None and n > limit:
+                raise ValueError("frame too large")
+            if len(buf) < 4 + n:
                 break
-            body = bytes(self.inbuf[4 : 4 + n])
-            del self.inbuf[: 4 + n]
+            body = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
             yield json.loads(body)
+
+    # ---- daemon mode: the host attaches and detaches -------------------------------------
+    def detach(self):
+        """The host's relay is gone (the sandbox is about to be checkpointed, say): the interpreter stays."""
+        if self.conn is None:
+            return
+        try:
+            self.sel.unregister(self.conn.fileno())
+        except (KeyError, ValueError):
+            pass
+        self.conn.close()
+        self.conn = None
+        self.inbuf = bytearray()
+
+    def accept(self):
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        if not self.attached_once:
+            # The first connection is the host's own relay: nothing of the user's has run yet.
+            self.attached_once = True
+            self.take_host(conn)
+            self.send({"ev": "ready", "pid": os.getpid()})
+            return
+        if self.key is None:  # a host that never gave a key cannot prove anything
+            conn.close()
+            return
+        if len(self.unproven) >= MAX_UNPROVEN:
+            oldest = min(self.unproven, key=lambda fd: self.unproven[fd][2])
+            self.drop_unproven(oldest)
+        nonce = os.urandom(16).hex()
+        conn.setblocking(True)
+        self.unproven[conn.fileno()] = [conn, bytearray(), time.monotonic() + AUTH_WAIT_S, nonce]
+        self.sel.register(conn.fileno(), selectors.EVENT_READ, "unproven")
+        body = json.dumps({"ev": "ready", "pid": os.getpid(), "nonce": nonce}, separators=(",", ":")).encode()
+        data = hmac.digest(self.key, body, "sha256") + body
+        self.send_conn(conn, memoryview(struct.pack(">I", len(data)) + data))
+
+    def take_host(self, conn):
+        self.detach()
+        conn.setblocking(True)
+        self.conn = conn
+        self.inbuf = bytearray()
+        self.sel.register(conn.fileno(), selectors.EVENT_READ, "host")
+
+    def drop_unproven(self, fd):
+        entry = self.unproven.pop(fd, None)
+        if entry:
+            self.sel.unregister(fd)
+            entry[0].close()
+
+    def read_unproven(self, fd):
+        conn, buf, _, nonce = self.unproven[fd]
+        try:
+            chunk = conn.recv(UNPROVEN_FRAME)
+            msg = next(self.frames(chunk, buf, UNPROVEN_FRAME), None) if chunk else False
+        except (OSError, ValueError):
+            msg = False
+        if msg is None:
+            return  # not a whole frame yet
+        want = hmac.new(self.key, b"attach:" + nonce.encode(), "sha256").hexdigest()
+        ok = isinstance(msg, dict) and msg.get("op") == "auth" and isinstance(msg.get("mac"), str)
+        if not ok or not hmac.compare_digest(msg["mac"], want):
+            self.drop_unproven(fd)
+            return
+        self.unproven.pop(fd)
+        self.sel.unregister(fd)
+        self.take_host(conn)
+        # What the host sent right behind its proof is its first request.
+        for msg in self.frames(bytes(buf)):
+            self.handle(msg)
+
+    def expire_unproven(self):
+        now = time.monotonic()
+        for fd in [fd for fd, e in self.unproven.items() if e[2] <= now]:
+            self.drop_unproven(fd)
 
     # ---- worker lifecycle ----------------------------------------------------------------
     def start_worker(self):
@@ -753,11 +871,17 @@ class Runner:
     def run(self):
         self.start_worker()
         self.restarted = False
-        os.set_blocking(self.inp.fileno(), False)
-        self.sel.register(self.inp.fileno(), selectors.EVENT_READ, "host")
-        self.send({"ev": "ready", "pid": os.getpid()})
+        if self.listener:
+            self.sel.register(self.listener.fileno(), selectors.EVENT_READ, "listen")
+        else:
+            os.set_blocking(self.inp.fileno(), False)
+            self.sel.register(self.inp.fileno(), selectors.EVENT_READ, "host")
+            self.send({"ev": "ready", "pid": os.getpid()})
         while True:
             timeout = None
+            if self.unproven:
+                self.expire_unproven()
+                timeout = max(0.0, min(e[2] for e in self.unproven.values()) - time.monotonic())
             cur = self.current
             if cur:
                 now = time.monotonic()
@@ -779,13 +903,23 @@ class Runner:
                 if MEMORY_LIMIT:
                     timeout = min(timeout, MEMORY_POLL_S)
             for key, _ in self.sel.select(timeout):
-                if key.data == "host":
+                if key.data == "listen":
+                    self.accept()
+                elif key.data == "unproven":
+                    if key.fd in self.unproven:
+                        self.read_unproven(key.fd)
+                elif key.data == "host":
                     try:
-                        chunk = os.read(self.inp.fileno(), 1 << 20)
+                        chunk = os.read(key.fd, 1 << 20)
                     except BlockingIOError:
                         continue
-                    if not chunk:  # the host went away: leave nothing running
-                        self.stop_worker()
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        if self.listener:  # the relay ended: detached, the interpreter stays
+                            self.detach()
+                            continue
+                        self.stop_worker()  # the host went away: leave nothing running
                         return
                     for msg in self.frames(chunk):
                         self.handle(msg)
@@ -796,8 +930,54 @@ class Runner:
                     self.read_results()
 
 
+def daemonize():
+    """`--daemon`: listens first (so the relay that follows finds the socket), then leaves the exec."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(SOCKET)  # a second runner in one sandbox fails here, and says so
+    listener.listen(MAX_UNPROVEN + 1)
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    # Nothing of the exec's stays open: gVisor could not restore the sandbox with it.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    return listener
+
+
+def relay():
+    """`--attach`: the host's stdin to the daemon runner's socket and its answers to stdout, until either ends."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(SOCKET)
+
+    def down():
+        while True:
+            data = conn.recv(1 << 16)
+            if not data:
+                os._exit(0)
+            out = memoryview(data)
+            while out:
+                out = out[os.write(1, out) :]
+
+    threading.Thread(target=down, daemon=True).start()
+    while True:
+        data = os.read(0, 1 << 16)
+        if not data:
+            conn.shutdown(socket.SHUT_WR)
+            threading.Event().wait(1.0)  # the answers in flight, then out
+            os._exit(0)
+        conn.sendall(data)
+
+
 if __name__ == "__main__":
+    if "--attach" in sys.argv[1:]:
+        relay()
     harden()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    Runner().run()
+    Runner(daemonize() if "--daemon" in sys.argv[1:] else None).run()

@@ -357,6 +357,24 @@ describe('ops dashboard in chromium', () => {
     expect((await exec(ctx.t, ctx.team.key, session, 'print("x" in globals())')).stdout).toBe('False\n');
   });
 
+  it('Pause on the overview puts a gVisor sandbox to disk (shown paused, its checkpoint\u2019s size); Resume brings it back with its variables', async () => {
+    const { session } = await sessionIn(ctx.t, ctx.team, { sandbox: { runtime: 'gvisor' } });
+    const first = await exec(ctx.t, ctx.team.key, session, 'kept = 41');
+    await open();
+    const row = page.locator('#sandboxes tr', { hasText: first.sandbox_id });
+    await row.getByRole('button', { name: 'Pause' }).click();
+    // The panel reloads after the action: the row says paused, and how much it holds on disk.
+    await row.locator('td', { hasText: /^paused$/ }).waitFor();
+    expect(await row.locator('td').nth(5).textContent()).toMatch(/^\d+\.\d MiB on disk$/);
+    const sbx = await ctx.t.call('GET', `/v1/sessions/${session}`, { key: ctx.team.key });
+    expect(sbx.body.sandbox).toMatchObject({ id: first.sandbox_id, state: 'paused' });
+    await row.getByRole('button', { name: 'Resume' }).click();
+    await row.locator('td', { hasText: /^idle$/ }).waitFor();
+    const again = await exec(ctx.t, ctx.team.key, session, 'print(kept + 1)');
+    expect(again).toMatchObject({ stdout: '42\n', sandbox_id: first.sandbox_id, restarted: false });
+    await ctx.t.call('DELETE', `/v1/sessions/${session}`, { key: ctx.team.key });
+  });
+
   it('the run page says when its session\u2019s sandbox will be reclaimed; Keep alive pushes that back', async () => {
     const { session } = await sessionIn(ctx.t, ctx.team, { approval: { mode: 'auto' } });
     ctx.fake.script({ content: '<python>print(1)</python>' }, { content: '<finish>done</finish>' });

@@ -24,6 +24,8 @@ function hostMountOf(dir: string): string | undefined {
 // Everything below runs under both runtimes: under gvisor, a workspace asks for it and the test
 // fails (never skips) when the server does not offer it (infra/docker.sh registers it).
 describe.each(RUNTIMES)('%s', (runtime) => {
+  // A gVisor sandbox is pausable by default: the host reaches its runner through a relay process.
+  const PROCESSES = runtime === 'gvisor' ? 5 : 4;
   describe('sandbox hardening (inspected on the real container)', () => {
     let t: TestApp;
     let team: { id: string; key: string };
@@ -217,8 +219,9 @@ describe.each(RUNTIMES)('%s', (runtime) => {
         expect(r.error!.message).toMatch(/process limit of 64/);
       }
       const ps = await run('import os\nprint(len([p for p in os.listdir("/proc") if p.isdigit()]))');
-      // The runner, its interpreter and the container's init and keeper: nothing from the bomb.
-      expect(Number(ps.stdout)).toBeLessThanOrEqual(4);
+      // The runner, its interpreter and the container's init and keeper (and, for a pausable
+      // gVisor sandbox, the relay the host reaches its runner through): nothing from the bomb.
+      expect(Number(ps.stdout)).toBeLessThanOrEqual(PROCESSES);
       // A restarted interpreter (out of memory) or a new sandbox (lost) has no variables left.
       if (r.restarted || r.error!.type === 'SandboxLost') await run('keep = "state"');
       expect((await run('keep')).stdout).toBe("'state'\n");
@@ -279,7 +282,7 @@ describe.each(RUNTIMES)('%s', (runtime) => {
       expect(r.error!.message).toMatch(/did not stop when interrupted.*restarted/);
       expect(r.restarted).toBe(true);
       const ps = await run('import os\nprint(len([p for p in os.listdir("/proc") if p.isdigit()]))');
-      expect(Number(ps.stdout)).toBeLessThanOrEqual(4);
+      expect(Number(ps.stdout)).toBeLessThanOrEqual(PROCESSES);
       expect((await run('"keep" in dir()')).stdout).toBe('False\n');
       await stillWorks();
     });
@@ -325,53 +328,80 @@ describe.each(RUNTIMES)('%s', (runtime) => {
   });
 
   describe('the host does not trust what comes out of the sandbox', () => {
-    it('code cannot reach the runner through /proc: its stdout, stdin and memory are closed to it, so no result can be forged', async () => {
-      const t = await createTestApp();
-      try {
-        const team = await t.team('forger');
-        const { session } = await sessionIn(t, team, { sandbox: { runtime } });
-        await exec(t, team.key, session, 'x = 1');
-        // The forged frame is a complete, well-formed result: before the runner was made
-        // non-dumpable the host recorded it as the answer (exit 0, invented stdout).
-        const forged = await exec(
-          t,
-          team.key,
-          session,
-          [
-            'import json, os, struct',
-            'runner = os.getppid()',
-            'def attempt(what, fn):',
-            '    try:',
-            '        fn()',
-            '        print(what, "open")',
-            '    except OSError as e:',
-            '        print(what, type(e).__name__)',
-            'frame = json.dumps({"ev": "result", "id": "forged", "ok": True, "exit_code": 0, "stdout": "forged"}).encode()',
-            'attempt("stdout", lambda: os.write(os.open(f"/proc/{runner}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
-            'attempt("stdin", lambda: os.open(f"/proc/{runner}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
-            'attempt("mem", lambda: open(f"/proc/{runner}/mem", "rb").close())',
-          ].join('\n'),
-        );
-        if (runtime === 'gvisor') {
-          // gVisor lets the code open the runner's stdin and stdout (it does not apply the
-          // runner's non-dumpable flag to /proc/<pid>/fd for the same uid), so the frame reaches
-          // the host: unsigned with the runner's key, it ends the sandbox instead of being
-          // recorded as the result, and the session goes on in a fresh sandbox.
-          expect(forged.error).toMatchObject({ type: 'SandboxLost' });
-          expect(forged.error!.message).toMatch(/not signed with its key/);
-          expect(forged.stdout).not.toContain('forged');
-          const next = await exec(t, team.key, session, 'print("fresh")');
-          expect(next).toMatchObject({ stdout: 'fresh\n', restarted: true });
-          expect(next.sandbox_id).not.toBe(forged.sandbox_id);
-        } else {
-          expect(forged.stdout).toBe('stdout PermissionError\nstdin PermissionError\nmem PermissionError\n');
-          expect(forged.error).toBeUndefined();
-          expect((await exec(t, team.key, session, 'x')).stdout).toBe('1\n');
+    it.each(runtime === 'gvisor' ? ['off', 'on'] : ['on'])(
+      'code cannot reach the runner through /proc: its stdout, stdin and memory are closed to it, so no result can be forged (KILN_SANDBOX_PAUSE=%s)',
+      async (pause) => {
+        const t = await createTestApp({ env: { KILN_SANDBOX_PAUSE: pause } });
+        try {
+          const team = await t.team('forger');
+          const { session } = await sessionIn(t, team, { sandbox: { runtime } });
+          await exec(t, team.key, session, 'x = 1');
+          // The forged frame is a complete, well-formed result: before the runner was made
+          // non-dumpable the host recorded it as the answer (exit 0, invented stdout).
+          const forged = await exec(
+            t,
+            team.key,
+            session,
+            [
+              'import json, os, struct',
+              'runner = os.getppid()',
+              'def attempt(what, fn):',
+              '    try:',
+              '        fn()',
+              '        print(what, "open")',
+              '    except OSError as e:',
+              '        print(what, type(e).__name__)',
+              'frame = json.dumps({"ev": "result", "id": "forged", "ok": True, "exit_code": 0, "stdout": "forged"}).encode()',
+              'attempt("stdout", lambda: os.write(os.open(f"/proc/{runner}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
+              'attempt("stdin", lambda: os.open(f"/proc/{runner}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
+              'attempt("mem", lambda: open(f"/proc/{runner}/mem", "rb").close())',
+              // A pausable sandbox's runner holds its host connection as a socket: not a file to open.
+              'def sockets():',
+              '    for fd in os.listdir(f"/proc/{runner}/fd"):',
+              '        if os.readlink(f"/proc/{runner}/fd/{fd}").startswith("socket:"):',
+              '            os.write(os.open(f"/proc/{runner}/fd/{fd}", os.O_WRONLY), struct.pack(">I", len(frame)) + frame)',
+              'attempt("sockets", sockets)',
+              // A pausable sandbox's runner is reached through a relay, run as another uid.
+              'relays = [p for p in os.listdir("/proc") if p.isdigit() and b"--attach" in open(f"/proc/{p}/cmdline", "rb").read()]',
+              'for relay in relays:',
+              '    attempt("relay stdout", lambda: os.write(os.open(f"/proc/{relay}/fd/1", os.O_WRONLY), struct.pack(">I", len(frame)) + frame))',
+              '    attempt("relay stdin", lambda: os.open(f"/proc/{relay}/fd/0", os.O_RDONLY | os.O_NONBLOCK))',
+              '    attempt("relay mem", lambda: open(f"/proc/{relay}/mem", "rb").close())',
+            ].join('\n'),
+          );
+          if (runtime === 'gvisor' && pause === 'on') {
+            // The runner left its exec: its stdin and stdout are /dev/null (the frame goes nowhere),
+            // and the relay that carries the frames is another uid's, closed to the code.
+            expect(forged.stdout).toBe(
+              // (A socket of the runner's is no file to open: ENXIO.)
+              'stdout open\nstdin open\nmem PermissionError\nsockets OSError\n' +
+                'relay stdout PermissionError\nrelay stdin PermissionError\nrelay mem PermissionError\n',
+            );
+            expect(forged.error).toBeUndefined();
+            expect((await exec(t, team.key, session, 'x')).stdout).toBe('1\n');
+          } else if (runtime === 'gvisor') {
+            // gVisor lets the code open the runner's stdin and stdout (it does not apply the
+            // runner's non-dumpable flag to /proc/<pid>/fd for the same uid), so the frame reaches
+            // the host: unsigned with the runner's key, it ends the sandbox instead of being
+            // recorded as the result, and the session goes on in a fresh sandbox.
+            expect(forged.error).toMatchObject({ type: 'SandboxLost' });
+            expect(forged.error!.message).toMatch(/not signed with its key/);
+            expect(forged.stdout).not.toContain('forged');
+            const next = await exec(t, team.key, session, 'print("fresh")');
+            expect(next).toMatchObject({ stdout: 'fresh\n', restarted: true });
+            expect(next.sandbox_id).not.toBe(forged.sandbox_id);
+          } else {
+            expect(forged.stdout).toBe(
+              'stdout PermissionError\nstdin PermissionError\nmem PermissionError\nsockets PermissionError\n',
+            );
+            expect(forged.error).toBeUndefined();
+            expect((await exec(t, team.key, session, 'x')).stdout).toBe('1\n');
+          }
+        } finally {
+          await t.close();
         }
-      } finally {
-        await t.close();
-      }
-    });
+      },
+    );
 
     it('a thread a cell leaves running ends with it: the interpreter restarts, says so, and the next cell runs the code that was sent', async () => {
       const t = await createTestApp();

@@ -7,7 +7,8 @@ const BY_HAND = `{
     "kiln-gvisor": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace"] },
     "kiln-gvisor-nonet": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none"] },
     "kiln-gvisor-egress": { "path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none", "--host-uds=open"] }
-  }
+  },
+  "experimental": true
 }`;
 
 describe('daemon.json merge (infra/docker.sh)', () => {
@@ -19,6 +20,14 @@ describe('daemon.json merge (infra/docker.sh)', () => {
   it('adds the egress runtime to a file registered before it existed, keeping the others', () => {
     const before = JSON.parse(BY_HAND);
     delete before.runtimes['kiln-gvisor-egress'];
+    const { text, changed } = mergeRuntimes(JSON.stringify(before), '/usr/bin/runsc', 'ptrace');
+    expect(changed).toBe(true);
+    expect(JSON.parse(text)).toEqual(JSON.parse(BY_HAND));
+  });
+
+  it('turns on the experimental API (checkpoints) in a file registered before pausing existed, and only that', () => {
+    const before = JSON.parse(BY_HAND);
+    delete before.experimental;
     const { text, changed } = mergeRuntimes(JSON.stringify(before), '/usr/bin/runsc', 'ptrace');
     expect(changed).toBe(true);
     expect(JSON.parse(text)).toEqual(JSON.parse(BY_HAND));
@@ -36,6 +45,7 @@ describe('daemon.json merge (infra/docker.sh)', () => {
           runtimeArgs: ['--platform=systrap', '--network=none', '--host-uds=open'],
         },
       },
+      experimental: true,
     });
     // Idempotent: the merged text merges to itself.
     expect(mergeRuntimes(text, '/usr/bin/runsc', 'systrap').changed).toBe(false);

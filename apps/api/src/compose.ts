@@ -97,6 +97,11 @@ function engineOptions(config: Config): EngineOptions {
     idleMs: s.idleS * 1000,
     maxIdleMs: s.maxIdleS * 1000,
     maxLifetimeMs: s.maxLifetimeS * 1000,
+    pausedTtlMs: s.pause.ttlS * 1000,
+    maxPausedTtlMs: s.pause.maxTtlS * 1000,
+    pause: s.pause.enabled
+      ? { maxBytes: { team: s.pause.maxMbPerTeam * 2 ** 20, all: s.pause.maxMb * 2 ** 20 } }
+      : undefined,
     perTeamMax: s.perTeamMax,
     maxLimits: s.max,
     maxOutputBytes: s.maxOutputBytes,

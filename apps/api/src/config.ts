@@ -63,6 +63,12 @@ const schema = z.object({
   // The most a workspace's sandbox.idle_s may be (within the bounds workspace/settings.ts gives it).
   KILN_SANDBOX_MAX_IDLE_S: int(60, 30 * 86_400).default(86_400),
   KILN_SANDBOX_MAX_LIFETIME_S: int(60, 30 * 86_400).default(43_200),
+  // Idle gVisor sandboxes are paused (checkpointed to disk) rather than removed, where dockerd can.
+  KILN_SANDBOX_PAUSE: z.enum(['on', 'off']).default('on'),
+  KILN_SANDBOX_PAUSED_TTL_S: int(0, 30 * 86_400).default(7 * 86_400),
+  KILN_SANDBOX_MAX_PAUSED_TTL_S: int(0, 30 * 86_400).default(30 * 86_400),
+  KILN_SANDBOX_PAUSED_MAX_MB_PER_TEAM: int(1, 16_777_216).default(10_240),
+  KILN_SANDBOX_PAUSED_MAX_MB: int(1, 16_777_216).default(51_200),
   KILN_SANDBOX_MAX_PER_TEAM: int(1, 10_000).default(10),
   KILN_SANDBOX_REAP_INTERVAL_S: int(1, 3600).default(60),
   KILN_SANDBOX_MAX_MEMORY_MB: int(64, 1_048_576).default(4096),
@@ -278,6 +284,8 @@ export type Config = {
     /** The largest `sandbox.idle_s` a workspace may set. */
     maxIdleS: number;
     maxLifetimeS: number;
+    /** Pausing idle sandboxes (KILN_SANDBOX_PAUSE*); off: idle sandboxes are removed. */
+    pause: { enabled: boolean; ttlS: number; maxTtlS: number; maxMbPerTeam: number; maxMb: number };
     perTeamMax: number;
     reapIntervalS: number;
     maxOutputBytes: number;
@@ -460,6 +468,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       idleS: e.KILN_SANDBOX_IDLE_S,
       maxIdleS: e.KILN_SANDBOX_MAX_IDLE_S,
       maxLifetimeS: e.KILN_SANDBOX_MAX_LIFETIME_S,
+      pause: {
+        enabled: e.KILN_SANDBOX_PAUSE === 'on',
+        ttlS: e.KILN_SANDBOX_PAUSED_TTL_S,
+        maxTtlS: e.KILN_SANDBOX_MAX_PAUSED_TTL_S,
+        maxMbPerTeam: e.KILN_SANDBOX_PAUSED_MAX_MB_PER_TEAM,
+        maxMb: e.KILN_SANDBOX_PAUSED_MAX_MB,
+      },
       perTeamMax: e.KILN_SANDBOX_MAX_PER_TEAM,
       reapIntervalS: e.KILN_SANDBOX_REAP_INTERVAL_S,
       maxOutputBytes: e.KILN_SANDBOX_MAX_OUTPUT_BYTES,

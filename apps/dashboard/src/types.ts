@@ -43,6 +43,11 @@ export interface Sandbox {
   last_used_at: string;
   /** When it goes unless used or kept alive: the earlier of its idle deadline and its hard lifetime. */
   reclaim_at: string;
+  /** Paused (state `paused`): since when, and its checkpoint's size on disk (null: unknown). */
+  paused_at: string | null;
+  checkpoint_bytes: number | null;
+  /** Paused: when its checkpoint is deleted. */
+  expires_at: string;
 }
 export interface Workspace {
   id: string;

@@ -435,6 +435,46 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/v1/sessions/{session}/pause': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Pause the session’s sandbox to disk, every variable kept
+     * @description Checkpoints the session’s running sandbox to its host’s disk (its memory leaves the host’s RAM) once what is queued on it is done. The next execution, file read or `/resume` resumes it. Only gVisor sandboxes without a network can be paused (409 otherwise, saying why). An idle sandbox is paused by itself at its workspace’s `sandbox.idle_s`.
+     */
+    post: operations['pauseSession'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/sessions/{session}/resume': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Resume the session’s paused sandbox now
+     * @description Starts the session’s paused sandbox from its checkpoint ahead of its next execution, every variable kept. One already running is left as it is; 409 when the session has no sandbox paused.
+     */
+    post: operations['resumeSession'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/v1/sessions/{session}/files': {
     parameters: {
       query?: never;
@@ -460,7 +500,7 @@ export interface paths {
       path?: never;
       cookie?: never;
     };
-    /** The team’s live sandboxes with their memory and CPU use */
+    /** The team’s live and paused sandboxes with their memory and CPU use */
     get: operations['listSandboxes'];
     put?: never;
     post?: never;
@@ -1160,6 +1200,11 @@ export interface components {
          */
         idle_s: number | null;
         /**
+         * @description seconds an idle gVisor sandbox stays paused (checkpointed to disk, every variable kept) before it is removed; 0 = never paused (removed at idle, as runc sandboxes always are); null = the server default (KILN_SANDBOX_PAUSED_TTL_S); at most KILN_SANDBOX_MAX_PAUSED_TTL_S. Time paused does not count against the sandbox’s hard lifetime (KILN_SANDBOX_MAX_LIFETIME_S)
+         * @default null
+         */
+        paused_ttl_s: number | null;
+        /**
          * @description a template of this team (POST /v1/templates) whose image new sandboxes get; it must have been built; null = the base sandbox image
          * @default null
          */
@@ -1252,6 +1297,7 @@ export interface components {
         /** @enum {string} */
         runtime?: 'runc' | 'gvisor';
         idle_s?: number | null;
+        paused_ttl_s?: number | null;
         template?: string | null;
         max_files_per_step?: number;
         max_bytes_per_step?: number;
@@ -1455,6 +1501,22 @@ export interface components {
       created_at: string;
       last_activity_at: string;
       ended_at: string | null;
+      /** @description GET only: the session’s sandbox (null: none; its next execution starts one) */
+      sandbox?: {
+        id: string;
+        /**
+         * @description running (or starting); paused: checkpointed to its host’s disk with every variable, resumed by the next execution, file read or POST /v1/sessions/{session}/resume; resuming: being started from its checkpoint
+         * @enum {string}
+         */
+        state: 'running' | 'paused' | 'resuming';
+        /** @enum {string} */
+        runtime: 'runc' | 'gvisor';
+        paused_at: string | null;
+        /** @description paused: its checkpoint’s size on disk (null: unknown) */
+        checkpoint_bytes: number | null;
+        /** @description running: its idle deadline (paused or removed past it); paused: when its checkpoint is deleted */
+        expires_at: string;
+      } | null;
     };
     ExecResult: {
       stdout: string;
@@ -1471,6 +1533,10 @@ export interface components {
       stderr_bytes: number;
       /** @description the interpreter was restarted: variables from earlier executions are gone */
       restarted: boolean;
+      /** @description with restarted, for a new sandbox: why the session’s previous one ended (idle, paused_expired, checkpoint_reclaimed, resume_failed, runner_lost, deleted, …) */
+      restart_reason?: string;
+      /** @description the session’s paused sandbox was resumed for this execution, in this many ms, with every variable kept */
+      resumed_ms?: number;
       artifacts: {
         name: string;
         mime: string;
@@ -1501,14 +1567,39 @@ export interface components {
       /** @description when the sandbox will be reclaimed unless it is used or kept alive again: now + idle_s, or its hard lifetime (KILN_SANDBOX_MAX_LIFETIME_S) if that comes first; null without a sandbox */
       reclaim_at: string | null;
     };
+    PauseResult: {
+      session_id: string;
+      sandbox_id: string;
+      /** @enum {string} */
+      state: 'paused';
+      /** @description the checkpoint’s size on disk (null: unknown) */
+      checkpoint_bytes: number | null;
+      pause_ms: number;
+    };
+    ResumeResult: {
+      session_id: string;
+      sandbox_id: string;
+      /** @enum {string} */
+      state: 'running';
+      /** @description how long resuming took; null when it was already running, or could not be resumed */
+      resumed_ms: number | null;
+      /** @description the paused sandbox could not be resumed, and why: the session has a new one, without its variables */
+      lost?: string;
+    };
     Sandbox: {
       id: string;
       session_id: string | null;
       workspace_id: string | null;
       /** @description the base sandbox image, or its workspace’s template image when it was created */
       image: string;
-      /** @enum {string} */
-      state: 'starting' | 'idle' | 'busy';
+      /**
+       * @description paused: checkpointed to its host’s disk, every variable kept, using no memory or CPU (its session’s next execution resumes it); resuming: being started from its checkpoint
+       * @enum {string}
+       */
+      state: 'starting' | 'idle' | 'busy' | 'paused' | 'resuming';
+      paused_at: string | null;
+      /** @description paused: its checkpoint’s size on disk (null: unknown) */
+      checkpoint_bytes: number | null;
       /**
        * @description the container runtime it runs in (its workspace’s sandbox.runtime when it was created)
        * @enum {string}
@@ -1525,7 +1616,7 @@ export interface components {
       };
       created_at: string;
       last_used_at: string;
-      /** @description its idle deadline: last use plus its workspace’s idle time */
+      /** @description its idle deadline: last use plus its workspace’s idle time; paused: when its checkpoint is deleted (its workspace’s sandbox.paused_ttl_s after it was paused) */
       expires_at: string;
       /** @description when it will be reclaimed unless used or kept alive (POST /v1/sessions/{session}/keepalive): the earlier of its idle deadline and its hard lifetime (KILN_SANDBOX_MAX_LIFETIME_S); a sandbox running code is never reclaimed for being idle */
       reclaim_at: string;
@@ -4461,6 +4552,166 @@ export interface operations {
         };
         content: {
           'application/json': components['schemas']['KeepAlive'];
+        };
+      };
+      /** @description Malformed or out-of-range input */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Missing or unknown API key */
+      401: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description The key may not do this */
+      403: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description No such resource (or another team’s) */
+      404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Conflicts with the current state */
+      409: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Rate limited; see Retry-After */
+      429: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+    };
+  };
+  pauseSession: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        session: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: {
+      content: {
+        'application/json': Record<string, never>;
+      };
+    };
+    responses: {
+      /** @description Paused */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['PauseResult'];
+        };
+      };
+      /** @description Malformed or out-of-range input */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Missing or unknown API key */
+      401: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description The key may not do this */
+      403: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description No such resource (or another team’s) */
+      404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Conflicts with the current state */
+      409: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+      /** @description Rate limited; see Retry-After */
+      429: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['Error'];
+        };
+      };
+    };
+  };
+  resumeSession: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        session: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: {
+      content: {
+        'application/json': Record<string, never>;
+      };
+    };
+    responses: {
+      /** @description Running */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ResumeResult'];
         };
       };
       /** @description Malformed or out-of-range input */

@@ -11,11 +11,13 @@ export interface DatabaseCounts {
   workspaces: Record<string, number>;
   /** Their working trees' bytes (as recorded at their last checked write), the same two ways. */
   workspace_bytes: Record<string, number>;
+  /** Paused sandboxes' checkpoint bytes, the same two ways. */
+  checkpoint_bytes: Record<string, number>;
 }
 
 export const WORKSPACE_SCOPES = ['all', 'largest_team'] as const;
 
-export const SANDBOX_STATES = ['starting', 'ready'] as const;
+export const SANDBOX_STATES = ['starting', 'ready', 'paused', 'resuming'] as const;
 export const JOB_STATES = ['queued', 'running', 'failed'] as const;
 
 /**
@@ -28,7 +30,7 @@ async function count(db: Db): Promise<DatabaseCounts> {
   const result = await db.execute(sql`
     select 'runs' as t, status as k, count(*)::int as n from runs group by status
     union all
-    select 'sandboxes', state, count(*)::int from sandboxes where state in ('starting', 'ready') group by state
+    select 'sandboxes', state, count(*)::int from sandboxes where state in ('starting', 'ready', 'paused', 'resuming') group by state
     union all
     select 'jobs', status, count(*)::int from jobs where status in ('queued', 'running', 'failed') group by status
     union all
@@ -40,8 +42,20 @@ async function count(db: Db): Promise<DatabaseCounts> {
       from (select count(*) as n from workspaces where deleted_at is null group by team_id) per_team
     union all
     select 'workspace_bytes', 'largest_team', coalesce(max(b), 0)::bigint
-      from (select sum(size_bytes) as b from workspaces where deleted_at is null group by team_id) per_team`);
-  const counts: DatabaseCounts = { runs: {}, sandboxes: {}, jobs: {}, workspaces: {}, workspace_bytes: {} };
+      from (select sum(size_bytes) as b from workspaces where deleted_at is null group by team_id) per_team
+    union all
+    select 'checkpoint_bytes', 'all', coalesce(sum(checkpoint_bytes), 0)::bigint from sandboxes where state = 'paused'
+    union all
+    select 'checkpoint_bytes', 'largest_team', coalesce(max(b), 0)::bigint
+      from (select sum(checkpoint_bytes) as b from sandboxes where state = 'paused' group by team_id) per_team`);
+  const counts: DatabaseCounts = {
+    runs: {},
+    sandboxes: {},
+    jobs: {},
+    workspaces: {},
+    workspace_bytes: {},
+    checkpoint_bytes: {},
+  };
   for (const r of rowsOf<{ t: keyof DatabaseCounts; k: string; n: number | string }>(result)) {
     counts[r.t][r.k] = Number(r.n);
   }

@@ -55,6 +55,8 @@ export class KilnMetrics {
   private readonly execDuration: Histogram<'runtime'>;
   private readonly execTimeouts: Counter<'runtime'>;
   private readonly oomKills: Counter<'runtime'>;
+  private readonly pauseDuration: Histogram;
+  private readonly resumeDuration: Histogram;
   private readonly statements: Histogram<'driver' | 'kind'>;
   private readonly forwards: Counter<'outcome'>;
   private readonly statementChildren = new Map<string, { observe(v: number): void }>();
@@ -120,6 +122,18 @@ export class KilnMetrics {
       labelNames: ['runtime'],
       registers,
     });
+    this.pauseDuration = new Histogram({
+      name: 'kiln_sandbox_pause_duration_seconds',
+      help: 'Sandboxes paused (checkpointed to disk): from letting go of the runner to the checkpoint on disk',
+      buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers,
+    });
+    this.resumeDuration = new Histogram({
+      name: 'kiln_sandbox_resume_duration_seconds',
+      help: 'Paused sandboxes resumed: from the request to a runner answering with every variable kept',
+      buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers,
+    });
     for (const runtime of opts.runtimes ?? ['runc', 'gvisor']) {
       this.execTimeouts.inc({ runtime }, 0);
       this.oomKills.inc({ runtime }, 0);
@@ -174,6 +188,13 @@ export class KilnMetrics {
       'state',
       SANDBOX_STATES,
       (c) => c.sandboxes,
+    );
+    this.databaseGauge(
+      'kiln_sandbox_checkpoint_bytes',
+      'Bytes on disk of paused sandboxes’ checkpoints, of every team (all) and of the team with the most (largest_team, against KILN_SANDBOX_PAUSED_MAX_MB_PER_TEAM)',
+      'of',
+      WORKSPACE_SCOPES,
+      (c) => c.checkpoint_bytes,
     );
     this.databaseGauge(
       'kiln_workspaces',
@@ -322,6 +343,16 @@ export class KilnMetrics {
     this.execDuration.observe({ runtime }, seconds(ms));
     if (errorType === 'Timeout') this.execTimeouts.inc({ runtime });
     else if (errorType === 'OutOfMemory') this.oomKills.inc({ runtime });
+  }
+
+  /** A sandbox paused, in `ms` (its checkpoint's bytes are read from the database at each scrape). */
+  paused(ms: number): void {
+    this.pauseDuration.observe(seconds(ms));
+  }
+
+  /** A paused sandbox resumed, in `ms`. */
+  resumed(ms: number): void {
+    this.resumeDuration.observe(seconds(ms));
   }
 
   /** A database statement answered (db/statements.ts): called for every one, so it does as little as it can. */

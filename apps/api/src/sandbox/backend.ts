@@ -39,6 +39,17 @@ export interface SandboxBackend {
   ping(timeoutMs?: number): Promise<void>;
   /** Whether an error this backend threw says the container no longer exists or no longer runs. */
   isGone(err: unknown): boolean;
+  /**
+   * Checkpoints a pausable container (one created with `pausable`, whose runner was detached) to
+   * its host's disk and stops it: its memory leaves the host's RAM. Resolves with the checkpoint's
+   * size on disk, null when it cannot be read. Backends that cannot pause do not implement it.
+   */
+  pause?(container: SandboxContainer): Promise<{ bytes: number | null }>;
+  /**
+   * Starts a paused container from its checkpoint (deleted once restored: its memory is the
+   * container's again) and connects to its runner, which kept everything it held.
+   */
+  resume?(container: SandboxContainer): Promise<RunnerChannel>;
   /** Builds the images of sandbox templates; a runtime without it has no templates. */
   readonly images?: ImageBuilder;
   /**
@@ -84,6 +95,8 @@ export interface BackendCapabilities {
 export interface RuntimeOffer {
   runtime: SandboxRuntime;
   egress: boolean;
+  /** Its sandboxes (those without network) can be paused to disk and resumed with their memory (`pause`). */
+  pause?: boolean;
 }
 
 /** How a sandbox reaches the network: not at all, or through the egress proxy to the names listed. */
@@ -160,6 +173,11 @@ export interface ContainerRequest {
   workspaceDir?: string;
   /** Unset: no network (what every warm container has). */
   network?: ContainerNetwork;
+  /**
+   * It may be paused (its runtime offers `pause`): its runner then lives apart from the runtime's
+   * connection to it, so that a checkpoint can take it along.
+   */
+  pausable?: boolean;
 }
 
 /** A created container: the runtime's id for it and the uid its runner and code run as. */
@@ -167,6 +185,8 @@ export interface SandboxContainer {
   id: string;
   uid: number;
   runtime: SandboxRuntime;
+  /** It can be paused (see ContainerRequest.pausable). */
+  pausable?: boolean;
   /**
    * With network allowlist: the proxy URL (with this sandbox's own credentials) its
    * interpreter gets as HTTP_PROXY / HTTPS_PROXY at every execution.

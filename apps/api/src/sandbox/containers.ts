@@ -45,6 +45,8 @@ export class Containers {
   private readonly creating = new Set<string>();
   /** Host workspace mounts, when this host can make them (decided once at start-up); else the tar path. */
   private mounts: WorkspaceMounts | null = null;
+  /** The runtimes whose new containers are made pausable (decided at start-up). */
+  private pausable = new Set<SandboxRuntime>();
 
   constructor(
     private readonly backend: SandboxBackend,
@@ -64,6 +66,11 @@ export class Containers {
   /** From now on, containers get a host workspace mount (null: the container's tmpfs and the tar copy). */
   useMounts(mounts: WorkspaceMounts | null): void {
     this.mounts = mounts;
+  }
+
+  /** From now on, containers of these runtimes are made pausable (live.ts pauses them at idle). */
+  usePause(runtimes: readonly SandboxRuntime[]): void {
+    this.pausable = new Set(runtimes);
   }
 
   /** Removes the workspace mounts of sandboxes `keep` does not claim (see WorkspaceMounts.sweep). */
@@ -122,6 +129,7 @@ export class Containers {
       limits,
       runtime,
       workspaceDir,
+      pausable: this.pausable.has(runtime),
     });
     let filling: Promise<unknown> | undefined;
     try {
@@ -168,6 +176,11 @@ export class Containers {
     );
     // A container that could not be removed keeps its mount: the reaper's sweep takes it with the container.
     if (removed && c.workspaceDir) await this.removeMount(c.id);
+  }
+
+  /** Removes the workspace mount of a sandbox whose container is gone (a paused one's, kept while it slept). */
+  async removeMountOf(id: string): Promise<void> {
+    if (this.mounts) await this.removeMount(id);
   }
 
   private async removeMount(id: string): Promise<void> {

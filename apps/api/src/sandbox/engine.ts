@@ -8,7 +8,7 @@ import { SecretMask, workspaceMask } from '../secrets/masking.ts';
 import { type SecretSource, SecretUnreadable } from '../secrets/store.ts';
 import type { KilnMetrics } from '../metrics/metrics.ts';
 import { DEFAULT_SETTINGS, type SandboxRuntime, type WorkspaceSettings } from '../workspace/settings.ts';
-import type { ContainerNetwork, EgressEvent, SandboxBackend } from './backend.ts';
+import type { ContainerNetwork, EgressEvent, RuntimeOffer, SandboxBackend } from './backend.ts';
 import { Containers } from './containers.ts';
 import { webhookEventWrite } from '../webhooks/events.ts';
 import { executionWrite, type ExecAudit } from './executions.ts';
@@ -49,6 +49,15 @@ export interface EngineOptions {
   /** The largest `sandbox.idle_s` a workspace may set, in ms. */
   maxIdleMs: number;
   maxLifetimeMs: number;
+  /** How long an idle sandbox stays paused when its workspace sets no `sandbox.paused_ttl_s`, and the most one may set. */
+  pausedTtlMs?: number;
+  maxPausedTtlMs?: number;
+  /**
+   * Idle sandboxes of the runtimes whose containers the backend can checkpoint are paused rather
+   * than removed, their checkpoints within these bytes (a team's, and this instance's together);
+   * unset: never paused.
+   */
+  pause?: { maxBytes: { team: number; all: number } };
   perTeamMax: number;
   /** Server-wide maxima that cap every workspace's settings. */
   maxLimits: SandboxLimits;
@@ -84,6 +93,17 @@ export interface ExecOptions {
   sync?: { maxFiles: number; maxBytes: number };
 }
 
+/** A session's sandbox as its row says: running (or starting), paused to disk, or being resumed. */
+export interface SessionSandbox {
+  id: string;
+  state: 'running' | 'paused' | 'resuming';
+  runtime: SandboxRuntime;
+  pausedAt: Date | null;
+  checkpointBytes: number | null;
+  /** Running: its idle deadline; paused: when its checkpoint is deleted. */
+  expiresAt: Date;
+}
+
 export interface ExecOutcome extends Omit<RunnerResult, 'ok' | 'changes'> {
   sandbox_id: string;
   execution_id: string;
@@ -115,7 +135,7 @@ export class SandboxEngine {
     /** The workspace secrets each execution gets as environment variables (and masks in what comes back). */
     private readonly secrets: SecretSource,
     /** Where each execution that reached a runner is counted: its duration, timeouts, OOM kills. */
-    private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution'>,
+    private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution' | 'paused' | 'resumed'>,
     /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes; without, only the base image. */
     templates?: TemplateImages,
   ) {
@@ -140,7 +160,12 @@ export class SandboxEngine {
       log,
     );
     const deps = { db, backend, containers: this.containers, pool: this.pool, log };
-    this.live = new LiveSandboxes(deps, { image, owner, idleMs, perTeamMax, now }, templates);
+    const pausedMaxBytes = opts.pause?.maxBytes;
+    this.live = new LiveSandboxes(
+      { ...deps, pauses: metrics },
+      { image, owner, idleMs, perTeamMax, now, pausedMaxBytes },
+      templates,
+    );
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
   }
 
@@ -211,7 +236,7 @@ export class SandboxEngine {
     // Another replica's sandbox: its hard lifetime is known only from its container.
     const [kept] = await this.live.touchElsewhere(sessionId, idleMs);
     if (!kept) return null;
-    const hard = (await this.hardExpiries()).get(kept.containerId);
+    const hard = kept.lifetimeEndsAt?.getTime() ?? (await this.hardExpiries()).get(kept.containerId);
     return { sandboxId: kept.id, reclaimAt: reclaimAt(this.now() + idleMs, hard) };
   }
 
@@ -241,9 +266,25 @@ export class SandboxEngine {
     if (!offered.includes(defaultRt))
       throw new ConfigError([`the default sandbox runtime ${defaultRt} is not among ${offered.join(', ')}`]);
     this.settings.useRuntimes(offered, defaultRt, withEgress);
+    this.decidePause(caps.runtimes, offered);
     // Warm containers are for the runtime new workspaces get; a workspace with the other one starts cold.
     this.pool.use({ runtime: defaultRt }, caps);
   }
+
+  /** Which runtimes' new sandboxes are made pausable: those the backend can checkpoint, unless KILN_SANDBOX_PAUSE=off. */
+  private decidePause(offers: readonly RuntimeOffer[], offered: readonly SandboxRuntime[]): void {
+    const can = offers.filter((o) => o.pause && offered.includes(o.runtime)).map((o) => o.runtime);
+    const pausable = this.opts.pause ? can : [];
+    this.containers.usePause(pausable);
+    const wanted = offered.includes('gvisor') && this.opts.pause;
+    if (wanted && !pausable.includes('gvisor') && !this.pauseOffLogged) {
+      this.pauseOffLogged = true;
+      this.log.warn(
+        "idle gVisor sandboxes are removed, not paused: the container runtime cannot checkpoint them (dockerd's experimental API is off; infra/docker.sh turns it on)",
+      );
+    }
+  }
+  private pauseOffLogged = false;
 
   /**
    * Decides the runtimes and how sandboxes get the workspace (a host mount or the tar path, once,
@@ -428,7 +469,12 @@ export class SandboxEngine {
       : [];
     if (live.replacesLost) {
       result.restarted = true;
+      result.restart_reason = live.lostReason;
       live.replacesLost = false;
+    }
+    if (live.resumedMs !== undefined) {
+      result.resumed_ms = Math.round(live.resumedMs);
+      live.resumedMs = undefined;
     }
     const rec = executionWrite(
       { teamId: ctx.teamId, sessionId: ctx.sessionId, sandboxId: live.id, runId: ctx.runId, code, result, egress },
@@ -490,9 +536,20 @@ export class SandboxEngine {
     return this.live.get(sessionId)?.client.alive === true;
   }
 
-  /** Reads a file in the session's running sandbox; null when it has none (a read never starts one). */
-  async readLiveFile(sessionId: string, path: string): Promise<Buffer | null> {
-    const live = this.live.get(sessionId);
+  /**
+   * Reads a file in the session's running sandbox, resuming its paused one (with `paused`, its
+   * context); null when it has neither (a read never starts a sandbox).
+   */
+  async readLiveFile(
+    sessionId: string,
+    path: string,
+    paused?: { ctx: ExecContext; limits: SandboxLimits },
+  ): Promise<Buffer | null> {
+    let live = this.live.get(sessionId);
+    if (!live?.client.alive && paused && (await this.sessionSandbox(sessionId))?.state === 'paused') {
+      live = await this.acquire(await this.withNetworkNow(paused.ctx), paused.limits);
+      live.resumedMs = undefined;
+    }
     if (!live?.client.alive) return null;
     return this.maskFile(live.workspaceId, await live.client.getFile(path));
   }
@@ -503,6 +560,68 @@ export class SandboxEngine {
    */
   async maskFile(workspaceId: string, data: Buffer): Promise<Buffer> {
     return (await workspaceMask(this.secrets, workspaceId)).bytes(data);
+  }
+
+  /** The session's sandbox as its row says (whichever replica holds it); null without one. */
+  async sessionSandbox(sessionId: string): Promise<SessionSandbox | null> {
+    const [row] = await this.db
+      .select()
+      .from(sandboxes)
+      .where(and(eq(sandboxes.sessionId, sessionId), ne(sandboxes.state, 'removed')))
+      .orderBy(desc(sandboxes.createdAt))
+      .limit(1);
+    if (!row) return null;
+    const state = row.state === 'paused' || row.state === 'resuming' ? row.state : 'running';
+    return {
+      id: row.id,
+      state,
+      runtime: row.runtime,
+      pausedAt: row.pausedAt,
+      checkpointBytes: row.checkpointBytes,
+      expiresAt: row.expiresAt,
+    };
+  }
+
+  /**
+   * POST /v1/sessions/{session}/pause: the session's running sandbox, paused now (once what is
+   * queued on it is done). Throws a 409 that says why when it cannot be.
+   */
+  async pause(sessionId: string): Promise<{ sandboxId: string; bytes: number | null; ms: number }> {
+    const live = this.live.get(sessionId);
+    const outcome = await this.live.pause(sessionId, 'requested');
+    if (outcome.paused) return { sandboxId: live!.id, bytes: outcome.bytes, ms: outcome.ms };
+    const why: Record<typeof outcome.reason, string> = {
+      no_sandbox: 'the session has no running sandbox here (a paused one stays paused; the next execution starts one)',
+      busy: "an execution is running in the session's sandbox: pause it once it is done",
+      unpausable:
+        'this sandbox cannot be paused: only gVisor sandboxes without a network, on a host whose container runtime can checkpoint them ' +
+        '(KILN_SANDBOX_PAUSE=on), of a workspace whose sandbox.paused_ttl_s is not 0',
+      used: 'the sandbox was used while it was being paused',
+      failed: 'checkpointing the sandbox failed: it was removed (the next execution starts a new one and says so)',
+    };
+    throw new ApiError('conflict', why[outcome.reason]);
+  }
+
+  /**
+   * POST /v1/sessions/{session}/resume: the session's paused sandbox, running again with every
+   * variable; one already running is left as it is (ms null). One that cannot be resumed is
+   * replaced by a new sandbox (`lost` says why). Throws a 409 when the session has none paused.
+   */
+  async resume(
+    ctx: ExecContext,
+    limits: SandboxLimits,
+  ): Promise<{ sandboxId: string; ms: number | null; lost?: string }> {
+    const running = this.live.get(ctx.sessionId);
+    if (running?.client.alive) return { sandboxId: running.id, ms: null };
+    const current = await this.sessionSandbox(ctx.sessionId);
+    if (current?.state !== 'paused')
+      throw new ApiError('conflict', 'the session has no paused sandbox: its next execution starts a new one');
+    const live = await this.acquire(ctx, limits);
+    const ms = live.resumedMs;
+    // It could not be resumed: the session has a new sandbox, and its next result says so too.
+    if (ms === undefined) return { sandboxId: live.id, ms: null, lost: live.lostReason ?? 'resume_failed' };
+    live.resumedMs = undefined;
+    return { sandboxId: live.id, ms: Math.round(ms) };
   }
 
   /** Ends the session's sandbox: closes the runner, removes the container, marks the row. */
@@ -521,16 +640,17 @@ export class SandboxEngine {
       await this.release(row.sessionId, 'deleted');
       return;
     }
+    if (row.state === 'paused') return this.live.removePaused(row, 'deleted');
     if (row.containerId) await this.backend.remove(row.containerId).catch(() => undefined);
     await markRemoved(this.db, [id], 'deleted');
   }
 
-  /** The team's live sandboxes, with memory and CPU use sampled from the container runtime. */
+  /** The team's live and paused sandboxes, with memory and CPU use sampled from the container runtime. */
   async listForTeam(teamId: string) {
     const rows = await this.db
       .select()
       .from(sandboxes)
-      .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, ACTIVE)))
+      .where(and(eq(sandboxes.teamId, teamId), inArray(sandboxes.state, [...ACTIVE, 'paused'])))
       .orderBy(sandboxes.id);
     const mineOf = (r: (typeof rows)[number]) => {
       const live = r.sessionId ? this.live.get(r.sessionId) : undefined;
@@ -538,12 +658,22 @@ export class SandboxEngine {
     };
     // Only another replica's sandboxes need the runtime's list for their hard lifetime.
     const [usage, hard] = await Promise.all([
-      Promise.all(rows.map((r) => (r.containerId ? this.backend.stats(r.containerId) : Promise.resolve(null)))),
+      // A paused one's container is stopped: it uses no memory or CPU.
+      Promise.all(
+        rows.map((r) =>
+          r.containerId && r.state !== 'paused' ? this.backend.stats(r.containerId) : Promise.resolve(null),
+        ),
+      ),
       rows.some((r) => !mineOf(r)) ? this.hardExpiries() : new Map<string, number | undefined>(),
     ]);
     return rows.map((r, i) => {
       const mine = mineOf(r);
-      const state = r.state === 'starting' ? 'starting' : mine?.busy ? 'busy' : 'idle';
+      const state =
+        r.state === 'starting' || r.state === 'paused' || r.state === 'resuming'
+          ? r.state
+          : mine?.busy
+            ? ('busy' as const)
+            : ('idle' as const);
       // This instance's own sandboxes by what it knows now; another replica's by their row.
       const idleUntil = mine ? mine.lastUsed + mine.idleMs : r.expiresAt.getTime();
       return {
@@ -551,7 +681,10 @@ export class SandboxEngine {
         state,
         memoryBytes: usage[i]?.memoryBytes ?? null,
         cpuPercent: usage[i]?.cpuPercent ?? null,
-        reclaimAt: reclaimAt(idleUntil, mine ? mine.expiresAt : hard.get(r.containerId)),
+        reclaimAt: reclaimAt(
+          idleUntil,
+          mine ? mine.expiresAt : (r.lifetimeEndsAt?.getTime() ?? hard.get(r.containerId)),
+        ),
         runtime: r.runtime,
       };
     });

@@ -1,15 +1,16 @@
-import { and, eq, inArray, ne, type SQL, sql } from 'drizzle-orm';
+import { and, asc, desc, eq, inArray, isNotNull, ne, type SQL, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import type { ContainerNetwork, SandboxBackend } from './backend.ts';
+import type { ContainerNetwork, SandboxBackend, SandboxContainer } from './backend.ts';
 import type { Containers, Sandbox } from './containers.ts';
 import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
 import { ACTIVE, markRemoved } from './rows.ts';
-import { RunnerGoneError } from './runner-client.ts';
+import { RunnerClient, RunnerGoneError } from './runner-client.ts';
+import { changesSince, type FileWrite } from './resync.ts';
 import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
 import { tarChunks } from './tar.ts';
 import { readHead } from '../workspace/git.ts';
@@ -30,6 +31,11 @@ export interface ExecContext {
   template?: string | null;
   /** The workspace's network (`sandbox.network` and `allow`, as the server permits); unset, none. */
   network?: ContainerNetwork;
+  /**
+   * How long its sandbox, once idle, may stay paused (checkpointed to disk) before it is removed
+   * (its `sandbox.paused_ttl_s`, capped); 0 or unset: an idle sandbox is removed, never paused.
+   */
+  pausedTtlMs?: number;
 }
 
 /** The image in service of a team's template (throws the API's error when it has none). */
@@ -54,9 +60,38 @@ export interface Live extends Sandbox {
   workspaceId: string;
   /** /workspace holds a copy of the workspace that is synced back after each execution. */
   synced: boolean;
+  /** The workspace's directory on this host that copy is of. */
+  repoDir?: string;
   /** Its network mode, fixed when the container was created; `allow` is pushed to the proxy before each execution. */
   network: ContainerNetwork;
+  /** How long it may stay paused once idle (0: never paused, removed at idle). */
+  pausedTtlMs: number;
+  /** Why the session's previous sandbox (whose state this one lacks) ended; told with its first result. */
+  lostReason?: string;
+  /** It was just resumed from a pause, in this many ms: told with its first result. */
+  resumedMs?: number;
 }
+
+/** What resuming a paused sandbox needs, kept in its row (`sandboxes.checkpoint`) while it is paused. */
+interface PausedState {
+  /** The key its runner's frames are signed with (base64): the new relay proves itself with it. */
+  key: string;
+  uid: number;
+  /** Its hard lifetime's end (epoch ms) when it was paused: after the resume, what was left of it. */
+  hardExpiresAt: number;
+  /** The workspace's HEAD its /workspace copy held (null: it had no copy). */
+  head: string | null;
+  /** Its host workspace mount, kept while it is paused. */
+  mount?: string;
+}
+
+/** Why a session's sandbox was paused: it sat idle, or someone asked. */
+export type PauseCause = 'idle' | 'requested';
+
+/** What became of a pause: paused (its checkpoint's bytes), or why not. */
+export type PauseOutcome =
+  | { paused: true; bytes: number | null; ms: number }
+  | { paused: false; reason: 'no_sandbox' | 'busy' | 'unpausable' | 'used' | 'failed' };
 
 export interface LiveOptions {
   image: string;
@@ -65,6 +100,14 @@ export interface LiveOptions {
   idleMs: number;
   perTeamMax: number;
   now: () => number;
+  /** The most checkpoint bytes one team's paused sandboxes, and all of this instance's, may hold; oldest go first. */
+  pausedMaxBytes?: { team: number; all: number };
+}
+
+/** Told of each pause and resume (metrics). */
+interface PauseListener {
+  paused(ms: number): void;
+  resumed(ms: number): void;
 }
 
 export interface LiveDeps {
@@ -73,9 +116,8 @@ export interface LiveDeps {
   containers: Containers;
   pool: WarmPool;
   log: Logger;
+  pauses?: PauseListener;
 }
-
-type FileWrite = { path: string; data: Buffer | null };
 
 /**
  * The live sandboxes of this instance, one per session: claimed from the warm pool or created
@@ -87,6 +129,13 @@ export class LiveSandboxes {
   private readonly acquiring = new Map<string, Promise<Live>>();
   /** Sandbox ids whose container is being claimed for a session right now: never reaped. */
   private readonly claiming = new Set<string>();
+  /** Sessions whose sandbox is being paused right now: their requests wait for it, then resume it. */
+  private readonly pausing = new Map<string, Promise<PauseOutcome>>();
+  /**
+   * Why checkpointing failed here, once it has: from then on idle sandboxes are removed, as where
+   * the runtime cannot checkpoint at all (said once in the log).
+   */
+  private pauseBroken: string | undefined;
   private stopped = false;
   constructor(
     private readonly deps: LiveDeps,
@@ -114,8 +163,10 @@ export class LiveSandboxes {
     await Promise.allSettled([...this.acquiring.values()]);
   }
 
-  /** The session's live sandbox, or a new one: from the warm pool when its shape fits, else cold. */
+  /** The session's live sandbox, its paused one resumed, or a new one: from the warm pool when its shape fits, else cold. */
   acquire(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    const pausing = this.pausing.get(ctx.sessionId);
+    if (pausing) return pausing.then(() => this.acquire(ctx, limits));
     const existing = this.bySession.get(ctx.sessionId);
     // A container's network cannot change: another mode takes a new sandbox (claimOnce releases this one).
     if (existing?.client.alive && modeOf(existing.network) === modeOf(ctx.network)) {
@@ -170,14 +221,16 @@ export class LiveSandboxes {
       await markRemoved(db, [live.id], reason);
     } else {
       const rows = await db
-        .select({ id: sandboxes.id })
+        .select({ id: sandboxes.id, state: sandboxes.state, containerId: sandboxes.containerId })
         .from(sandboxes)
         .where(
           and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')),
         );
+      // A paused one's stopped container goes now, its checkpoint and mount with it.
+      for (const r of rows) if (r.state === 'paused') await this.removePaused(r, reason);
       await markRemoved(
         db,
-        rows.map((r) => r.id),
+        rows.filter((r) => r.state !== 'paused').map((r) => r.id),
         reason,
       );
     }
@@ -189,6 +242,8 @@ export class LiveSandboxes {
    * and the claim tried again with the next one, or a cold one: the caller never sees it.
    */
   private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
+    const resumed = await this.resume(ctx);
+    if (resumed) return resumed;
     for (;;) {
       try {
         return await this.claimOnce(ctx, limits);
@@ -234,7 +289,7 @@ export class LiveSandboxes {
           copyFrom: ctx.workspaceDir,
           image,
         });
-    const booked = this.reserve(id, ctx, limits, image).then(() => this.hadSandboxBefore(ctx.sessionId));
+    const booked = this.reserve(id, ctx, limits, image).then(() => this.lostBefore(ctx.sessionId));
     const [c, lost] = await Promise.allSettled([container, booked]);
     try {
       if (c.status === 'rejected') throw c.reason;
@@ -260,12 +315,15 @@ export class LiveSandboxes {
         sessionId: ctx.sessionId,
         workspaceId: ctx.workspaceId,
         synced: Boolean(ctx.workspaceDir),
+        repoDir: ctx.workspaceDir,
         lastUsed: this.opts.now(),
         idleMs: ctx.idleMs ?? this.opts.idleMs,
         busy: false,
         queue: Promise.resolve(),
-        replacesLost: lost.value,
+        replacesLost: lost.value !== null,
+        lostReason: lost.value ?? undefined,
         network: ctx.network ?? { mode: 'none' },
+        pausedTtlMs: ctx.pausedTtlMs ?? 0,
       };
       this.bySession.set(ctx.sessionId, live);
       live.client.onExit((reason) => {
@@ -336,14 +394,268 @@ export class LiveSandboxes {
     return err instanceof RunnerGoneError || this.deps.backend.isGone(err);
   }
 
-  /** Did this session already lose a sandbox? Then its new one must say the state is gone. */
-  private async hadSandboxBefore(sessionId: string): Promise<boolean> {
-    const rows = await this.deps.db
-      .select({ id: sandboxes.id })
+  /**
+   * Did this session already lose a sandbox? Then its new one must say the state is gone, and
+   * why the last one ended (null: it never had one).
+   */
+  private async lostBefore(sessionId: string): Promise<string | null> {
+    const [row] = await this.deps.db
+      .select({ reason: sandboxes.removedReason })
       .from(sandboxes)
       .where(and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'removed')))
+      .orderBy(desc(sandboxes.removedAt))
       .limit(1);
-    return rows.length > 0;
+    return row ? (row.reason ?? 'removed') : null;
+  }
+
+  /**
+   * Pauses the session's sandbox: once what is queued on it is done, its runner is let go and its
+   * container checkpointed to its host's disk (its memory leaves the host's RAM); its row keeps
+   * what resuming it needs. An idle pause gives up when the sandbox was used meanwhile. A sandbox
+   * that cannot be paused (runc, a network, a workspace with paused_ttl_s 0) is left as it is;
+   * one whose checkpoint fails is removed, as an idle one always was.
+   */
+  pause(sessionId: string, cause: PauseCause): Promise<PauseOutcome> {
+    const already = this.pausing.get(sessionId);
+    if (already) return already;
+    const live = this.bySession.get(sessionId);
+    if (!live?.client.alive) return Promise.resolve({ paused: false, reason: 'no_sandbox' });
+    if (!this.canPause(live)) return Promise.resolve({ paused: false, reason: 'unpausable' });
+    const pausing = this.pauseNow(live, cause).finally(() => this.pausing.delete(sessionId));
+    this.pausing.set(sessionId, pausing);
+    return pausing;
+  }
+
+  /** Whether the sandbox can be paused here: its container can, and its workspace keeps paused sandboxes. */
+  canPause(live: Live): boolean {
+    return !!live.container.pausable && !!this.deps.backend.pause && live.pausedTtlMs > 0 && !this.pauseBroken;
+  }
+
+  private async pauseNow(live: Live, cause: PauseCause): Promise<PauseOutcome> {
+    const { db, backend, log } = this.deps;
+    // Read before what is queued is done: a commit whose files reach the copy after this is sent
+    // again at the resume (harmless), never missed.
+    const head = live.synced && live.repoDir ? readHead(live.repoDir) : null;
+    // What was queued before the pause began (an execution, a file pushed) finishes first.
+    for (let q = live.queue; ; q = live.queue) {
+      await q;
+      if (q === live.queue) break;
+    }
+    if (live.busy) return { paused: false, reason: 'busy' };
+    const now = this.opts.now();
+    if (cause === 'idle' && now - live.lastUsed <= live.idleMs) return { paused: false, reason: 'used' };
+    const key = live.client.signingKey;
+    if (!key || !live.client.alive) return { paused: false, reason: 'unpausable' };
+    this.bySession.delete(live.sessionId);
+    const state: PausedState = {
+      key: key.toString('base64'),
+      uid: live.container.uid,
+      hardExpiresAt: live.expiresAt,
+      head,
+      mount: live.workspaceDir,
+    };
+    const t0 = performance.now();
+    let bytes: number | null;
+    try {
+      await live.client.detach();
+      ({ bytes } = await backend.pause!(live.container));
+    } catch (err) {
+      this.pauseBroken = (err as Error).message;
+      log.warn(
+        { sandbox: live.id, reason: this.pauseBroken },
+        'could not checkpoint a sandbox: it is removed instead, and from now on idle sandboxes are removed, not paused',
+      );
+      await this.deps.containers.destroy(live);
+      await markRemoved(db, [live.id], cause === 'idle' ? 'idle' : 'pause_failed');
+      return { paused: false, reason: 'failed' };
+    }
+    const ms = performance.now() - t0;
+    // Its checkpoint goes at its workspace's paused time (time paused does not count against its hard lifetime).
+    const until = this.opts.now() + live.pausedTtlMs;
+    const [kept] = await db
+      .update(sandboxes)
+      .set({
+        state: 'paused',
+        pausedAt: new Date(this.opts.now()),
+        checkpointBytes: bytes,
+        checkpoint: state,
+        expiresAt: new Date(until),
+      })
+      .where(and(eq(sandboxes.id, live.id), eq(sandboxes.state, 'ready')))
+      .returning({ id: sandboxes.id });
+    // Ended meanwhile (its session, workspace or team was deleted): nothing of it stays.
+    if (!kept) {
+      await this.removePaused({ id: live.id, containerId: live.container.id }, 'removed_while_pausing');
+      return { paused: false, reason: 'no_sandbox' };
+    }
+    this.deps.pauses?.paused(ms);
+    log.info({ sandbox: live.id, cause, ms: Math.round(ms), bytes }, 'sandbox paused');
+    await this.reclaimCheckpoints(live.teamId);
+    return { paused: true, bytes, ms };
+  }
+
+  /**
+   * Keeps paused sandboxes' checkpoints within the team's and this instance's disk caps: the
+   * oldest paused go first (their sessions are told at their next execution).
+   */
+  private async reclaimCheckpoints(teamId: string): Promise<void> {
+    const caps = this.opts.pausedMaxBytes;
+    if (!caps) return;
+    const { db } = this.deps;
+    const rows = await db
+      .select({
+        id: sandboxes.id,
+        teamId: sandboxes.teamId,
+        bytes: sandboxes.checkpointBytes,
+        containerId: sandboxes.containerId,
+      })
+      .from(sandboxes)
+      .where(
+        and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'paused'), isNotNull(sandboxes.checkpointBytes)),
+      )
+      .orderBy(asc(sandboxes.pausedAt), asc(sandboxes.id));
+    let all = rows.reduce((a, r) => a + (r.bytes ?? 0), 0);
+    let team = rows.filter((r) => r.teamId === teamId).reduce((a, r) => a + (r.bytes ?? 0), 0);
+    const drop: typeof rows = [];
+    for (const r of rows) {
+      const overTeam = r.teamId === teamId && team > caps.team;
+      if (!overTeam && all <= caps.all) continue;
+      drop.push(r);
+      all -= r.bytes ?? 0;
+      if (r.teamId === teamId) team -= r.bytes ?? 0;
+    }
+    for (const r of drop) await this.removePaused(r, 'checkpoint_reclaimed');
+  }
+
+  /** Removes a paused sandbox's container (its checkpoint with it) and marks its row. */
+  async removePaused(row: { id: string; containerId: string }, reason: string): Promise<void> {
+    const removed = await this.deps.backend.remove(row.containerId).then(
+      () => true,
+      () => false,
+    );
+    await markRemoved(this.deps.db, [row.id], reason);
+    // A container that could not be removed keeps its mount: the reaper's sweep takes it with the container.
+    if (removed) await this.deps.containers.removeMountOf(row.id);
+  }
+
+  /**
+   * The session's paused sandbox, resumed: its container started from its checkpoint and its
+   * runner spoken to again (it proves itself with the key it was given), with every variable it
+   * held. Resuming counts against the team's cap again. Null when the session has none paused
+   * here; one that cannot be resumed (its checkpoint is gone or broken, its workspace now wants
+   * another runtime or a network) is removed, and the claim that follows says why.
+   */
+  private async resume(ctx: ExecContext): Promise<Live | null> {
+    const { db, backend, log } = this.deps;
+    const [row] = await db
+      .update(sandboxes)
+      .set({ state: 'resuming' })
+      .where(
+        and(
+          eq(sandboxes.sessionId, ctx.sessionId),
+          eq(sandboxes.owner, this.opts.owner),
+          eq(sandboxes.state, 'paused'),
+        ),
+      )
+      .returning();
+    if (!row) return null;
+    const saved = row.checkpoint as PausedState | null;
+    const unfit =
+      !saved || !backend.resume
+        ? 'resume_failed'
+        : row.runtime !== ctx.runtime || modeOf(ctx.network) !== 'none'
+          ? 'settings_changed'
+          : undefined;
+    if (unfit) {
+      await this.removePaused(row, unfit);
+      return null;
+    }
+    // Within the team's cap, as a new sandbox would be; over it, it stays paused.
+    const active = await db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
+      .orderBy(sandboxes.createdAt, sandboxes.id);
+    if (active.findIndex((r) => r.id === row.id) >= this.opts.perTeamMax) {
+      await db.update(sandboxes).set({ state: 'paused' }).where(eq(sandboxes.id, row.id));
+      throw new ApiError(
+        'sandbox_unavailable',
+        `this team already has ${this.opts.perTeamMax} live sandboxes; end a session or wait for idle ones ` +
+          "to be paused or reclaimed, then this session's paused sandbox resumes",
+        {},
+        { 'Retry-After': '5' },
+      );
+    }
+    const t0 = performance.now();
+    const container: SandboxContainer = { id: row.containerId, uid: saved!.uid, runtime: row.runtime, pausable: true };
+    // What was left of its hard lifetime when it was paused, from now: paused time does not count.
+    const pausedAt = row.pausedAt?.getTime() ?? this.opts.now();
+    const lifetimeEnds = this.opts.now() + Math.max(0, saved!.hardExpiresAt - pausedAt);
+    this.claiming.add(row.id);
+    let client: RunnerClient | undefined;
+    try {
+      client = await RunnerClient.reattach(await backend.resume!(container), Buffer.from(saved!.key, 'base64'));
+      await client.ping();
+      const live: Live = {
+        id: row.id,
+        container,
+        client,
+        limits: row.limits as SandboxLimits,
+        runtime: row.runtime,
+        image: row.image,
+        expiresAt: lifetimeEnds,
+        workspaceDir: saved!.mount,
+        teamId: ctx.teamId,
+        sessionId: ctx.sessionId,
+        workspaceId: ctx.workspaceId,
+        synced: saved!.head !== null && Boolean(ctx.workspaceDir),
+        repoDir: ctx.workspaceDir,
+        lastUsed: this.opts.now(),
+        idleMs: ctx.idleMs ?? this.opts.idleMs,
+        busy: false,
+        queue: Promise.resolve(),
+        replacesLost: false,
+        network: { mode: 'none' },
+        pausedTtlMs: ctx.pausedTtlMs ?? 0,
+      };
+      // What was committed while it slept reaches its copy of the workspace before any code runs.
+      if (live.synced && ctx.workspaceDir) {
+        const files = await changesSince(ctx.workspaceDir, saved!.head!);
+        for (const f of files) {
+          if (f.data) await client.putFile(`/workspace/${f.path}`, f.data);
+          else await client.deleteFile(`/workspace/${f.path}`);
+        }
+      }
+      live.resumedMs = performance.now() - t0;
+      const [kept] = await db
+        .update(sandboxes)
+        .set({
+          state: 'ready',
+          pausedAt: null,
+          checkpointBytes: null,
+          checkpoint: null,
+          lifetimeEndsAt: new Date(lifetimeEnds),
+          lastUsedAt: new Date(live.lastUsed),
+          expiresAt: this.idleExpiry(ctx),
+        })
+        .where(and(eq(sandboxes.id, row.id), eq(sandboxes.state, 'resuming')))
+        .returning({ id: sandboxes.id });
+      if (!kept) throw new Error('it was removed while it resumed');
+      this.bySession.set(ctx.sessionId, live);
+      this.deps.pauses?.resumed(live.resumedMs);
+      log.info({ sandbox: row.id, ms: Math.round(live.resumedMs) }, 'sandbox resumed');
+      return live;
+    } catch (err) {
+      client?.close();
+      log.warn(
+        { sandbox: row.id, reason: (err as Error).message },
+        'a paused sandbox could not be resumed: the session gets a new one',
+      );
+      await this.removePaused(row, 'resume_failed');
+      return null;
+    } finally {
+      this.claiming.delete(row.id);
+    }
   }
 
   /** Inserts the sandbox row first, then counts: concurrent claims can never exceed the team cap. */
@@ -401,7 +713,10 @@ export class LiveSandboxes {
    * Keeps a session's sandbox of another replica alive through its row (that replica takes the
    * deadline up at its next reaper pass). Returns the sandboxes kept, with their container.
    */
-  async touchElsewhere(sessionId: string, idleMs: number): Promise<{ id: string; containerId: string }[]> {
+  async touchElsewhere(
+    sessionId: string,
+    idleMs: number,
+  ): Promise<{ id: string; containerId: string; lifetimeEndsAt: Date | null }[]> {
     const now = this.opts.now();
     return this.deps.db
       .update(sandboxes)
@@ -409,7 +724,7 @@ export class LiveSandboxes {
       .where(
         and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'ready'), ne(sandboxes.owner, this.opts.owner)),
       )
-      .returning({ id: sandboxes.id, containerId: sandboxes.containerId });
+      .returning({ id: sandboxes.id, containerId: sandboxes.containerId, lifetimeEndsAt: sandboxes.lifetimeEndsAt });
   }
 
   /** The statement that writes the sandbox's idle deadline into its row, where listings and other replicas read it. */

@@ -1,4 +1,4 @@
-import { and, eq, inArray, ne } from 'drizzle-orm';
+import { and, eq, inArray, isNotNull, lt, ne, or } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes, sessions } from '../db/schema/index.ts';
@@ -30,7 +30,9 @@ export interface ReaperOptions {
  * installation's, whatever their age);
  * this instance also removes its own containers that are neither pooled nor live
  * (all of them at start-up: their runner streams died with the previous process), sandboxes
- * idle longer than their workspace's idle time, and those whose session has ended.
+ * idle longer than their workspace's idle time (paused instead, where they can be: live.ts), and
+ * those whose session has ended; and its paused sandboxes past their paused time or whose
+ * session has ended (a paused sandbox's stopped container survives restarts).
  */
 export class Reaper {
   private timer: NodeJS.Timeout | undefined;
@@ -58,12 +60,16 @@ export class Reaper {
     let removed = 0;
     await live.adoptDeadlines();
     for (const l of live.values()) {
-      // Each sandbox has its workspace's idle time (live.ts).
+      // Each sandbox has its workspace's idle time (live.ts). An idle one that can be paused is.
       if (!l.client.alive || (!l.busy && now - l.lastUsed > l.idleMs)) {
-        await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
+        if (l.client.alive && live.canPause(l)) {
+          const outcome = await live.pause(l.sessionId, 'idle');
+          if (outcome.paused || outcome.reason !== 'failed') continue;
+        } else await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
         removed++;
       }
     }
+    removed += await this.reapPaused(now);
     const liveIds = [...live.values()].map((l) => l.sessionId);
     if (liveIds.length) {
       const ended = await db
@@ -75,8 +81,11 @@ export class Reaper {
         removed++;
       }
     }
-    removed += await this.reapContainers(now, opts.startup ?? false);
-    await this.sweepMounts();
+    // A resume a previous life left half done: its runner's relay died with it.
+    if (opts.startup) await this.endResuming();
+    const paused = await this.pausedIds();
+    removed += await this.reapContainers(now, opts.startup ?? false, paused);
+    await this.sweepMounts(paused);
     const liveSandboxIds = [...live.values()].map((l) => l.id);
     const orphanRows = await db
       .select({ id: sandboxes.id })
@@ -95,14 +104,51 @@ export class Reaper {
   }
 
   /**
+   * This instance's paused sandboxes whose time is up (their workspace's paused time) or whose
+   * session has ended: removed, their checkpoint with their container.
+   */
+  private async reapPaused(now: number): Promise<number> {
+    const { db, live } = this.deps;
+    const rows = await db
+      .select({
+        id: sandboxes.id,
+        containerId: sandboxes.containerId,
+        expiresAt: sandboxes.expiresAt,
+        status: sessions.status,
+      })
+      .from(sandboxes)
+      .leftJoin(sessions, eq(sessions.id, sandboxes.sessionId))
+      .where(
+        and(
+          eq(sandboxes.owner, this.opts.owner),
+          eq(sandboxes.state, 'paused'),
+          or(lt(sandboxes.expiresAt, new Date(now)), ne(sessions.status, 'active')),
+        ),
+      );
+    for (const r of rows) await live.removePaused(r, r.status === 'active' ? 'paused_expired' : 'session_ended');
+    return rows.length;
+  }
+
+  /** The sandbox ids of this instance's paused (or resuming) sandboxes: their containers and mounts stay. */
+  private async pausedIds(): Promise<Set<string>> {
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.owner, this.opts.owner), inArray(sandboxes.state, ['paused', 'resuming'])));
+    return new Set(rows.map((r) => r.id));
+  }
+
+  /**
    * Unmounts the workspace directories of this instance's sandboxes that are neither pooled,
    * live nor being claimed or created: those of containers just removed, and at start-up every
    * one a previous life of this instance left behind.
    */
-  private async sweepMounts(): Promise<void> {
+  private async sweepMounts(paused: Set<string>): Promise<void> {
     const { containers, live, pool, log } = this.deps;
     const liveIds = () => new Set([...live.values()].map((l) => l.id));
-    const swept = await containers.sweepMounts((id) => live.isClaiming(id) || pool.holds(id) || liveIds().has(id));
+    const swept = await containers.sweepMounts(
+      (id) => live.isClaiming(id) || pool.holds(id) || paused.has(id) || liveIds().has(id),
+    );
     if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }
 
@@ -110,7 +156,30 @@ export class Reaper {
    * Removes the containers the runtime lists that are past their lifetime, this instance's that
    * are unused, and another replica's whose row says removed.
    */
-  private async reapContainers(now: number, startup: boolean): Promise<number> {
+  /** The moved hard lifetimes (epoch ms) of the sandboxes listed that were ever paused, by sandbox id. */
+  private async movedLifetimes(ids: string[]): Promise<Map<string, number>> {
+    if (!ids.length) return new Map();
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id, ends: sandboxes.lifetimeEndsAt })
+      .from(sandboxes)
+      .where(and(inArray(sandboxes.id, ids), isNotNull(sandboxes.lifetimeEndsAt)));
+    return new Map(rows.map((r) => [r.id, r.ends!.getTime()]));
+  }
+
+  /** Rows of this instance left `resuming` by a previous life: their containers go (reapContainers) with them. */
+  private async endResuming(): Promise<void> {
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'resuming')));
+    await markRemoved(
+      this.deps.db,
+      rows.map((r) => r.id),
+      'server_restarted',
+    );
+  }
+
+  private async reapContainers(now: number, startup: boolean, paused: Set<string>): Promise<number> {
     const { db, backend, containers, live, pool } = this.deps;
     let removed = 0;
     const listed = await backend.list();
@@ -124,6 +193,8 @@ export class Reaper {
           .where(inArray(sandboxes.id, foreign))
       : [];
     const known = new Set(rows.map((r) => r.id));
+    // A sandbox that was paused has its hard lifetime moved on by its time paused (its row says to when).
+    const moved = await this.movedLifetimes(listed.map((c) => c.sandboxId).filter(Boolean));
     // Another replica's containers whose rows say removed (a sandbox node declared lost, say, whose
     // replica died too) are left over wherever they still run: any replica removes them.
     const removedRows = new Set(rows.filter((r) => r.state === 'removed').map((r) => r.id));
@@ -136,8 +207,12 @@ export class Reaper {
       const kept = pool.has(info.id) || liveOn(info.id) !== undefined;
       const mine = info.owner === this.opts.owner;
       if (!mine && !known.has(sbx)) continue;
-      const expired = info.expiresAt !== undefined && info.expiresAt < now;
+      const ends = moved.get(sbx) ?? info.expiresAt;
+      const expired = ends !== undefined && ends < now;
       if (kept && !expired && !startup) continue;
+      // A paused sandbox's container is stopped, its checkpoint beside it: it stays, restarts
+      // included, until its paused time is up (reapPaused; its hard lifetime waits meanwhile).
+      if (paused.has(sbx)) continue;
       if (!expired && !mine && !removedRows.has(sbx)) continue;
       await backend.remove(info.id).catch(() => undefined);
       if (kept) {

@@ -28,6 +28,10 @@ export interface RunnerResult {
   artifacts: Artifact[];
   /** The interpreter was restarted before or during this execution: earlier variables are gone. */
   restarted: boolean;
+  /** With `restarted` for a new sandbox: why the session's previous one ended (idle, paused_expired, resume_failed, …). */
+  restart_reason?: string;
+  /** The session's paused sandbox was resumed for this execution, in this many ms: every variable kept. */
+  resumed_ms?: number;
   /** With `sync`: what the code changed under /workspace since the last sync. */
   changes?: WorkspaceChanges;
 }
@@ -130,7 +134,42 @@ export class RunnerClient {
    * cannot forge one. Without, for stand-in runners in tests.
    */
   static async start(channel: RunnerChannel, readyTimeoutMs = 30_000, sign = false): Promise<RunnerClient> {
+    const client = await RunnerClient.open(channel, readyTimeoutMs);
+    if (sign) {
+      const key = randomBytes(32);
+      client.send({ op: 'key', key: key.toString('base64') });
+      client.key = key;
+    }
+    return client;
+  }
+
+  /**
+   * Speaks again to a daemon runner (kiln_runner.py) that was given `key` when it started, through
+   * a new relay (a resumed sandbox): its `ready` must be signed with the key, and the client proves
+   * it is the host by answering its nonce before anything else.
+   */
+  static async reattach(channel: RunnerChannel, key: Buffer, readyTimeoutMs = 30_000): Promise<RunnerClient> {
+    const client = await RunnerClient.open(channel, readyTimeoutMs, key);
+    const nonce = client.readyNonce;
+    if (typeof nonce !== 'string') {
+      client.markGone('the runner did not ask the host to prove itself');
+      throw new RunnerGoneError('the runner did not ask the host to prove itself');
+    }
+    const mac = createHmac('sha256', key).update(`attach:${nonce}`).digest('hex');
+    client.send({ op: 'auth', mac });
+    return client;
+  }
+
+  /** The key its frames are signed with (kept while its sandbox is paused, to attach again after). */
+  get signingKey(): Buffer | undefined {
+    return this.key;
+  }
+
+  private readyNonce: unknown;
+
+  private static async open(channel: RunnerChannel, readyTimeoutMs: number, key?: Buffer): Promise<RunnerClient> {
     const client = new RunnerClient(channel);
+    client.key = key;
     const ready = new Promise<void>((resolve, reject) => {
       const timer = setTimeout(
         () => reject(new RunnerGoneError(`runner not ready within ${readyTimeoutMs} ms: ${client.stderrTail}`)),
@@ -138,8 +177,9 @@ export class RunnerClient {
       );
       client.pending.set('ready', {
         answer: 'ready',
-        resolve: () => {
+        resolve: (msg) => {
           clearTimeout(timer);
+          client.readyNonce = msg.nonce;
           resolve();
         },
         reject: (err) => {
@@ -158,11 +198,6 @@ export class RunnerClient {
       client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
     });
     await ready;
-    if (sign) {
-      const key = randomBytes(32);
-      client.send({ op: 'key', key: key.toString('base64') });
-      client.key = key;
-    }
     return client;
   }
 
@@ -273,6 +308,17 @@ export class RunnerClient {
     this.markGone('closed');
   }
 
+  /**
+   * Lets go of a daemon runner (its sandbox is about to be paused): the relay ends, the runner
+   * and its interpreter stay. Resolves once the relay's stream has ended.
+   */
+  detach(): Promise<void> {
+    const ended = new Promise<void>((resolve) => this.channel.onClose(() => resolve()));
+    this.channel.stdin.end();
+    this.markGone('detached', false);
+    return ended;
+  }
+
   private request(
     msg: Record<string, unknown> & { id: string; op: keyof typeof ANSWERS },
     onOutput?: OutputListener,
@@ -338,13 +384,13 @@ export class RunnerClient {
     else p.resolve(msg);
   }
 
-  private markGone(reason: string): void {
+  private markGone(reason: string, destroy = true): void {
     if (this.goneReason !== undefined) return;
     this.goneReason = reason;
     this.frames.stop();
     for (const p of this.pending.values()) p.reject(new RunnerGoneError(reason));
     this.pending.clear();
-    this.channel.destroy();
+    if (destroy) this.channel.destroy();
     for (const l of this.exitListeners.splice(0)) l(reason);
   }
 }

@@ -13,6 +13,9 @@ export interface SandboxPolicy {
   /** The idle time of a workspace that sets none, and the most one may set. */
   idleMs: number;
   maxIdleMs: number;
+  /** How long an idle sandbox stays paused when its workspace sets no `sandbox.paused_ttl_s`, and the most one may set. */
+  pausedTtlMs?: number;
+  maxPausedTtlMs?: number;
   /** Whether `sandbox.network: allowlist` is permitted here (KILN_EGRESS) and the most patterns a workspace may list. */
   egress?: { enabled: boolean; maxAllow: number };
 }
@@ -75,6 +78,13 @@ export class SandboxSettings {
     return idleS === null ? this.policy.idleMs : Math.min(idleS * 1000, this.policy.maxIdleMs);
   }
 
+  /** How long a workspace's idle sandboxes stay paused: its `sandbox.paused_ttl_s` capped, else the server's (0: never paused). */
+  pausedTtlMsFor(settings: Pick<Sandbox, 'paused_ttl_s'>): number {
+    const ttlS = settings.paused_ttl_s ?? null;
+    const max = this.policy.maxPausedTtlMs ?? 0;
+    return ttlS === null ? Math.min(this.policy.pausedTtlMs ?? 0, max) : Math.min(ttlS * 1000, max);
+  }
+
   /** The network a workspace's sandboxes get: its `sandbox.network` and `allow`, unless this server forbids egress. */
   networkFor(settings: Pick<Sandbox, 'network' | 'allow'>): ContainerNetwork | undefined {
     if (settings.network !== 'allowlist' || !this.policy.egress?.enabled) return undefined;
@@ -92,6 +102,7 @@ export class SandboxSettings {
         ...at,
         workspaceId: ws.id,
         idleMs: this.idleMsFor(s),
+        pausedTtlMs: this.pausedTtlMsFor(s),
         runtime: s.runtime,
         template: s.template,
         network: this.networkFor(s),
@@ -124,6 +135,10 @@ export class SandboxSettings {
     const idleS = s?.idle_s;
     if (idleS !== undefined && idleS !== null && idleS * 1000 > this.policy.maxIdleMs)
       refuse('idle_s', `must be at most ${this.policy.maxIdleMs / 1000} (this server's KILN_SANDBOX_MAX_IDLE_S)`);
+    const ttlS = s?.paused_ttl_s;
+    const maxTtl = this.policy.maxPausedTtlMs ?? 0;
+    if (ttlS !== undefined && ttlS !== null && ttlS * 1000 > maxTtl)
+      refuse('paused_ttl_s', `must be at most ${maxTtl / 1000} (this server's KILN_SANDBOX_MAX_PAUSED_TTL_S)`);
     if (s?.runtime !== undefined && !this.offers(s.runtime))
       refuse('runtime', `this server offers ${this.offered.join(', ')} (KILN_SANDBOX_RUNTIMES), not ${s.runtime}`);
     const egress = this.policy.egress ?? { enabled: false, maxAllow: 0 };

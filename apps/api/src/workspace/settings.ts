@@ -137,6 +137,8 @@ export type SandboxRuntime = (typeof SANDBOX_RUNTIMES)[number];
 /** Bounds of `sandbox.idle_s`; the server's KILN_SANDBOX_MAX_IDLE_S may lower the upper one. */
 const MIN_IDLE_S = 60;
 const MAX_IDLE_S = 30 * 86_400;
+/** Upper bound of `sandbox.paused_ttl_s`; the server's KILN_SANDBOX_MAX_PAUSED_TTL_S may lower it. */
+const MAX_PAUSED_TTL_S = 30 * 86_400;
 
 /** Every section, every field required: what a stored workspace always has. */
 const sections = {
@@ -198,6 +200,20 @@ const sections = {
           description:
             'seconds a session\u2019s sandbox may sit idle before it is reclaimed (its variables are lost); ' +
             'null = the server default (KILN_SANDBOX_IDLE_S); at most KILN_SANDBOX_MAX_IDLE_S',
+        }),
+      paused_ttl_s: z
+        .number()
+        .int()
+        .min(0)
+        .max(MAX_PAUSED_TTL_S)
+        .nullable()
+        .default(null)
+        .openapi({
+          description:
+            'seconds an idle gVisor sandbox stays paused (checkpointed to disk, every variable kept) before it is removed; ' +
+            '0 = never paused (removed at idle, as runc sandboxes always are); null = the server default ' +
+            '(KILN_SANDBOX_PAUSED_TTL_S); at most KILN_SANDBOX_MAX_PAUSED_TTL_S. Time paused does not count against ' +
+            'the sandbox\u2019s hard lifetime (KILN_SANDBOX_MAX_LIFETIME_S)',
         }),
       template: z
         .string()
@@ -324,6 +340,7 @@ export const DEFAULT_SETTINGS: WorkspaceSettings = {
     runtime: 'runc',
     allow: [],
     idle_s: null,
+    paused_ttl_s: null,
     template: null,
     max_files_per_step: 1000,
     max_bytes_per_step: 16 * 1024 * 1024,

@@ -8,10 +8,41 @@ const EVERY_MS = 3000;
 const IN_FLIGHT = 'queued,in_progress,requires_action';
 
 /** Pushes a session's sandbox's idle deadline forward by its workspace's idle time. */
-export const keepAlive = (sessionId: string, reload: () => Promise<void>) =>
+const keepAlive = (sessionId: string, reload: () => Promise<void>) =>
   action('Keep alive', async () => void (await api('POST', `/v1/sessions/${sessionId}/keepalive`)), {
     after: reload,
   });
+
+/**
+ * What can be done with a session's sandbox now: a paused one resumed; a running gVisor one kept
+ * alive or paused to disk (its variables kept); any other kept alive.
+ */
+export const sandboxActions = (s: Sandbox, reload: () => Promise<void>) => {
+  if (!s.session_id) return '';
+  const session = s.session_id;
+  if (s.state === 'paused')
+    return action('Resume', async () => void (await api('POST', `/v1/sessions/${session}/resume`)), {
+      after: reload,
+    });
+  if (s.state === 'resuming' || s.state === 'starting') return '';
+  const pause =
+    s.runtime === 'gvisor'
+      ? action('Pause', async () => void (await api('POST', `/v1/sessions/${session}/pause`)), { after: reload })
+      : '';
+  return h('span', {}, keepAlive(session, reload), ' ', pause);
+};
+
+const mib = (bytes: number) => `${(bytes / 1048576).toFixed(1)} MiB`;
+
+/** A sandbox's memory now, or, paused, its checkpoint on disk. */
+const sandboxMemory = (s: Sandbox) =>
+  s.state === 'paused'
+    ? s.checkpoint_bytes === null
+      ? 'on disk'
+      : `${mib(s.checkpoint_bytes)} on disk`
+    : s.memory_bytes === null
+      ? '—'
+      : `${mib(s.memory_bytes)} / ${s.limits.memoryMb} MiB`;
 
 export const runsTable = (runs: Run[], empty: string) =>
   table(
@@ -130,11 +161,12 @@ export function overview(dispose: Dispose[]): HTMLElement {
             s.state,
             s.runtime,
             h('code', { class: 'image' }, s.image),
-            s.memory_bytes === null ? '—' : `${(s.memory_bytes / 1048576).toFixed(1)} MiB / ${s.limits.memoryMb} MiB`,
+            sandboxMemory(s),
             s.cpu_percent === null ? '—' : `${s.cpu_percent.toFixed(1)} %`,
             when(s.last_used_at),
-            h('span', { class: 'reclaim-at' }, when(s.reclaim_at)),
-            s.session_id ? keepAlive(s.session_id, reload) : '',
+            // Paused: when its checkpoint is deleted.
+            h('span', { class: 'reclaim-at' }, when(s.state === 'paused' ? s.expires_at : s.reclaim_at)),
+            sandboxActions(s, reload),
             action('Kill', async () => void (await api('DELETE', `/v1/sandboxes/${s.id}`)), {
               confirm: `Kill sandbox ${s.id}? Its session loses its variables.`,
               after: reload,

@@ -3,7 +3,7 @@ import { h, replace, when } from '../dom.ts';
 import { action, link, panel, type Dispose } from '../panel.ts';
 import { followRun, type RunEvent } from '../sse.ts';
 import type { EgressRow, List, Run, Sandbox } from '../types.ts';
-import { keepAlive } from './overview.ts';
+import { sandboxActions } from './overview.ts';
 
 const TERMINAL = new Set(['run.completed', 'run.failed', 'run.cancelled']);
 
@@ -189,17 +189,27 @@ export function runView(id: string, dispose: Dispose[]): HTMLElement {
         const all = await api<List<Sandbox>>('GET', '/v1/sandboxes');
         return { session_id, sandbox: all.data.find((s) => s.session_id === session_id) ?? null };
       },
-      ({ session_id, sandbox }, reload) =>
-        sandbox
+      ({ sandbox }, reload) =>
+        sandbox?.state === 'paused'
           ? h(
               'p',
               {},
-              `${sandbox.id} · ${sandbox.state} · reclaimed at `,
-              h('strong', { class: 'reclaim-at' }, when(sandbox.reclaim_at)),
-              ' unless used or kept alive ',
-              keepAlive(session_id, reload),
+              `${sandbox.id} · paused to disk with its variables (its next execution resumes it) · deleted at `,
+              h('strong', { class: 'reclaim-at' }, when(sandbox.expires_at)),
+              ' ',
+              sandboxActions(sandbox, reload),
             )
-          : h('p', { class: 'empty' }, 'no sandbox running for this session: its next execution starts one'),
+          : sandbox
+            ? h(
+                'p',
+                {},
+                // A gVisor sandbox is paused (not removed) at its idle deadline, where the host can.
+                `${sandbox.id} · ${sandbox.state} · ${sandbox.runtime === 'gvisor' ? 'paused or reclaimed' : 'reclaimed'} at `,
+                h('strong', { class: 'reclaim-at' }, when(sandbox.reclaim_at)),
+                ' unless used or kept alive ',
+                sandboxActions(sandbox, reload),
+              )
+            : h('p', { class: 'empty' }, 'no sandbox running for this session: its next execution starts one'),
       { everyMs: 5000, dispose },
     ),
     h('section', { class: 'panel', id: 'events' }, h('header', {}, h('h2', {}, 'Events'), state), list),

@@ -1,4 +1,4 @@
-import { index, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
+import { bigint, index, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
 import { createdAt, teamId, ts } from './columns.ts';
 
 /** Mirrors the containers Kiln owns; the reaper reconciles it with Docker. */
@@ -18,10 +18,26 @@ export const sandboxes = pgTable(
     runtime: text('runtime', { enum: ['runc', 'gvisor'] })
       .notNull()
       .default('runc'),
-    state: text('state', { enum: ['starting', 'ready', 'removed'] }).notNull(),
+    /**
+     * starting → ready (running) → removed; a paused one (checkpointed to its host's disk, gVisor)
+     * is `paused` until a request resumes it (`resuming`, then ready again) or its checkpoint is
+     * deleted (removed). Paused sandboxes count against no cap but their checkpoint's disk.
+     */
+    state: text('state', { enum: ['starting', 'ready', 'paused', 'resuming', 'removed'] }).notNull(),
+    /** While paused: since when, and its checkpoint's bytes on its host's disk (null: unknown). */
+    pausedAt: ts('paused_at'),
+    checkpointBytes: bigint('checkpoint_bytes', { mode: 'number' }),
+    /** While paused: what resuming it needs (sandbox/live.ts, PausedState). */
+    checkpoint: jsonb('checkpoint'),
+    /**
+     * The end of its hard lifetime once it has been paused: its container's `kiln.expires` label
+     * moved on by the time it spent paused (paused time does not count); null: the label's.
+     */
+    lifetimeEndsAt: ts('lifetime_ends_at'),
     removedReason: text('removed_reason'),
     createdAt: createdAt(),
     lastUsedAt: ts('last_used_at').notNull().defaultNow(),
+    /** Running: its idle deadline (reclaimed, or paused, past it). Paused: when its checkpoint is deleted. */
     expiresAt: ts('expires_at').notNull(),
     removedAt: ts('removed_at'),
   },

@@ -1,6 +1,16 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { errorResponses, IdParam, jsonContent } from '../../http/router.ts';
 
+/** A paused sandbox's fields (null while it runs), in its listing and in its session's. */
+export const pausedFields = {
+  paused_at: z.string().nullable(),
+  checkpoint_bytes: z
+    .number()
+    .int()
+    .nullable()
+    .openapi({ description: 'paused: its checkpoint\u2019s size on disk (null: unknown)' }),
+};
+
 const Sandbox = z
   .object({
     id: z.string(),
@@ -9,7 +19,12 @@ const Sandbox = z
     image: z
       .string()
       .openapi({ description: 'the base sandbox image, or its workspace\u2019s template image when it was created' }),
-    state: z.enum(['starting', 'idle', 'busy']),
+    state: z.enum(['starting', 'idle', 'busy', 'paused', 'resuming']).openapi({
+      description:
+        'paused: checkpointed to its host\u2019s disk, every variable kept, using no memory or CPU (its session\u2019s next ' +
+        'execution resumes it); resuming: being started from its checkpoint',
+    }),
+    ...pausedFields,
     runtime: z.enum(['runc', 'gvisor']).openapi({
       description: 'the container runtime it runs in (its workspace\u2019s sandbox.runtime when it was created)',
     }),
@@ -24,7 +39,11 @@ const Sandbox = z
     }),
     created_at: z.string(),
     last_used_at: z.string(),
-    expires_at: z.string().openapi({ description: 'its idle deadline: last use plus its workspace\u2019s idle time' }),
+    expires_at: z.string().openapi({
+      description:
+        'its idle deadline: last use plus its workspace\u2019s idle time; paused: when its checkpoint is deleted ' +
+        '(its workspace\u2019s sandbox.paused_ttl_s after it was paused)',
+    }),
     reclaim_at: z.string().openapi({
       description:
         'when it will be reclaimed unless used or kept alive (POST /v1/sessions/{session}/keepalive): ' +
@@ -40,7 +59,7 @@ export const list = createRoute({
   path: '/v1/sandboxes',
   tags: ['Sandboxes'],
   security: [{ bearer: [] }],
-  summary: 'The team\u2019s live sandboxes with their memory and CPU use',
+  summary: 'The team\u2019s live and paused sandboxes with their memory and CPU use',
   responses: { 200: jsonContent(z.object({ data: z.array(Sandbox) }), 'Sandboxes'), ...errorResponses },
 });
 

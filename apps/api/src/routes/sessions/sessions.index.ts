@@ -55,9 +55,19 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       const q = c.req.valid('query');
       return c.json(toPage(await sessions.listSessions(db, ws.teamId, ws.id, q), q, view), 200);
     })
-    .openapi(r.get, async (c) =>
-      c.json(view(await sessions.getSession(db, teamOf(c), c.req.valid('param').session)), 200),
-    )
+    .openapi(r.get, async (c) => {
+      const row = await sessions.getSession(db, teamOf(c), c.req.valid('param').session);
+      const sbx = await engine.sessionSandbox(row.id);
+      const sandbox = sbx && {
+        id: sbx.id,
+        state: sbx.state,
+        runtime: sbx.runtime,
+        paused_at: sbx.pausedAt?.toISOString() ?? null,
+        checkpoint_bytes: sbx.checkpointBytes,
+        expires_at: sbx.expiresAt.toISOString(),
+      };
+      return c.json({ ...view(row), sandbox }, 200);
+    })
     .openapi(r.end, async (c) => {
       const team = writableTeamOf(c);
       const { before, after } = await sessions.endSession(db, team, c.req.valid('param').session);
@@ -116,6 +126,34 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
       c.set('audit', { action: 'session.keepalive', resourceType: 'session', resourceId: ctx.sessionId, after: body });
       return c.json(body, 200);
     })
+    .openapi(r.pause, async (c) => {
+      const team = writableTeamOf(c);
+      const { ctx } = await target(team, c.req.valid('param').session);
+      const paused = await engine.pause(ctx.sessionId);
+      const body = {
+        session_id: ctx.sessionId,
+        sandbox_id: paused.sandboxId,
+        state: 'paused' as const,
+        checkpoint_bytes: paused.bytes,
+        pause_ms: Math.round(paused.ms),
+      };
+      c.set('audit', { action: 'session.pause', resourceType: 'session', resourceId: ctx.sessionId, after: body });
+      return c.json(body, 200);
+    })
+    .openapi(r.resume, async (c) => {
+      const team = writableTeamOf(c);
+      const { ctx, limits } = await target(team, c.req.valid('param').session);
+      const resumed = await engine.resume(ctx, limits);
+      const body = {
+        session_id: ctx.sessionId,
+        sandbox_id: resumed.sandboxId,
+        state: 'running' as const,
+        resumed_ms: resumed.ms,
+        ...(resumed.lost ? { lost: resumed.lost } : {}),
+      };
+      c.set('audit', { action: 'session.resume', resourceType: 'session', resourceId: ctx.sessionId, after: body });
+      return c.json(body, 200);
+    })
     .openapi(r.putFile, async (c) => {
       const team = writableTeamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
@@ -135,7 +173,7 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
     .openapi(r.getFile, async (c) => {
       const team = teamOf(c);
       const path = sandboxPath(c.req.valid('query').path);
-      const { ws, ctx } = await target(team, c.req.valid('param').session);
+      const { ws, ctx, limits } = await target(team, c.req.valid('param').session);
       // A viewer may not run code, so it gets nothing code made: only /workspace as committed
       // (what the workspace files API shows it), never the sandbox's own files.
       const viewer = c.get('principal').role === 'viewer';
@@ -144,11 +182,11 @@ export function sessionsRouter(db: Db, engine: SandboxEngine, workspaces: Worksp
           'forbidden',
           `viewer keys read only /workspace as committed: ${path} is the sandbox's, written by code a viewer may not run`,
         );
-      // A read starts no sandbox: without one running, /workspace is the workspace as committed,
-      // which is what a new sandbox would be given.
+      // A read starts no sandbox (it resumes a paused one): without one, /workspace is the
+      // workspace as committed, which is what a new sandbox would be given.
       let data = viewer
         ? null
-        : await engine.readLiveFile(ctx.sessionId, path).catch((err: Error) => {
+        : await engine.readLiveFile(ctx.sessionId, path, { ctx, limits }).catch((err: Error) => {
             if (err instanceof ApiError) throw err;
             throw /No such file|FileNotFound/.test(err.message)
               ? ApiError.notFound(`file ${path}`)

@@ -1,6 +1,23 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { ListQuery, listOf } from '../../http/pagination.ts';
 import { conflictResponse, errorResponses, IdParam, jsonContent } from '../../http/router.ts';
+import { pausedFields } from '../sandboxes/sandboxes.routes.ts';
+
+const SessionSandbox = z
+  .object({
+    id: z.string(),
+    state: z.enum(['running', 'paused', 'resuming']).openapi({
+      description:
+        'running (or starting); paused: checkpointed to its host\u2019s disk with every variable, resumed by the next ' +
+        'execution, file read or POST /v1/sessions/{session}/resume; resuming: being started from its checkpoint',
+    }),
+    runtime: z.enum(['runc', 'gvisor']),
+    ...pausedFields,
+    expires_at: z.string().openapi({
+      description: 'running: its idle deadline (paused or removed past it); paused: when its checkpoint is deleted',
+    }),
+  })
+  .openapi('SessionSandbox');
 
 const Session = z
   .object({
@@ -11,6 +28,9 @@ const Session = z
     created_at: z.string(),
     last_activity_at: z.string(),
     ended_at: z.string().nullable(),
+    sandbox: SessionSandbox.nullable()
+      .optional()
+      .openapi({ description: 'GET only: the session\u2019s sandbox (null: none; its next execution starts one)' }),
   })
   .openapi('Session');
 
@@ -39,6 +59,18 @@ const ExecResult = z
     restarted: z
       .boolean()
       .openapi({ description: 'the interpreter was restarted: variables from earlier executions are gone' }),
+    restart_reason: z
+      .string()
+      .optional()
+      .openapi({
+        description:
+          'with restarted, for a new sandbox: why the session\u2019s previous one ended (idle, paused_expired, ' +
+          'checkpoint_reclaimed, resume_failed, runner_lost, deleted, …)',
+      }),
+    resumed_ms: z.number().int().optional().openapi({
+      description:
+        'the session\u2019s paused sandbox was resumed for this execution, in this many ms, with every variable kept',
+    }),
     artifacts: z.array(Artifact),
     sandbox_id: z.string(),
     execution_id: z.string(),
@@ -174,6 +206,72 @@ export const keepAlive = createRoute({
     body: { content: { 'application/json': { schema: z.object({}).strict() } }, required: false },
   },
   responses: { 200: jsonContent(KeepAlive, 'The new deadline'), 409: conflictResponse, ...errorResponses },
+});
+
+const PauseResult = z
+  .object({
+    session_id: z.string(),
+    sandbox_id: z.string(),
+    state: z.literal('paused'),
+    checkpoint_bytes: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: 'the checkpoint\u2019s size on disk (null: unknown)' }),
+    pause_ms: z.number().int(),
+  })
+  .openapi('PauseResult');
+
+export const pause = createRoute({
+  operationId: 'pauseSession',
+  method: 'post',
+  path: '/v1/sessions/{session}/pause',
+  tags,
+  security,
+  summary: 'Pause the session\u2019s sandbox to disk, every variable kept',
+  description:
+    'Checkpoints the session\u2019s running sandbox to its host\u2019s disk (its memory leaves the host\u2019s RAM) once ' +
+    'what is queued on it is done. The next execution, file read or `/resume` resumes it. Only gVisor sandboxes ' +
+    'without a network can be paused (409 otherwise, saying why). An idle sandbox is paused by itself at its ' +
+    'workspace\u2019s `sandbox.idle_s`.',
+  request: {
+    params: SesParams,
+    body: { content: { 'application/json': { schema: z.object({}).strict() } }, required: false },
+  },
+  responses: { 200: jsonContent(PauseResult, 'Paused'), 409: conflictResponse, ...errorResponses },
+});
+
+const ResumeResult = z
+  .object({
+    session_id: z.string(),
+    sandbox_id: z.string(),
+    state: z.literal('running'),
+    resumed_ms: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: 'how long resuming took; null when it was already running, or could not be resumed' }),
+    lost: z.string().optional().openapi({
+      description: 'the paused sandbox could not be resumed, and why: the session has a new one, without its variables',
+    }),
+  })
+  .openapi('ResumeResult');
+
+export const resume = createRoute({
+  operationId: 'resumeSession',
+  method: 'post',
+  path: '/v1/sessions/{session}/resume',
+  tags,
+  security,
+  summary: 'Resume the session\u2019s paused sandbox now',
+  description:
+    'Starts the session\u2019s paused sandbox from its checkpoint ahead of its next execution, every variable kept. ' +
+    'One already running is left as it is; 409 when the session has no sandbox paused.',
+  request: {
+    params: SesParams,
+    body: { content: { 'application/json': { schema: z.object({}).strict() } }, required: false },
+  },
+  responses: { 200: jsonContent(ResumeResult, 'Running'), 409: conflictResponse, ...errorResponses },
 });
 
 export const putFile = createRoute({

@@ -1,4 +1,6 @@
 import { randomInt } from 'node:crypto';
+import { readdir, stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { ApiError } from '../../lib/errors.ts';
@@ -18,6 +20,7 @@ import {
   containerSpec,
   GVISOR_EGRESS_RUNTIME,
   GVISOR_NONET_RUNTIME,
+  KEEPER_USER,
   SANDBOX_UID_COUNT,
   SANDBOX_UID_MIN,
   sameShape,
@@ -27,7 +30,8 @@ import {
 import { DockerImages } from './images.ts';
 import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS, BRIDGE_MOUNT } from './egress.ts';
 import { type FairShareOptions, TeamCgroups } from './cgroups.ts';
-import { attachRunner } from './runner.ts';
+import { attachRunner, runToEnd } from './runner.ts';
+import { RUNNER_CMD } from '../runner-client.ts';
 import { StatsSampler } from './stats.ts';
 
 const LABEL = 'kiln.managed';
@@ -35,6 +39,15 @@ const LABEL = 'kiln.managed';
 const UID_LABEL = 'kiln.uid';
 const UID_ATTEMPTS = 8;
 const NODE_LABEL = 'kiln.node';
+/** The one checkpoint a paused sandbox's container has (Docker keeps it beside the container, root-only). */
+const CHECKPOINT = 'kiln';
+/** dockerode's checkpoint calls (the experimental API), which its type definitions lack. */
+interface Checkpoints {
+  createCheckpoint(opts: { CheckpointID: string; Exit: boolean }): Promise<unknown>;
+  deleteCheckpoint(name: string): Promise<unknown>;
+  /** The checkpoint goes in the query; the body must stay empty (the engine refuses a start with one). */
+  start(opts: { _query: { checkpoint: string }; _body: Record<string, never> }): Promise<unknown>;
+}
 
 /** The egress proxy's options from the server's configuration; undefined when KILN_EGRESS=off. */
 export function egressOf(
@@ -61,6 +74,8 @@ export class DockerBackend implements SandboxBackend {
   private cgroups?: Promise<TeamCgroups | undefined>;
   /** The team of each container made in a team cgroup, whose group it leaves when removed. */
   private readonly teamOf = new Map<string, string>();
+  /** Whether this engine checkpoints gVisor containers (its experimental API is on), and where it keeps them. */
+  private checkpoints?: Promise<{ on: boolean; root: string | null }>;
 
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
@@ -187,6 +202,8 @@ export class DockerBackend implements SandboxBackend {
   ): Promise<SandboxContainer> {
     const network = egress?.network ? { name: egress.network, ip: egress.sandboxIp, dns: NOWHERE_DNS } : undefined;
     const bridge = egress?.bridgeDir ? { dir: egress.bridgeDir, mount: BRIDGE_MOUNT } : undefined;
+    // A sandbox with a network is never paused: its bridge holds connections no checkpoint can take along.
+    const pausable = !!req.pausable && req.runtime === 'gvisor' && !egress && (await this.checkpointing()).on;
     for (let attempt = 0; attempt < UID_ATTEMPTS; attempt++) {
       const uid = SANDBOX_UID_MIN + randomInt(SANDBOX_UID_COUNT);
       if (this.uidsInFlight.has(uid)) continue;
@@ -205,6 +222,7 @@ export class DockerBackend implements SandboxBackend {
             cgroupParent,
             labels: {
               [LABEL]: '1',
+              ...(pausable ? { 'kiln.pausable': '1' } : {}),
               'kiln.sandbox': req.sandboxId,
               'kiln.owner': req.owner,
               'kiln.team': req.teamId,
@@ -220,7 +238,8 @@ export class DockerBackend implements SandboxBackend {
           all: true,
           filters: { label: [`${LABEL}=1`, `${UID_LABEL}=${uid}`] },
         });
-        if (holders.length <= 1) return { id: container.id, uid, runtime: req.runtime };
+        if (holders.length <= 1)
+          return { id: container.id, uid, runtime: req.runtime, ...(pausable ? { pausable } : {}) };
         await container.remove({ force: true }).catch(() => undefined);
       } finally {
         this.uidsInFlight.delete(uid);
@@ -244,8 +263,46 @@ export class DockerBackend implements SandboxBackend {
     this.sampler.watch(container.id);
   }
 
-  attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
-    return attachRunner(this.docker, this.docker.getContainer(container.id), sandboxUser(container.uid));
+  async attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
+    const c = this.docker.getContainer(container.id);
+    if (!container.pausable) return attachRunner(this.docker, c, sandboxUser(container.uid));
+    // A pausable sandbox's runner leaves its exec (gVisor restores no exec'd process) and is
+    // reached through a relay run as the keeper uid, which the sandbox's code cannot touch.
+    await runToEnd(this.docker, c, sandboxUser(container.uid), [...RUNNER_CMD, '--daemon']);
+    return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
+  }
+
+  /** Whether this engine can checkpoint (decided once): its experimental API is on and it has gVisor. */
+  private checkpointing(): Promise<{ on: boolean; root: string | null }> {
+    this.checkpoints ??= this.docker
+      .info()
+      .then((info: { ExperimentalBuild?: boolean; Runtimes?: object; DockerRootDir?: string }) => ({
+        on: !!info.ExperimentalBuild && !!info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes,
+        // Its checkpoints' sizes can be read only when the engine's directory is this host's.
+        root: (this.docker.modem as { socketPath?: unknown }).socketPath ? (info.DockerRootDir ?? null) : null,
+      }));
+    return this.checkpoints;
+  }
+
+  async pause(container: SandboxContainer): Promise<{ bytes: number | null }> {
+    const c = this.docker.getContainer(container.id) as unknown as Checkpoints;
+    this.sampler.forget(container.id);
+    await c.createCheckpoint({ CheckpointID: CHECKPOINT, Exit: true });
+    // The engine answers once the checkpoint is written, before it has taken the container's exit
+    // in: a start from the checkpoint before then would be refused as "already running".
+    await this.docker.getContainer(container.id).wait({ condition: 'not-running' });
+    const { root } = await this.checkpointing();
+    return { bytes: root ? await dirBytes(join(root, 'containers', container.id, 'checkpoints', CHECKPOINT)) : null };
+  }
+
+  async resume(container: SandboxContainer): Promise<RunnerChannel> {
+    const c = this.docker.getContainer(container.id);
+    const cp = c as unknown as Checkpoints;
+    await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+    this.sampler.watch(container.id);
+    // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).
+    await cp.deleteCheckpoint(CHECKPOINT).catch(() => undefined);
+    return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
   }
 
   async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {
@@ -324,6 +381,7 @@ export class DockerBackend implements SandboxBackend {
       runtimes.push({
         runtime: 'gvisor',
         egress: egress && !!this.egress?.bridgeDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
+        pause: (await this.checkpointing()).on,
       });
     // A bind mount names a path of the engine's host: this one only when the engine is on a local socket.
     const hostWorkspaceMounts = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
@@ -352,5 +410,18 @@ export class DockerBackend implements SandboxBackend {
   /** Docker no longer has the container (404) or it is not running (409). */
   isGone(err: unknown): boolean {
     return [404, 409].includes((err as { statusCode?: number } | undefined)?.statusCode ?? 0);
+  }
+}
+
+/** The bytes of the files under a directory (a checkpoint's); null when it cannot be read. */
+async function dirBytes(dir: string): Promise<number | null> {
+  try {
+    const entries = await readdir(dir, { recursive: true, withFileTypes: true });
+    const sizes = await Promise.all(
+      entries.filter((e) => e.isFile()).map((e) => stat(join(e.parentPath ?? e.path, e.name)).then((s) => s.size)),
+    );
+    return sizes.reduce((a, b) => a + b, 0);
+  } catch {
+    return null;
   }
 }

@@ -16,7 +16,7 @@ export const SANDBOX_UID_COUNT = 100_000_000;
  * "kill every process of my uid" sweep after a crash can never stop the container itself.
  * It only sleeps, so sharing it between sandboxes shares nothing the user's code can use.
  */
-const KEEPER_USER = '10002:10002';
+export const KEEPER_USER = '10002:10002';
 /**
  * The Docker runtime of a gVisor sandbox: runsc with the platform infra/docker.sh chose and
  * --network=none (these containers have no network; the sandbox gets no netstack at all).

@@ -49,6 +49,31 @@ export async function attachRunner(
   };
 }
 
+/**
+ * Runs `cmd` in the container as `user` to its end; rejects with the tail of its output when it
+ * fails (an exit code other than 0).
+ */
+export async function runToEnd(
+  docker: Docker,
+  container: Docker.Container,
+  user: string,
+  cmd: string[],
+): Promise<void> {
+  const exec = await container.exec({ Cmd: cmd, User: user, AttachStdout: true, AttachStderr: true, Tty: false });
+  const stream = (await exec.start({ hijack: true, stdin: false })) as Duplex;
+  let tail = '';
+  const keep = new PassThrough();
+  keep.on('data', (c: Buffer) => (tail = (tail + c.toString('utf8')).slice(-1000)));
+  docker.modem.demuxStream(stream, keep, keep);
+  await new Promise<void>((resolve, reject) => {
+    stream.on('end', resolve);
+    stream.on('close', resolve);
+    stream.on('error', reject);
+  });
+  const { ExitCode } = await exec.inspect();
+  if (ExitCode !== 0) throw new Error(`${cmd.join(' ')} exited with ${ExitCode}: ${tail.trim()}`);
+}
+
 /** Starts a runner in a running container and waits until it is ready. */
 export async function startRunner(
   docker: Docker,

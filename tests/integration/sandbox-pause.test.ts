@@ -1,0 +1,340 @@
+import { eq } from 'drizzle-orm';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { createTestApp, type TestApp } from '../support/app.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
+
+const docker = connectDocker(process.env.DOCKER_HOST);
+const IDLE_S = 60;
+const LIFETIME_MS = 7_200_000;
+const INSTANCE = `test-pause-${Math.random().toString(36).slice(2, 8)}`;
+
+/** The sandbox's container: whether it runs, or null when it is gone. */
+async function containerOf(sandboxId: string): Promise<{ running: boolean } | null> {
+  const [c] = await docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${sandboxId}`] } });
+  return c ? { running: c.State === 'running' } : null;
+}
+
+/** Deletes a paused container's checkpoint behind Kiln's back (a disk cleaned by hand, say). */
+async function deleteCheckpoint(sandboxId: string): Promise<void> {
+  const [c] = await docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${sandboxId}`] } });
+  const container = docker.getContainer(c!.Id) as unknown as { deleteCheckpoint(name: string): Promise<unknown> };
+  await container.deleteCheckpoint('kiln');
+}
+
+function metric(text: string, name: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(name));
+  return line ? Number(line.split(' ').pop()) : Number.NaN;
+}
+
+describe('paused sandboxes: pause to disk at idle, resume with every variable kept (gVisor)', () => {
+  let now = Date.now();
+  let t: TestApp;
+  let team: { id: string; key: string };
+  let viewer: string;
+  const advance = (ms: number) => (now += ms);
+  const rowOf = async (id: string) => (await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, id)))[0]!;
+  const gvisor = { sandbox: { runtime: 'gvisor', idle_s: IDLE_S } };
+  /** Lets the session's sandbox sit idle past its idle time, and reaps: it is paused. */
+  const idle = async () => {
+    advance(IDLE_S * 1000 + 1000);
+    await t.engine.reap();
+  };
+
+  beforeAll(async () => {
+    t = await createTestApp({
+      sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now },
+      env: { KILN_INSTANCE_ID: INSTANCE, KILN_SANDBOX_PAUSED_TTL_S: '3600' },
+    });
+    team = await t.team('pause');
+    const k = await t.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: t.adminKey,
+      body: { name: 'viewer', role: 'viewer' },
+    });
+    viewer = k.body.key;
+  });
+  afterAll(async () => {
+    // Paused sandboxes outlive their server by design: this file's go (with their mounts) before it stops.
+    const paused = await t.database.db.select().from(sandboxes).where(eq(sandboxes.state, 'paused'));
+    for (const row of paused) await t.engine.removeForTeam(row.teamId, row.id);
+    await t?.close();
+    expect(await docker.listContainers({ all: true, filters: { label: [`kiln.owner=${INSTANCE}`] } })).toEqual([]);
+  });
+
+  it('pauses an idle sandbox (its container stopped) and resumes it at the next exec with its variables', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const first = await exec(
+      t,
+      team.key,
+      session,
+      'import os\nx = 41\nblob = bytearray(30 * 2**20)\npid = os.getpid()',
+    );
+    expect(first.error).toBeUndefined();
+    await idle();
+    const paused = await rowOf(first.sandbox_id);
+    expect(paused.state).toBe('paused');
+    expect(paused.checkpointBytes).toBeGreaterThan(0);
+    expect(await containerOf(first.sandbox_id)).toEqual({ running: false });
+    const got = await t.call('GET', `/v1/sessions/${session}`, { key: team.key });
+    expect(got.body.sandbox).toMatchObject({ id: first.sandbox_id, state: 'paused', runtime: 'gvisor' });
+    expect(got.body.sandbox.checkpoint_bytes).toBe(paused.checkpointBytes);
+    const listed = await t.call('GET', '/v1/sandboxes', { key: team.key });
+    expect(listed.body.data.find((s: { id: string }) => s.id === first.sandbox_id)).toMatchObject({
+      state: 'paused',
+      memory_bytes: null,
+    });
+    const metrics = await t.call('GET', '/metrics', { key: t.adminKey });
+    expect(metric(metrics.body, 'kiln_sandboxes{state="paused"}')).toBeGreaterThanOrEqual(1);
+    expect(metric(metrics.body, 'kiln_sandbox_checkpoint_bytes{of="all"}')).toBeGreaterThanOrEqual(
+      paused.checkpointBytes!,
+    );
+    expect(metric(metrics.body, 'kiln_sandbox_pause_duration_seconds_count')).toBeGreaterThanOrEqual(1);
+
+    const again = await exec(t, team.key, session, 'print(x + 1, len(blob), os.getpid() == pid)');
+    expect(again.stdout).toBe(`42 ${30 * 2 ** 20} True\n`);
+    expect(again.restarted).toBe(false);
+    expect(again.sandbox_id).toBe(first.sandbox_id);
+    expect((again as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
+    expect(await containerOf(first.sandbox_id)).toEqual({ running: true });
+    expect((await rowOf(first.sandbox_id)).state).toBe('ready');
+    expect((await rowOf(first.sandbox_id)).checkpoint).toBeNull();
+    // Only the first result after the resume says so.
+    const third = await exec(t, team.key, session, 'print(x)');
+    expect((third as { resumed_ms?: number }).resumed_ms).toBeUndefined();
+  });
+
+  it('pause and resume on request: audited, refused to a viewer, and a 409 that says why when there is nothing to do', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'y = "kept"');
+    expect((await t.call('POST', `/v1/sessions/${session}/pause`, { key: viewer })).status).toBe(403);
+    const p = await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key });
+    expect(p.status).toBe(200);
+    expect(p.body).toMatchObject({ session_id: session, sandbox_id: r.sandbox_id, state: 'paused' });
+    const twice = await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key });
+    expect(twice.status).toBe(409);
+    expect(twice.body.error.message).toMatch(/no running sandbox/);
+    const res = await t.call('POST', `/v1/sessions/${session}/resume`, { key: team.key });
+    expect(res.status).toBe(200);
+    expect(res.body).toMatchObject({ session_id: session, sandbox_id: r.sandbox_id, state: 'running' });
+    expect(res.body.resumed_ms).toBeGreaterThan(0);
+    expect((await exec(t, team.key, session, 'print(y)')).stdout).toBe('kept\n');
+    const none = await t.call('POST', `/v1/sessions/${session}/resume`, { key: team.key });
+    expect(none.status).toBe(200);
+    expect(none.body.resumed_ms).toBeNull();
+    const audit = await t.call('GET', '/v1/audit?limit=50', { key: team.key });
+    const actions = audit.body.data.map((e: { action: string }) => e.action);
+    expect(actions).toEqual(expect.arrayContaining(['session.pause', 'session.resume']));
+
+    // runc sandboxes are removed at idle, as always: pausing one is refused, saying why.
+    const runc = await sessionIn(t, team, { sandbox: { runtime: 'runc' } });
+    await exec(t, team.key, runc.session, 'z = 1');
+    const refused = await t.call('POST', `/v1/sessions/${runc.session}/pause`, { key: team.key });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.message).toMatch(/only gVisor sandboxes/);
+    const nothing = await t.call('POST', `/v1/sessions/${runc.session}/resume`, { key: team.key });
+    expect(nothing.status).toBe(200);
+    expect(nothing.body.resumed_ms).toBeNull();
+  });
+
+  it('a file read resumes the sandbox, and what was committed while it slept reaches its /workspace', async () => {
+    const { ws, session } = await sessionIn(t, team, gvisor);
+    await exec(t, team.key, session, 'open("/tmp/note.txt", "w").write("from before the pause")');
+    await idle();
+    const put = await t.call('PUT', `/v1/workspaces/${ws}/files?path=data.txt`, {
+      key: team.key,
+      raw: 'committed while paused',
+      headers: { 'content-type': 'application/octet-stream' },
+    });
+    expect(put.status).toBeLessThan(300);
+    const read = await t.call('GET', `/v1/sessions/${session}/files?path=/tmp/note.txt`, { key: team.key });
+    expect(read.status).toBe(200);
+    expect(read.body).toBe('from before the pause');
+    const seen = await exec(t, team.key, session, 'print(open("/workspace/data.txt").read())');
+    expect(seen.stdout).toBe('committed while paused\n');
+  });
+
+  it('a checkpoint past its paused time is deleted, and the session is told at its next exec', async () => {
+    const { session } = await sessionIn(t, team, { sandbox: { runtime: 'gvisor', idle_s: IDLE_S, paused_ttl_s: 120 } });
+    const r = await exec(t, team.key, session, 'w = 1');
+    await idle();
+    expect((await rowOf(r.sandbox_id)).state).toBe('paused');
+    advance(121_000);
+    await t.engine.reap();
+    expect(await containerOf(r.sandbox_id)).toBeNull();
+    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'paused_expired' });
+    const next = await exec(t, team.key, session, 'print("w" in globals())');
+    expect(next.stdout).toBe('False\n');
+    expect(next.restarted).toBe(true);
+    expect((next as { restart_reason?: string }).restart_reason).toBe('paused_expired');
+  });
+
+  it('a checkpoint that is gone gives a new sandbox that says so, never a 500; paused_ttl_s 0 removes at idle', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'v = 1');
+    await idle();
+    await deleteCheckpoint(r.sandbox_id);
+    const next = await exec(t, team.key, session, 'print("v" in globals())');
+    expect(next.stdout).toBe('False\n');
+    expect(next.restarted).toBe(true);
+    expect((next as { restart_reason?: string }).restart_reason).toBe('resume_failed');
+    expect(next.sandbox_id).not.toBe(r.sandbox_id);
+    expect(await containerOf(r.sandbox_id)).toBeNull();
+
+    const never = await sessionIn(t, team, { sandbox: { runtime: 'gvisor', idle_s: IDLE_S, paused_ttl_s: 0 } });
+    const n = await exec(t, team.key, never.session, 'u = 1');
+    await idle();
+    expect(await rowOf(n.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'idle' });
+  });
+
+  it('time paused does not count against the hard lifetime: a sandbox paused overnight resumes, and ends when its running time is up', async () => {
+    const { session } = await sessionIn(t, team, {
+      sandbox: { runtime: 'gvisor', idle_s: IDLE_S, paused_ttl_s: 86_400 },
+    });
+    const r = await exec(t, team.key, session, 'night = "over"');
+    await idle();
+    // Longer than its whole hard lifetime (2 h), paused.
+    advance(3 * LIFETIME_MS);
+    await t.engine.reap();
+    expect((await rowOf(r.sandbox_id)).state).toBe('paused');
+    const morning = await exec(t, team.key, session, 'print(night)');
+    expect(morning).toMatchObject({ stdout: 'over\n', sandbox_id: r.sandbox_id, restarted: false });
+    // What was left of its lifetime when it was paused (2 h less the ~61 s it ran) is left now.
+    const ends = (await rowOf(r.sandbox_id)).lifetimeEndsAt!.getTime();
+    expect(ends).toBeGreaterThan(now + LIFETIME_MS - 120_000);
+    expect(ends).toBeLessThanOrEqual(now + LIFETIME_MS);
+    await t.engine.reap();
+    expect(await containerOf(r.sandbox_id)).toEqual({ running: true });
+    // Kept busy past it (keepalive), it ends at its hard lifetime as any sandbox does.
+    advance(ends - now + 1000);
+    await t.call('POST', `/v1/sessions/${session}/keepalive`, { key: team.key });
+    await t.engine.reap();
+    expect(await containerOf(r.sandbox_id)).toBeNull();
+    expect((await rowOf(r.sandbox_id)).state).toBe('removed');
+  });
+
+  it('checkpoints are kept within the team\u2019s disk cap: the oldest paused goes first, and its session is told', async () => {
+    // One sandbox's checkpoint, measured here: the cap holds two of them, not three.
+    const probe = await sessionIn(t, team, gvisor);
+    const p = await exec(t, team.key, probe.session, 'a = 1');
+    await idle();
+    const one = (await rowOf(p.sandbox_id)).checkpointBytes!;
+    const capped = await createTestApp({
+      sandbox: {
+        poolSize: 0,
+        perTeamMax: 20,
+        now: () => now,
+        pause: { maxBytes: { team: Math.round(2.5 * one), all: 1e12 } },
+      },
+      env: { KILN_INSTANCE_ID: `${INSTANCE}-cap` },
+    });
+    try {
+      const other = await capped.team('cap');
+      const made: { session: string; sandbox: string }[] = [];
+      for (let i = 0; i < 3; i++) {
+        const { session } = await sessionIn(capped, other, gvisor);
+        const r = await exec(capped, other.key, session, `i = ${i}`);
+        const paused = await capped.call('POST', `/v1/sessions/${session}/pause`, { key: other.key });
+        expect(paused.status).toBe(200);
+        made.push({ session, sandbox: r.sandbox_id });
+        advance(1000);
+      }
+      const rowIn = async (id: string) =>
+        (await capped.database.db.select().from(sandboxes).where(eq(sandboxes.id, id)))[0]!;
+      const states = await Promise.all(made.map(async (m) => (await rowIn(m.sandbox)).state));
+      expect(states).toEqual(['removed', 'paused', 'paused']);
+      expect((await rowIn(made[0]!.sandbox)).removedReason).toBe('checkpoint_reclaimed');
+      const told = await exec(capped, other.key, made[0]!.session, 'print("i" in globals())');
+      expect(told).toMatchObject({ stdout: 'False\n', restarted: true, restart_reason: 'checkpoint_reclaimed' });
+      expect((await exec(capped, other.key, made[2]!.session, 'print(i)')).stdout).toBe('2\n');
+      for (const m of made)
+        expect((await capped.call('DELETE', `/v1/sessions/${m.session}`, { key: other.key })).status).toBe(200);
+    } finally {
+      await capped.close();
+    }
+  });
+
+  it('two requests racing to resume one sandbox resume it once', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'n = 0');
+    await idle();
+    const before = metric(
+      (await t.call('GET', '/metrics', { key: t.adminKey })).body,
+      'kiln_sandbox_resume_duration_seconds_count',
+    );
+    const [a, b] = await Promise.all([
+      exec(t, team.key, session, 'n += 1\nprint(n)'),
+      exec(t, team.key, session, 'n += 1\nprint(n)'),
+    ]);
+    expect([a.stdout, b.stdout].sort()).toEqual(['1\n', '2\n']);
+    expect(a.sandbox_id).toBe(r.sandbox_id);
+    expect(b.sandbox_id).toBe(r.sandbox_id);
+    const after = metric(
+      (await t.call('GET', '/metrics', { key: t.adminKey })).body,
+      'kiln_sandbox_resume_duration_seconds_count',
+    );
+    expect(after - before).toBe(1);
+  });
+
+  it('code in the sandbox cannot take over its runner: a connection that cannot prove itself the host is dropped', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    await exec(t, team.key, session, 'secret_state = 7');
+    const attack = await exec(
+      t,
+      team.key,
+      session,
+      [
+        'import socket, struct, json',
+        's = socket.socket(socket.AF_UNIX)',
+        's.connect(b"\\0kiln-runner")',
+        'n = struct.unpack(">I", s.recv(4))[0]',
+        'got = b""',
+        'while len(got) < n: got += s.recv(n - len(got))',
+        'for op in ({"op": "auth", "mac": "00" * 32}, {"op": "key", "key": "AAAA"}):',
+        '    body = json.dumps(op).encode()',
+        '    try: s.sendall(struct.pack(">I", len(body)) + body)',
+        '    except OSError: pass',
+        'rest = s.recv(100)',
+        'print("dropped" if rest == b"" else rest)',
+        'try:',
+        '    socket.socket(socket.AF_UNIX).bind(b"\\0kiln-runner"); print("bound")',
+        'except OSError as e: print("in use")',
+      ].join('\n'),
+    );
+    expect(attack.stdout).toBe('dropped\nin use\n');
+    // The host's runner still answers, and only the host can attach to it again.
+    await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key });
+    expect((await exec(t, team.key, session, 'print(secret_state)')).stdout).toBe('7\n');
+  });
+
+  it('a paused sandbox outlives its server: the next server of the instance resumes it', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'survivor = "still here"');
+    await idle();
+    const next = await createTestApp({
+      replicaOf: t,
+      sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now },
+      env: { KILN_INSTANCE_ID: INSTANCE },
+    });
+    try {
+      // Its start-up reap removed every container of the instance that was not paused.
+      expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
+      const resumed = await exec(next, team.key, session, 'print(survivor)');
+      expect(resumed.stdout).toBe('still here\n');
+      expect(resumed.sandbox_id).toBe(r.sandbox_id);
+      await next.engine.release(session, 'test_done');
+    } finally {
+      await next.close();
+    }
+  });
+
+  it('ending the session removes its paused sandbox and its checkpoint', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'q = 1');
+    await idle();
+    expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
+    expect((await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key })).status).toBe(200);
+    expect(await containerOf(r.sandbox_id)).toBeNull();
+    expect((await rowOf(r.sandbox_id)).state).toBe('removed');
+  });
+});
