@@ -7,10 +7,11 @@
  *     user gets (warm and prepared pools at their defaults) against the prepared pool off, same run
  *  4. runc and gVisor side by side: warm exec, cold start and throughput per runtime, gvisor/runc
  *  5. first exec of a new session by workspace size, 0-512 MB (bench/sandbox-workspace.ts)
+ *  6. pause to disk and resume of a gVisor sandbox holding 10 MB-1 GB, against a cold start (bench/sandbox-pause.ts)
  *
  * Sections 1–3 run in runc (their baselines are runc containers); section 4 needs gVisor
  * registered with dockerd (infra/docker.sh, which `npm run bench:sandbox` runs first).
- * BENCH_SECTIONS=3 (a comma list of 1, 2, 3, 4, 5) runs only those sections.
+ * BENCH_SECTIONS=3 (a comma list of 1, 2, 3, 4, 5, 6) runs only those sections.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,6 +20,7 @@ import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { loadConfig } from '../apps/api/src/config.ts';
 import { connectDocker } from '../apps/api/src/sandbox/docker/connect.ts';
 import { startKiln } from '../tests/support/server.ts';
+import { pauseAndResume } from './sandbox-pause.ts';
 import { firstExecBySize } from './sandbox-workspace.ts';
 import { apiCaller, heading, percentile, row, type Summary, summarize, timeEach } from './lib.ts';
 
@@ -27,7 +29,7 @@ const COLD_N = Number(process.env.BENCH_COLD_N ?? 15);
 const THROUGHPUT_S = Number(process.env.BENCH_THROUGHPUT_S ?? 5);
 /** Rounds of section 3: each measures both settings, alternately, so that load from elsewhere hits both alike. */
 const THROUGHPUT_ROUNDS = Number(process.env.BENCH_THROUGHPUT_ROUNDS ?? 5);
-const SECTIONS = new Set((process.env.BENCH_SECTIONS ?? '1,2,3,4,5').split(',').map((x) => x.trim()));
+const SECTIONS = new Set((process.env.BENCH_SECTIONS ?? '1,2,3,4,5,6').split(',').map((x) => x.trim()));
 const docker = connectDocker(process.env.DOCKER_HOST);
 const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
 
@@ -175,6 +177,8 @@ async function main() {
   }
   // 5. First exec of a new session by workspace size (its own server: bench/sandbox-workspace.ts).
   if (SECTIONS.has('5')) await firstExecBySize(image);
+  // 6. Pause and resume (its own server: bench/sandbox-pause.ts).
+  if (SECTIONS.has('6')) await pauseAndResume(image);
 }
 
 /** The warm containers (started for no session yet) of one server instance. */

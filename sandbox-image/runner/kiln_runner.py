@@ -935,6 +935,9 @@ def daemonize():
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(SOCKET)  # a second runner in one sandbox fails here, and says so
     listener.listen(MAX_UNPROVEN + 1)
+    # The host attaches a relay only after reading this: a runner from before daemon mode (an old
+    # template image) never prints it, and the host then speaks to it as it always did.
+    os.write(1, b"KILN_RUNNER_DAEMON\n")
     if os.fork():
         os._exit(0)
     os.setsid()

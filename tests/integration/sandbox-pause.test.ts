@@ -1,7 +1,10 @@
+import { execFileSync } from 'node:child_process';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
+import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
+import { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, sessionIn } from '../support/sandbox.ts';
 
@@ -100,8 +103,16 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect((await rowOf(first.sandbox_id)).state).toBe('ready');
     expect((await rowOf(first.sandbox_id)).checkpoint).toBeNull();
     // Only the first result after the resume says so.
-    const third = await exec(t, team.key, session, 'print(x)');
+    const third = await exec(t, team.key, session, 'x += 1\nprint(x)');
+    expect(third.stdout).toBe('42\n');
     expect((third as { resumed_ms?: number }).resumed_ms).toBeUndefined();
+    // A resumed sandbox pauses and resumes again, as often as it sits idle.
+    for (const want of [43, 44]) {
+      await idle();
+      expect((await rowOf(first.sandbox_id)).state).toBe('paused');
+      const next = await exec(t, team.key, session, 'x += 1\nprint(x)');
+      expect(next).toMatchObject({ stdout: `${want}\n`, sandbox_id: first.sandbox_id, restarted: false });
+    }
   });
 
   it('pause and resume on request: audited, refused to a viewer, and a 409 that says why when there is nothing to do', async () => {
@@ -328,13 +339,62 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     }
   });
 
-  it('ending the session removes its paused sandbox and its checkpoint', async () => {
+  it('a runner from before daemon mode (a template on an older base image) is started as it always was, never relayed as the keeper uid', async () => {
+    // The runner of an older image: it takes no flags, so --daemon and --attach mean nothing to it.
+    const tag = `kiln-test-old-runner:${INSTANCE}`;
+    const dockerfile = [
+      `FROM ${process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest'}`,
+      'USER root',
+      'RUN mv /opt/kiln/kiln_runner.py /opt/kiln/kiln_runner_now.py && printf \'import runpy, sys\\nsys.argv = sys.argv[:1]\\nrunpy.run_path("/opt/kiln/kiln_runner_now.py", run_name="__main__")\\n\' > /opt/kiln/kiln_runner.py',
+      'USER 65534:65534',
+    ].join('\n');
+    execFileSync('docker', ['build', '-q', '-t', tag, '-'], {
+      input: dockerfile,
+      stdio: ['pipe', 'ignore', 'inherit'],
+    });
+    const backend = new DockerBackend(docker);
+    const limits = { memoryMb: 256, cpus: 1, pids: 128, diskMb: 64, timeoutS: 30 };
+    const c = await backend.create({
+      image: tag,
+      sandboxId: `sbx_oldrunner${Date.now()}`,
+      owner: INSTANCE,
+      teamId: '',
+      sessionId: '',
+      expiresAt: new Date(Date.now() + 600_000),
+      limits,
+      runtime: 'gvisor',
+      pausable: true,
+    });
+    try {
+      expect(c.pausable).toBe(true);
+      await backend.start(c);
+      const client = await RunnerClient.start(await backend.attachRunner(c), 30_000, true);
+      // Not pausable after all, and the code runs as the sandbox's own uid.
+      expect(c.pausable).toBe(false);
+      const r = await client.exec('import os\nprint(os.getuid())', { timeoutMs: 10_000, maxOutputBytes: 1000 });
+      expect(r.stdout).toBe(`${c.uid}\n`);
+      client.close();
+    } finally {
+      await backend.remove(c.id);
+      execFileSync('docker', ['rmi', '-f', tag], { stdio: 'ignore' });
+    }
+  });
+
+  it('ending the session or deleting the workspace removes its paused sandbox and its checkpoint', async () => {
     const { session } = await sessionIn(t, team, gvisor);
     const r = await exec(t, team.key, session, 'q = 1');
     await idle();
     expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
     expect((await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key })).status).toBe(200);
     expect(await containerOf(r.sandbox_id)).toBeNull();
-    expect((await rowOf(r.sandbox_id)).state).toBe('removed');
+    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'session_ended' });
+
+    const other = await sessionIn(t, team, gvisor);
+    const o = await exec(t, team.key, other.session, 'secret_copy = "x"');
+    await idle();
+    expect(await containerOf(o.sandbox_id)).toEqual({ running: false });
+    expect((await t.call('DELETE', `/v1/workspaces/${other.ws}`, { key: team.key })).status).toBe(200);
+    expect(await containerOf(o.sandbox_id)).toBeNull();
+    expect(await rowOf(o.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'workspace_deleted' });
   });
 });

@@ -352,9 +352,24 @@ export class SandboxEngine {
     });
   }
 
-  /** A deleted workspace: the warm containers filled with its tree go. */
-  forgetWorkspace(workspaceId: string): void {
+  /**
+   * A deleted workspace: the warm containers filled with its tree go, and so do its paused
+   * sandboxes on this instance (their checkpoints hold what its code was given; another
+   * replica's go at its next reaper pass).
+   */
+  async forgetWorkspace(workspaceId: string): Promise<void> {
     this.pool.forgetWorkspace(workspaceId);
+    const paused = await this.db
+      .select({ id: sandboxes.id, containerId: sandboxes.containerId })
+      .from(sandboxes)
+      .where(
+        and(
+          eq(sandboxes.workspaceId, workspaceId),
+          eq(sandboxes.owner, this.opts.owner),
+          eq(sandboxes.state, 'paused'),
+        ),
+      );
+    for (const row of paused) await this.live.removePaused(row, 'workspace_deleted');
   }
 
   /** A commit changed the workspace's tree: a container the pool holds filled with it is refilled, in the background. */

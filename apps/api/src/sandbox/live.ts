@@ -85,6 +85,9 @@ interface PausedState {
   mount?: string;
 }
 
+/** Checkpoints failing, none succeeding, before pausing is turned off for the process. */
+const PAUSE_FAILURES_OFF = 3;
+
 /** Why a session's sandbox was paused: it sat idle, or someone asked. */
 export type PauseCause = 'idle' | 'requested';
 
@@ -132,9 +135,13 @@ export class LiveSandboxes {
   /** Sessions whose sandbox is being paused right now: their requests wait for it, then resume it. */
   private readonly pausing = new Map<string, Promise<PauseOutcome>>();
   /**
-   * Why checkpointing failed here, once it has: from then on idle sandboxes are removed, as where
-   * the runtime cannot checkpoint at all (said once in the log).
+   * Checkpoints that failed here, and why the last did. After PAUSE_FAILURES_OFF of them with none
+   * that succeeded, idle sandboxes are removed, as where the runtime cannot checkpoint at all (said
+   * once in the log); where checkpoints work at all, one that fails (Docker 20.10 loses a large
+   * one now and then) removes only its own sandbox.
    */
+  private pauseFailures = 0;
+  private pausedOnce = false;
   private pauseBroken: string | undefined;
   private stopped = false;
   constructor(
@@ -460,16 +467,21 @@ export class LiveSandboxes {
       await live.client.detach();
       ({ bytes } = await backend.pause!(live.container));
     } catch (err) {
-      this.pauseBroken = (err as Error).message;
-      log.warn(
-        { sandbox: live.id, reason: this.pauseBroken },
-        'could not checkpoint a sandbox: it is removed instead, and from now on idle sandboxes are removed, not paused',
-      );
+      const reason = (err as Error).message;
+      log.warn({ sandbox: live.id, reason }, 'could not checkpoint a sandbox: it is removed instead');
+      if (++this.pauseFailures >= PAUSE_FAILURES_OFF && !this.pausedOnce) {
+        this.pauseBroken = reason;
+        log.warn(
+          { reason, failures: this.pauseFailures },
+          'checkpoints keep failing on this host: from now on idle sandboxes are removed, not paused',
+        );
+      }
       await this.deps.containers.destroy(live);
       await markRemoved(db, [live.id], cause === 'idle' ? 'idle' : 'pause_failed');
       return { paused: false, reason: 'failed' };
     }
     const ms = performance.now() - t0;
+    this.pausedOnce = true;
     // Its checkpoint goes at its workspace's paused time (time paused does not count against its hard lifetime).
     const until = this.opts.now() + live.pausedTtlMs;
     const [kept] = await db

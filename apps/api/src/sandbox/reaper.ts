@@ -1,7 +1,7 @@
 import { and, eq, inArray, isNotNull, lt, ne, or } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
-import { sandboxes, sessions } from '../db/schema/index.ts';
+import { sandboxes, sessions, workspaces } from '../db/schema/index.ts';
 import type { SandboxBackend } from './backend.ts';
 import type { Containers } from './containers.ts';
 import type { LiveSandboxes } from './live.ts';
@@ -104,8 +104,9 @@ export class Reaper {
   }
 
   /**
-   * This instance's paused sandboxes whose time is up (their workspace's paused time) or whose
-   * session has ended: removed, their checkpoint with their container.
+   * This instance's paused sandboxes whose time is up (their workspace's paused time), whose
+   * session has ended or whose workspace was deleted: removed, their checkpoint (the sandbox's
+   * memory, secret values included) with their container.
    */
   private async reapPaused(now: number): Promise<number> {
     const { db, live } = this.deps;
@@ -113,19 +114,23 @@ export class Reaper {
       .select({
         id: sandboxes.id,
         containerId: sandboxes.containerId,
-        expiresAt: sandboxes.expiresAt,
         status: sessions.status,
+        deletedAt: workspaces.deletedAt,
       })
       .from(sandboxes)
       .leftJoin(sessions, eq(sessions.id, sandboxes.sessionId))
+      .leftJoin(workspaces, eq(workspaces.id, sandboxes.workspaceId))
       .where(
         and(
           eq(sandboxes.owner, this.opts.owner),
           eq(sandboxes.state, 'paused'),
-          or(lt(sandboxes.expiresAt, new Date(now)), ne(sessions.status, 'active')),
+          or(lt(sandboxes.expiresAt, new Date(now)), ne(sessions.status, 'active'), isNotNull(workspaces.deletedAt)),
         ),
       );
-    for (const r of rows) await live.removePaused(r, r.status === 'active' ? 'paused_expired' : 'session_ended');
+    for (const r of rows) {
+      const why = r.deletedAt ? 'workspace_deleted' : r.status !== 'active' ? 'session_ended' : 'paused_expired';
+      await live.removePaused(r, why);
+    }
     return rows.length;
   }
 

@@ -77,7 +77,7 @@ export function workspacesRouter(
       const id = c.req.valid('param').workspace;
       const before = await ws.deleteWorkspace(db, writableTeamOf(c), id);
       if (before.settings.sandbox.template) void templates.refreshPool();
-      engine.forgetWorkspace(id);
+      await engine.forgetWorkspace(id);
       await news.announce('workspace', id);
       c.set('audit', { action: 'workspace.delete', resourceType: 'workspace', resourceId: id, before: view(before) });
       return c.json({ id, deleted: true as const }, 200);

@@ -1,5 +1,5 @@
 import { randomInt } from 'node:crypto';
-import { readdir, stat } from 'node:fs/promises';
+import { readdir, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
@@ -41,6 +41,20 @@ const UID_ATTEMPTS = 8;
 const NODE_LABEL = 'kiln.node';
 /** The one checkpoint a paused sandbox's container has (Docker keeps it beside the container, root-only). */
 const CHECKPOINT = 'kiln';
+/**
+ * Where the gVisor runtime keeps each container's state, under dockerd's default exec root. Debian's
+ * runsc (release 20221219) leaves the state of a container it checkpointed after a restore behind,
+ * marked paused, and its own `delete` refuses it ("invalid state transition: paused => stopped"):
+ * the next start from a checkpoint is then refused as "id already in use", and the file stays after
+ * the container is removed. The backend removes that state itself once the container has exited
+ * (an engine on this host only; with another exec root, a second resume fails and the session gets
+ * a new sandbox that says so).
+ */
+const RUNSC_STATE_DIR = '/run/docker/runtime-runc/moby';
+
+/** What a runner started with `--daemon` prints once it listens (kiln_runner.py). */
+const DAEMON_READY = 'KILN_RUNNER_DAEMON';
+
 /** dockerode's checkpoint calls (the experimental API), which its type definitions lack. */
 interface Checkpoints {
   createCheckpoint(opts: { CheckpointID: string; Exit: boolean }): Promise<unknown>;
@@ -268,7 +282,16 @@ export class DockerBackend implements SandboxBackend {
     if (!container.pausable) return attachRunner(this.docker, c, sandboxUser(container.uid));
     // A pausable sandbox's runner leaves its exec (gVisor restores no exec'd process) and is
     // reached through a relay run as the keeper uid, which the sandbox's code cannot touch.
-    await runToEnd(this.docker, c, sandboxUser(container.uid), [...RUNNER_CMD, '--daemon']);
+    const daemon = await runToEnd(this.docker, c, sandboxUser(container.uid), [...RUNNER_CMD, '--daemon']);
+    // A runner from before daemon mode (a template built on an older base image) ignored the flag
+    // and ended: it is never given a relay (that would run it, and the code, as the keeper uid),
+    // but started as it always was, and its sandbox is one that cannot be paused.
+    if (!daemon.tail.includes(DAEMON_READY)) {
+      container.pausable = false;
+      return attachRunner(this.docker, c, sandboxUser(container.uid));
+    }
+    if (daemon.code !== 0)
+      throw new Error(`the sandbox runner did not start (exit ${daemon.code}): ${daemon.tail.trim()}`);
     return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
   }
 
@@ -291,13 +314,21 @@ export class DockerBackend implements SandboxBackend {
     // The engine answers once the checkpoint is written, before it has taken the container's exit
     // in: a start from the checkpoint before then would be refused as "already running".
     await this.docker.getContainer(container.id).wait({ condition: 'not-running' });
+    await this.dropStaleRuntimeState(container.id);
     const { root } = await this.checkpointing();
     return { bytes: root ? await dirBytes(join(root, 'containers', container.id, 'checkpoints', CHECKPOINT)) : null };
+  }
+
+  /** Removes what runsc left of an exited (checkpointed) container's state on this host (see RUNSC_STATE_DIR). */
+  private async dropStaleRuntimeState(id: string): Promise<void> {
+    if (!(this.docker.modem as { socketPath?: unknown }).socketPath || !/^[0-9a-f]{64}$/.test(id)) return;
+    for (const ext of ['state', 'lock']) await rm(join(RUNSC_STATE_DIR, `${id}_sandbox:${id}.${ext}`), { force: true });
   }
 
   async resume(container: SandboxContainer): Promise<RunnerChannel> {
     const c = this.docker.getContainer(container.id);
     const cp = c as unknown as Checkpoints;
+    await this.dropStaleRuntimeState(container.id);
     await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
     this.sampler.watch(container.id);
     // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).

@@ -49,16 +49,13 @@ export async function attachRunner(
   };
 }
 
-/**
- * Runs `cmd` in the container as `user` to its end; rejects with the tail of its output when it
- * fails (an exit code other than 0).
- */
+/** Runs `cmd` in the container as `user` to its end: its exit code and the tail of its output. */
 export async function runToEnd(
   docker: Docker,
   container: Docker.Container,
   user: string,
   cmd: string[],
-): Promise<void> {
+): Promise<{ code: number | null; tail: string }> {
   const exec = await container.exec({ Cmd: cmd, User: user, AttachStdout: true, AttachStderr: true, Tty: false });
   const stream = (await exec.start({ hijack: true, stdin: false })) as Duplex;
   let tail = '';
@@ -71,7 +68,7 @@ export async function runToEnd(
     stream.on('error', reject);
   });
   const { ExitCode } = await exec.inspect();
-  if (ExitCode !== 0) throw new Error(`${cmd.join(' ')} exited with ${ExitCode}: ${tail.trim()}`);
+  return { code: ExitCode ?? null, tail };
 }
 
 /** Starts a runner in a running container and waits until it is ready. */
