@@ -90,6 +90,8 @@ async function main() {
       KILN_RATE_LIMIT_PER_MINUTE: '1000000',
       KILN_RATE_LIMIT_BURST: '1000000',
       KILN_SANDBOX_IMAGE: image,
+      // KILN_SANDBOX_PAUSE=off gives gVisor sandboxes the runner without its relay (section 4 with and without).
+      ...(process.env.KILN_SANDBOX_PAUSE ? { KILN_SANDBOX_PAUSE: process.env.KILN_SANDBOX_PAUSE } : {}),
       ...env,
     });
   let server = await boot(`bench-${process.pid}`, { KILN_SANDBOX_POOL_SIZE: '0' });
