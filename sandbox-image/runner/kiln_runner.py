@@ -185,14 +185,26 @@ def process_limit():
     return str(soft) if soft != resource.RLIM_INFINITY else "?"
 
 
-def memory_used():
-    """Bytes the sandbox uses now, by gVisor's accounting (MemTotal - MemFree); None if unreadable."""
+# What gVisor's accounting counts twice since the sandbox was last restored from a checkpoint:
+# Debian's runsc (20221219) counts the restored memory again (MemTotal - MemFree doubles and stays
+# so), which would have the watchdog kill an interpreter holding more than half its limit at its
+# first cell after a resume. Measured at each resume (Runner.take_host) and taken off.
+RESTORE_OFFSET = [0]
+
+
+def accounted():
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
             fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if v.strip()}
         return (fields["MemTotal"] - fields["MemFree"]) * 1024
     except (OSError, KeyError, ValueError):
         return None
+
+
+def memory_used():
+    """Bytes the sandbox uses now, by gVisor's accounting (MemTotal - MemFree); None if unreadable."""
+    used = accounted()
+    return None if used is None else max(0, used - RESTORE_OFFSET[0])
 
 
 def oom_kills():
@@ -382,6 +394,7 @@ class Runner:
         """The host's relay is gone (the sandbox is about to be checkpointed, say): the interpreter stays."""
         if self.conn is None:
             return
+        self.used_at_detach = accounted()
         try:
             self.sel.unregister(self.conn.fileno())
         except (KeyError, ValueError):
@@ -444,6 +457,11 @@ class Runner:
             return
         self.unproven.pop(fd)
         self.sel.unregister(fd)
+        # A host attaching again: after a restore, what the accounting counts on top of what was
+        # used when it let go is the restore's double count (nothing of the user's ran meanwhile).
+        now, before = accounted(), getattr(self, "used_at_detach", None)
+        if now is not None and before is not None:
+            RESTORE_OFFSET[0] += max(0, now - before)
         self.take_host(conn)
         # What the host sent right behind its proof is its first request.
         for msg in self.frames(bytes(buf)):

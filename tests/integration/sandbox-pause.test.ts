@@ -115,6 +115,22 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     }
   });
 
+  it('a sandbox holding more than half its memory resumes with it: the restore is not counted twice against its limit', async () => {
+    const { session } = await sessionIn(t, team, { sandbox: { runtime: 'gvisor', idle_s: IDLE_S, memory_mb: 256 } });
+    // 150 MB of 256: after a restore, gVisor's own accounting counts it twice (300 MB), and the
+    // runner's memory watchdog killed the interpreter at the first cell before it took that off.
+    const r = await exec(t, team.key, session, 'import os\nblob = os.urandom(150 * 2**20)');
+    expect(r.error).toBeUndefined();
+    await idle();
+    expect((await rowOf(r.sandbox_id)).state).toBe('paused');
+    const after = await exec(t, team.key, session, 'print(len(blob))');
+    expect(after).toMatchObject({ stdout: `${150 * 2 ** 20}\n`, restarted: false });
+    expect(after.error).toBeUndefined();
+    expect((await exec(t, team.key, session, 'x = bytes(20 * 2**20)\nprint(len(x) + len(blob))')).stdout).toBe(
+      `${170 * 2 ** 20}\n`,
+    );
+  });
+
   it('pause and resume on request: audited, refused to a viewer, and a 409 that says why when there is nothing to do', async () => {
     const { session } = await sessionIn(t, team, gvisor);
     const r = await exec(t, team.key, session, 'y = "kept"');
@@ -233,7 +249,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     const capped = await createTestApp({
       sandbox: {
         poolSize: 0,
-        perTeamMax: 20,
+        perTeamMax: 2,
         now: () => now,
         pause: { maxBytes: { team: Math.round(2.5 * one), all: 1e12 } },
       },
@@ -258,9 +274,23 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       const told = await exec(capped, other.key, made[0]!.session, 'print("i" in globals())');
       expect(told).toMatchObject({ stdout: 'False\n', restarted: true, restart_reason: 'checkpoint_reclaimed' });
       expect((await exec(capped, other.key, made[2]!.session, 'print(i)')).stdout).toBe('2\n');
-      for (const m of made)
+      // Paused sandboxes count against no cap, but a resumed one does: with two running (the
+      // team's cap), the third stays paused until one goes.
+      const over = await capped.call('POST', `/v1/sessions/${made[1]!.session}/exec`, {
+        key: other.key,
+        body: { code: 'print(i)' },
+      });
+      expect(over.status).toBe(429);
+      expect(over.body.error.code).toBe('sandbox_unavailable');
+      expect((await rowIn(made[1]!.sandbox)).state).toBe('paused');
+      await capped.call('DELETE', `/v1/sessions/${made[2]!.session}`, { key: other.key });
+      expect((await exec(capped, other.key, made[1]!.session, 'print(i)')).stdout).toBe('1\n');
+      for (const m of [made[0]!, made[1]!])
         expect((await capped.call('DELETE', `/v1/sessions/${m.session}`, { key: other.key })).status).toBe(200);
     } finally {
+      // Paused containers outlive their server by design: a failure above must not leave them behind.
+      for (const c of await docker.listContainers({ all: true, filters: { label: [`kiln.owner=${INSTANCE}-cap`] } }))
+        await capped.engine.removeForTeam(c.Labels['kiln.team']!, c.Labels['kiln.sandbox']!).catch(() => undefined);
       await capped.close();
     }
   });

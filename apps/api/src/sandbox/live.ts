@@ -582,13 +582,14 @@ export class LiveSandboxes {
       await this.removePaused(row, unfit);
       return null;
     }
-    // Within the team's cap, as a new sandbox would be; over it, it stays paused.
+    // Within the team's cap, as a new sandbox would be; over it, it stays paused. Counted with
+    // itself (its row is `resuming`, which counts): a new claim racing it ranks after it by age
+    // (reserve) and is refused, so together they never pass the cap.
     const active = await db
       .select({ id: sandboxes.id })
       .from(sandboxes)
-      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)))
-      .orderBy(sandboxes.createdAt, sandboxes.id);
-    if (active.findIndex((r) => r.id === row.id) >= this.opts.perTeamMax) {
+      .where(and(eq(sandboxes.teamId, ctx.teamId), inArray(sandboxes.state, ACTIVE)));
+    if (active.length > this.opts.perTeamMax) {
       await db.update(sandboxes).set({ state: 'paused' }).where(eq(sandboxes.id, row.id));
       throw new ApiError(
         'sandbox_unavailable',

@@ -1,5 +1,7 @@
 import { randomInt } from 'node:crypto';
-import { readdir, rm, stat } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { access, mkdir, readdir, rm, stat } from 'node:fs/promises';
+import { promisify } from 'node:util';
 import { join } from 'node:path';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
@@ -89,7 +91,7 @@ export class DockerBackend implements SandboxBackend {
   /** The team of each container made in a team cgroup, whose group it leaves when removed. */
   private readonly teamOf = new Map<string, string>();
   /** Whether this engine checkpoints gVisor containers (its experimental API is on), and where it keeps them. */
-  private checkpoints?: Promise<{ on: boolean; root: string | null }>;
+  private checkpoints?: Promise<{ on: boolean; root: string | null; runsc: string | null }>;
 
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
@@ -296,27 +298,53 @@ export class DockerBackend implements SandboxBackend {
   }
 
   /** Whether this engine can checkpoint (decided once): its experimental API is on and it has gVisor. */
-  private checkpointing(): Promise<{ on: boolean; root: string | null }> {
+  private checkpointing(): Promise<{ on: boolean; root: string | null; runsc: string | null }> {
     this.checkpoints ??= this.docker
       .info()
-      .then((info: { ExperimentalBuild?: boolean; Runtimes?: object; DockerRootDir?: string }) => ({
-        on: !!info.ExperimentalBuild && !!info.Runtimes && GVISOR_NONET_RUNTIME in info.Runtimes,
-        // Its checkpoints' sizes can be read only when the engine's directory is this host's.
-        root: (this.docker.modem as { socketPath?: unknown }).socketPath ? (info.DockerRootDir ?? null) : null,
-      }));
+      .then(
+        (info: {
+          ExperimentalBuild?: boolean;
+          Runtimes?: Record<string, { path?: string }>;
+          DockerRootDir?: string;
+        }) => {
+          const local = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
+          const runsc = info.Runtimes?.[GVISOR_NONET_RUNTIME]?.path;
+          return {
+            on: !!info.ExperimentalBuild && !!runsc,
+            // Its checkpoints (their sizes, and writing them directly) only when the engine's directory is this host's.
+            root: local ? (info.DockerRootDir ?? null) : null,
+            runsc: local && runsc ? runsc : null,
+          };
+        },
+      );
     return this.checkpoints;
   }
 
+  /**
+   * Docker 20.10 writes a checkpoint by copying runsc's image out of the task's work directory,
+   * which it removes once the container has exited: a large image (hundreds of MB) is lost now
+   * and then mid-copy ("failed to Lchown …/checkpoint.img"). On an engine of this host the backend
+   * has runsc write the image straight into the container's checkpoint directory instead (runsc
+   * stops the sandbox once it is written; Docker takes the exit in, and restores from that
+   * directory as from one of its own); elsewhere, Docker's API.
+   */
   async pause(container: SandboxContainer): Promise<{ bytes: number | null }> {
-    const c = this.docker.getContainer(container.id) as unknown as Checkpoints;
     this.sampler.forget(container.id);
-    await c.createCheckpoint({ CheckpointID: CHECKPOINT, Exit: true });
-    // The engine answers once the checkpoint is written, before it has taken the container's exit
-    // in: a start from the checkpoint before then would be refused as "already running".
+    const { root, runsc } = await this.checkpointing();
+    const dir = root && join(root, 'containers', container.id, 'checkpoints', CHECKPOINT);
+    const stateFile = join(RUNSC_STATE_DIR, `${container.id}_sandbox:${container.id}.state`);
+    if (dir && runsc && /^[0-9a-f]{64}$/.test(container.id) && (await exists(stateFile))) {
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      await run(runsc, ['--root', RUNSC_STATE_DIR, 'checkpoint', '--image-path', dir, container.id]);
+    } else {
+      const c = this.docker.getContainer(container.id) as unknown as Checkpoints;
+      await c.createCheckpoint({ CheckpointID: CHECKPOINT, Exit: true });
+    }
+    // The engine takes the container's exit in after the checkpoint is written: a start from the
+    // checkpoint before then would be refused as "already running".
     await this.docker.getContainer(container.id).wait({ condition: 'not-running' });
     await this.dropStaleRuntimeState(container.id);
-    const { root } = await this.checkpointing();
-    return { bytes: root ? await dirBytes(join(root, 'containers', container.id, 'checkpoints', CHECKPOINT)) : null };
+    return { bytes: dir ? await dirBytes(dir) : null };
   }
 
   /** Removes what runsc left of an exited (checkpointed) container's state on this host (see RUNSC_STATE_DIR). */
@@ -455,4 +483,19 @@ async function dirBytes(dir: string): Promise<number | null> {
   } catch {
     return null;
   }
+}
+
+const exists = (path: string) =>
+  access(path).then(
+    () => true,
+    () => false,
+  );
+
+/** Runs a program with an argument array (no shell); rejects with its error output. */
+async function run(file: string, args: string[]): Promise<void> {
+  await promisify(execFile)(file, args, { timeout: 600_000, maxBuffer: 1024 * 1024 }).catch(
+    (err: Error & { stderr?: string }) => {
+      throw new Error(`${file} ${args[2] ?? ''} failed: ${(err.stderr || err.message).trim().slice(-1000)}`);
+    },
+  );
 }
