@@ -188,7 +188,7 @@ def process_limit():
 # What gVisor's accounting counts twice since the sandbox was last restored from a checkpoint:
 # Debian's runsc (20221219) counts the restored memory again (MemTotal - MemFree doubles and stays
 # so), which would have the watchdog kill an interpreter holding more than half its limit at its
-# first cell after a resume. Measured at each resume (Runner.take_host) and taken off.
+# first cell after a resume. Measured when a host attaches again (Runner.read_unproven) and taken off.
 RESTORE_OFFSET = [0]
 
 
