@@ -22,7 +22,7 @@ import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { issue, makeAuthority } from '../apps/api/src/sandbox/node/pki.ts';
 import { freePort } from '../tests/support/checkout.ts';
 import { startKiln } from '../tests/support/server.ts';
-import { apiCaller, heading, row, summarize, timeEach } from './lib.ts';
+import { apiCaller, heading, row, summarize, timeEach, UNTHROTTLED } from './lib.ts';
 import { fillWorkspace } from './sandbox-workspace.ts';
 
 const N = Number(process.env.BENCH_N ?? 100);
@@ -70,9 +70,7 @@ async function main() {
     KILN_ADMIN_KEY: adminKey,
     KILN_SANDBOX_POOL_SIZE: '0',
     KILN_SANDBOX_PREPARED_POOL_SIZE: '0',
-    KILN_SANDBOX_MAX_PER_TEAM: '64',
-    KILN_RATE_LIMIT_PER_MINUTE: '1000000',
-    KILN_RATE_LIMIT_BURST: '1000000',
+    ...UNTHROTTLED,
     KILN_SANDBOX_IMAGE: image,
     KILN_LOG_LEVEL: 'warn',
   };

@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { generateKey } from '../apps/api/src/auth/keys.ts';
 import { startKiln } from '../tests/support/server.ts';
-import { apiCaller, heading, percentile, row, summarize, timeEach } from './lib.ts';
+import { apiCaller, heading, percentile, row, summarize, timeEach, UNTHROTTLED } from './lib.ts';
 
 const PAUSE_N = Number(process.env.BENCH_PAUSE_N ?? 5);
 const SIZES_MB = (process.env.BENCH_PAUSE_MB ?? '10,200,1024').split(',').map(Number);
@@ -33,9 +33,7 @@ export async function pauseAndResume(image: string): Promise<void> {
     KILN_INSTANCE_ID: `bench-pause-${process.pid}`,
     KILN_SANDBOX_POOL_SIZE: '0',
     KILN_SANDBOX_PREPARED_POOL_SIZE: '0',
-    KILN_SANDBOX_MAX_PER_TEAM: '64',
-    KILN_RATE_LIMIT_PER_MINUTE: '1000000',
-    KILN_RATE_LIMIT_BURST: '1000000',
+    ...UNTHROTTLED,
     KILN_SANDBOX_IMAGE: image,
   });
   const call = apiCaller(() => server.url);
