@@ -365,6 +365,9 @@ describe('ops dashboard in chromium', () => {
     await row.getByRole('button', { name: 'Pause' }).click();
     // The panel reloads after the action: the row says paused, and how much it holds on disk.
     await row.locator('td', { hasText: /^paused$/ }).waitFor();
+    // The state is one word however narrow its cell gets (it once read "pau sed").
+    const state = row.locator('td:nth-child(3) > span');
+    expect(await state.evaluate((e) => getComputedStyle(e).whiteSpace)).toBe('nowrap');
     expect(await row.locator('td').nth(5).textContent()).toMatch(/^\d+\.\d MiB on disk$/);
     const sbx = await ctx.t.call('GET', `/v1/sessions/${session}`, { key: ctx.team.key });
     expect(sbx.body.sandbox).toMatchObject({ id: first.sandbox_id, state: 'paused' });

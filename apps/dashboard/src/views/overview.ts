@@ -158,7 +158,8 @@ export function overview(dispose: Dispose[]): HTMLElement {
           (s) => [
             s.id,
             s.session_id ?? '—',
-            s.state,
+            // One word, never broken in a narrow cell ("pau sed").
+            h('span', { class: 'nowrap' }, s.state),
             s.runtime,
             h('code', { class: 'image' }, s.image),
             sandboxMemory(s),
