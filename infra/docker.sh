@@ -139,7 +139,14 @@ setup_gvisor() {
   gvisor_registered || runc_only "dockerd does not report kiln-gvisor-nonet after a restart (see /var/log/kiln-dockerd.log)"
 }
 
-experimental_on() { [ "$(docker version --format '{{.Server.Experimental}}' 2>/dev/null)" = true ]; }
+# The checkpoint API answers (a container that does not exist is "no such container", not "off").
+# Asked, not read from `docker version`: a dockerd that took "experimental" from daemon.json by a
+# reload reports it on, yet serves no checkpoint call until it is restarted.
+experimental_on() {
+  local out
+  out="$(docker checkpoint ls kiln-checkpoint-probe-none 2>&1)" || true
+  grep -qi 'no such container' <<<"$out"
+}
 
 # Pausing idle gVisor sandboxes to disk uses Docker's checkpoint API, which only a dockerd started
 # with its experimental switch (set in daemon.json by daemon-json.ts) has: a reload does not turn it

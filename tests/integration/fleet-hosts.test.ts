@@ -120,6 +120,39 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     for (const s of sessions) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
   });
 
+  it('a gVisor sandbox on a host (its dockerd with an exec root of its own) pauses to that host’s disk and resumes there, again and again', async () => {
+    const gv = await a.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'sleepy', settings: { sandbox: { runtime: 'gvisor' } } },
+    });
+    expect(gv.status, JSON.stringify(gv.body)).toBe(201);
+    const s = (await b.call('POST', `/v1/workspaces/${gv.body.id}/sessions`, { key: team.key })).body.id as string;
+    const first = await exec(b, s, 'n = 1');
+    expect(first.status).toBe(200);
+    const where = (await hostOf(s))!;
+    const host = h.find((x) => x.name === where)!;
+    const [row] = (await a.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, s))).filter(
+      (r) => r.state !== 'removed',
+    );
+    const inner = row!.containerId.split('/')[1]!;
+    const running = () =>
+      execFileSync('docker', ['-H', `unix://${host.dockerSock}`, 'inspect', '-f', '{{.State.Running}}', inner], {
+        encoding: 'utf8',
+      }).trim();
+    // The replica that holds it (these in-process replicas do not send requests on to each other).
+    for (const [i, app] of [b, b, b].entries()) {
+      const paused = await app.call('POST', `/v1/sessions/${s}/pause`, { key: team.key });
+      expect(paused.status, JSON.stringify(paused.body)).toBe(200);
+      expect(running()).toBe('false');
+      const r = await exec(app, s, 'n += 1\nprint(n)');
+      expect(r.body, JSON.stringify(r.body)).toMatchObject({ stdout: `${i + 2}\n`, restarted: false });
+      expect(r.body.resumed_ms).toBeGreaterThan(0);
+      expect(running()).toBe('true');
+      expect(await hostOf(s)).toBe(where);
+    }
+    await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  });
+
   it('a sandbox on a host reaches no node’s control port, nor the API’s host', async () => {
     const probe = [...h.map((x) => `("${x.ip}", 7443)`), `("${h[0]!.ip.replace(/\.2$/, '.1')}", 5432)`].join(', ');
     const r = await exec(

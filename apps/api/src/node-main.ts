@@ -99,6 +99,7 @@ async function serve(): Promise<void> {
     host: e.KILN_NODE_HOST,
     port: e.KILN_NODE_PORT,
     reserve: { memoryMb: e.KILN_NODE_MEMORY_MB, cpus: e.KILN_NODE_CPUS },
+    maxPausedMs: config.sandbox.pause.maxTtlS * 1000,
     log: logger,
   });
   process.stdout.write(`Kiln node ${e.KILN_NODE_NAME} is listening on ${node.url}\n`);

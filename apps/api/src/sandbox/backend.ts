@@ -47,9 +47,11 @@ export interface SandboxBackend {
   pause?(container: SandboxContainer): Promise<{ bytes: number | null }>;
   /**
    * Starts a paused container from its checkpoint (deleted once restored: its memory is the
-   * container's again) and connects to its runner, which kept everything it held.
+   * container's again) and connects to its runner, which kept everything it held. Its hard
+   * lifetime now ends at `lifetimeEndsAt` (epoch ms: time paused does not count), later than its
+   * container's record says: a host that reaps by itself (a node) keeps it until then.
    */
-  resume?(container: SandboxContainer): Promise<RunnerChannel>;
+  resume?(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel>;
   /** Builds the images of sandbox templates; a runtime without it has no templates. */
   readonly images?: ImageBuilder;
   /**
@@ -97,6 +99,8 @@ export interface RuntimeOffer {
   egress: boolean;
   /** Its sandboxes (those without network) can be paused to disk and resumed with their memory (`pause`). */
   pause?: boolean;
+  /** Why they cannot, when it is a runtime that could be paused on another host (said once in the log). */
+  pauseOff?: string;
 }
 
 /** How a sandbox reaches the network: not at all, or through the egress proxy to the names listed. */
@@ -202,6 +206,8 @@ export interface ListedContainer {
   owner: string;
   /** Epoch milliseconds; undefined when unreadable (such a container is never past its lifetime). */
   expiresAt: number | undefined;
+  /** A pausable container that is not running: paused (checkpointed), or ended and waiting to be reaped. */
+  stopped?: boolean;
 }
 
 /** The runner process's stdio, however the runtime reaches it. */

@@ -279,9 +279,8 @@ export class SandboxEngine {
     const wanted = offered.includes('gvisor') && this.opts.pause;
     if (wanted && !pausable.includes('gvisor') && !this.pauseOffLogged) {
       this.pauseOffLogged = true;
-      this.log.warn(
-        "idle gVisor sandboxes are removed, not paused: the container runtime cannot checkpoint them (dockerd's experimental API is off; infra/docker.sh turns it on)",
-      );
+      const why = offers.find((o) => o.runtime === 'gvisor')?.pauseOff ?? 'the sandbox backend cannot checkpoint them';
+      this.log.warn({ reason: why }, `idle gVisor sandboxes are removed, not paused: ${why}`);
     }
   }
   private pauseOffLogged = false;

@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, inArray, isNotNull, ne, type SQL, sql } from 'drizzle-orm';
+import { and, asc, desc, eq, inArray, isNotNull, like, ne, or, type SQL, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
@@ -502,15 +502,18 @@ export class LiveSandboxes {
     }
     this.deps.pauses?.paused(ms);
     log.info({ sandbox: live.id, cause, ms: Math.round(ms), bytes }, 'sandbox paused');
-    await this.reclaimCheckpoints(live.teamId);
+    await this.reclaimCheckpoints(live.teamId, live.container.id);
     return { paused: true, bytes, ms };
   }
 
   /**
-   * Keeps paused sandboxes' checkpoints within the team's and this instance's disk caps: the
-   * oldest paused go first (their sessions are told at their next execution).
+   * Keeps paused sandboxes' checkpoints within the team's disk cap and their host's (that of the
+   * container just paused, `containerId`): the oldest paused go first (their sessions are told at
+   * their next execution). Counted: this instance's paused sandboxes, and every replica's on
+   * sandbox nodes (`<node>/<id>`: any replica reaches those); a host's, those on the same node
+   * (or, unprefixed, this instance's own engine).
    */
-  private async reclaimCheckpoints(teamId: string): Promise<void> {
+  private async reclaimCheckpoints(teamId: string, containerId: string): Promise<void> {
     const caps = this.opts.pausedMaxBytes;
     if (!caps) return;
     const { db } = this.deps;
@@ -523,17 +526,23 @@ export class LiveSandboxes {
       })
       .from(sandboxes)
       .where(
-        and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'paused'), isNotNull(sandboxes.checkpointBytes)),
+        and(
+          or(eq(sandboxes.owner, this.opts.owner), like(sandboxes.containerId, '%/%')),
+          eq(sandboxes.state, 'paused'),
+          isNotNull(sandboxes.checkpointBytes),
+        ),
       )
       .orderBy(asc(sandboxes.pausedAt), asc(sandboxes.id));
-    let all = rows.reduce((a, r) => a + (r.bytes ?? 0), 0);
+    const host = hostOf(containerId);
+    let all = rows.filter((r) => hostOf(r.containerId) === host).reduce((a, r) => a + (r.bytes ?? 0), 0);
     let team = rows.filter((r) => r.teamId === teamId).reduce((a, r) => a + (r.bytes ?? 0), 0);
     const drop: typeof rows = [];
     for (const r of rows) {
       const overTeam = r.teamId === teamId && team > caps.team;
-      if (!overTeam && all <= caps.all) continue;
+      const overHost = hostOf(r.containerId) === host && all > caps.all;
+      if (!overTeam && !overHost) continue;
       drop.push(r);
-      all -= r.bytes ?? 0;
+      if (hostOf(r.containerId) === host) all -= r.bytes ?? 0;
       if (r.teamId === teamId) team -= r.bytes ?? 0;
     }
     for (const r of drop) await this.removePaused(r, 'checkpoint_reclaimed');
@@ -607,7 +616,10 @@ export class LiveSandboxes {
     this.claiming.add(row.id);
     let client: RunnerClient | undefined;
     try {
-      client = await RunnerClient.reattach(await backend.resume!(container), Buffer.from(saved!.key, 'base64'));
+      client = await RunnerClient.reattach(
+        await backend.resume!(container, lifetimeEnds),
+        Buffer.from(saved!.key, 'base64'),
+      );
       await client.ping();
       const live: Live = {
         id: row.id,
@@ -795,6 +807,12 @@ class WarmGone extends Error {
     super(message);
   }
 }
+
+/** The sandbox node a container id names (`<node>/<id>`), '' for the API host's own engine. */
+const hostOf = (containerId: string) => {
+  const at = containerId.indexOf('/');
+  return at < 0 ? '' : containerId.slice(0, at);
+};
 
 const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;

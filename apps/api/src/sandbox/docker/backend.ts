@@ -1,8 +1,8 @@
 import { randomInt } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { access, mkdir, readdir, rm, stat } from 'node:fs/promises';
+import { access, mkdir, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { promisify } from 'node:util';
-import { join } from 'node:path';
+import { join, normalize } from 'node:path';
 import type Docker from 'dockerode';
 import type { Logger } from 'pino';
 import { ApiError } from '../../lib/errors.ts';
@@ -44,13 +44,13 @@ const NODE_LABEL = 'kiln.node';
 /** The one checkpoint a paused sandbox's container has (Docker keeps it beside the container, root-only). */
 const CHECKPOINT = 'kiln';
 /**
- * Where the gVisor runtime keeps each container's state, under dockerd's default exec root. Debian's
- * runsc (release 20221219) leaves the state of a container it checkpointed after a restore behind,
- * marked paused, and its own `delete` refuses it ("invalid state transition: paused => stopped"):
- * the next start from a checkpoint is then refused as "id already in use", and the file stays after
- * the container is removed. The backend removes that state itself once the container has exited
- * (an engine on this host only; with another exec root, a second resume fails and the session gets
- * a new sandbox that says so).
+ * Where the gVisor runtime keeps each container's state under dockerd's default exec root (one
+ * started with another `--exec-root` is found from a running sandbox's shim: `runscRootOf`).
+ * Debian's runsc (release 20221219) leaves the state of a container it checkpointed after a
+ * restore behind, marked paused, and its own `delete` refuses it ("invalid state transition:
+ * paused => stopped"): the next start from a checkpoint is then refused as "id already in use",
+ * and the file stays after the container is removed. The backend removes that state itself once
+ * the container has exited (an engine on this host only).
  */
 const RUNSC_STATE_DIR = '/run/docker/runtime-runc/moby';
 
@@ -91,6 +91,9 @@ export class DockerBackend implements SandboxBackend {
   /** The team of each container made in a team cgroup, whose group it leaves when removed. */
   private readonly teamOf = new Map<string, string>();
   /** Whether this engine checkpoints gVisor containers (its experimental API is on), and where it keeps them. */
+  /** Where this engine's runsc keeps container state (findRunscRoot), and whether it was found or is the default. */
+  private runscRoot = RUNSC_STATE_DIR;
+  private runscRootFound = false;
   private checkpoints?: Promise<{ on: boolean; root: string | null; runsc: string | null }>;
 
   /** Template images are built on the same Docker Engine. */
@@ -297,27 +300,46 @@ export class DockerBackend implements SandboxBackend {
     return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
   }
 
-  /** Whether this engine can checkpoint (decided once): its experimental API is on and it has gVisor. */
-  private checkpointing(): Promise<{ on: boolean; root: string | null; runsc: string | null }> {
+  /**
+   * Whether this engine can checkpoint (decided once): it has gVisor, and it serves the checkpoint
+   * API (asked, not read from its experimental flag: a dockerd whose configuration turned the flag
+   * on by a reload reports it on, yet refuses checkpoint calls until it is restarted). `off` says
+   * why not.
+   */
+  private checkpointing(): Promise<{ on: boolean; off?: string; root: string | null; runsc: string | null }> {
     this.checkpoints ??= this.docker
       .info()
-      .then(
-        (info: {
-          ExperimentalBuild?: boolean;
-          Runtimes?: Record<string, { path?: string }>;
-          DockerRootDir?: string;
-        }) => {
-          const local = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
-          const runsc = info.Runtimes?.[GVISOR_NONET_RUNTIME]?.path;
-          return {
-            on: !!info.ExperimentalBuild && !!runsc,
-            // Its checkpoints (their sizes, and writing them directly) only when the engine's directory is this host's.
-            root: local ? (info.DockerRootDir ?? null) : null,
-            runsc: local && runsc ? runsc : null,
-          };
-        },
-      );
+      .then(async (info: { Runtimes?: Record<string, { path?: string }>; DockerRootDir?: string }) => {
+        const local = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
+        const runsc = info.Runtimes?.[GVISOR_NONET_RUNTIME]?.path;
+        const off = runsc ? await this.checkpointApiOff() : `the engine has no ${GVISOR_NONET_RUNTIME} runtime`;
+        return {
+          on: !off,
+          ...(off ? { off } : {}),
+          // Its checkpoints (their sizes, and writing them directly) only when the engine's directory is this host's.
+          root: local ? (info.DockerRootDir ?? null) : null,
+          runsc: local && runsc ? runsc : null,
+        };
+      });
     return this.checkpoints;
+  }
+
+  /** Why the engine refuses checkpoint calls (asked of a container that does not exist), undefined when it serves them. */
+  private async checkpointApiOff(): Promise<string | undefined> {
+    const probe = this.docker.getContainer(`kiln-checkpoint-probe-${randomInt(1e9)}`) as unknown as {
+      listCheckpoint(): Promise<unknown>;
+    };
+    try {
+      await probe.listCheckpoint();
+      return undefined;
+    } catch (err) {
+      const e = err as { statusCode?: number; message?: string };
+      // No such container: the route is there.
+      if (e.statusCode === 404) return undefined;
+      return e.statusCode === 501
+        ? "dockerd's checkpoint API is off (its experimental mode takes a restart, not a reload; infra/docker.sh does it)"
+        : `dockerd's checkpoint API did not answer as expected (${e.statusCode ?? ''} ${e.message ?? ''})`.trim();
+    }
   }
 
   /**
@@ -332,10 +354,13 @@ export class DockerBackend implements SandboxBackend {
     this.sampler.forget(container.id);
     const { root, runsc } = await this.checkpointing();
     const dir = root && join(root, 'containers', container.id, 'checkpoints', CHECKPOINT);
-    const stateFile = join(RUNSC_STATE_DIR, `${container.id}_sandbox:${container.id}.state`);
+    if (root) await this.findRunscRoot(container.id);
+    const stateFile = join(this.runscRoot, `${container.id}_sandbox:${container.id}.state`);
     if (dir && runsc && /^[0-9a-f]{64}$/.test(container.id) && (await exists(stateFile))) {
+      // A checkpoint left by an earlier pause (one whose deletion at the resume failed) would make runsc refuse.
+      await rm(dir, { recursive: true, force: true });
       await mkdir(dir, { recursive: true, mode: 0o700 });
-      await run(runsc, ['--root', RUNSC_STATE_DIR, 'checkpoint', '--image-path', dir, container.id]);
+      await run(runsc, ['--root', this.runscRoot, 'checkpoint', '--image-path', dir, container.id]);
     } else {
       const c = this.docker.getContainer(container.id) as unknown as Checkpoints;
       await c.createCheckpoint({ CheckpointID: CHECKPOINT, Exit: true });
@@ -347,12 +372,40 @@ export class DockerBackend implements SandboxBackend {
     return { bytes: dir ? await dirBytes(dir) : null };
   }
 
+  /**
+   * Finds where this engine's runsc keeps container state (the `--root` containerd gives it, under
+   * dockerd's exec root) from a running gVisor container's shim: a root process of the host,
+   * outside the sandbox, whose arguments name the exec root's containerd socket. Kept for the
+   * backend's life (one engine, one exec root); the default until one is found.
+   */
+  private async findRunscRoot(id: string): Promise<void> {
+    if (this.runscRootFound) return;
+    try {
+      const { State } = (await this.docker.getContainer(id).inspect()) as { State: { Pid?: number } };
+      if (!State.Pid) return;
+      const stat = await readFile(`/proc/${State.Pid}/stat`, 'utf8');
+      // The parent's pid is the second field after the command's name (in parentheses, which may hold anything).
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (!Number.isSafeInteger(ppid) || ppid <= 1) return;
+      const args = (await readFile(`/proc/${ppid}/cmdline`, 'utf8')).split('\0');
+      const arg = (flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
+      const execRoot = /^(\/[^\0]+)\/containerd\/containerd\.sock$/.exec(arg('-address') ?? '')?.[1];
+      if (!args[0]?.endsWith('/containerd-shim-runc-v2') || arg('-namespace') !== 'moby' || !execRoot) return;
+      if (normalize(execRoot) !== execRoot) return;
+      this.runscRoot = join(execRoot, 'runtime-runc', 'moby');
+      this.runscRootFound = true;
+    } catch {
+      // Gone meanwhile, or not this host's: the default stays.
+    }
+  }
+
   /** Removes what runsc left of an exited (checkpointed) container's state on this host (see RUNSC_STATE_DIR). */
   private async dropStaleRuntimeState(id: string): Promise<void> {
     if (!(this.docker.modem as { socketPath?: unknown }).socketPath || !/^[0-9a-f]{64}$/.test(id)) return;
-    for (const ext of ['state', 'lock']) await rm(join(RUNSC_STATE_DIR, `${id}_sandbox:${id}.${ext}`), { force: true });
+    for (const ext of ['state', 'lock']) await rm(join(this.runscRoot, `${id}_sandbox:${id}.${ext}`), { force: true });
   }
 
+  /** (Its moved lifetime is the reapers' to keep: they read it from its row.) */
   async resume(container: SandboxContainer): Promise<RunnerChannel> {
     const c = this.docker.getContainer(container.id);
     const cp = c as unknown as Checkpoints;
@@ -419,6 +472,7 @@ export class DockerBackend implements SandboxBackend {
         sandboxId: c.Labels['kiln.sandbox'] ?? '',
         owner: c.Labels['kiln.owner'] ?? '',
         expiresAt: Number.isNaN(expires) ? undefined : expires,
+        ...(c.Labels['kiln.pausable'] === '1' && c.State !== 'running' ? { stopped: true } : {}),
       };
     });
   }
@@ -440,7 +494,7 @@ export class DockerBackend implements SandboxBackend {
       runtimes.push({
         runtime: 'gvisor',
         egress: egress && !!this.egress?.bridgeDir && GVISOR_EGRESS_RUNTIME in info.Runtimes,
-        pause: (await this.checkpointing()).on,
+        ...(await this.checkpointing().then((c) => ({ pause: c.on, ...(c.off ? { pauseOff: c.off } : {}) }))),
       });
     // A bind mount names a path of the engine's host: this one only when the engine is on a local socket.
     const hostWorkspaceMounts = !!(this.docker.modem as { socketPath?: unknown }).socketPath;

@@ -212,7 +212,13 @@ export class FleetBackend implements SandboxBackend {
     const runtimes: RuntimeOffer[] = [];
     for (const runtime of ['runc', 'gvisor'] as const) {
       const offers = [...this.members.values()].flatMap((m) => m.runtimes.filter((r) => r.runtime === runtime));
-      if (offers.length) runtimes.push({ runtime, egress: offers.some((r) => r.egress) });
+      if (offers.length)
+        runtimes.push({
+          runtime,
+          egress: offers.some((r) => r.egress),
+          // Made pausable wherever it lands: a node that cannot pause makes it an unpausable one.
+          ...(offers.some((r) => r.pause) ? { pause: true } : {}),
+        });
     }
     if (!runtimes.length) runtimes.push({ runtime: 'runc', egress: false });
     return runtimes;
@@ -375,6 +381,17 @@ export class FleetBackend implements SandboxBackend {
   stats(containerId: string): Promise<Usage | null> {
     const { member, id } = this.split(containerId);
     return member.backend.stats(id).catch(() => null);
+  }
+  /** On the node that holds it: its checkpoint stays on that host, and it resumes there. */
+  async pause(container: SandboxContainer): Promise<{ bytes: number | null }> {
+    const on = this.on(container);
+    if (!on.member.backend.pause) throw new Error(`sandbox node ${on.member.name} cannot pause sandboxes`);
+    return on.member.backend.pause(on.container);
+  }
+  resume(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel> {
+    const on = this.on(container);
+    if (!on.member.backend.resume) throw new Error(`sandbox node ${on.member.name} cannot resume sandboxes`);
+    return on.member.backend.resume(on.container, lifetimeEndsAt);
   }
   async capabilities(): Promise<BackendCapabilities> {
     if (!this.offered) await this.refresh();

@@ -160,6 +160,13 @@ export class RemoteBackend implements SandboxBackend {
   stats(containerId: string): Promise<Usage | null> {
     return this.call('stats', containerId) as Promise<Usage | null>;
   }
+  /** Checkpointed on the node's host: the checkpoint stays there, and only that node can resume it. */
+  pause(container: SandboxContainer): Promise<{ bytes: number | null }> {
+    return this.call('pause', container) as Promise<{ bytes: number | null }>;
+  }
+  resume(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel> {
+    return this.stdio('/v1/resume', container, { 'kiln-lifetime-ends': String(Math.round(lifetimeEndsAt)) });
+  }
   async capabilities(): Promise<BackendCapabilities> {
     const { runtimes, teamBound } = (await this.call('capabilities')) as {
       runtimes: RuntimeOffer[];
@@ -200,9 +207,19 @@ export class RemoteBackend implements SandboxBackend {
     await this.call('sweepEgress', owner, opts);
   }
 
-  async attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
-    const stream = this.request('/v1/runner', {
+  attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
+    return this.stdio('/v1/runner', container);
+  }
+
+  /** A runner's stdio, as one stream of the node's (wire.ts): attached to, or resumed first. */
+  private async stdio(
+    path: '/v1/runner' | '/v1/resume',
+    container: SandboxContainer,
+    headers: Record<string, string> = {},
+  ): Promise<RunnerChannel> {
+    const stream = this.request(path, {
       'kiln-container': Buffer.from(JSON.stringify(container)).toString('base64url'),
+      ...headers,
     });
     const status = await this.response(stream);
     if (status !== 200) {

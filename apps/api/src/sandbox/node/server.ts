@@ -3,7 +3,7 @@ import type { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { ApiError } from '../../lib/errors.ts';
-import { ImageBuildFailed, type SandboxBackend, type SandboxContainer } from '../backend.ts';
+import { ImageBuildFailed, type RunnerChannel, type SandboxBackend, type SandboxContainer } from '../backend.ts';
 import { SANDBOX_UID_COUNT, SANDBOX_UID_MIN } from '../docker/container-spec.ts';
 import { peerName, type PeerCredentials } from './pki.ts';
 import { CALLS, type Call, frame, readAll, STDERR, STDOUT, type WireError } from './wire.ts';
@@ -25,6 +25,12 @@ export interface NodeServerOptions {
   reserve?: { memoryMb?: number; cpus?: number };
   /** How often the node removes its containers past their hard lifetime by itself (default 60 s). */
   reapMs?: number;
+  /**
+   * How long past its hard lifetime a paused container may wait on this host for an API replica
+   * to resume or remove it (KILN_SANDBOX_MAX_PAUSED_TTL_S, default 30 days): the replicas keep each
+   * one's own paused time; this bounds what is left when none is.
+   */
+  maxPausedMs?: number;
   log?: Logger;
 }
 
@@ -55,6 +61,7 @@ const container = z.object({
     .min(SANDBOX_UID_MIN)
     .max(SANDBOX_UID_MIN + SANDBOX_UID_COUNT - 1),
   runtime,
+  pausable: z.boolean().optional(),
   proxyUrl: z.string().max(2048).optional(),
 });
 const allow = z.array(z.string().max(512)).max(1024);
@@ -75,6 +82,7 @@ const request = z.object({
       z.object({ mode: z.literal('allowlist'), allow }),
     ])
     .optional(),
+  pausable: z.boolean().optional(),
 });
 const recipe = z.object({
   base: z.string().min(1).max(512),
@@ -97,6 +105,7 @@ const ARGS: Record<Call, z.ZodType<unknown[]>> = {
   remove: z.tuple([id]),
   list: z.tuple([]),
   stats: z.tuple([id]),
+  pause: z.tuple([container]),
   capabilities: z.tuple([]),
   capacity: z.tuple([]),
   ping: z.tuple([z.number().int().positive().max(60_000).optional()]),
@@ -137,6 +146,9 @@ async function callBackend(
       return b.list();
     case 'stats':
       return b.stats(a[0]!);
+    case 'pause':
+      if (!b.pause) throw new ApiError('unavailable', 'this node cannot pause sandboxes');
+      return b.pause(a[0]!);
     case 'capabilities': {
       const { runtimes, teamBound } = await b.capabilities();
       return { runtimes, teamBound };
@@ -167,6 +179,9 @@ async function callBackend(
 
 export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
   const { backend, log } = o;
+  /** The hard lifetimes resumes moved on (by container), which this host's reaper keeps. */
+  const moved = new Map<string, number>();
+  const maxPausedMs = o.maxPausedMs ?? 30 * 86_400_000;
   const server: Http2Server = http2.createSecureServer({
     cert: o.credentials.cert,
     key: o.credentials.key,
@@ -238,13 +253,31 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
         return answer(stream, 200, { error: wireError(backend, err) });
       }
     }
-    if (path === '/v1/runner') return runner(stream, headers);
+    if (path === '/v1/runner') return runner(stream, headers, (c) => backend.attachRunner(c));
+    if (path === '/v1/resume') {
+      const ends = Number(headers['kiln-lifetime-ends']);
+      if (!backend.resume || !Number.isSafeInteger(ends) || ends <= 0)
+        return answer(stream, 400, { error: { message: 'bad resume request', gone: false } });
+      return runner(stream, headers, async (c) => {
+        const channel = await backend.resume!(c, ends);
+        // Its hard lifetime moved on by its time paused: this host's own reaper waits for it too.
+        moved.set(c.id, ends);
+        return channel;
+      });
+    }
     if (path === '/v1/images/build') return build(stream);
     return answer(stream, 404, { error: { message: `no route ${path}`, gone: false } });
   }
 
-  /** A runner's stdio as one stream: request body → stdin; stdout and stderr → framed response. */
-  async function runner(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): Promise<void> {
+  /**
+   * A runner's stdio as one stream: request body → stdin; stdout and stderr → framed response.
+   * `open` reaches the runner (attaches to it, or resumes its container first).
+   */
+  async function runner(
+    stream: ServerHttp2Stream,
+    headers: IncomingHttpHeaders,
+    open: (c: SandboxContainer) => Promise<RunnerChannel>,
+  ): Promise<void> {
     const parsed = container.safeParse(
       (() => {
         try {
@@ -255,9 +288,9 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
       })(),
     );
     if (!parsed.success) return answer(stream, 400, { error: { message: 'bad kiln-container header', gone: false } });
-    let channel: Awaited<ReturnType<SandboxBackend['attachRunner']>>;
+    let channel: RunnerChannel;
     try {
-      channel = await backend.attachRunner(parsed.data as SandboxContainer);
+      channel = await open(parsed.data as SandboxContainer);
     } catch (err) {
       return answer(stream, 409, { error: wireError(backend, err) });
     }
@@ -334,14 +367,21 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
     });
   });
   const port = (server.address() as { port: number }).port;
-  // A container's hard lifetime holds on its host even when no API replica is left to reap it.
+  // A container's hard lifetime holds on its host even when no API replica is left to reap it:
+  // a resumed one's as the resume moved it on; a paused one's (stopped, its checkpoint beside it)
+  // up to the longest paused time past it, since only the replicas know each one's.
   const reap = async () => {
     let removed = 0;
-    for (const c of await backend.list())
-      if (c.expiresAt !== undefined && c.expiresAt < Date.now()) {
-        await backend.remove(c.id);
-        removed++;
-      }
+    const listed = await backend.list();
+    const ids = new Set(listed.map((c) => c.id));
+    for (const id of moved.keys()) if (!ids.has(id)) moved.delete(id);
+    for (const c of listed) {
+      const ends = moved.get(c.id) ?? c.expiresAt;
+      if (ends === undefined || ends + (c.stopped ? maxPausedMs : 0) >= Date.now()) continue;
+      await backend.remove(c.id);
+      moved.delete(c.id);
+      removed++;
+    }
     if (removed) log?.info({ removed }, 'node: removed containers past their lifetime');
     return removed;
   };

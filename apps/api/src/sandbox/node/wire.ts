@@ -8,6 +8,9 @@ import { Transform, type TransformCallback } from 'node:stream';
  * - `POST /v1/runner` (the container in a `kiln-container` header): a runner's stdio as one
  *   stream: the request body is its stdin,
  *   the response body its stdout and stderr in frames (`[1 byte: 1 or 2][4 bytes: length][data]`);
+ * - `POST /v1/resume` (the container in `kiln-container`, its moved lifetime's end in
+ *   `kiln-lifetime-ends`, epoch ms): a paused container started from its checkpoint, then its
+ *   runner's stdio as for `/v1/runner`;
  * - `POST /v1/images/build`: a template build, its output as JSON lines, the last one
  *   `{ done: true }` or `{ error }`; cancelling the stream stops the build.
  */
@@ -18,6 +21,7 @@ export const CALLS = [
   'remove',
   'list',
   'stats',
+  'pause',
   'capabilities',
   'capacity',
   'ping',
