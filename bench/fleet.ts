@@ -10,8 +10,11 @@
  *  2. new session to first result: R against L, alternating
  *  3. first exec of a new session for a 64 MB workspace on the node that ran it before, against an
  *     empty workspace on the same node (target ≤ 1.5×), and the same on L for reference
+ *  4. pause to disk and resume of a gVisor sandbox holding 10 MB of Python objects: R (the node
+ *     checkpoints it on its host) against L, alternating
  *
- * BENCH_N (warm execs per server, 100), BENCH_COLD_N (10), BENCH_SIZE_N (5) change the sizes.
+ * BENCH_N (warm execs per server, 100), BENCH_COLD_N (10), BENCH_SIZE_N (5), BENCH_PAUSE_N (5)
+ * change the sizes.
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -28,6 +31,7 @@ import { fillWorkspace } from './sandbox-workspace.ts';
 const N = Number(process.env.BENCH_N ?? 100);
 const COLD_N = Number(process.env.BENCH_COLD_N ?? 10);
 const SIZE_N = Number(process.env.BENCH_SIZE_N ?? 5);
+const PAUSE_N = Number(process.env.BENCH_PAUSE_N ?? 5);
 const BLOCK = 20;
 const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
 const MAIN = fileURLToPath(new URL('../apps/api/src/node-main.ts', import.meta.url));
@@ -172,6 +176,47 @@ async function main() {
       process.stdout.write(`${row(`${label}: empty workspace`, es)}\n`);
       process.stdout.write(`${row(`${label}: 64 MB workspace`, summarize(b), es)}\n`);
     }
+
+    heading(`4. pause to disk and resume, a gVisor sandbox holding 10 MB, ${PAUSE_N} times per server, alternating`);
+    const paused: Record<'local' | 'remote', { pause: number[]; resume: number[]; session: string }> = {
+      local: { pause: [], resume: [], session: '' },
+      remote: { pause: [], resume: [], session: '' },
+    };
+    for (const which of ['local', 'remote'] as const) {
+      const { call, key } = ctx[which]!;
+      // The node has been heard by now: R offers gVisor as it does.
+      const ws = await call(key, 'POST', '/v1/workspaces', {
+        name: 'pause',
+        settings: { sandbox: { runtime: 'gvisor' } },
+      });
+      paused[which].session = (await call(key, 'POST', `/v1/workspaces/${ws.id}/sessions`, {})).id;
+      await call(key, 'POST', `/v1/sessions/${paused[which].session}/exec`, {
+        code: 'import os\nblob = [os.urandom(1024) for _ in range(10 * 1024)]',
+      });
+    }
+    for (let i = 0; i < PAUSE_N; i++)
+      for (const which of ['local', 'remote'] as const) {
+        const { call, key } = ctx[which]!;
+        const s = paused[which].session;
+        let t0 = performance.now();
+        await call(key, 'POST', `/v1/sessions/${s}/pause`);
+        paused[which].pause.push(performance.now() - t0);
+        t0 = performance.now();
+        await call(key, 'POST', `/v1/sessions/${s}/resume`);
+        paused[which].resume.push(performance.now() - t0);
+      }
+    for (const which of ['local', 'remote'] as const) {
+      const r = await ctx[which]!.call(ctx[which]!.key, 'POST', `/v1/sessions/${paused[which].session}/exec`, {
+        code: 'print(len(blob))',
+      });
+      if (r.stdout !== '10240\n') throw new Error(`${which}: the resumed sandbox lost its objects (${r.stdout})`);
+    }
+    const lp = summarize(paused.local.pause);
+    const lr = summarize(paused.local.resume);
+    process.stdout.write(`${row('local engine: POST /pause', lp)}\n`);
+    process.stdout.write(`${row('on a node: POST /pause', summarize(paused.remote.pause), lp)}\n`);
+    process.stdout.write(`${row('local engine: POST /resume', lr)}\n`);
+    process.stdout.write(`${row('on a node: POST /resume', summarize(paused.remote.resume), lr)}\n`);
   } finally {
     for (const s of [local, remote]) {
       s.child.kill('SIGTERM');

@@ -317,6 +317,28 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect(after - before).toBe(1);
   });
 
+  it('a reaper pass running alongside a pause leaves the sandbox being paused (its container and its mount) alone', async () => {
+    const { session } = await sessionIn(t, team, gvisor);
+    const r = await exec(t, team.key, session, 'kept_through = "the reaper"');
+    // Reaper passes, one after another, for as long as the checkpoint is being written: before the
+    // row says paused, the container is neither live nor paused to a pass that only read the rows.
+    let pausing = true;
+    const paused = t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key }).finally(() => (pausing = false));
+    let passes = 0;
+    while (pausing) {
+      await t.engine.reap();
+      passes++;
+    }
+    const answer = await paused;
+    expect(answer.status, JSON.stringify(answer.body)).toBe(200);
+    expect(passes).toBeGreaterThan(0);
+    expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
+    await t.engine.reap();
+    expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
+    const after = await exec(t, team.key, session, 'print(kept_through)');
+    expect(after, JSON.stringify(after)).toMatchObject({ stdout: 'the reaper\n', restarted: false });
+  });
+
   it('code in the sandbox cannot take over its runner: a connection that cannot prove itself the host is dropped', async () => {
     const { session } = await sessionIn(t, team, gvisor);
     await exec(t, team.key, session, 'secret_state = 7');
@@ -345,13 +367,52 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect(attack.stdout).toBe('dropped\nin use\n');
     // The host's runner still answers, and only the host can attach to it again.
     await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key });
-    expect((await exec(t, team.key, session, 'print(secret_state)')).stdout).toBe('7\n');
+    const after = await exec(t, team.key, session, 'print(secret_state)');
+    expect(after.stdout, JSON.stringify(after)).toBe('7\n');
+  });
+
+  it('a server that stops pauses its live sandboxes (runc ones go); its next life resumes them with their variables', async () => {
+    const instance = `${INSTANCE}-stop`;
+    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
+    const env = { KILN_INSTANCE_ID: instance, KILN_SANDBOX_PAUSE_AT_SHUTDOWN: 'on' };
+    const first = await createTestApp({ replicaOf: t, ...settings, env });
+    const g = await sessionIn(first, team, gvisor);
+    const r = await exec(first, team.key, g.session, 'notebook = {"rows": 3}');
+    const c = await sessionIn(first, team, { sandbox: { runtime: 'runc' } });
+    const rc = await exec(first, team.key, c.session, 'lost = 1');
+    await first.close();
+    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'paused' });
+    expect(await containerOf(r.sandbox_id)).toEqual({ running: false });
+    expect(await rowOf(rc.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'shutdown' });
+    expect(await containerOf(rc.sandbox_id)).toBeNull();
+
+    const next = await createTestApp({ replicaOf: t, ...settings, env });
+    try {
+      const resumed = await exec(next, team.key, g.session, 'print(notebook["rows"])');
+      expect(resumed).toMatchObject({ stdout: '3\n', restarted: false, sandbox_id: r.sandbox_id });
+      expect((resumed as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
+      const fresh = await exec(next, team.key, c.session, 'print("lost" in dir())');
+      expect(fresh).toMatchObject({ stdout: 'False\n', restarted: true, restart_reason: 'shutdown' });
+    } finally {
+      // This one is gone for good: nothing of it is left paused.
+      await next.engine.release(g.session, 'test_done');
+      await next.close();
+    }
+    expect(await docker.listContainers({ all: true, filters: { label: [`kiln.owner=${instance}`] } })).toEqual([]);
   });
 
   it('a paused sandbox outlives its server: the next server of the instance resumes it', async () => {
     const { session } = await sessionIn(t, team, gvisor);
     const r = await exec(t, team.key, session, 'survivor = "still here"');
     await idle();
+    const row = await rowOf(r.sandbox_id);
+    expect(
+      row.state,
+      JSON.stringify([
+        now,
+        t.logs.filter((l) => JSON.stringify(l).includes(r.sandbox_id) || JSON.stringify(l).includes(session)),
+      ]),
+    ).toBe('paused');
     const next = await createTestApp({
       replicaOf: t,
       sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now },
@@ -387,7 +448,8 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     const c = await backend.create({
       image: tag,
       sandboxId: `sbx_oldrunner${Date.now()}`,
-      owner: INSTANCE,
+      // Not the app's instance: its reaper (on a timer) would take a container of its own that it does not hold.
+      owner: `${INSTANCE}-old`,
       teamId: '',
       sessionId: '',
       expiresAt: new Date(Date.now() + 600_000),

@@ -119,6 +119,9 @@ export async function createTestApp(
     KILN_SANDBOX_POOL_SIZE: '0',
     // Filled containers for recent workspaces hold extra mounts: the suites that want them say so.
     KILN_SANDBOX_PREPARED_POOL_SIZE: '0',
+    // A test app that closes is gone for good: its live sandboxes go with it (sandbox-pause.test.ts
+    // turns pausing them at shutdown back on, as a server has it).
+    KILN_SANDBOX_PAUSE_AT_SHUTDOWN: 'off',
     KILN_SECRETS_KEY: SECRETS_KEY,
     KILN_WORKSPACES_DIR: workspacesDir,
     // Each sandbox's workspace mount (sandbox/workspace-mounts.ts) beside the workspaces, not in the checkout.

@@ -45,6 +45,8 @@ export function launchKiln(env: Record<string, string>, cwd = ROOT): Omit<KilnPr
       // containers are never confused with anyone else's.
       KILN_SANDBOX_POOL_SIZE: '0',
       KILN_INSTANCE_ID: `e2e-${process.pid}-${++launches}`,
+      // An instance of its own never comes back to resume what it paused at shutdown: it removes its sandboxes.
+      KILN_SANDBOX_PAUSE_AT_SHUTDOWN: 'off',
       // The image under test, as for the in-process test apps.
       ...(process.env.KILN_SANDBOX_IMAGE ? { KILN_SANDBOX_IMAGE: process.env.KILN_SANDBOX_IMAGE } : {}),
       ...env,

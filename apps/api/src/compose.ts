@@ -100,7 +100,10 @@ function engineOptions(config: Config): EngineOptions {
     pausedTtlMs: s.pause.ttlS * 1000,
     maxPausedTtlMs: s.pause.maxTtlS * 1000,
     pause: s.pause.enabled
-      ? { maxBytes: { team: s.pause.maxMbPerTeam * 2 ** 20, all: s.pause.maxMb * 2 ** 20 } }
+      ? {
+          maxBytes: { team: s.pause.maxMbPerTeam * 2 ** 20, all: s.pause.maxMb * 2 ** 20 },
+          atShutdown: s.pause.atShutdown,
+        }
       : undefined,
     perTeamMax: s.perTeamMax,
     maxLimits: s.max,

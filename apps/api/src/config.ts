@@ -69,6 +69,8 @@ const schema = z.object({
   KILN_SANDBOX_MAX_PAUSED_TTL_S: int(0, 30 * 86_400).default(30 * 86_400),
   KILN_SANDBOX_PAUSED_MAX_MB_PER_TEAM: int(1, 16_777_216).default(10_240),
   KILN_SANDBOX_PAUSED_MAX_MB: int(1, 16_777_216).default(51_200),
+  // At shutdown, live sandboxes that can be paused are paused (their sessions resume them after the restart).
+  KILN_SANDBOX_PAUSE_AT_SHUTDOWN: z.enum(['on', 'off']).default('on'),
   KILN_SANDBOX_MAX_PER_TEAM: int(1, 10_000).default(10),
   KILN_SANDBOX_REAP_INTERVAL_S: int(1, 3600).default(60),
   KILN_SANDBOX_MAX_MEMORY_MB: int(64, 1_048_576).default(4096),
@@ -285,7 +287,15 @@ export type Config = {
     maxIdleS: number;
     maxLifetimeS: number;
     /** Pausing idle sandboxes (KILN_SANDBOX_PAUSE*); off: idle sandboxes are removed. */
-    pause: { enabled: boolean; ttlS: number; maxTtlS: number; maxMbPerTeam: number; maxMb: number };
+    pause: {
+      enabled: boolean;
+      ttlS: number;
+      maxTtlS: number;
+      maxMbPerTeam: number;
+      maxMb: number;
+      /** Live sandboxes that can be are paused at shutdown rather than removed. */
+      atShutdown: boolean;
+    };
     perTeamMax: number;
     reapIntervalS: number;
     maxOutputBytes: number;
@@ -474,6 +484,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         maxTtlS: e.KILN_SANDBOX_MAX_PAUSED_TTL_S,
         maxMbPerTeam: e.KILN_SANDBOX_PAUSED_MAX_MB_PER_TEAM,
         maxMb: e.KILN_SANDBOX_PAUSED_MAX_MB,
+        atShutdown: e.KILN_SANDBOX_PAUSE_AT_SHUTDOWN === 'on',
       },
       perTeamMax: e.KILN_SANDBOX_MAX_PER_TEAM,
       reapIntervalS: e.KILN_SANDBOX_REAP_INTERVAL_S,

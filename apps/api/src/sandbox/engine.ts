@@ -29,6 +29,9 @@ import {
   type WorkspaceChanges,
 } from './runner-client.ts';
 
+/** How long a stopping server starts pausing its live sandboxes (stop); those not started by then are removed. */
+const SHUTDOWN_PAUSE_MS = 20_000;
+
 export type { ExecContext } from './live.ts';
 
 export interface EngineOptions {
@@ -54,10 +57,11 @@ export interface EngineOptions {
   maxPausedTtlMs?: number;
   /**
    * Idle sandboxes of the runtimes whose containers the backend can checkpoint are paused rather
-   * than removed, their checkpoints within these bytes (a team's, and this instance's together);
-   * unset: never paused.
+   * than removed, their checkpoints within these bytes (a team's, and a host's together);
+   * with `atShutdown`, so are the live ones that can be when the server stops (its next life, with
+   * the same instance id, resumes them). Unset: never paused.
    */
-  pause?: { maxBytes: { team: number; all: number } };
+  pause?: { maxBytes: { team: number; all: number }; atShutdown?: boolean };
   perTeamMax: number;
   /** Server-wide maxima that cap every workspace's settings. */
   maxLimits: SandboxLimits;
@@ -332,7 +336,13 @@ export class SandboxEngine {
       .limit(this.opts.poolSize + 16);
   }
 
-  /** Removes every container of this instance: the runner streams die with the process anyway. */
+  /**
+   * Removes every container of this instance (the runner streams die with the process anyway),
+   * except, with `pause.atShutdown`, the live sandboxes that can be paused: those are paused, so
+   * that the instance's next life resumes them with their variables (a restart or an upgrade costs
+   * a session nothing). Pauses start within SHUTDOWN_PAUSE_MS, two at a time; what is left after it
+   * is removed as before.
+   */
   async stop(): Promise<void> {
     this.pool.stop();
     this.reaper.stop();
@@ -340,15 +350,32 @@ export class SandboxEngine {
     // A warm container still being started removes itself once it is up (the pool is stopped):
     // wait for it, or the process may exit and leave it running.
     await this.poolSettled();
-    const live = [...this.live.values()];
     const warm = this.pool.drain();
-    await Promise.allSettled([
-      ...live.map((l) => this.release(l.sessionId, 'shutdown')),
-      ...warm.map((w) => this.containers.destroy(w)),
+    const [, paused] = await Promise.all([
+      Promise.allSettled(warm.map((w) => this.containers.destroy(w))),
+      this.opts.pause?.atShutdown ? this.pauseLive() : Promise.resolve(0),
     ]);
+    if (paused)
+      this.log.info({ paused }, 'paused live sandboxes at shutdown: their sessions resume them after the restart');
+    await Promise.allSettled([...this.live.values()].map((l) => this.release(l.sessionId, 'shutdown')));
     await this.backend.sweepEgress?.(this.opts.owner, { all: true }).catch((err) => {
       this.log.warn({ err }, 'could not remove the egress proxy');
     });
+  }
+
+  /** Pauses the live sandboxes that can be (two at a time, each started within SHUTDOWN_PAUSE_MS); resolves with how many were. */
+  private async pauseLive(): Promise<number> {
+    const queue = [...this.live.values()].filter((l) => l.client.alive && !l.busy && this.live.canPause(l));
+    const until = performance.now() + SHUTDOWN_PAUSE_MS;
+    let paused = 0;
+    const worker = async () => {
+      for (let l = queue.shift(); l && performance.now() < until; l = queue.shift()) {
+        const outcome = await this.live.pause(l.sessionId, 'shutdown').catch(() => undefined);
+        if (outcome?.paused) paused++;
+      }
+    };
+    await Promise.all([worker(), worker()]);
+    return paused;
   }
 
   /**

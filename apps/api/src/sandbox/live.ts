@@ -88,8 +88,8 @@ interface PausedState {
 /** Checkpoints failing, none succeeding, before pausing is turned off for the process. */
 const PAUSE_FAILURES_OFF = 3;
 
-/** Why a session's sandbox was paused: it sat idle, or someone asked. */
-export type PauseCause = 'idle' | 'requested';
+/** Why a session's sandbox was paused: it sat idle, someone asked, or its server is stopping. */
+export type PauseCause = 'idle' | 'requested' | 'shutdown';
 
 /** What became of a pause: paused (its checkpoint's bytes), or why not. */
 export type PauseOutcome =
@@ -135,6 +135,13 @@ export class LiveSandboxes {
   /** Sessions whose sandbox is being paused right now: their requests wait for it, then resume it. */
   private readonly pausing = new Map<string, Promise<PauseOutcome>>();
   /**
+   * Sandbox ids this process is pausing or has paused (until they are resumed or removed): never
+   * reaped. Their rows say `paused` only once the checkpoint is written, so a reaper pass running
+   * alongside a pause (a requested one, or the reaper's own) would otherwise take the container,
+   * or its mount, for one that is neither live nor paused.
+   */
+  private readonly pausedHere = new Set<string>();
+  /**
    * Checkpoints that failed here, and why the last did. After PAUSE_FAILURES_OFF of them with none
    * that succeeded, idle sandboxes are removed, as where the runtime cannot checkpoint at all (said
    * once in the log); where checkpoints work at all, one that fails (Docker 20.10 loses a large
@@ -160,8 +167,9 @@ export class LiveSandboxes {
     return this.bySession.values();
   }
 
+  /** Being claimed, paused or resumed here: the reaper leaves its container and mount alone. */
   isClaiming(sandboxId: string): boolean {
-    return this.claiming.has(sandboxId);
+    return this.claiming.has(sandboxId) || this.pausedHere.has(sandboxId);
   }
 
   /** Refuses new claims and waits for those under way. */
@@ -454,6 +462,7 @@ export class LiveSandboxes {
     const key = live.client.signingKey;
     if (!key || !live.client.alive) return { paused: false, reason: 'unpausable' };
     this.bySession.delete(live.sessionId);
+    this.pausedHere.add(live.id);
     const state: PausedState = {
       key: key.toString('base64'),
       uid: live.container.uid,
@@ -476,6 +485,7 @@ export class LiveSandboxes {
           'checkpoints keep failing on this host: from now on idle sandboxes are removed, not paused',
         );
       }
+      this.pausedHere.delete(live.id);
       await this.deps.containers.destroy(live);
       await markRemoved(db, [live.id], cause === 'idle' ? 'idle' : 'pause_failed');
       return { paused: false, reason: 'failed' };
@@ -550,6 +560,7 @@ export class LiveSandboxes {
 
   /** Removes a paused sandbox's container (its checkpoint with it) and marks its row. */
   async removePaused(row: { id: string; containerId: string }, reason: string): Promise<void> {
+    this.pausedHere.delete(row.id);
     const removed = await this.deps.backend.remove(row.containerId).then(
       () => true,
       () => false,
@@ -667,6 +678,7 @@ export class LiveSandboxes {
         .returning({ id: sandboxes.id });
       if (!kept) throw new Error('it was removed while it resumed');
       this.bySession.set(ctx.sessionId, live);
+      this.pausedHere.delete(row.id);
       this.deps.pauses?.resumed(live.resumedMs);
       log.info({ sandbox: row.id, ms: Math.round(live.resumedMs) }, 'sandbox resumed');
       return live;
@@ -752,6 +764,19 @@ export class LiveSandboxes {
       .returning({ id: sandboxes.id, containerId: sandboxes.containerId, lifetimeEndsAt: sandboxes.lifetimeEndsAt });
   }
 
+  /**
+   * Sandboxes paused here whose rows were marked removed elsewhere (their sandbox node declared
+   * lost, another replica's deletion): no longer this process's to keep from the reaper.
+   */
+  private async forgetRemovedPauses(): Promise<void> {
+    if (!this.pausedHere.size) return;
+    const rows = await this.deps.db
+      .select({ id: sandboxes.id })
+      .from(sandboxes)
+      .where(and(inArray(sandboxes.id, [...this.pausedHere]), eq(sandboxes.state, 'removed')));
+    for (const r of rows) this.pausedHere.delete(r.id);
+  }
+
   /** The statement that writes the sandbox's idle deadline into its row, where listings and other replicas read it. */
   deadlineWrite(live: Live): SQL {
     return this.deps.db
@@ -772,6 +797,7 @@ export class LiveSandboxes {
    * is released here too.
    */
   async adoptDeadlines(): Promise<void> {
+    await this.forgetRemovedPauses();
     const byId = new Map([...this.bySession.values()].map((l) => [l.id, l]));
     if (!byId.size) return;
     const rows = await this.deps.db

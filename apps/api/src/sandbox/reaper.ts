@@ -93,7 +93,8 @@ export class Reaper {
       .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
     await markRemoved(
       db,
-      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id)),
+      // One being paused is neither live nor paused yet: its row says ready until the checkpoint is written.
+      orphanRows.map((r) => r.id).filter((id) => !liveSandboxIds.includes(id) && !live.isClaiming(id)),
       opts.startup ? 'server_restarted' : 'orphaned',
     );
     if (removed) log.info({ removed }, 'reaped sandboxes');

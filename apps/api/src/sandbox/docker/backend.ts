@@ -90,11 +90,11 @@ export class DockerBackend implements SandboxBackend {
   private cgroups?: Promise<TeamCgroups | undefined>;
   /** The team of each container made in a team cgroup, whose group it leaves when removed. */
   private readonly teamOf = new Map<string, string>();
-  /** Whether this engine checkpoints gVisor containers (its experimental API is on), and where it keeps them. */
   /** Where this engine's runsc keeps container state (findRunscRoot), and whether it was found or is the default. */
   private runscRoot = RUNSC_STATE_DIR;
   private runscRootFound = false;
-  private checkpoints?: Promise<{ on: boolean; root: string | null; runsc: string | null }>;
+  /** Whether this engine checkpoints gVisor containers (it serves the checkpoint API), why not, and where it keeps them. */
+  private checkpoints?: Promise<{ on: boolean; off?: string; root: string | null; runsc: string | null }>;
 
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
