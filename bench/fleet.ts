@@ -199,10 +199,10 @@ async function main() {
         const { call, key } = ctx[which]!;
         const s = paused[which].session;
         let t0 = performance.now();
-        await call(key, 'POST', `/v1/sessions/${s}/pause`);
+        await call(key, 'POST', `/v1/sessions/${s}/pause`, {});
         paused[which].pause.push(performance.now() - t0);
         t0 = performance.now();
-        await call(key, 'POST', `/v1/sessions/${s}/resume`);
+        await call(key, 'POST', `/v1/sessions/${s}/resume`, {});
         paused[which].resume.push(performance.now() - t0);
       }
     for (const which of ['local', 'remote'] as const) {
