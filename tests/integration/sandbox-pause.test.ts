@@ -1,4 +1,6 @@
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
@@ -315,6 +317,28 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       'kiln_sandbox_resume_duration_seconds_count',
     );
     expect(after - before).toBe(1);
+  });
+
+  it('an engine is tried for real at start-up: a probe sandbox checkpointed and restored, the outcome kept; a probe that fails turns pausing off and says why', async () => {
+    const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
+    // A name of its own for the sandbox image: no outcome is kept for it yet, so the probe runs.
+    const alias = `kiln-probe-test:${INSTANCE}`;
+    execFileSync('docker', ['tag', image, alias]);
+    try {
+      const { DockerRootDir } = (await docker.info()) as { DockerRootDir: string };
+      const tried = new DockerBackend(docker, undefined, undefined, undefined, alias);
+      const gvisor = (await tried.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
+      expect(gvisor).toMatchObject({ pause: true });
+      expect(gvisor?.pauseOff).toBeUndefined();
+      expect(readFileSync(join(DockerRootDir, 'kiln-checkpoint-probe.json'), 'utf8')).toContain(alias);
+
+      const broken = new DockerBackend(docker, undefined, undefined, undefined, `kiln-no-such-image:${INSTANCE}`);
+      const off = (await broken.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
+      expect(off).toMatchObject({ pause: false });
+      expect(off?.pauseOff).toMatch(/probe sandbox could not be checkpointed and restored.*no such image/i);
+    } finally {
+      execFileSync('docker', ['rmi', alias], { stdio: 'ignore' });
+    }
   });
 
   it('a reaper pass running alongside a pause leaves the sandbox being paused (its container and its mount) alone', async () => {

@@ -166,6 +166,8 @@ export async function createTestApp(
             connectDocker(process.env.DOCKER_HOST),
             egressOf(config, logger),
             config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
+            undefined,
+            config.sandboxImage,
           )),
     logger,
     selfUpdate: opts.selfUpdate ?? false,

@@ -88,6 +88,7 @@ async function serve(): Promise<void> {
     egressOf(config, logger),
     config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
     e.KILN_NODE_NAME,
+    config.sandboxImage,
   );
   const node = await startNode({
     backend,

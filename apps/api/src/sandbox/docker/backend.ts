@@ -1,6 +1,6 @@
 import { randomInt } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { access, mkdir, readdir, readFile, rm, stat } from 'node:fs/promises';
+import { access, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { join, normalize } from 'node:path';
 import type Docker from 'dockerode';
@@ -57,6 +57,14 @@ const RUNSC_STATE_DIR = '/run/docker/runtime-runc/moby';
 /** What a runner started with `--daemon` prints once it listens (kiln_runner.py). */
 const DAEMON_READY = 'KILN_RUNNER_DAEMON';
 
+/** What of `docker info` the checkpoint probe is keyed on. */
+interface EngineInfo {
+  ID?: string;
+  ServerVersion?: string;
+  KernelVersion?: string;
+  DockerRootDir?: string;
+}
+
 /** dockerode's checkpoint calls (the experimental API), which its type definitions lack. */
 interface Checkpoints {
   createCheckpoint(opts: { CheckpointID: string; Exit: boolean }): Promise<unknown>;
@@ -110,6 +118,13 @@ export class DockerBackend implements SandboxBackend {
      * two nodes on one engine (or a node beside an API that uses the engine itself) keep apart.
      */
     private readonly node?: string,
+    /**
+     * An image with `sleep` (the sandbox image): with it, an engine of this host that serves the
+     * checkpoint API is also tried for real once (a gVisor container checkpointed and restored),
+     * and the outcome kept beside the engine's data (`kiln-checkpoint-probe.json`) until the
+     * engine, runsc, the kernel or the image name change. Without it, the API's answer decides.
+     */
+    private readonly probeImage?: string,
   ) {
     this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
@@ -312,7 +327,9 @@ export class DockerBackend implements SandboxBackend {
       .then(async (info: { Runtimes?: Record<string, { path?: string }>; DockerRootDir?: string }) => {
         const local = !!(this.docker.modem as { socketPath?: unknown }).socketPath;
         const runsc = info.Runtimes?.[GVISOR_NONET_RUNTIME]?.path;
-        const off = runsc ? await this.checkpointApiOff() : `the engine has no ${GVISOR_NONET_RUNTIME} runtime`;
+        let off = runsc ? await this.checkpointApiOff() : `the engine has no ${GVISOR_NONET_RUNTIME} runtime`;
+        if (!off && local && runsc && info.DockerRootDir && this.probeImage)
+          off = await this.probeCheckpoint(info as EngineInfo, runsc);
         return {
           on: !off,
           ...(off ? { off } : {}),
@@ -322,6 +339,56 @@ export class DockerBackend implements SandboxBackend {
         };
       });
     return this.checkpoints;
+  }
+
+  /**
+   * Checkpoints and restores a throw-away gVisor container of the probe image, as a pause and a
+   * resume do (probeImage); undefined when that worked, else why not. Kept on disk when it worked,
+   * so that it runs once per engine, runsc, kernel and image; a failure is tried again at the next
+   * start.
+   */
+  private async probeCheckpoint(info: EngineInfo, runsc: string): Promise<string | undefined> {
+    const file = join(info.DockerRootDir!, 'kiln-checkpoint-probe.json');
+    const bin = await stat(runsc).catch(() => undefined);
+    const key = JSON.stringify([
+      info.ID,
+      info.ServerVersion,
+      info.KernelVersion,
+      runsc,
+      bin?.size,
+      bin?.mtimeMs,
+      this.probeImage,
+    ]);
+    if ((await readFile(file, 'utf8').catch(() => '')) === key) return undefined;
+    let id: string | undefined;
+    try {
+      const c = await this.docker.createContainer({
+        name: `kiln-checkpoint-probe-${randomInt(1e9)}`,
+        Image: this.probeImage,
+        Cmd: ['sleep', '600'],
+        User: '65534:65534',
+        Labels: { 'kiln.probe': '1' },
+        HostConfig: { Runtime: GVISOR_NONET_RUNTIME, NetworkMode: 'none', Memory: 128 * 2 ** 20 },
+      });
+      id = c.id;
+      await c.start();
+      await this.writeCheckpoint(id, info.DockerRootDir!, runsc);
+      await (c as unknown as Checkpoints).start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+      const { State } = (await c.inspect()) as { State: { Running?: boolean } };
+      if (!State.Running) throw new Error('the restored container is not running');
+      await writeFile(file, key, { mode: 0o600 });
+      return undefined;
+    } catch (err) {
+      return `a probe sandbox could not be checkpointed and restored on this engine: ${(err as Error).message.slice(0, 500)}`;
+    } finally {
+      if (id) {
+        await this.docker
+          .getContainer(id)
+          .remove({ force: true })
+          .catch(() => undefined);
+        await this.dropStaleRuntimeState(id);
+      }
+    }
   }
 
   /** Why the engine refuses checkpoint calls (asked of a container that does not exist), undefined when it serves them. */
@@ -353,23 +420,32 @@ export class DockerBackend implements SandboxBackend {
   async pause(container: SandboxContainer): Promise<{ bytes: number | null }> {
     this.sampler.forget(container.id);
     const { root, runsc } = await this.checkpointing();
-    const dir = root && join(root, 'containers', container.id, 'checkpoints', CHECKPOINT);
-    if (root) await this.findRunscRoot(container.id);
-    const stateFile = join(this.runscRoot, `${container.id}_sandbox:${container.id}.state`);
-    if (dir && runsc && /^[0-9a-f]{64}$/.test(container.id) && (await exists(stateFile))) {
+    const dir = await this.writeCheckpoint(container.id, root, runsc);
+    return { bytes: dir ? await dirBytes(dir) : null };
+  }
+
+  /**
+   * Writes the running container's checkpoint and waits for it to have exited (see pause);
+   * resolves with the checkpoint's directory when it is on this host.
+   */
+  private async writeCheckpoint(id: string, root: string | null, runsc: string | null): Promise<string | null> {
+    const dir = root && join(root, 'containers', id, 'checkpoints', CHECKPOINT);
+    if (root) await this.findRunscRoot(id);
+    const stateFile = join(this.runscRoot, `${id}_sandbox:${id}.state`);
+    if (dir && runsc && /^[0-9a-f]{64}$/.test(id) && (await exists(stateFile))) {
       // A checkpoint left by an earlier pause (one whose deletion at the resume failed) would make runsc refuse.
       await rm(dir, { recursive: true, force: true });
       await mkdir(dir, { recursive: true, mode: 0o700 });
-      await run(runsc, ['--root', this.runscRoot, 'checkpoint', '--image-path', dir, container.id]);
+      await run(runsc, ['--root', this.runscRoot, 'checkpoint', '--image-path', dir, id]);
     } else {
-      const c = this.docker.getContainer(container.id) as unknown as Checkpoints;
+      const c = this.docker.getContainer(id) as unknown as Checkpoints;
       await c.createCheckpoint({ CheckpointID: CHECKPOINT, Exit: true });
     }
     // The engine takes the container's exit in after the checkpoint is written: a start from the
     // checkpoint before then would be refused as "already running".
-    await this.docker.getContainer(container.id).wait({ condition: 'not-running' });
-    await this.dropStaleRuntimeState(container.id);
-    return { bytes: dir ? await dirBytes(dir) : null };
+    await this.docker.getContainer(id).wait({ condition: 'not-running' });
+    await this.dropStaleRuntimeState(id);
+    return dir;
   }
 
   /**
