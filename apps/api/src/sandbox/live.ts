@@ -14,6 +14,7 @@ import { changesSince, type FileWrite } from './resync.ts';
 import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
 import { tarChunks } from './tar.ts';
 import { readHead } from '../workspace/git.ts';
+import { containerNode } from './node/registry.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 
 export interface ExecContext {
@@ -543,6 +544,7 @@ export class LiveSandboxes {
         ),
       )
       .orderBy(asc(sandboxes.pausedAt), asc(sandboxes.id));
+    const hostOf = (id: string) => containerNode(id).node;
     const host = hostOf(containerId);
     let all = rows.filter((r) => hostOf(r.containerId) === host).reduce((a, r) => a + (r.bytes ?? 0), 0);
     let team = rows.filter((r) => r.teamId === teamId).reduce((a, r) => a + (r.bytes ?? 0), 0);
@@ -768,7 +770,7 @@ export class LiveSandboxes {
    * Sandboxes paused here whose rows were marked removed elsewhere (their sandbox node declared
    * lost, another replica's deletion): no longer this process's to keep from the reaper.
    */
-  private async forgetRemovedPauses(): Promise<void> {
+  async forgetRemovedPauses(): Promise<void> {
     if (!this.pausedHere.size) return;
     const rows = await this.deps.db
       .select({ id: sandboxes.id })
@@ -797,7 +799,6 @@ export class LiveSandboxes {
    * is released here too.
    */
   async adoptDeadlines(): Promise<void> {
-    await this.forgetRemovedPauses();
     const byId = new Map([...this.bySession.values()].map((l) => [l.id, l]));
     if (!byId.size) return;
     const rows = await this.deps.db
@@ -833,12 +834,6 @@ class WarmGone extends Error {
     super(message);
   }
 }
-
-/** The sandbox node a container id names (`<node>/<id>`), '' for the API host's own engine. */
-const hostOf = (containerId: string) => {
-  const at = containerId.indexOf('/');
-  return at < 0 ? '' : containerId.slice(0, at);
-};
 
 const sameLimits = (a: SandboxLimits, b: SandboxLimits) =>
   a.memoryMb === b.memoryMb && a.cpus === b.cpus && a.pids === b.pids && a.diskMb === b.diskMb;

@@ -59,6 +59,7 @@ export class Reaper {
     const now = this.opts.now();
     let removed = 0;
     await live.adoptDeadlines();
+    await live.forgetRemovedPauses();
     for (const l of live.values()) {
       // Each sandbox has its workspace's idle time (live.ts). An idle one that can be paused is.
       if (!l.client.alive || (!l.busy && now - l.lastUsed > l.idleMs)) {

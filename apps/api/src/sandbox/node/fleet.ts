@@ -19,7 +19,7 @@ import type {
 import { sameShape } from '../docker/container-spec.ts';
 import type { SandboxLimits } from '../limits.ts';
 import type { PeerCredentials } from './pki.ts';
-import { LOCAL, placedOn } from './registry.ts';
+import { containerNode, LOCAL, placedOn } from './registry.ts';
 import { RemoteBackend } from './remote.ts';
 
 interface Member {
@@ -285,11 +285,10 @@ export class FleetBackend implements SandboxBackend {
   }
 
   private split(id: string): { member: Member; id: string } {
-    const at = id.indexOf('/');
-    const name = at < 0 ? LOCAL : id.slice(0, at);
-    const member = this.members.get(name);
-    if (!member) throw new FleetGone(`sandbox node ${name} is not in the registry`);
-    return { member, id: at < 0 ? id : id.slice(at + 1) };
+    const { node, id: inner } = containerNode(id);
+    const member = this.members.get(node);
+    if (!member) throw new FleetGone(`sandbox node ${node} is not in the registry`);
+    return { member, id: inner };
   }
 
   private join(member: Member, id: string): string {

@@ -7,6 +7,12 @@ import type { SandboxLimits } from '../limits.ts';
 /** The API host's own engine, when it runs sandboxes too (a name no node may have). Its containers' ids carry no node name. */
 export const LOCAL = 'local';
 
+/** The member a container id names (`<node>/<id on the node>`; one without a node is the local engine's), and its id there. */
+export function containerNode(containerId: string): { node: string; id: string } {
+  const at = containerId.indexOf('/');
+  return at < 0 ? { node: LOCAL, id: containerId } : { node: containerId.slice(0, at), id: containerId.slice(at + 1) };
+}
+
 /** What is placed on one member: the limits of its sandboxes not removed, their count, and how many are one team's. */
 export interface Placed {
   memoryMb: number;
@@ -28,8 +34,7 @@ export async function placedOn(db: Db, team = ''): Promise<Map<string, Placed>> 
   const out = new Map<string, Placed>();
   for (const r of rows) {
     if (!r.containerId) continue;
-    const at = r.containerId.indexOf('/');
-    const name = at < 0 ? LOCAL : r.containerId.slice(0, at);
+    const name = containerNode(r.containerId).node;
     const l = r.limits as Partial<SandboxLimits>;
     const c = out.get(name) ?? { memoryMb: 0, cpus: 0, sandboxes: 0, team: 0 };
     c.memoryMb += l.memoryMb ?? 0;
