@@ -1,4 +1,6 @@
 import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sandboxes, sandboxNodes } from '../../apps/api/src/db/schema/index.ts';
@@ -179,20 +181,30 @@ describe('paused sandboxes on sandbox nodes', () => {
       expect((await backend.list()).find((l) => l.id === c.id)).toMatchObject({ stopped: true });
       expect(await node.reap()).toBe(0);
 
-      const resumed = await RunnerClient.reattach(await remote.resume(c, Date.now() + 600_000), key);
+      const ends = Date.now() + 600_000;
+      const resumed = await RunnerClient.reattach(await remote.resume(c, ends), key);
       expect((await resumed.exec('print(n)', opts)).stdout).toBe('7\n');
       // Running again, past its label's lifetime but within the one the resume moved on.
       expect(await node.reap()).toBe(0);
       resumed.close();
 
-      // Another node process on the same host knows no moved lifetime: a running one past its label goes.
-      const other = await startNode({ backend, credentials, host: '127.0.0.1', port: 0 });
+      // The node restarted (a new process: a backend and a node of its own) still knows the moved
+      // lifetime, kept beside the engine's data: its reaper leaves the running sandbox alone.
+      await node.close();
+      const restarted = onNode(name);
+      expect((await restarted.list()).find((l) => l.id === c.id)).toMatchObject({ expiresAt: ends });
+      const other = await startNode({ backend: restarted, credentials, host: '127.0.0.1', port: 0 });
       try {
-        expect(await other.reap()).toBe(1);
-        expect((await backend.list()).map((l) => l.id)).not.toContain(c.id);
+        expect(await other.reap()).toBe(0);
       } finally {
         await other.close();
       }
+      // What is kept goes with the container, also one removed behind the node's back.
+      const kept = join((await docker.info()).DockerRootDir, 'kiln-lifetimes', c.id);
+      expect(Number(readFileSync(kept, 'utf8'))).toBe(ends);
+      await docker.getContainer(c.id).remove({ force: true });
+      expect((await restarted.list()).map((l) => l.id)).not.toContain(c.id);
+      expect(existsSync(kept)).toBe(false);
     } finally {
       remote.close();
       await node.close();

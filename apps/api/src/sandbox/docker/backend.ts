@@ -1,6 +1,6 @@
 import { randomInt } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { access, mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { access, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { join, normalize } from 'node:path';
 import type Docker from 'dockerode';
@@ -43,6 +43,8 @@ const UID_ATTEMPTS = 8;
 const NODE_LABEL = 'kiln.node';
 /** The one checkpoint a paused sandbox's container has (Docker keeps it beside the container, root-only). */
 const CHECKPOINT = 'kiln';
+/** A Docker container id as the engine gives it (only such names make paths here). */
+const CONTAINER_ID = /^[0-9a-f]{64}$/;
 /**
  * Where the gVisor runtime keeps each container's state under dockerd's default exec root (one
  * started with another `--exec-root` is found from a running sandbox's shim: `runscRootOf`).
@@ -432,7 +434,7 @@ export class DockerBackend implements SandboxBackend {
     const dir = root && join(root, 'containers', id, 'checkpoints', CHECKPOINT);
     if (root) await this.findRunscRoot(id);
     const stateFile = join(this.runscRoot, `${id}_sandbox:${id}.state`);
-    if (dir && runsc && /^[0-9a-f]{64}$/.test(id) && (await exists(stateFile))) {
+    if (dir && runsc && CONTAINER_ID.test(id) && (await exists(stateFile))) {
       // A checkpoint left by an earlier pause (one whose deletion at the resume failed) would make runsc refuse.
       await rm(dir, { recursive: true, force: true });
       await mkdir(dir, { recursive: true, mode: 0o700 });
@@ -477,17 +479,23 @@ export class DockerBackend implements SandboxBackend {
 
   /** Removes what runsc left of an exited (checkpointed) container's state on this host (see RUNSC_STATE_DIR). */
   private async dropStaleRuntimeState(id: string): Promise<void> {
-    if (!(this.docker.modem as { socketPath?: unknown }).socketPath || !/^[0-9a-f]{64}$/.test(id)) return;
+    if (!(this.docker.modem as { socketPath?: unknown }).socketPath || !CONTAINER_ID.test(id)) return;
     for (const ext of ['state', 'lock']) await rm(join(this.runscRoot, `${id}_sandbox:${id}.${ext}`), { force: true });
   }
 
-  /** (Its moved lifetime is the reapers' to keep: they read it from its row.) */
-  async resume(container: SandboxContainer): Promise<RunnerChannel> {
+  /**
+   * Its moved lifetime is kept beside the engine's data too (an engine of this host), where
+   * `list` reads it: a process that reaps by itself (a node) keeps it after a restart. The
+   * replicas keep it in the sandbox's row as well.
+   */
+  async resume(container: SandboxContainer, lifetimeEndsAt?: number): Promise<RunnerChannel> {
     const c = this.docker.getContainer(container.id);
     const cp = c as unknown as Checkpoints;
     await this.dropStaleRuntimeState(container.id);
     await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
     this.sampler.watch(container.id);
+    // Not kept (the disk refused): a node's reaper still has it in memory until the node restarts.
+    if (lifetimeEndsAt !== undefined) await this.keepLifetime(container.id, lifetimeEndsAt).catch(() => undefined);
     // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).
     await cp.deleteCheckpoint(CHECKPOINT).catch(() => undefined);
     return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
@@ -506,6 +514,8 @@ export class DockerBackend implements SandboxBackend {
       .catch((err: { statusCode?: number }) => {
         if (err.statusCode !== 404) throw err;
       });
+    const lifetimes = await this.lifetimesDir();
+    if (lifetimes && CONTAINER_ID.test(containerId)) await rm(join(lifetimes, containerId), { force: true });
     const team = this.teamOf.get(containerId);
     this.teamOf.delete(containerId);
     if (team) await (await this.teamCgroups())!.leave(team);
@@ -541,16 +551,61 @@ export class DockerBackend implements SandboxBackend {
     });
     // Without a node name, a node's containers on the same engine are that node's, not this backend's.
     const own = this.node ? containers : containers.filter((c) => !c.Labels[NODE_LABEL]);
+    const moved = await this.movedLifetimes(new Set(containers.map((c) => c.Id)));
     return own.map((c) => {
       const expires = Date.parse(c.Labels['kiln.expires'] ?? '');
       return {
         id: c.Id,
         sandboxId: c.Labels['kiln.sandbox'] ?? '',
         owner: c.Labels['kiln.owner'] ?? '',
-        expiresAt: Number.isNaN(expires) ? undefined : expires,
+        expiresAt: moved.get(c.Id) ?? (Number.isNaN(expires) ? undefined : expires),
         ...(c.Labels['kiln.pausable'] === '1' && c.State !== 'running' ? { stopped: true } : {}),
       };
     });
+  }
+
+  /** `<DockerRootDir>/kiln-lifetimes`, where the lifetimes resumes moved on are kept; null for an engine of another host. */
+  private async lifetimesDir(): Promise<string | null> {
+    const { root } = await this.checkpointing();
+    return root && join(root, 'kiln-lifetimes');
+  }
+
+  /** Keeps a resumed container's moved lifetime in a root-only file named by its id (written whole, by rename). */
+  private async keepLifetime(containerId: string, endsAt: number): Promise<void> {
+    const dir = await this.lifetimesDir();
+    if (!dir || !CONTAINER_ID.test(containerId)) return;
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const part = join(dir, `.${containerId}.${randomInt(1e9)}`);
+    await writeFile(part, String(endsAt), { mode: 0o600 });
+    await rename(part, join(dir, containerId));
+  }
+
+  /**
+   * The moved lifetimes of the containers listed (`ids`: this engine's Kiln containers). A file
+   * whose container the engine no longer has (removed by another process, or by hand) goes.
+   */
+  private async movedLifetimes(ids: Set<string>): Promise<Map<string, number>> {
+    const moved = new Map<string, number>();
+    const dir = await this.lifetimesDir();
+    const names = dir ? await readdir(dir).catch(() => [] as string[]) : [];
+    for (const name of names) {
+      if (!CONTAINER_ID.test(name)) continue;
+      const file = join(dir!, name);
+      if (!ids.has(name)) {
+        const gone = await this.docker
+          .getContainer(name)
+          .inspect()
+          .then(
+            () => false,
+            (err: { statusCode?: number }) => err.statusCode === 404,
+          );
+        if (gone) await rm(file, { force: true });
+        continue;
+      }
+      const endsAt = Number(await readFile(file, 'utf8').catch(() => ''));
+      if (Number.isSafeInteger(endsAt) && endsAt > 0) moved.set(name, endsAt);
+    }
+    return moved;
   }
 
   stats(containerId: string): Promise<Usage | null> {
