@@ -17,7 +17,7 @@ backendContract('a sandbox node (Docker behind the node protocol)', async () => 
   const ca = await makeAuthority('contract');
   const node = await startNode({
     // Named, as every node is: it lists (and reaps) only its own containers on the shared engine.
-    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a'),
+    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-a' }),
     credentials: await issue(ca, { role: 'node', name: 'node-a', hosts: ['127.0.0.1'] }),
     host: '127.0.0.1',
     port: 0,

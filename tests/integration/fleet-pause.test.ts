@@ -35,7 +35,7 @@ describe('paused sandboxes on sandbox nodes', () => {
   let team: { id: string; key: string };
   let ca: KeyPair;
   const nodes = new Map<string, RunningNode>();
-  const onNode = (name: string) => new DockerBackend(docker, undefined, undefined, name);
+  const onNode = (name: string) => new DockerBackend(docker, { node: name });
   const rowOf = async (id: string) => (await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, id)))[0]!;
   const gvisor = { sandbox: { runtime: 'gvisor', idle_s: IDLE_S } };
   const startOn = async (name: string, port = 0) => {

@@ -48,7 +48,7 @@ async function cgroupOf(id: string): Promise<string> {
 }
 
 describe('fair share: each team in a cgroup of its own under one parent (KILN_SANDBOX_FAIR_SHARE=on)', () => {
-  const backend = new DockerBackend(docker, undefined, { parent: PARENT, parentWeight: 30, teamWeight: 200 });
+  const backend = new DockerBackend(docker, { fairShare: { parent: PARENT, parentWeight: 30, teamWeight: 200 } });
   const made: SandboxContainer[] = [];
   let n = 0;
   const create = async (teamId: string, runtime: SandboxRuntime = 'runc') => {
@@ -106,11 +106,13 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
   });
 
   it("caps a team's CPUs together when configured, and no sandbox of it above the cap", async () => {
-    const capped = new DockerBackend(docker, undefined, {
-      parent: PARENT,
-      parentWeight: 30,
-      teamWeight: 200,
-      teamCpus: 1,
+    const capped = new DockerBackend(docker, {
+      fairShare: {
+        parent: PARENT,
+        parentWeight: 30,
+        teamWeight: 200,
+        teamCpus: 1,
+      },
     });
     const c = await capped.create(requestFor('cap', 'team_capped', { limits: { ...limits, cpus: 2 } }));
     try {
@@ -145,7 +147,7 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
     const live = await create('team_live');
     const leftover = teamGroup('team_killed');
     mkdirSync(groupDir(leftover), { recursive: true });
-    const next = new DockerBackend(docker, undefined, { parent: PARENT, parentWeight: 30, teamWeight: 200 });
+    const next = new DockerBackend(docker, { fairShare: { parent: PARENT, parentWeight: 30, teamWeight: 200 } });
     expect((await next.capabilities()).teamBound).toBe(true);
     expect(existsSync(groupDir(leftover))).toBe(false);
     expect(await cgroupOf(live.id)).toBe(`/${PARENT}/${teamGroup('team_live')}/${live.id}`);
@@ -239,22 +241,26 @@ describe('fair share configuration', () => {
   });
 
   it('auto: on this host (local engine, cgroupfs, root) it binds containers to their team; where it cannot make its group, it is off and says why', async () => {
-    const here = new DockerBackend(docker, undefined, {
-      parent: PARENT,
-      parentWeight: 50,
-      teamWeight: 100,
-      auto: true,
+    const here = new DockerBackend(docker, {
+      fairShare: {
+        parent: PARENT,
+        parentWeight: 50,
+        teamWeight: 100,
+        auto: true,
+      },
     });
     expect((await here.capabilities()).teamBound).toBe(true);
     const warnings: unknown[] = [];
     const log = { warn: (o: unknown) => warnings.push(o), info: () => undefined } as unknown as Logger;
-    const nowhere = new DockerBackend(docker, undefined, {
-      parent: PARENT,
-      parentWeight: 50,
-      teamWeight: 100,
-      auto: true,
-      root: '/nonexistent-cgroup-root',
-      log,
+    const nowhere = new DockerBackend(docker, {
+      fairShare: {
+        parent: PARENT,
+        parentWeight: 50,
+        teamWeight: 100,
+        auto: true,
+        root: '/nonexistent-cgroup-root',
+        log,
+      },
     });
     expect((await nowhere.capabilities()).teamBound).toBe(false);
     expect(warnings).toEqual([{ reason: 'no cgroup file system at /nonexistent-cgroup-root' }]);

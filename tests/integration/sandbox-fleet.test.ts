@@ -36,7 +36,7 @@ describe('sandboxes on a fleet of nodes', () => {
       ['node-b', 1536],
     ] as const) {
       const n = await startNode({
-        backend: new DockerBackend(docker, undefined, undefined, name),
+        backend: new DockerBackend(docker, { node: name }),
         credentials: await issue(ca, { role: 'node', name, hosts: ['127.0.0.1'] }),
         host: '127.0.0.1',
         port: 0,
@@ -55,7 +55,7 @@ describe('sandboxes on a fleet of nodes', () => {
     for (const n of nodes) await n.close();
     // What a dead node left on the engine.
     for (const name of ['node-a', 'node-b', 'node-c']) {
-      const left = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, name);
+      const left = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: name });
       for (const c of await left.list()) await left.remove(c.id);
     }
   });
@@ -122,9 +122,9 @@ describe('sandboxes on a fleet of nodes', () => {
     expect(inner).toHaveLength(4);
     const plain = (await new DockerBackend(connectDocker(process.env.DOCKER_HOST)).list()).map((c) => c.id);
     for (const id of inner) expect(plain).not.toContain(id);
-    const onA = (
-      await new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a').list()
-    ).map((c) => c.id);
+    const onA = (await new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-a' }).list()).map(
+      (c) => c.id,
+    );
     expect(inner.filter((id) => onA.includes(id))).toHaveLength(2);
     const view = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
     for (const n of view) expect(n).toMatchObject({ sandboxes: 2, committed: { memory_mb: 1024 } });
@@ -172,7 +172,10 @@ describe('sandboxes on a fleet of nodes', () => {
   it('a node that dies mid-session: the next exec of each of its sessions says the variables are gone and runs on another node; nothing answers 500', async () => {
     const c = await startNode({
       // node-c has an egress proxy of its own (on its engine), as a node with KILN_EGRESS on does.
-      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), egressOf(loadConfig()), undefined, 'node-c'),
+      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), {
+        egress: egressOf(loadConfig()),
+        node: 'node-c',
+      }),
       credentials: await issue(ca, { role: 'node', name: 'node-c', hosts: ['127.0.0.1'] }),
       host: '127.0.0.1',
       port: 0,
@@ -203,7 +206,7 @@ describe('sandboxes on a fleet of nodes', () => {
 
     // node-b comes back at its address: what it still holds was replaced, and the reaper removes it.
     const port = Number(new URL(url['node-b']!).port);
-    const leftOnB = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-b');
+    const leftOnB = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-b' });
     expect((await leftOnB.list()).length).toBeGreaterThan(0);
     nodes[1] = await startNode({
       backend: leftOnB,
@@ -257,7 +260,7 @@ describe('sandboxes on a fleet of nodes', () => {
       .update(sandboxes)
       .set({ state: 'removed', removedReason: 'node_lost' })
       .where(like(sandboxes.id, row!.id));
-    const onNode = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, node);
+    const onNode = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: node });
     expect((await onNode.list()).map((c) => c.id)).toContain(inner);
     // A second replica, which never had it: it is not its own and not past its lifetime, but its row says removed.
     const replica = await issue(ca, { role: 'api', name: 'replica-2' });

@@ -28,7 +28,7 @@ describe('sandbox node: who may talk to whom', () => {
   let image: string;
   const owner = `node-test-${randomBytes(4).toString('hex')}`;
   // Its containers carry the node's name, so its lifetime reaper and listings see only them.
-  const docker = new DockerBackend(connectDocker(process.env.DOCKER_HOST), undefined, undefined, 'node-a');
+  const docker = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-a' });
   const remotes: RemoteBackend[] = [];
   const remote = (o: ConstructorParameters<typeof RemoteBackend>[0]) => {
     const r = new RemoteBackend(o);

@@ -326,13 +326,13 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     execFileSync('docker', ['tag', image, alias]);
     try {
       const { DockerRootDir } = (await docker.info()) as { DockerRootDir: string };
-      const tried = new DockerBackend(docker, undefined, undefined, undefined, alias);
+      const tried = new DockerBackend(docker, { probeImage: alias });
       const gvisor = (await tried.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
       expect(gvisor).toMatchObject({ pause: true });
       expect(gvisor?.pauseOff).toBeUndefined();
       expect(readFileSync(join(DockerRootDir, 'kiln-checkpoint-probe.json'), 'utf8')).toContain(alias);
 
-      const broken = new DockerBackend(docker, undefined, undefined, undefined, `kiln-no-such-image:${INSTANCE}`);
+      const broken = new DockerBackend(docker, { probeImage: `kiln-no-such-image:${INSTANCE}` });
       const off = (await broken.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
       expect(off).toMatchObject({ pause: false });
       expect(off?.pauseOff).toMatch(/probe sandbox could not be checkpointed and restored.*no such image/i);

@@ -162,13 +162,11 @@ export async function createTestApp(
       opts.sandbox === false
         ? null
         : ((typeof opts.backend === 'function' ? opts.backend(database.db) : opts.backend) ??
-          new DockerBackend(
-            connectDocker(process.env.DOCKER_HOST),
-            egressOf(config, logger),
-            config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
-            undefined,
-            config.sandboxImage,
-          )),
+          new DockerBackend(connectDocker(process.env.DOCKER_HOST), {
+            egress: egressOf(config, logger),
+            fairShare: config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
+            probeImage: config.sandboxImage,
+          })),
     logger,
     selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,

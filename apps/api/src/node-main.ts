@@ -83,13 +83,12 @@ async function serve(): Promise<void> {
   }
   const e = env.data;
   const logger = createLogger(config.logLevel);
-  const backend = new DockerBackend(
-    connectDocker(config.dockerHost),
-    egressOf(config, logger),
-    config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
-    e.KILN_NODE_NAME,
-    config.sandboxImage,
-  );
+  const backend = new DockerBackend(connectDocker(config.dockerHost), {
+    egress: egressOf(config, logger),
+    fairShare: config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger },
+    node: e.KILN_NODE_NAME,
+    probeImage: config.sandboxImage,
+  });
   const node = await startNode({
     backend,
     credentials: {

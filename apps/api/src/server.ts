@@ -22,13 +22,11 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   const bootstrap = await bootstrapAdminKey(database.db, { adminKey: config.adminKey, dataDir: config.dataDir });
   const fairShare = config.sandbox.fairShare && { ...config.sandbox.fairShare, log: logger };
-  const local = new DockerBackend(
-    connectDocker(config.dockerHost),
-    egressOf(config, logger),
+  const local = new DockerBackend(connectDocker(config.dockerHost), {
+    egress: egressOf(config, logger),
     fairShare,
-    undefined,
-    config.sandboxImage,
-  );
+    probeImage: config.sandboxImage,
+  });
   // With sandbox nodes, the backend is the fleet (registered nodes, and this host's engine unless turned off).
   const fleet = config.nodes
     ? new FleetBackend({

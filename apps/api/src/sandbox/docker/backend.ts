@@ -84,6 +84,26 @@ export function egressOf(
   return enabled ? { image, subnets, upstreamNetwork, bridgeDir, log } : undefined;
 }
 
+/** What a Docker backend is given besides its engine; each part is optional. */
+export interface DockerBackendOptions {
+  /** Unset: no egress proxy (a request for an allowlist sandbox is refused). */
+  egress?: EgressOptions & { log?: Logger };
+  /** Unset: sandboxes are in Docker's default cgroup parent, each with only its own limits. */
+  fairShare?: FairShareOptions & { auto?: boolean; log?: Logger };
+  /**
+   * A sandbox node's name: its containers carry it (`kiln.node`) and it lists only those, so
+   * two nodes on one engine (or a node beside an API that uses the engine itself) keep apart.
+   */
+  node?: string;
+  /**
+   * An image with `sleep` (the sandbox image): with it, an engine of this host that serves the
+   * checkpoint API is also tried for real once (a gVisor container checkpointed and restored),
+   * and the outcome kept beside the engine's data (`kiln-checkpoint-probe.json`) until the
+   * engine, runsc, the kernel or the image name change. Without it, the API's answer decides.
+   */
+  probeImage?: string;
+}
+
 /** Sandboxes as containers of one Docker Engine, recorded in `kiln.*` labels. */
 export class DockerBackend implements SandboxBackend {
   /** Uids of containers this backend is creating, before Docker lists them. */
@@ -109,25 +129,16 @@ export class DockerBackend implements SandboxBackend {
   /** Template images are built on the same Docker Engine. */
   readonly images: DockerImages;
 
+  private readonly egress?: EgressOptions & { log?: Logger };
+  private readonly fairShare?: FairShareOptions & { auto?: boolean; log?: Logger };
+  private readonly node?: string;
+  private readonly probeImage?: string;
+
   constructor(
     private readonly docker: Docker,
-    /** Unset: no egress proxy (a request for an allowlist sandbox is refused). */
-    private readonly egress?: EgressOptions & { log?: Logger },
-    /** Unset: sandboxes are in Docker's default cgroup parent, each with only its own limits. */
-    private readonly fairShare?: FairShareOptions & { auto?: boolean; log?: Logger },
-    /**
-     * A sandbox node's name: its containers carry it (`kiln.node`) and it lists only those, so
-     * two nodes on one engine (or a node beside an API that uses the engine itself) keep apart.
-     */
-    private readonly node?: string,
-    /**
-     * An image with `sleep` (the sandbox image): with it, an engine of this host that serves the
-     * checkpoint API is also tried for real once (a gVisor container checkpointed and restored),
-     * and the outcome kept beside the engine's data (`kiln-checkpoint-probe.json`) until the
-     * engine, runsc, the kernel or the image name change. Without it, the API's answer decides.
-     */
-    private readonly probeImage?: string,
+    o: DockerBackendOptions = {},
   ) {
+    ({ egress: this.egress, fairShare: this.fairShare, node: this.node, probeImage: this.probeImage } = o);
     this.images = new DockerImages(docker);
     this.sampler = new StatsSampler(docker);
   }
