@@ -159,10 +159,6 @@ export class Reaper {
     if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }
 
-  /**
-   * Removes the containers the runtime lists that are past their lifetime, this instance's that
-   * are unused, and another replica's whose row says removed.
-   */
   /** The moved hard lifetimes (epoch ms) of the sandboxes listed that were ever paused, by sandbox id. */
   private async movedLifetimes(ids: string[]): Promise<Map<string, number>> {
     if (!ids.length) return new Map();
@@ -186,6 +182,10 @@ export class Reaper {
     );
   }
 
+  /**
+   * Removes the containers the runtime lists that are past their lifetime, this instance's that
+   * are unused, and another replica's whose row says removed.
+   */
   private async reapContainers(now: number, startup: boolean, paused: Set<string>): Promise<number> {
     const { db, backend, containers, live, pool } = this.deps;
     let removed = 0;
