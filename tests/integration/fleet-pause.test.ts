@@ -146,6 +146,58 @@ describe('paused sandboxes on sandbox nodes', () => {
     expect(await containerOf(placed)).toBeNull();
   });
 
+  it('a paused sandbox on a node outlives the replica that paused it: another takes it over with its variables, and the first, back, leaves it alone', async () => {
+    const instance = `fleet-pause-a-${tag}`;
+    const credentials = await issue(ca, { role: 'api', name: 'replica-a' });
+    const fleets: FleetBackend[] = [];
+    const replicaA = async () => {
+      const app = await createTestApp({
+        replicaOf: t,
+        sandbox: { poolSize: 0, perTeamMax: 20, now: () => now },
+        env: { KILN_INSTANCE_ID: instance, KILN_SANDBOX_PAUSED_TTL_S: '3600' },
+        backend: (db) => {
+          const f = new FleetBackend({ db, credentials, heartbeatMs: 3_600_000, lostGraceMs: 0 });
+          fleets.push(f);
+          return f;
+        },
+      });
+      await fleets.at(-1)!.refresh();
+      return app;
+    };
+    const a = await replicaA();
+    let back: TestApp | undefined;
+    const { session } = await sessionIn(a, team, gvisor);
+    try {
+      const first = await exec(a, team.key, session, 'kept = "across replicas"');
+      expect((await a.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
+      const placed = (await rowOf(first.sandbox_id)).containerId;
+      // Replica A goes for good (no pause at shutdown in tests: what it paused stays paused, on the node).
+      await a.close();
+      expect(await rowOf(first.sandbox_id)).toMatchObject({ state: 'paused', owner: instance });
+
+      // The next execution reaches another replica (A is not heard from), which resumes it on its node.
+      const resumed = await exec(t, team.key, session, 'print(kept)');
+      expect(resumed).toMatchObject({ stdout: 'across replicas\n', restarted: false, sandbox_id: first.sandbox_id });
+      const row = await rowOf(first.sandbox_id);
+      expect(row.state).toBe('ready');
+      expect(row.owner).not.toBe(instance);
+      expect(await containerOf(placed)).toEqual({ running: true });
+
+      // A back with the same instance id: the container still carries A's label, yet it is not A's.
+      back = await replicaA();
+      await back.engine.reap();
+      expect(await containerOf(placed)).toEqual({ running: true });
+      expect(await exec(t, team.key, session, 'print(kept)')).toMatchObject({
+        stdout: 'across replicas\n',
+        restarted: false,
+      });
+    } finally {
+      await t.engine.release(session, 'test_done');
+      await back?.close();
+      for (const f of fleets) f.close();
+    }
+  });
+
   it('a node keeps a paused container past its hard lifetime (the replicas keep its paused time), and a resumed one until its moved lifetime', async () => {
     const name = `pause-c-${tag}`;
     const backend = onNode(name);

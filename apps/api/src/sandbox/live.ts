@@ -583,12 +583,19 @@ export class LiveSandboxes {
     const { db, backend, log } = this.deps;
     const [row] = await db
       .update(sandboxes)
-      .set({ state: 'resuming' })
+      .set({ state: 'resuming', owner: this.opts.owner })
       .where(
         and(
           eq(sandboxes.sessionId, ctx.sessionId),
-          eq(sandboxes.owner, this.opts.owner),
           eq(sandboxes.state, 'paused'),
+          or(
+            eq(sandboxes.owner, this.opts.owner),
+            // Another replica's, on a sandbox node: any replica reaches it there. A request for it
+            // is served here only when that replica is not heard from (a live one is sent it,
+            // http/replicas.ts), so this one takes it over rather than leave it paused until its
+            // lifetime. One on that replica's own engine, or with a mount of its host, stays.
+            and(like(sandboxes.containerId, '%/%'), sql`(${sandboxes.checkpoint} ->> 'mount') is null`),
+          ),
         ),
       )
       .returning();

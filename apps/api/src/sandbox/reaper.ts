@@ -192,14 +192,17 @@ export class Reaper {
     const listed = await backend.list();
     // A container is this installation's when it is this instance's or names a row of this
     // database (another replica's); any other is another installation's and never touched.
-    const foreign = listed.filter((c) => c.owner !== this.opts.owner).map((c) => c.sandboxId);
-    const rows = foreign.length
+    const ids = listed.map((c) => c.sandboxId).filter(Boolean);
+    const rows = ids.length
       ? await db
-          .select({ id: sandboxes.id, state: sandboxes.state })
+          .select({ id: sandboxes.id, state: sandboxes.state, owner: sandboxes.owner })
           .from(sandboxes)
-          .where(inArray(sandboxes.id, foreign))
+          .where(inArray(sandboxes.id, ids))
       : [];
     const known = new Set(rows.map((r) => r.id));
+    // A container this instance made that another replica took over while it was paused (live.ts,
+    // resume) is that replica's now, whatever its label says.
+    const takenOver = new Set(rows.filter((r) => r.owner !== this.opts.owner).map((r) => r.id));
     // A sandbox that was paused has its hard lifetime moved on by its time paused (its row says to when).
     const moved = await this.movedLifetimes(listed.map((c) => c.sandboxId).filter(Boolean));
     // Another replica's containers whose rows say removed (a sandbox node declared lost, say, whose
@@ -212,7 +215,7 @@ export class Reaper {
       // Asked now, not before the listing: a warm container that finished starting (or was
       // claimed) while the list was being fetched is pooled or live by the time we get here.
       const kept = pool.has(info.id) || liveOn(info.id) !== undefined;
-      const mine = info.owner === this.opts.owner;
+      const mine = info.owner === this.opts.owner && !takenOver.has(sbx);
       if (!mine && !known.has(sbx)) continue;
       const ends = moved.get(sbx) ?? info.expiresAt;
       const expired = ends !== undefined && ends < now;
