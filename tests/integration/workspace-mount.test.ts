@@ -303,6 +303,30 @@ describe('the mount budget and the copy', () => {
     }
   });
 
+  it('a mount kept from a previous life (a paused sandbox\u2019s) counts against the budget of the next', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kiln-mounts-'));
+    let after: WorkspaceMounts | undefined;
+    try {
+      const before = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, hostMounts: true }, 'again', log))!;
+      expect(await before.create('sbx_paused', 60)).toBeDefined();
+      expect(await before.create('sbx_gone', 10)).toBeDefined();
+      // The next life of the instance: it keeps the paused sandbox's mount and sweeps the other.
+      after = (await WorkspaceMounts.open({ mode: 'on', dir, maxMb: 100, hostMounts: true }, 'again', log))!;
+      expect(after.mountedMb).toBe(0);
+      expect(await after.sweep((id) => id === 'sbx_paused')).toBe(1);
+      expect(after.mountedMb).toBe(60);
+      expect(await after.create('sbx_new', 60)).toBeUndefined();
+      expect(await after.create('sbx_new', 40)).toBeDefined();
+      await after.sweep(() => false);
+      expect(after.mountedMb).toBe(0);
+      expect(mountsUnder(join(dir, 'again')).size).toBe(0);
+    } finally {
+      // Whatever failed, no mount is left behind.
+      await after?.sweep(() => false);
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('the copy takes regular files and directories only, never follows a link, and gives them to the sandbox uid', async () => {
     const src = mkdtempSync(join(tmpdir(), 'kiln-src-'));
     const dst = mkdtempSync(join(tmpdir(), 'kiln-dst-'));

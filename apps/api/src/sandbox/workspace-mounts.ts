@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chown, mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { chown, mkdir, readdir, readFile, rmdir, statfs, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from 'pino';
@@ -149,12 +149,15 @@ export class WorkspaceMounts {
   /**
    * Removes every directory (and mount) of this instance whose sandbox `keep` does not claim:
    * at start-up, what a previous life of this instance left; later, those of containers the
-   * reaper removed. Returns how many went.
+   * reaper removed. A mount kept that this process did not make (a paused sandbox's, made by
+   * its previous life) counts against the budget from now on, at its size. Returns how many went.
    */
   async sweep(keep: (sandboxId: string) => boolean): Promise<number> {
     const names = new Set<string>();
+    const mounted = new Set<string>();
     for (const dir of await this.mounted())
-      if (dir.startsWith(`${this.root}/`)) names.add(dir.slice(this.root.length + 1));
+      if (dir.startsWith(`${this.root}/`)) mounted.add(dir.slice(this.root.length + 1));
+    for (const name of mounted) names.add(name);
     const listed = await readdir(this.root).catch((err: { code?: string }) => {
       if (err.code === 'ENOENT') return [] as string[];
       throw err;
@@ -162,13 +165,24 @@ export class WorkspaceMounts {
     for (const name of listed) names.add(name);
     let removed = 0;
     for (const name of names) {
-      if (name.includes('/') || !/^[A-Za-z0-9_-]+$/.test(name) || keep(name)) continue;
+      if (name.includes('/') || !/^[A-Za-z0-9_-]+$/.test(name)) continue;
+      if (keep(name)) {
+        if (mounted.has(name) && !this.sizes.has(name)) await this.adopt(name);
+        continue;
+      }
       await this.remove(name).then(
         () => removed++,
         (err) => this.log.warn({ err, sandbox: name }, 'could not remove a sandbox workspace mount'),
       );
     }
     return removed;
+  }
+
+  /** Counts a mount this process did not make at its size (a tmpfs's blocks), so the budget holds across restarts. */
+  private async adopt(sandboxId: string): Promise<void> {
+    const fs = await statfs(this.dirOf(sandboxId)).catch(() => undefined);
+    // Not read (gone meanwhile): nothing to count.
+    if (fs) this.sizes.set(sandboxId, Math.ceil((fs.blocks * fs.bsize) / 2 ** 20));
   }
 
   /** Mount points of this process's mount namespace that are workspace mounts. */
