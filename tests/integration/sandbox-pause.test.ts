@@ -428,12 +428,19 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
   it('a paused sandbox outlives its server: the next server of the instance resumes it', async () => {
     const { session } = await sessionIn(t, team, gvisor);
     const r = await exec(t, team.key, session, 'survivor = "still here"');
+    // What the reaper saw, should the idle pause not happen (seen about once in 25 runs beside other files).
+    const seen = (l?: { lastUsed: number; idleMs: number; busy: boolean; client: { alive: boolean } }) =>
+      l && { lastUsed: l.lastUsed, idleMs: l.idleMs, busy: l.busy, alive: l.client.alive };
+    const live = (t.engine as unknown as { live: { get(s: string): Parameters<typeof seen>[0] } }).live;
+    const before = seen(live.get(session));
     await idle();
     const row = await rowOf(r.sandbox_id);
     expect(
       row.state,
       JSON.stringify([
         now,
+        before,
+        seen(live.get(session)),
         t.logs.filter((l) => JSON.stringify(l).includes(r.sandbox_id) || JSON.stringify(l).includes(session)),
       ]),
     ).toBe('paused');

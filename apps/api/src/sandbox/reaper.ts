@@ -65,6 +65,9 @@ export class Reaper {
       if (!l.client.alive || (!l.busy && now - l.lastUsed > l.idleMs)) {
         if (l.client.alive && live.canPause(l)) {
           const outcome = await live.pause(l.sessionId, 'idle');
+          // Used or busy meanwhile (or gone): it stays as it is, and says why.
+          if (!outcome.paused && outcome.reason !== 'failed')
+            log.info({ sandbox: l.id, reason: outcome.reason }, 'idle sandbox not paused');
           if (outcome.paused || outcome.reason !== 'failed') continue;
         } else await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
         removed++;
