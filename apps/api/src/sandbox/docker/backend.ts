@@ -351,6 +351,8 @@ export class DockerBackend implements SandboxBackend {
           runsc: local && runsc ? runsc : null,
         };
       });
+    // An engine that did not answer is asked again next time (a transient error is not kept).
+    this.checkpoints.catch(() => (this.checkpoints = undefined));
     return this.checkpoints;
   }
 
@@ -577,7 +579,11 @@ export class DockerBackend implements SandboxBackend {
 
   /** `<DockerRootDir>/kiln-lifetimes`, where the lifetimes resumes moved on are kept; null for an engine of another host. */
   private async lifetimesDir(): Promise<string | null> {
-    const { root } = await this.checkpointing();
+    // Not known (the engine did not answer): nothing read or kept this time, the listing still made.
+    const root = await this.checkpointing().then(
+      (c) => c.root,
+      () => null,
+    );
     return root && join(root, 'kiln-lifetimes');
   }
 
