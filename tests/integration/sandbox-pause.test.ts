@@ -374,9 +374,16 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
         'import socket, struct, json',
         's = socket.socket(socket.AF_UNIX)',
         's.connect(b"\\0kiln-runner")',
-        'n = struct.unpack(">I", s.recv(4))[0]',
-        'got = b""',
-        'while len(got) < n: got += s.recv(n - len(got))',
+        // Read whole (a stream may give a frame in parts); None once the runner has closed it.
+        'def exactly(n):',
+        '    got = b""',
+        '    while len(got) < n:',
+        '        part = s.recv(n - len(got))',
+        '        if not part: return None',
+        '        got += part',
+        '    return got',
+        'head = exactly(4)',
+        'nonce = head and exactly(struct.unpack(">I", head)[0])',
         'for op in ({"op": "auth", "mac": "00" * 32}, {"op": "key", "key": "AAAA"}):',
         '    body = json.dumps(op).encode()',
         '    try: s.sendall(struct.pack(">I", len(body)) + body)',
@@ -388,7 +395,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
         'except OSError as e: print("in use")',
       ].join('\n'),
     );
-    expect(attack.stdout).toBe('dropped\nin use\n');
+    expect(attack.stdout, JSON.stringify(attack)).toBe('dropped\nin use\n');
     // The host's runner still answers, and only the host can attach to it again.
     await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key });
     const after = await exec(t, team.key, session, 'print(secret_state)');
