@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, inArray, isNotNull, like, ne, or, type SQL, sql } from 'drizzle-orm';
+import { and, asc, desc, eq, inArray, isNotNull, ne, or, type SQL, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
@@ -14,7 +14,7 @@ import { changesSince, type FileWrite } from './resync.ts';
 import { copyTree, WORKSPACE_TOO_LARGE } from './copy-tree.ts';
 import { tarChunks } from './tar.ts';
 import { readHead } from '../workspace/git.ts';
-import { containerNode } from './node/registry.ts';
+import { containerNode, onANode } from './node/registry.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 
 export interface ExecContext {
@@ -538,7 +538,7 @@ export class LiveSandboxes {
       .from(sandboxes)
       .where(
         and(
-          or(eq(sandboxes.owner, this.opts.owner), like(sandboxes.containerId, '%/%')),
+          or(eq(sandboxes.owner, this.opts.owner), onANode()),
           eq(sandboxes.state, 'paused'),
           isNotNull(sandboxes.checkpointBytes),
         ),
@@ -594,7 +594,7 @@ export class LiveSandboxes {
             // is served here only when that replica is not heard from (a live one is sent it,
             // http/replicas.ts), so this one takes it over rather than leave it paused until its
             // lifetime. One on that replica's own engine, or with a mount of its host, stays.
-            and(like(sandboxes.containerId, '%/%'), sql`(${sandboxes.checkpoint} ->> 'mount') is null`),
+            and(onANode(), sql`(${sandboxes.checkpoint} ->> 'mount') is null`),
           ),
         ),
       )

@@ -207,7 +207,7 @@ export class Reaper {
     // resume) is that replica's now, whatever its label says.
     const takenOver = new Set(rows.filter((r) => r.owner !== this.opts.owner).map((r) => r.id));
     // A sandbox that was paused has its hard lifetime moved on by its time paused (its row says to when).
-    const moved = await this.movedLifetimes(listed.map((c) => c.sandboxId).filter(Boolean));
+    const moved = await this.movedLifetimes(ids);
     // Another replica's containers whose rows say removed (a sandbox node declared lost, say, whose
     // replica died too) are left over wherever they still run: any replica removes them.
     const removedRows = new Set(rows.filter((r) => r.state === 'removed').map((r) => r.id));

@@ -1,4 +1,4 @@
-import { eq, ne } from 'drizzle-orm';
+import { eq, like, ne } from 'drizzle-orm';
 import type { Db } from '../../db/client.ts';
 import { sandboxes, sandboxNodes } from '../../db/schema/index.ts';
 import { ApiError } from '../../lib/errors.ts';
@@ -12,6 +12,9 @@ export function containerNode(containerId: string): { node: string; id: string }
   const at = containerId.indexOf('/');
   return at < 0 ? { node: LOCAL, id: containerId } : { node: containerId.slice(0, at), id: containerId.slice(at + 1) };
 }
+
+/** The same test in SQL, for a sandbox row: its container is on a sandbox node (any replica reaches it there). */
+export const onANode = () => like(sandboxes.containerId, '%/%');
 
 /** What is placed on one member: the limits of its sandboxes not removed, their count, and how many are one team's. */
 export interface Placed {
