@@ -17,7 +17,8 @@
  *
  *   BENCH_RECALL_CHUNKS_SMALL (10000), BENCH_RECALL_CHUNKS_LARGE (100000; 0 skips that size),
  *   BENCH_RECALL_BUDGET (2000 characters), BENCH_RECALL_WARMUP (10 queries),
- *   BENCH_RECALL_PATH (unset: search the whole workspace; e.g. `memory/` to pass path=memory/)
+ *   BENCH_RECALL_PATH (unset: search the whole workspace; e.g. `memory/` to pass path=memory/),
+ *   BENCH_RECALL_MISSES (`all`: print every missed answering turn, not three)
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -53,6 +54,8 @@ const BUDGET = Number(process.env.BENCH_RECALL_BUDGET ?? 2000);
 const WARMUP = Number(process.env.BENCH_RECALL_WARMUP ?? 10);
 /** Passed as `path=` to every search when set (e.g. `memory/`); unset, the whole workspace is searched. */
 const PATH = process.env.BENCH_RECALL_PATH;
+/** `all`: section 3 prints every missed answering turn, not three. */
+const ALL_MISSES = process.env.BENCH_RECALL_MISSES === 'all';
 const K = 50;
 const template = fileURLToPath(new URL('../workspace-template', import.meta.url));
 const out = (line = '') => process.stdout.write(`${line}\n`);
@@ -378,20 +381,41 @@ async function main() {
     );
     out(`  overall Kiln / baseline: ${(kr.overall / br.overall).toFixed(2)}× (target ≥ 1.2×)`);
 
-    heading('3. three of Kiln’s misses (for tuning the ranking)');
-    const misses: number[] = [];
-    for (const k of KINDS) {
-      const i = data.questions.findIndex((q, j) => q.kind === k && kiln[j]!.recall < 1 && !misses.includes(j));
-      if (i >= 0 && misses.length < 3) misses.push(i);
+    heading('3. where Kiln’s missed turns came (for tuning the ranking)');
+    // Each answering turn not found: ranked past the budget, or in none of the k hits at all (no
+    // ordering brings that one back: its words are not the question's).
+    const where3 = new Map<string, { past: number; none: number }>();
+    const missed: { i: number; w: Where; rank: number }[] = [];
+    for (const [i, q] of data.questions.entries()) {
+      const hits = kilnHits[i]!;
+      const fit = withinBudget(hits).length;
+      for (const w of evidenceOf(q)) {
+        const rank = hits.findIndex((h) => covers(h, w));
+        if (rank >= 0 && rank < fit) continue;
+        const m = where3.get(q.kind) ?? { past: 0, none: 0 };
+        if (rank < 0) m.none++;
+        else m.past++;
+        where3.set(q.kind, m);
+        missed.push({ i, w, rank });
+      }
     }
-    for (const i of misses) {
+    for (const k of KINDS) {
+      const m = where3.get(k) ?? { past: 0, none: 0 };
+      out(
+        `  ${k.padEnd(12)} ${String(m.past).padStart(3)} ranked past the budget, ${String(m.none).padStart(3)} in none of the ${K} hits`,
+      );
+    }
+    const shown = ALL_MISSES
+      ? missed
+      : KINDS.map((k) => missed.find((m) => data.questions[m.i]!.kind === k))
+          .filter((m) => m !== undefined)
+          .slice(0, 3);
+    for (const { i, w, rank } of shown) {
       const q = data.questions[i]!;
       const hits = kilnHits[i]!;
-      const missed = evidenceOf(q).find((w) => !withinBudget(hits).some((h) => covers(h, w)))!;
-      const rank = hits.findIndex((h) => covers(h, missed));
       const top = hits[0];
       out(`  [${q.kind}] ${q.question}   (answer: ${q.answer})`);
-      out(`    expected  ${missed.path}:${missed.line}  ${oneLine(lineText(missed.turn), 110)}`);
+      out(`    expected  ${w.path}:${w.line}  ${oneLine(lineText(w.turn), 110)}`);
       out(
         `    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`,
       );
@@ -399,6 +423,7 @@ async function main() {
         `    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`,
       );
     }
+    if (!ALL_MISSES) out(`  (BENCH_RECALL_MISSES=all prints all ${missed.length})`);
 
     heading(
       '4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)',
