@@ -274,6 +274,7 @@ describe('sandbox node: the process', () => {
           PATH: process.env.PATH,
           DOCKER_HOST: process.env.DOCKER_HOST,
           KILN_NODE_NAME: 'n1',
+          KILN_DATA_DIR: join(dir, 'data'),
           KILN_NODE_CERT: join(dir, 'n1.pem'),
           KILN_NODE_KEY: join(dir, 'n1.key'),
           KILN_NODE_CA: join(dir, 'ca.pem'),

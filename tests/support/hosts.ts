@@ -129,6 +129,9 @@ export class Hosts {
       env: {
         PATH: process.env.PATH,
         DOCKER_HOST: `unix://${dockerSock}`,
+        // Its workspace mounts and copies of workspace trees: under the host's directory, which close()
+        // unmounts and removes (not in dockerd's data root, whose directories Docker refuses to bind-mount).
+        KILN_DATA_DIR: join(dir, 'node'),
         KILN_NODE_NAME: name,
         KILN_NODE_CERT: join(dir, 'node.pem'),
         KILN_NODE_KEY: join(dir, 'node.key'),

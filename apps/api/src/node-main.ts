@@ -1,5 +1,5 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { z } from 'zod';
 import { loadConfig } from './config.ts';
@@ -9,6 +9,8 @@ import { DockerBackend, egressOf } from './sandbox/docker/backend.ts';
 import { connectDocker } from './sandbox/docker/connect.ts';
 import { issue, makeAuthority, PEER_NAME, type PeerRole } from './sandbox/node/pki.ts';
 import { startNode } from './sandbox/node/server.ts';
+import { TreeStore } from './sandbox/node/tree-store.ts';
+import { WorkspaceMounts } from './sandbox/workspace-mounts.ts';
 
 /**
  * A sandbox node (sandbox/node/server.ts): `node --import tsx apps/api/src/node-main.ts`.
@@ -20,8 +22,10 @@ import { startNode } from './sandbox/node/server.ts';
  *
  * Without a command it serves: KILN_NODE_NAME, KILN_NODE_CERT, KILN_NODE_KEY, KILN_NODE_CA (file
  * paths), KILN_NODE_HOST (0.0.0.0), KILN_NODE_PORT (7443), KILN_NODE_MEMORY_MB and KILN_NODE_CPUS (what
- * sandboxes may be given together; default the host's); Docker, runtimes and egress as the API
- * reads them (DOCKER_HOST, KILN_EGRESS…, docs/configuration.md). No database, no secrets key.
+ * sandboxes may be given together; default the host's); KILN_NODE_TREES_DIR (<KILN_DATA_DIR>/node-trees)
+ * and KILN_NODE_TREES_MB (4096; 0: none) for the copies of workspace trees it keeps; Docker,
+ * runtimes, egress and workspace mounts as the API reads them (DOCKER_HOST, KILN_EGRESS…,
+ * KILN_SANDBOX_WORKSPACE_MOUNT…, docs/configuration.md). No database, no secrets key.
  */
 const NodeEnv = z.object({
   KILN_NODE_NAME: z.string().regex(PEER_NAME, 'lower-case letters, digits, dots and dashes'),
@@ -33,6 +37,9 @@ const NodeEnv = z.object({
   // What of the host sandboxes may be given together (placement's capacity); default all of it.
   KILN_NODE_MEMORY_MB: z.coerce.number().int().min(64).optional(),
   KILN_NODE_CPUS: z.coerce.number().min(0.1).optional(),
+  // The copies of workspace trees the node keeps (tree-store.ts), and what they may take on disk together.
+  KILN_NODE_TREES_DIR: z.string().min(1).optional(),
+  KILN_NODE_TREES_MB: z.coerce.number().int().min(0).default(4096),
 });
 
 async function credentials(args: string[]): Promise<void> {
@@ -89,7 +96,26 @@ async function serve(): Promise<void> {
     node: e.KILN_NODE_NAME,
     probeImage: config.sandboxImage,
   });
+  // Workspace mounts of this host (KILN_SANDBOX_WORKSPACE_MOUNT and its siblings, as on one
+  // machine), filled from the copies of workspace trees the node keeps; none: the tar path.
+  const mounts =
+    e.KILN_NODE_TREES_MB > 0
+      ? await WorkspaceMounts.open(
+          { ...config.sandbox.workspaceMount, hostMounts: (await backend.capabilities()).hostWorkspaceMounts },
+          e.KILN_NODE_NAME,
+          logger,
+        )
+      : null;
+  const trees = mounts && {
+    mounts,
+    store: new TreeStore(
+      resolve(e.KILN_NODE_TREES_DIR ?? join(config.dataDir, 'node-trees')),
+      e.KILN_NODE_TREES_MB * 1024 * 1024,
+      logger,
+    ),
+  };
   const node = await startNode({
+    trees: trees ?? undefined,
     backend,
     credentials: {
       cert: readFileSync(e.KILN_NODE_CERT, 'utf8'),

@@ -52,6 +52,12 @@ export interface SandboxBackend {
    * container's record says: a host that reaps by itself (a node) keeps it until then.
    */
   resume?(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel>;
+  /**
+   * For a container with `treeMount`: fills its /workspace with the working tree at `dir` (of the
+   * API's host) from the copy of workspace `workspaceId` the backend keeps on its host, sending it
+   * only the files that changed (tree-sync.ts). Only while no code of the sandbox has run.
+   */
+  fillTree?(container: SandboxContainer, workspaceId: string, dir: string): Promise<void>;
   /** Builds the images of sandbox templates; a runtime without it has no templates. */
   readonly images?: ImageBuilder;
   /**
@@ -175,6 +181,12 @@ export interface ContainerRequest {
    * own tmpfs (workspace-mounts.ts: already a size-limited, nosuid, nodev tmpfs); unset, the tmpfs.
    */
   workspaceDir?: string;
+  /**
+   * Asks for /workspace as a mount of the backend's own host that `fillTree` fills from the copy
+   * of the workspace it keeps (a sandbox node); a backend (or fleet member) without one ignores it,
+   * and the container's `treeMount` says which it got.
+   */
+  treeMount?: boolean;
   /** Unset: no network (what every warm container has). */
   network?: ContainerNetwork;
   /**
@@ -196,6 +208,8 @@ export interface SandboxContainer {
    * interpreter gets as HTTP_PROXY / HTTPS_PROXY at every execution.
    */
   proxyUrl?: string;
+  /** Its /workspace is a mount of its host that `fillTree` fills (ContainerRequest.treeMount). */
+  treeMount?: boolean;
 }
 
 /** A sandbox container found in the runtime, with what its request recorded on it. */

@@ -19,12 +19,14 @@ export interface Sandbox {
   expiresAt: number;
   /** The host directory mounted at its /workspace (workspace-mounts.ts); unset, the container's own tmpfs. */
   workspaceDir?: string;
-  /** That directory already holds the copy of the workspace it was created for (a cold start). */
+  /** Its /workspace (this host's mount, or the backend's: `container.treeMount`) already holds the workspace it was created for (a cold start). */
   filled?: boolean;
   /** A warm container made for one team (a team-bound backend: fair share): only that team claims it. */
   forTeam?: string;
 }
 
+/** A cold start's workspace: its working tree on this host, copied into the new sandbox as it starts. */
+type Copy = { dir: string; workspaceId: string };
 /** The team and session a container is created for; empty for a warm one. */
 type SessionOf = Pick<ContainerRequest, 'teamId' | 'sessionId' | 'network'>;
 /** What one container is made of. */
@@ -81,14 +83,14 @@ export class Containers {
   /**
    * Creates, starts and connects to a hardened container of `image` (default: the base sandbox
    * image); a warm one is for no team or session yet. With `copyFrom` (a cold start for a session)
-   * and a host workspace mount, the working tree is copied into the mount while the container
-   * starts, so the copy costs no time of its own.
+   * and a host workspace mount (or one of the backend's host: `fillTree`), the working tree is
+   * copied into the mount while the container starts, so the copy costs no time of its own.
    */
   async create(
     id: string,
     limits: SandboxLimits,
     runtime: SandboxRuntime,
-    o: { session?: SessionOf; copyFrom?: string; image?: string } = {},
+    o: { session?: SessionOf; copyFrom?: Copy; image?: string } = {},
   ): Promise<Sandbox> {
     this.creating.add(id);
     try {
@@ -102,7 +104,7 @@ export class Containers {
     }
   }
 
-  private async createNow(id: string, spec: Spec, copyFrom?: string): Promise<Sandbox> {
+  private async createNow(id: string, spec: Spec, copyFrom?: Copy): Promise<Sandbox> {
     // Made (empty) before the container, so that a warm one has it from the start.
     const workspaceDir = await this.mounts?.create(id, tmpfsSizes(spec.limits).workspace);
     try {
@@ -117,7 +119,7 @@ export class Containers {
     id: string,
     { limits, runtime, session, image }: Spec,
     workspaceDir: string | undefined,
-    copyFrom: string | undefined,
+    copyFrom: Copy | undefined,
   ): Promise<Sandbox> {
     const expiresAt = this.opts.now() + this.opts.maxLifetimeMs;
     const container = await this.backend.create({
@@ -129,13 +131,17 @@ export class Containers {
       limits,
       runtime,
       workspaceDir,
+      // No mount of this host: one of the backend's own host, filled from its copy of the workspace.
+      ...(!workspaceDir && this.backend.fillTree ? { treeMount: true } : {}),
       pausable: this.pausable.has(runtime),
     });
     let filling: Promise<unknown> | undefined;
     try {
       if (workspaceDir) await this.mounts?.own(workspaceDir, container.uid);
       // No code runs in the container before its first exec: the host is the mount's only writer meanwhile.
-      if (workspaceDir && copyFrom) filling = copyTree(copyFrom, workspaceDir, container.uid);
+      if (workspaceDir && copyFrom) filling = copyTree(copyFrom.dir, workspaceDir, container.uid);
+      else if (container.treeMount && copyFrom)
+        filling = this.backend.fillTree!(container, copyFrom.workspaceId, copyFrom.dir);
       const [started, filled] = await Promise.allSettled([
         this.backend
           .start(container)

@@ -302,7 +302,7 @@ export class LiveSandboxes {
             sessionId: ctx.sessionId,
             network: modeOf(ctx.network) === 'none' ? undefined : ctx.network,
           },
-          copyFrom: ctx.workspaceDir,
+          copyFrom: ctx.workspaceDir ? { dir: ctx.workspaceDir, workspaceId: ctx.workspaceId } : undefined,
           image,
         });
     const booked = this.reserve(id, ctx, limits, image).then(() => this.lostBefore(ctx.sessionId));
@@ -323,7 +323,7 @@ export class LiveSandboxes {
         .set({ containerId, state: 'ready', lastUsedAt: new Date(this.opts.now()), expiresAt: this.idleExpiry(ctx) })
         .where(eq(sandboxes.id, id));
       // The first request to a warm runner is also the proof that it is still there.
-      if (ctx.workspaceDir) await this.copyIn(c.value, ctx.workspaceDir);
+      if (ctx.workspaceDir) await this.copyIn(c.value, ctx.workspaceDir, ctx.workspaceId);
       else if (warm) await c.value.client.ping();
       const live: Live = {
         ...c.value,
@@ -375,7 +375,16 @@ export class LiveSandboxes {
    * (the runner then only takes the manifest of what it finds), else as a tar through the
    * runner's frames. A runner that is gone fails either way, before anything is copied.
    */
-  private async copyIn(sandbox: Sandbox, workspaceDir: string): Promise<void> {
+  private async copyIn(sandbox: Sandbox, workspaceDir: string, workspaceId: string): Promise<void> {
+    const { backend } = this.deps;
+    if (sandbox.container.treeMount && backend.fillTree) {
+      // A mount of the backend's host (a sandbox node): filled there from its copy of the
+      // workspace, sent only what changed (tree-sync.ts); a cold start's was filled as it started.
+      await sandbox.client.ping();
+      if (!sandbox.filled) await backend.fillTree(sandbox.container, workspaceId, workspaceDir);
+      await sandbox.client.syncLocal();
+      return;
+    }
     if (!sandbox.workspaceDir) {
       await sandbox.client.syncIn(tarChunks(workspaceDir)).catch((err: Error) => {
         // Unpacking ran out of room in the sandbox's /workspace: the tenant's to shrink (or size up), not a 500.

@@ -392,9 +392,16 @@ export class FleetBackend implements SandboxBackend {
     if (!on.member.backend.resume) throw new Error(`sandbox node ${on.member.name} cannot resume sandboxes`);
     return on.member.backend.resume(on.container, lifetimeEndsAt);
   }
+  /** On the node that holds it, from that node's copy of the workspace. */
+  async fillTree(container: SandboxContainer, workspaceId: string, dir: string): Promise<void> {
+    const on = this.on(container);
+    if (!on.member.backend.fillTree) throw new Error(`sandbox node ${on.member.name} keeps no workspace trees`);
+    await on.member.backend.fillTree(on.container, workspaceId, dir);
+  }
   async capabilities(): Promise<BackendCapabilities> {
     if (!this.offered) await this.refresh();
-    // Nodes mount nothing of the API's host: every member gets the tree as a tar, the local one too.
+    // Nodes mount nothing of the API's host: a node that keeps workspace trees fills a mount of its
+    // own (fillTree); other members, the local one too, get the tree as a tar.
     return { runtimes: this.offers(), hostWorkspaceMounts: false, resizable: sameShape, teamBound: this.teamBound() };
   }
   async ping(timeoutMs?: number): Promise<void> {

@@ -18,6 +18,7 @@ import {
 } from '../backend.ts';
 import { sameShape } from '../docker/container-spec.ts';
 import type { SandboxLimits } from '../limits.ts';
+import { fileFrames, manifestOf, type TreeEntry } from '../tree-sync.ts';
 import { peerName, type PeerCredentials } from './pki.ts';
 import { type Call, Demux, readAll, STDOUT, type WireError } from './wire.ts';
 
@@ -35,6 +36,8 @@ class NodeError extends Error {
 const CALL_TIMEOUT_MS = 300_000;
 /** The longest line of a build's output stream the API holds while waiting for its end. */
 const MAX_BUILD_LINE = 1024 * 1024;
+/** The longest answer line of a tree fill (the paths a node asks for). */
+const MAX_TREE_LINE = 64 * 1024 * 1024;
 /** How long the connection to a node may take to open (TCP and the TLS handshake). */
 const CONNECT_TIMEOUT_MS = 5000;
 
@@ -207,6 +210,63 @@ export class RemoteBackend implements SandboxBackend {
     await this.call('sweepEgress', owner, opts);
   }
 
+  /**
+   * Fills a container's workspace mount on the node from the node's copy of the workspace,
+   * sending the files that copy lacks (tree-sync.ts). A file that changed while it was sent makes
+   * the node refuse the fill as stale: listed and sent again, twice at most.
+   */
+  async fillTree(container: SandboxContainer, workspaceId: string, dir: string): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      const entries = await manifestOf(dir);
+      const byPath = new Map(entries.map((e) => [e.p, e]));
+      const stream = this.request('/v1/tree', {
+        'kiln-container': Buffer.from(JSON.stringify(container)).toString('base64url'),
+        'kiln-tree': workspaceId,
+      });
+      stream.setTimeout(CALL_TIMEOUT_MS, () => stream.close(http2.constants.NGHTTP2_CANCEL));
+      const manifest = Buffer.from(JSON.stringify(entries));
+      const head = Buffer.allocUnsafe(4);
+      head.writeUInt32BE(manifest.length);
+      stream.write(Buffer.concat([head, manifest]));
+      const status = await this.response(stream);
+      const lines = jsonLines(stream, `node ${this.o.name}`, MAX_TREE_LINE);
+      const first = (await lines.next()).value as { wants?: string[]; error?: WireError } | undefined;
+      if (status !== 200 || !first || first.error || !Array.isArray(first.wants)) {
+        stream.close(http2.constants.NGHTTP2_CANCEL);
+        throw this.fail(first?.error ?? { message: `node ${this.o.name} answered ${status} to a tree`, gone: false });
+      }
+      const wanted = first.wants.map((p) => byPath.get(p)).filter((e): e is TreeEntry => e !== undefined && !e.d);
+      // The node may answer before it has read every file (a frame it refuses): then stop sending.
+      const answered = lines.next();
+      let early = false;
+      const over = answered.then(
+        () => {
+          early = true;
+        },
+        () => {
+          early = true;
+        },
+      );
+      for await (const frame of fileFrames(dir, wanted)) {
+        if (early) break;
+        if (!stream.write(frame))
+          await Promise.race([new Promise<void>((resolve) => stream.once('drain', resolve)), over]);
+      }
+      const sentAll = !early;
+      if (sentAll) stream.end();
+      const last = (await answered).value as { done?: unknown; stale?: string; error?: WireError } | undefined;
+      if (!sentAll && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+      if (last?.done) return;
+      if (last?.stale !== undefined && attempt < 3) continue;
+      throw this.fail(
+        last?.error ?? {
+          message: `node ${this.o.name}: the workspace could not be sent (${last?.stale ?? 'no answer'})`,
+          gone: false,
+        },
+      );
+    }
+  }
+
   attachRunner(container: SandboxContainer): Promise<RunnerChannel> {
     return this.stdio('/v1/runner', container);
   }
@@ -315,4 +375,28 @@ export class RemoteBackend implements SandboxBackend {
     else this.session?.close();
     this.session = undefined;
   }
+}
+
+/** The JSON lines of a response, one at a time (each bounded). */
+async function* jsonLines(stream: AsyncIterable<Buffer>, who: string, max: number): AsyncGenerator<unknown> {
+  let parts: Buffer[] = [];
+  let held = 0;
+  for await (const chunk of stream) {
+    let from = 0;
+    // Only the new bytes are searched for the line's end: a long line costs one pass.
+    for (let at = chunk.indexOf(10); at >= 0; at = chunk.indexOf(10, from)) {
+      parts.push(chunk.subarray(from, at));
+      yield JSON.parse(Buffer.concat(parts).toString('utf8'));
+      parts = [];
+      held = 0;
+      from = at + 1;
+    }
+    if (from < chunk.length) {
+      parts.push(chunk.subarray(from));
+      held += chunk.length - from;
+      if (held > max) throw new NodeError(`${who}: an answer line over ${max} bytes`, false);
+    }
+  }
+  const tail = Buffer.concat(parts).toString('utf8');
+  if (tail.trim()) yield JSON.parse(tail);
 }

@@ -5,7 +5,11 @@ import { z } from 'zod';
 import { ApiError } from '../../lib/errors.ts';
 import { ImageBuildFailed, type RunnerChannel, type SandboxBackend, type SandboxContainer } from '../backend.ts';
 import { SANDBOX_UID_COUNT, SANDBOX_UID_MIN } from '../docker/container-spec.ts';
+import { tmpfsSizes } from '../limits.ts';
+import { MAX_TREE_ENTRIES, MAX_TREE_PATH } from '../tree-sync.ts';
+import type { WorkspaceMounts } from '../workspace-mounts.ts';
 import { peerName, type PeerCredentials } from './pki.ts';
+import { StaleTree, type TreeStore } from './tree-store.ts';
 import { CALLS, type Call, frame, readAll, STDERR, STDOUT, type WireError } from './wire.ts';
 
 /**
@@ -31,6 +35,12 @@ export interface NodeServerOptions {
    * one's own paused time; this bounds what is left when none is.
    */
   maxPausedMs?: number;
+  /**
+   * Workspace mounts of this host and the copies of workspace trees they are filled from
+   * (tree-store.ts): a request with `treeMount` gets one, and `/v1/tree` fills it with only what
+   * changed. Unset: every sandbox gets its tree through its runner, as a tar.
+   */
+  trees?: { mounts: WorkspaceMounts; store: TreeStore };
   log?: Logger;
 }
 
@@ -38,7 +48,7 @@ export interface RunningNode {
   /** `https://host:port` */
   url: string;
   port: number;
-  /** Removes this node's containers past their hard lifetime now; resolves with how many. */
+  /** Removes this node's containers past their hard lifetime (and mounts whose container is gone) now; resolves with how many containers. */
   reap(): Promise<number>;
   close(): Promise<void>;
 }
@@ -63,6 +73,7 @@ const container = z.object({
   runtime,
   pausable: z.boolean().optional(),
   proxyUrl: z.string().max(2048).optional(),
+  treeMount: z.boolean().optional(),
 });
 const allow = z.array(z.string().max(512)).max(1024);
 const request = z.object({
@@ -74,8 +85,9 @@ const request = z.object({
   expiresAt: z.iso.datetime().transform((s) => new Date(s)),
   limits,
   runtime,
-  // A node mounts no path an API names: its sandboxes get the tree as a tar.
+  // A node mounts no path an API names: its sandboxes get the tree as a tar, or in a mount of its own.
   workspaceDir: z.undefined().optional(),
+  treeMount: z.boolean().optional(),
   network: z
     .discriminatedUnion('mode', [
       z.object({ mode: z.literal('none') }),
@@ -96,6 +108,20 @@ const recipe = z.object({
   filesDir: z.string().max(1024),
   aptDay: z.string().max(32),
 });
+
+const treeEntry = z.strictObject({
+  p: z.string().min(1).max(MAX_TREE_PATH),
+  d: z.literal(true).optional(),
+  s: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
+  h: z
+    .string()
+    .regex(/^[0-9a-f]{64}$/)
+    .optional(),
+  m: z.number().int().min(0).max(0o755),
+});
+const treeManifest = z.array(treeEntry).max(MAX_TREE_ENTRIES);
+/** The largest manifest a `/v1/tree` stream may start with. */
+const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
 
 /** Each call's arguments, as the node accepts them. */
 const ARGS: Record<Call, z.ZodType<unknown[]>> = {
@@ -131,17 +157,18 @@ async function callBackend(
   call: Call,
   args: unknown[],
   reserve: NodeServerOptions['reserve'] = {},
+  own: Pick<SandboxBackend, 'create' | 'remove'> = b,
 ): Promise<unknown> {
   const a = args as never[];
   switch (call) {
     case 'create':
-      return b.create(a[0]!);
+      return own.create(a[0]!);
     case 'start':
       return b.start(a[0]!);
     case 'update':
       return b.update(a[0]!, a[1]!);
     case 'remove':
-      return b.remove(a[0]!);
+      return own.remove(a[0]!);
     case 'list':
       return b.list();
     case 'stats':
@@ -182,6 +209,47 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
   /** The hard lifetimes resumes moved on (by container), which this host's reaper keeps. */
   const moved = new Map<string, number>();
   const maxPausedMs = o.maxPausedMs ?? 30 * 86_400_000;
+  const trees = o.trees;
+  /** Container id -> sandbox id of the containers whose /workspace is a mount of this host. */
+  const treeMounts = new Map<string, string>();
+  /** Sandbox ids whose container is being created with a mount: never swept. */
+  const mounting = new Set<string>();
+  /** create and remove, with this host's workspace mounts (when the node keeps trees). */
+  const own: Pick<SandboxBackend, 'create' | 'remove'> = {
+    async create(req) {
+      const dir =
+        req.treeMount && trees
+          ? await (async () => {
+              mounting.add(req.sandboxId);
+              return trees.mounts.create(req.sandboxId, tmpfsSizes(req.limits).workspace);
+            })()
+          : undefined;
+      try {
+        const c = await backend.create({ ...req, treeMount: undefined, workspaceDir: dir });
+        if (!dir || !trees) return c;
+        try {
+          await trees.mounts.own(dir, c.uid);
+        } catch (err) {
+          await backend.remove(c.id).catch(() => undefined);
+          throw err;
+        }
+        treeMounts.set(c.id, req.sandboxId);
+        return { ...c, treeMount: true };
+      } catch (err) {
+        if (dir) await trees?.mounts.remove(req.sandboxId).catch(() => undefined);
+        throw err;
+      } finally {
+        mounting.delete(req.sandboxId);
+      }
+    },
+    async remove(containerId) {
+      await backend.remove(containerId);
+      const sandboxId = treeMounts.get(containerId);
+      if (sandboxId === undefined || !trees) return;
+      treeMounts.delete(containerId);
+      await trees.mounts.remove(sandboxId);
+    },
+  };
   const server: Http2Server = http2.createSecureServer({
     cert: o.credentials.cert,
     key: o.credentials.key,
@@ -247,7 +315,7 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
           },
         });
       try {
-        const value = await callBackend(backend, call, parsed.data, o.reserve);
+        const value = await callBackend(backend, call, parsed.data, o.reserve, own);
         return answer(stream, 200, { value: value ?? null });
       } catch (err) {
         return answer(stream, 200, { error: wireError(backend, err) });
@@ -266,7 +334,75 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
       });
     }
     if (path === '/v1/images/build') return build(stream);
+    if (path === '/v1/tree') return tree(stream, headers);
     return answer(stream, 404, { error: { message: `no route ${path}`, gone: false } });
+  }
+
+  /** The container a stream's `kiln-container` header names (base64url JSON), checked. */
+  const containerOf = (headers: IncomingHttpHeaders) =>
+    container.safeParse(
+      (() => {
+        try {
+          return JSON.parse(Buffer.from(String(headers['kiln-container'] ?? ''), 'base64url').toString('utf8'));
+        } catch {
+          return undefined;
+        }
+      })(),
+    );
+
+  /**
+   * Fills a new container's workspace mount from this node's copy of the workspace (tree-store.ts):
+   * the request starts with the manifest (`[4 bytes: length][JSON]`); the node answers a first JSON
+   * line `{ wants }`, the paths it lacks; the rest of the request is those files' frames; the last
+   * line is `{ done }`, `{ stale }` (send again from a new listing) or `{ error }`.
+   */
+  async function tree(stream: ServerHttp2Stream, headers: IncomingHttpHeaders): Promise<void> {
+    const parsed = containerOf(headers);
+    const key = String(headers['kiln-tree'] ?? '');
+    if (!parsed.success || !/^[A-Za-z0-9_-]{1,128}$/.test(key))
+      return answer(stream, 400, { error: { message: 'bad tree request', gone: false } });
+    if (!trees) return answer(stream, 404, { error: { message: 'this node keeps no workspace trees', gone: false } });
+    const c = parsed.data as SandboxContainer;
+    let sandboxId = treeMounts.get(c.id);
+    // A node restarted since the create: its listing still says which sandbox the container is.
+    if (sandboxId === undefined && c.treeMount)
+      sandboxId = (await backend.list()).find((l) => l.id === c.id)?.sandboxId;
+    if (!sandboxId)
+      return answer(stream, 409, {
+        error: { message: 'the container has no workspace mount of this node', gone: false },
+      });
+    const input = chunks(stream);
+    let manifest: ReturnType<typeof treeManifest.safeParse>;
+    try {
+      const head = await input.take(4);
+      const len = head.readUInt32BE(0);
+      if (len > MAX_MANIFEST_BYTES) throw new Error('manifest too large');
+      manifest = treeManifest.safeParse(JSON.parse((await input.take(len)).toString('utf8')));
+    } catch {
+      return answer(stream, 400, { error: { message: 'bad tree manifest', gone: false } });
+    }
+    if (!manifest.success)
+      return answer(stream, 400, {
+        error: { message: `bad tree manifest: ${manifest.error.issues[0]?.message ?? ''}`, gone: false },
+      });
+    const entries = manifest.data;
+    const line = (v: unknown) => {
+      if (!stream.destroyed) stream.write(`${JSON.stringify(v)}\n`);
+    };
+    try {
+      const wants = await trees.store.wants(key, entries);
+      stream.respond({ ':status': 200, 'content-type': 'application/x-ndjson' });
+      line({ wants });
+      const got = await trees.store.fill(key, entries, input.rest(), {
+        dir: trees.mounts.dirOf(sandboxId),
+        uid: c.uid,
+      });
+      line({ done: got });
+    } catch (err) {
+      if (!stream.headersSent) return answer(stream, 200, { error: wireError(backend, err) });
+      line(err instanceof StaleTree ? { stale: err.message } : { error: wireError(backend, err) });
+    }
+    if (!stream.destroyed) stream.end();
   }
 
   /**
@@ -278,15 +414,7 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
     headers: IncomingHttpHeaders,
     open: (c: SandboxContainer) => Promise<RunnerChannel>,
   ): Promise<void> {
-    const parsed = container.safeParse(
-      (() => {
-        try {
-          return JSON.parse(Buffer.from(String(headers['kiln-container'] ?? ''), 'base64url').toString('utf8'));
-        } catch {
-          return undefined;
-        }
-      })(),
-    );
+    const parsed = containerOf(headers);
     if (!parsed.success) return answer(stream, 400, { error: { message: 'bad kiln-container header', gone: false } });
     let channel: RunnerChannel;
     try {
@@ -373,18 +501,28 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
   const reap = async () => {
     let removed = 0;
     const listed = await backend.list();
+    const gone = new Set<string>();
     const ids = new Set(listed.map((c) => c.id));
     for (const id of moved.keys()) if (!ids.has(id)) moved.delete(id);
     for (const c of listed) {
       const ends = moved.get(c.id) ?? c.expiresAt;
       if (ends === undefined || ends + (c.stopped ? maxPausedMs : 0) >= Date.now()) continue;
-      await backend.remove(c.id);
+      await own.remove(c.id);
       moved.delete(c.id);
+      gone.add(c.id);
       removed++;
     }
     if (removed) log?.info({ removed }, 'node: removed containers past their lifetime');
+    // Workspace mounts whose container is gone (removed past the node's back, or before a restart).
+    if (trees) await sweepMounts(listed.filter((c) => !gone.has(c.id)));
     return removed;
   };
+  async function sweepMounts(live: { sandboxId: string }[]): Promise<void> {
+    const ids = new Set(live.map((c) => c.sandboxId));
+    await trees!.mounts.sweep((id) => ids.has(id) || mounting.has(id));
+  }
+  // What an earlier life of the node left: mounts of containers gone since, the sizes of the others.
+  if (trees) await sweepMounts(await backend.list());
   const reaper = setInterval(
     () => void reap().catch((err) => log?.warn({ err }, 'node: the lifetime reaper failed')),
     o.reapMs ?? 60_000,
@@ -401,5 +539,31 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
         server.close(() => resolve());
         for (const s of sessions) s.destroy();
       }),
+  };
+}
+
+/** A stream's bytes, read as a head of known sizes and then the rest. */
+function chunks(stream: AsyncIterable<Buffer>): { take(n: number): Promise<Buffer>; rest(): AsyncIterable<Buffer> } {
+  const it = stream[Symbol.asyncIterator]();
+  let held: Buffer = Buffer.alloc(0);
+  return {
+    async take(n) {
+      const parts = [held];
+      let have = held.length;
+      while (have < n) {
+        const next = await it.next();
+        if (next.done) throw new Error('the stream ended early');
+        parts.push(next.value);
+        have += next.value.length;
+      }
+      const all = parts.length === 1 ? held : Buffer.concat(parts, have);
+      held = all.subarray(n);
+      return all.subarray(0, n);
+    },
+    async *rest() {
+      if (held.length) yield held;
+      held = Buffer.alloc(0);
+      for (let next = await it.next(); !next.done; next = await it.next()) yield next.value;
+    },
   };
 }

@@ -12,7 +12,10 @@ import { Transform, type TransformCallback } from 'node:stream';
  *   `kiln-lifetime-ends`, epoch ms): a paused container started from its checkpoint, then its
  *   runner's stdio as for `/v1/runner`;
  * - `POST /v1/images/build`: a template build, its output as JSON lines, the last one
- *   `{ done: true }` or `{ error }`; cancelling the stream stops the build.
+ *   `{ done: true }` or `{ error }`; cancelling the stream stops the build;
+ * - `POST /v1/tree` (the container in `kiln-container`, the workspace in `kiln-tree`): fills the
+ *   container's workspace mount from the node's copy of that workspace (tree-store.ts): the
+ *   manifest in, `{ wants }` out, the wanted files' frames in, `{ done }` / `{ stale }` / `{ error }` out.
  */
 export const CALLS = [
   'create',
