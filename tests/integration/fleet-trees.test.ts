@@ -15,13 +15,30 @@ import { WorkspaceMounts } from '../../apps/api/src/sandbox/workspace-mounts.ts'
 import { ensureSandboxImage } from '../../sandbox-image/build.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 
-/** A TreeStore that also says what each fill received (the real one, with the real files). */
+/**
+ * A TreeStore that also says what each fill received (the real one, with the real files), and
+ * can run something right after it has said what it wants: before the API reads those files.
+ */
 class CountingStore extends TreeStore {
   readonly fills: { files: number; bytes: number }[] = [];
+  readonly stale: string[] = [];
+  afterWants: (() => void) | undefined;
+  override async wants(...args: Parameters<TreeStore['wants']>) {
+    const wanted = await super.wants(...args);
+    const hook = this.afterWants;
+    this.afterWants = undefined;
+    hook?.();
+    return wanted;
+  }
   override async fill(...args: Parameters<TreeStore['fill']>) {
-    const got = await super.fill(...args);
-    this.fills.push(got);
-    return got;
+    try {
+      const got = await super.fill(...args);
+      this.fills.push(got);
+      return got;
+    } catch (err) {
+      this.stale.push((err as Error).message);
+      throw err;
+    }
   }
 }
 
@@ -142,6 +159,17 @@ describe('a sandbox node keeps each workspace’s tree and is sent only what cha
     expect(files['b.txt']).toBeUndefined();
     expect(files['big.bin']).toBe(3 << 20);
     expect(store.fills.at(-1)!.files).toBe(2);
+  });
+
+  it('a file that changes while it is sent: the node refuses the fill as stale, the API lists and sends again', async () => {
+    await put('moving.txt', 'before\n');
+    const wsDir = join(t.workspacesDir, ws);
+    // A write between the listing and the read of the file (same size: only its hash tells).
+    store.afterWants = () => writeFileSync(join(wsDir, 'moving.txt'), 'after!\n');
+    const stale = store.stale.length;
+    const { files } = await newSessionSees();
+    expect(store.stale.slice(stale)).toEqual([expect.stringMatching(/moving\.txt changed while it was sent/)]);
+    expect(files['moving.txt']).toBe('after!\n');
   });
 
   it('a gVisor sandbox in a node’s mount pauses to that host’s disk and resumes with its variables and its files', async () => {

@@ -257,7 +257,14 @@ export class RemoteBackend implements SandboxBackend {
       const last = (await answered).value as { done?: unknown; stale?: string; error?: WireError } | undefined;
       if (!sentAll && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
       if (last?.done) return;
-      if (last?.stale !== undefined && attempt < 3) continue;
+      if (last?.stale !== undefined) {
+        if (attempt < 3) continue;
+        // Changing faster than it can be sent: the caller's to try again, not a failure of Kiln's.
+        throw new ApiError(
+          'workspace_busy',
+          `the workspace changed while it was being sent to sandbox node ${this.o.name} (${last.stale}); try again`,
+        );
+      }
       throw this.fail(
         last?.error ?? {
           message: `node ${this.o.name}: the workspace could not be sent (${last?.stale ?? 'no answer'})`,
