@@ -3,7 +3,9 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
+import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
@@ -52,6 +54,7 @@ const NODE = 'node-trees';
  */
 describe('a sandbox node keeps each workspace’s tree and is sent only what changed', () => {
   let t: TestApp;
+  let creds: Awaited<ReturnType<typeof issue>>;
   let node: RunningNode;
   let store: CountingStore;
   let team: { id: string; key: string };
@@ -78,6 +81,7 @@ describe('a sandbox node keeps each workspace’s tree and is sent only what cha
       trees: { mounts: mounts!, store },
     });
     const replica = await issue(ca, { role: 'api', name: 'replica-1' });
+    creds = await issue(ca, { role: 'api', name: 'replica-2' });
     t = await createTestApp({
       backend: (db) => new FleetBackend({ db, credentials: replica }),
       env: { KILN_SANDBOX_PAUSED_TTL_S: '3600' },
@@ -195,6 +199,41 @@ describe('a sandbox node keeps each workspace’s tree and is sent only what cha
     expect(store.fills.length).toBe(fills + 1);
     expect((await t.call('GET', `/v1/workspaces/${g}/files?path=h.txt`, { key: team.key })).status).toBe(200);
     expect((await t.call('DELETE', `/v1/sessions/${s}`, { key: team.key })).status).toBe(200);
+  });
+
+  it('a warm container on the node (made with an empty mount) is filled at its claim, from the node’s copy', async () => {
+    // A second replica of the same installation with a warm pool of one, placing on the same node.
+    const w = await createTestApp({
+      replicaOf: t,
+      sandbox: { poolSize: 1 },
+      backend: (db) => new FleetBackend({ db, credentials: creds }),
+    });
+    try {
+      const docker = connectDocker(process.env.DOCKER_HOST);
+      const warm = async () =>
+        (await docker.listContainers({ filters: { label: [`kiln.node=${NODE}`, 'kiln.session='] } })).length;
+      for (const until = Date.now() + 60_000; (await warm()) < 1; ) {
+        if (Date.now() > until) throw new Error('no warm container on the node');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const [pooled] = await docker.listContainers({ filters: { label: [`kiln.node=${NODE}`, 'kiln.session='] } });
+      await put('warm.txt', 'claimed warm\n');
+      const fills = store.fills.length;
+      const s = (await w.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key })).body.id as string;
+      const r = await w.call('POST', `/v1/sessions/${s}/exec`, {
+        key: team.key,
+        body: { code: 'print(open("/workspace/warm.txt").read(), open("/workspace/c.txt").read(), sep="", end="")' },
+      });
+      expect(r.body).toMatchObject({ exit_code: 0, stdout: 'claimed warm\ngamma\n' });
+      // It ran in the warm container, not a new one.
+      const row = (await w.database.db.select().from(sandboxes).where(eq(sandboxes.id, r.body.sandbox_id)))[0]!;
+      expect(row.containerId).toBe(`${NODE}/${pooled!.Id}`);
+      // Only the file written since the node's copy was last brought up to date.
+      expect(store.fills.slice(fills)).toEqual([{ files: 1, bytes: 'claimed warm\n'.length }]);
+      expect((await w.call('DELETE', `/v1/sessions/${s}`, { key: team.key })).status).toBe(200);
+    } finally {
+      await w.close();
+    }
   });
 
   it('what code writes in /workspace comes back to the workspace; ending the session unmounts its directory on the node', async () => {

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { ApiError } from '../lib/errors.ts';
 
 /**
  * Shipping a workspace's working tree to a backend that keeps a copy of it on its own host (a
@@ -92,7 +93,11 @@ export async function manifestOf(dir: string): Promise<TreeEntry[]> {
       if ((rel === '' && e.name === '.git') || TMP_FILE.test(e.name)) continue;
       const p = rel ? `${rel}/${e.name}` : e.name;
       if (!isTreePath(p)) continue;
-      if (out.length >= MAX_TREE_ENTRIES) throw new Error(`the workspace has more than ${MAX_TREE_ENTRIES} files`);
+      if (out.length >= MAX_TREE_ENTRIES)
+        throw new ApiError(
+          'payload_too_large',
+          `the workspace has more than ${MAX_TREE_ENTRIES} files and directories, more than a sandbox node takes`,
+        );
       const st = await lstat(join(dir, p), { bigint: true }).catch(() => null);
       if (!st) continue;
       if (st.isDirectory()) {
