@@ -388,7 +388,9 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
         '    body = json.dumps(op).encode()',
         '    try: s.sendall(struct.pack(">I", len(body)) + body)',
         '    except OSError: pass',
-        'rest = s.recv(100)',
+        // Dropped with our second frame still unread on its side: Linux resets the connection then.
+        'try: rest = s.recv(100)',
+        'except ConnectionResetError: rest = b""',
         'print("dropped" if rest == b"" else rest)',
         'try:',
         '    socket.socket(socket.AF_UNIX).bind(b"\\0kiln-runner"); print("bound")',
