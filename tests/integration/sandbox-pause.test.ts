@@ -470,6 +470,42 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     }
   });
 
+  it('a replica that dies with a sandbox paused on the engine it shares with another: that one takes it over with its variables, and the first, back, leaves it alone', async () => {
+    // Two replicas on one Docker Engine and no host mounts (as on two machines that share one
+    // engine over TCP): what one paused, the other reaches.
+    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
+    const env = (id: string) => ({
+      KILN_INSTANCE_ID: id,
+      KILN_SANDBOX_WORKSPACE_MOUNT: 'off',
+      KILN_SANDBOX_PAUSED_TTL_S: '3600',
+    });
+    const dying = `${INSTANCE}-dies`;
+    const a = await createTestApp({ replicaOf: t, ...settings, env: env(dying) });
+    const { session } = await sessionIn(a, team, gvisor);
+    const r = await exec(a, team.key, session, 'kept = [1, 2, 3]');
+    expect((await a.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
+    await a.close();
+    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'paused', owner: dying });
+
+    const b = await createTestApp({ replicaOf: t, ...settings, env: env(`${INSTANCE}-takes`) });
+    let back: TestApp | undefined;
+    try {
+      const resumed = await exec(b, team.key, session, 'print(sum(kept))');
+      expect(resumed).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: r.sandbox_id });
+      expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'ready', owner: `${INSTANCE}-takes` });
+      // The first replica back under its instance id: its start-up reap leaves the container alone.
+      back = await createTestApp({ replicaOf: t, ...settings, env: env(dying) });
+      await back.engine.reap();
+      expect(await containerOf(r.sandbox_id)).toEqual({ running: true });
+      expect((await exec(b, team.key, session, 'print(len(kept))')).stdout).toBe('3\n');
+      await b.engine.release(session, 'test_done');
+    } finally {
+      await back?.close();
+      await b.close();
+    }
+    expect(await containerOf(r.sandbox_id)).toBeNull();
+  });
+
   it('a runner from before daemon mode (a template on an older base image) is started as it always was, never relayed as the keeper uid', async () => {
     // The runner of an older image: it takes no flags, so --daemon and --attach mean nothing to it.
     const tag = `kiln-test-old-runner:${INSTANCE}`;

@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, inArray, isNotNull, ne, or, type SQL, sql } from 'drizzle-orm';
+import { and, asc, desc, eq, inArray, isNotNull, ne, not, or, type SQL, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
@@ -582,6 +582,36 @@ export class LiveSandboxes {
   }
 
   /**
+   * The session's sandbox another replica paused on its own engine (no mount of its host), when
+   * that engine is this replica's too (replicas on one machine share it: the container is in this
+   * backend's listing): taken over as a node's would be (see `resume`), in one update that only
+   * one replica wins. Null when there is none, or its engine is not this one's.
+   */
+  private async takeOverOnThisEngine(sessionId: string): Promise<typeof sandboxes.$inferSelect | null> {
+    const { db, backend } = this.deps;
+    const [other] = await db
+      .select({ id: sandboxes.id, containerId: sandboxes.containerId, owner: sandboxes.owner })
+      .from(sandboxes)
+      .where(
+        and(
+          eq(sandboxes.sessionId, sessionId),
+          eq(sandboxes.state, 'paused'),
+          ne(sandboxes.owner, this.opts.owner),
+          not(onANode()),
+          sql`(${sandboxes.checkpoint} ->> 'mount') is null`,
+        ),
+      )
+      .limit(1);
+    if (!other || !(await backend.list()).some((c) => c.id === other.containerId)) return null;
+    const [row] = await db
+      .update(sandboxes)
+      .set({ state: 'resuming', owner: this.opts.owner })
+      .where(and(eq(sandboxes.id, other.id), eq(sandboxes.state, 'paused'), eq(sandboxes.owner, other.owner)))
+      .returning();
+    return row ?? null;
+  }
+
+  /**
    * The session's paused sandbox, resumed: its container started from its checkpoint and its
    * runner spoken to again (it proves itself with the key it was given), with every variable it
    * held. Resuming counts against the team's cap again. Null when the session has none paused
@@ -590,7 +620,7 @@ export class LiveSandboxes {
    */
   private async resume(ctx: ExecContext): Promise<Live | null> {
     const { db, backend, log } = this.deps;
-    const [row] = await db
+    const [mine] = await db
       .update(sandboxes)
       .set({ state: 'resuming', owner: this.opts.owner })
       .where(
@@ -602,12 +632,13 @@ export class LiveSandboxes {
             // Another replica's, on a sandbox node: any replica reaches it there. A request for it
             // is served here only when that replica is not heard from (a live one is sent it,
             // http/replicas.ts), so this one takes it over rather than leave it paused until its
-            // lifetime. One on that replica's own engine, or with a mount of its host, stays.
+            // lifetime. One on that replica's own engine: below; with a mount of its host, it stays.
             and(onANode(), sql`(${sandboxes.checkpoint} ->> 'mount') is null`),
           ),
         ),
       )
       .returning();
+    const row = mine ?? (await this.takeOverOnThisEngine(ctx.sessionId));
     if (!row) return null;
     const saved = row.checkpoint as PausedState | null;
     const unfit =
