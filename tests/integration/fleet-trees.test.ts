@@ -1,5 +1,14 @@
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
@@ -321,6 +330,12 @@ describe('a node’s copies of workspace trees refuse what the manifest does not
     await store.fill('ws_a', v2, of(frame('f.txt', 'two\n')), b);
     expect(readFileSync(join(b.dir, 'f.txt'), 'utf8')).toBe('two\n');
     expect(await store.wants('ws_a', v2)).toEqual([]);
+    // Made executable, same content: nothing sent, the new mode taken.
+    const v3 = [{ ...v2[0]!, m: 0o755 }];
+    expect(await store.wants('ws_a', v3)).toEqual([]);
+    const c = into();
+    await store.fill('ws_a', v3, of(), c);
+    expect(statSync(join(c.dir, 'f.txt')).mode & 0o777).toBe(0o755);
   });
 
   it('drops the copies used least recently past its size, and a copy whose update did not finish is sent again in full', async () => {

@@ -126,6 +126,9 @@ export class TreeStore {
             await rm(to, { recursive: true, force: true });
             await rename(join(staging, e.p), to);
             await chmod(to, e.m);
+          } else if (have.get(e.p)?.m !== e.m) {
+            // Same content, another mode (made executable, say): not sent again.
+            await chmod(to, e.m);
           }
         }
         await writeFile(join(base, 'manifest.json'), JSON.stringify(entries), { mode: 0o600 });
