@@ -215,17 +215,20 @@ describe('a sandbox node keeps each workspace’s tree and is sent only what cha
     const w = await createTestApp({
       replicaOf: t,
       sandbox: { poolSize: 1 },
+      // Its warm container of the runtime this workspace runs in (with gVisor offered, the pool's would be gVisor's).
+      env: { KILN_SANDBOX_RUNTIMES: 'runc' },
       backend: (db) => new FleetBackend({ db, credentials: creds }),
     });
     try {
       const docker = connectDocker(process.env.DOCKER_HOST);
-      const warm = async () =>
-        (await docker.listContainers({ filters: { label: [`kiln.node=${NODE}`, 'kiln.session='] } })).length;
-      for (const until = Date.now() + 60_000; (await warm()) < 1; ) {
+      // Ready in the pool (started, its runner answering), not merely created on the node.
+      for (const until = Date.now() + 60_000; w.engine.warmImages().length < 1; ) {
         if (Date.now() > until) throw new Error('no warm container on the node');
         await new Promise((r) => setTimeout(r, 100));
       }
-      const [pooled] = await docker.listContainers({ filters: { label: [`kiln.node=${NODE}`, 'kiln.session='] } });
+      const listed = await docker.listContainers({ filters: { label: [`kiln.node=${NODE}`, 'kiln.session='] } });
+      expect(listed).toHaveLength(1);
+      const pooled = listed[0];
       await put('warm.txt', 'claimed warm\n');
       const fills = store.fills.length;
       const s = (await w.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key })).body.id as string;
