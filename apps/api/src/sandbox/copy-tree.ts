@@ -7,8 +7,8 @@ import { ApiError } from '../lib/errors.ts';
 /** Files copied at once: enough to keep libuv's thread pool busy, never enough to run out of descriptors. */
 const COPY_CONCURRENCY = 16;
 /** What the tar path's data filter keeps of a mode: no setuid, setgid or sticky bit, no group or other write. */
-const MODE_MASK = 0o755;
-const TMP_FILE = /^\.kiln-.*\.tmp$/;
+export const MODE_MASK = 0o755;
+export const TMP_FILE = /^\.kiln-.*\.tmp$/;
 
 /** Why a new sandbox could not take the workspace (a 413), by either copy. */
 export const WORKSPACE_TOO_LARGE =

@@ -3,6 +3,7 @@ import { constants } from 'node:fs';
 import { lstat, open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApiError } from '../lib/errors.ts';
+import { MODE_MASK, TMP_FILE } from './copy-tree.ts';
 
 /**
  * Shipping a workspace's working tree to a backend that keeps a copy of it on its own host (a
@@ -36,8 +37,6 @@ export interface TreeEntry {
 export const MAX_TREE_ENTRIES = 200_000;
 /** Longest path of an entry, in bytes. */
 export const MAX_TREE_PATH = 4096;
-const MODE_MASK = 0o755;
-const TMP_FILE = /^\.kiln-.*\.tmp$/;
 
 /**
  * A path a tree may hold: relative, `/`-separated, no empty, `.` or `..` part, no NUL or

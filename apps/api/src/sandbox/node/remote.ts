@@ -229,7 +229,7 @@ export class RemoteBackend implements SandboxBackend {
       head.writeUInt32BE(manifest.length);
       stream.write(Buffer.concat([head, manifest]));
       const status = await this.response(stream);
-      const lines = jsonLines(stream, `node ${this.o.name}`, MAX_TREE_LINE);
+      const lines = jsonLines(stream, `node ${this.o.name}: an answer line`, MAX_TREE_LINE);
       const first = (await lines.next()).value as { wants?: string[]; error?: WireError } | undefined;
       if (status !== 200 || !first || first.error || !Array.isArray(first.wants)) {
         stream.close(http2.constants.NGHTTP2_CANCEL);
@@ -350,20 +350,12 @@ export class RemoteBackend implements SandboxBackend {
     try {
       stream.end(JSON.stringify({ recipe, timeoutMs: opts.timeoutMs }));
       await this.response(stream);
-      let rest = '';
       let end: { done?: true; error?: WireError } | undefined;
-      for await (const chunk of stream) {
-        rest += chunk.toString();
-        // A build's output line is the tenant's packages' output: never held beyond a bound.
-        if (rest.length > MAX_BUILD_LINE)
-          throw new NodeError(`node ${this.o.name}: a build output line over ${MAX_BUILD_LINE} bytes`, false);
-        let at: number;
-        while ((at = rest.indexOf('\n')) >= 0) {
-          const msg = JSON.parse(rest.slice(0, at)) as { line?: string; done?: true; error?: WireError };
-          rest = rest.slice(at + 1);
-          if (typeof msg.line === 'string') opts.onLine(msg.line);
-          else end = msg;
-        }
+      // A build's output line is the tenant's packages' output: never held beyond a bound.
+      for await (const v of jsonLines(stream, `node ${this.o.name}: a build output line`, MAX_BUILD_LINE)) {
+        const msg = v as { line?: string; done?: true; error?: WireError };
+        if (typeof msg.line === 'string') opts.onLine(msg.line);
+        else end = msg;
       }
       opts.signal.throwIfAborted();
       if (end?.error) throw this.fail(end.error);
@@ -384,8 +376,8 @@ export class RemoteBackend implements SandboxBackend {
   }
 }
 
-/** The JSON lines of a response, one at a time (each bounded). */
-async function* jsonLines(stream: AsyncIterable<Buffer>, who: string, max: number): AsyncGenerator<unknown> {
+/** The JSON lines of a response, one at a time (each bounded: `what` names the line in the error). */
+async function* jsonLines(stream: AsyncIterable<Buffer>, what: string, max: number): AsyncGenerator<unknown> {
   let parts: Buffer[] = [];
   let held = 0;
   for await (const chunk of stream) {
@@ -401,7 +393,7 @@ async function* jsonLines(stream: AsyncIterable<Buffer>, who: string, max: numbe
     if (from < chunk.length) {
       parts.push(chunk.subarray(from));
       held += chunk.length - from;
-      if (held > max) throw new NodeError(`${who}: an answer line over ${max} bytes`, false);
+      if (held > max) throw new NodeError(`${what} over ${max} bytes`, false);
     }
   }
   const tail = Buffer.concat(parts).toString('utf8');

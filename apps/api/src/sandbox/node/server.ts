@@ -217,16 +217,14 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
   /** create and remove, with this host's workspace mounts (when the node keeps trees). */
   const own: Pick<SandboxBackend, 'create' | 'remove'> = {
     async create(req) {
-      const dir =
-        req.treeMount && trees
-          ? await (async () => {
-              mounting.add(req.sandboxId);
-              return trees.mounts.create(req.sandboxId, tmpfsSizes(req.limits).workspace);
-            })()
-          : undefined;
+      if (!req.treeMount || !trees) return backend.create({ ...req, treeMount: undefined });
+      mounting.add(req.sandboxId);
+      let dir: string | undefined;
       try {
+        // Undefined past the mounts' budget: the container gets its own tmpfs and the tar path.
+        dir = await trees.mounts.create(req.sandboxId, tmpfsSizes(req.limits).workspace);
         const c = await backend.create({ ...req, treeMount: undefined, workspaceDir: dir });
-        if (!dir || !trees) return c;
+        if (!dir) return c;
         try {
           await trees.mounts.own(dir, c.uid);
         } catch (err) {
@@ -236,7 +234,7 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
         treeMounts.set(c.id, req.sandboxId);
         return { ...c, treeMount: true };
       } catch (err) {
-        if (dir) await trees?.mounts.remove(req.sandboxId).catch(() => undefined);
+        if (dir) await trees.mounts.remove(req.sandboxId).catch(() => undefined);
         throw err;
       } finally {
         mounting.delete(req.sandboxId);
