@@ -9,11 +9,13 @@ import { ensureSandboxImage } from '../../sandbox-image/build.ts';
 import type { Db } from '../../apps/api/src/db/client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { type Host, Hosts } from '../support/hosts.ts';
+import { writeAtOnceThrough } from '../support/replicas.ts';
 
 /**
- * A fleet on two hosts of its own: each a network namespace with its own dockerd and a Kiln node
- * process in it, reached over a veth from two API replicas on one Postgres (the test's own
- * namespace). Made and removed by the test itself.
+ * A fleet on hosts of its own: two sandbox hosts, each a network namespace with its own dockerd
+ * and a Kiln node process in it, and a database host (a PostgreSQL server in a namespace of its
+ * own), all reached over veths from two API replicas (in the test's own namespace). Made and
+ * removed by the test itself.
  */
 describe('a fleet on two hosts, each with its own dockerd and node', () => {
   let hosts: Hosts;
@@ -23,13 +25,14 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
   let b: TestApp;
   let team: { id: string; key: string };
   let ws: string;
+  let database: { ip: string; adminUrl: string };
   const fleets: FleetBackend[] = [];
 
   beforeAll(async () => {
     const image = await ensureSandboxImage();
     ca = await makeAuthority('hosts-test');
     hosts = new Hosts('kf', ca, [image, 'kiln-sandbox:latest']);
-    h = await Promise.all([hosts.start(1), hosts.start(2)]);
+    [database, ...h] = await Promise.all([hosts.database('db'), hosts.start(1), hosts.start(2)]);
     const ra = await issue(ca, { role: 'api', name: 'replica-a' });
     const rb = await issue(ca, { role: 'api', name: 'replica-b' });
     // Each replica hears from every node every 500 ms, as a server does every 5 s (server.ts opens the fleet).
@@ -45,8 +48,9 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       fleets.push(f);
       return f;
     };
-    a = await createTestApp({ backend: fleet(ra) });
+    a = await createTestApp({ backend: fleet(ra), pgAdminUrl: database.adminUrl });
     b = await createTestApp({ replicaOf: a, backend: fleet(rb) });
+    expect(a.database.url).toContain(`@${database.ip}:5432/`);
     for (const f of fleets) await f.open();
     for (const host of h)
       expect(
@@ -83,6 +87,21 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     expect((await exec(a, placed[0]!, 'x = 1; print(6 * 7)')).body.stdout).toBe('42\n');
     expect((await exec(b, placed[1]!, 'x = 2; print(6 * 7)')).body.stdout).toBe('42\n');
     expect((await Promise.all(placed.map(hostOf))).sort()).toEqual(['kf1', 'kf2']);
+  });
+
+  it('the replicas reach their database host over its veth: 40 writes through each at once all land in HEAD; a key revoked on one is refused by the other as soon as its notification crosses', async () => {
+    const shared = (await b.call('POST', '/v1/workspaces', { key: team.key, body: { name: 'shared' } })).body.id;
+    await writeAtOnceThrough([a, b], team.key, shared, 80);
+
+    const made = await a.call('POST', `/v1/teams/${team.id}/keys`, {
+      key: team.key,
+      body: { name: 'short-lived', role: 'member' },
+    });
+    expect((await b.call('GET', '/v1/workspaces', { key: made.body.key })).status).toBe(200);
+    const news = new Promise<void>((resolve) => b.news.on('key', (id) => id === made.body.id && resolve()));
+    expect((await a.call('DELETE', `/v1/teams/${team.id}/keys/${made.body.id}`, { key: team.key })).status).toBe(200);
+    await news;
+    expect((await b.call('GET', '/v1/workspaces', { key: made.body.key })).status).toBe(401);
   });
 
   it('a template made through the API is built on every host; its sessions run on either host with its files', async () => {
@@ -153,15 +172,19 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
   });
 
-  it('a sandbox on a host reaches no node’s control port, nor the API’s host', async () => {
-    const probe = [...h.map((x) => `("${x.ip}", 7443)`), `("${h[0]!.ip.replace(/\.2$/, '.1')}", 5432)`].join(', ');
+  it('a sandbox on a host reaches no node’s control port, nor the API’s host, nor the database host', async () => {
+    const probe = [
+      ...h.map((x) => `("${x.ip}", 7443)`),
+      `("${h[0]!.ip.replace(/\.2$/, '.1')}", 5432)`,
+      `("${database.ip}", 5432)`,
+    ].join(', ');
     const r = await exec(
       a,
       placed[0]!,
       `import socket\nfor addr in [${probe}]:\n    try:\n        socket.create_connection(addr, timeout=2).close(); print("reached", addr)\n    except OSError as e:\n        print("refused", type(e).__name__)`,
     );
     expect(r.body.stdout).not.toContain('reached');
-    expect(r.body.stdout.trim().split('\n')).toHaveLength(3);
+    expect(r.body.stdout.trim().split('\n')).toHaveLength(4);
   });
 
   it('a replica with another CA’s certificate is refused at a node’s real address', async () => {

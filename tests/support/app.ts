@@ -67,6 +67,8 @@ export interface TestApp {
 export async function createTestApp(
   opts: {
     driver?: Driver;
+    /** Another Postgres server to make the database on (its admin URL); default the suite's. */
+    pgAdminUrl?: string;
     rateLimit?: { perMinute: number; burst: number };
     bodyLimitBytes?: number;
     /** The clock of the rate limiter and of memory search's recency. */
@@ -97,7 +99,9 @@ export async function createTestApp(
   } = {},
 ): Promise<TestApp> {
   const replica = opts.replicaOf;
-  const database = replica ? await replica.database.reopen() : await createTestDatabase(opts.driver ?? 'postgres');
+  const database = replica
+    ? await replica.database.reopen()
+    : await createTestDatabase(opts.driver ?? 'postgres', opts.pgAdminUrl);
   const adminKey = replica?.adminKey ?? generateKey('admin');
   if (!replica) await bootstrapAdminKey(database.db, { adminKey, dataDir: '/nonexistent' });
   let text = '';

@@ -15,8 +15,11 @@ export interface TestDatabase extends Database {
   reopen(): Promise<TestDatabase>;
 }
 
-/** A fresh, migrated database: a new Postgres database (dropped afterwards) or an in-memory PGlite. */
-export async function createTestDatabase(driver: Driver = 'postgres'): Promise<TestDatabase> {
+/**
+ * A fresh, migrated database: a new Postgres database (dropped afterwards) or an in-memory PGlite.
+ * `adminUrl` is another Postgres server's (the fleet test's database host); default the suite's.
+ */
+export async function createTestDatabase(driver: Driver = 'postgres', adminUrl = PG_ADMIN_URL): Promise<TestDatabase> {
   if (driver === 'pglite') {
     const database = await openDatabase({});
     return {
@@ -25,7 +28,7 @@ export async function createTestDatabase(driver: Driver = 'postgres'): Promise<T
       reopen: () => Promise.reject(new Error('an in-memory PGlite cannot be shared by two replicas')),
     };
   }
-  const url = await createPgDatabase();
+  const url = await createPgDatabase(adminUrl);
   const database = await openDatabase({ url });
   const reopen = async (): Promise<TestDatabase> => {
     const again = await openDatabase({ url });
@@ -37,27 +40,27 @@ export async function createTestDatabase(driver: Driver = 'postgres'): Promise<T
     reopen,
     drop: async () => {
       await database.close();
-      await dropPgDatabase(url);
+      await dropPgDatabase(url, adminUrl);
     },
   };
 }
 
-export async function createPgDatabase(): Promise<string> {
+export async function createPgDatabase(adminUrl = PG_ADMIN_URL): Promise<string> {
   const name = `kiln_test_${randomBytes(6).toString('hex')}`;
-  const admin = postgres(PG_ADMIN_URL, { max: 1, onnotice: () => {} });
+  const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   try {
     await admin.unsafe(`create database ${name}`);
   } finally {
     await admin.end();
   }
-  const url = new URL(PG_ADMIN_URL);
+  const url = new URL(adminUrl);
   url.pathname = `/${name}`;
   return url.toString();
 }
 
-export async function dropPgDatabase(url: string): Promise<void> {
+export async function dropPgDatabase(url: string, adminUrl = PG_ADMIN_URL): Promise<void> {
   const name = new URL(url).pathname.slice(1);
-  const admin = postgres(PG_ADMIN_URL, { max: 1, onnotice: () => {} });
+  const admin = postgres(adminUrl, { max: 1, onnotice: () => {} });
   try {
     await admin.unsafe(`drop database if exists ${name} with (force)`);
   } finally {

@@ -1,6 +1,15 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { randomInt } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  appendFileSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { KeyPair } from '../../apps/api/src/sandbox/node/pki.ts';
@@ -49,7 +58,8 @@ async function until<T>(what: string, fn: () => T | undefined | Promise<T | unde
 
 export class Hosts {
   private readonly procs: ChildProcess[] = [];
-  private readonly made: { ns: string; veth: string; dir: string; pidfile: string }[] = [];
+  /** What start() and database() made; `pidfile` (its first line a pid) names the daemon close() stops with `signal`. */
+  private readonly made: { ns: string; veth: string; dir: string; pidfile: string; signal: 'TERM' | 'INT' }[] = [];
   /** Containers of killed hosts' engines, whose processes outlive their dockerd. */
   private readonly orphans: string[] = [];
   /** A /16 of its own for this run's hosts: 10.<n>.<host>.0/24. */
@@ -62,23 +72,23 @@ export class Hosts {
     private readonly images: string[],
   ) {}
 
-  async start(index: number): Promise<Host> {
-    const name = `${this.tag}${index}`;
+  /**
+   * A network namespace joined to the test's by a veth pair (10.<net>.<index>.1 on this side,
+   * .2 inside), and a directory of its own; what a crashed earlier run left under these names first goes.
+   */
+  private link(name: string, index: number, daemon: { pidfile: string; signal: 'TERM' | 'INT' }) {
     const ns = `kiln-${name}`;
     const veth = `kv${name}`.slice(0, 12);
     const hostIp = `10.${this.net}.${index}.1`;
     const ip = `10.${this.net}.${index}.2`;
     const dir = `/tmp/kiln-host-${name}`;
-    const pidfile = join(dir, 'docker.pid');
-    const dockerSock = join(dir, 'docker.sock');
-    // What a crashed earlier run may have left under these names.
-    if (existsSync(pidfile)) quiet('kill', ['-KILL', readFileSync(pidfile, 'utf8').trim()]);
+    quiet('sh', ['-c', `ip netns pids ${ns} 2>/dev/null | xargs -r kill -KILL`]);
     quiet('sh', ['-c', `grep -o ' ${dir}[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l`]);
     quiet('ip', ['netns', 'del', ns]);
     quiet('ip', ['link', 'del', veth]);
     rmSync(dir, { recursive: true, force: true });
-    mkdirSync(join(dir, 'exec'), { recursive: true });
-    this.made.push({ ns, veth, dir, pidfile });
+    mkdirSync(dir, { recursive: true });
+    this.made.push({ ns, veth, dir, ...daemon });
     run('ip', ['netns', 'add', ns]);
     run('ip', ['link', 'add', veth, 'type', 'veth', 'peer', 'name', `${veth}n`]);
     run('ip', ['link', 'set', `${veth}n`, 'netns', ns]);
@@ -89,6 +99,87 @@ export class Hosts {
     inNs('ip', 'link', 'set', `${veth}n`, 'up');
     inNs('ip', 'link', 'set', 'lo', 'up');
     inNs('ip', 'route', 'add', 'default', 'via', hostIp);
+    // The namespace's side of the link: the host keeps its route to the address, so packets to it
+    // are dropped rather than sent out of the machine's default route.
+    const cut = (down: boolean) => inNs('ip', 'link', 'set', `${veth}n`, down ? 'down' : 'up');
+    return { ns, ip, dir, cut };
+  }
+
+  /**
+   * A database host: a PostgreSQL server of its own (the machine's binaries, `initdb` into the
+   * host's directory, run as the `postgres` user, trust auth for this run's /16) listening on the
+   * namespace's address, so that the replicas reach their database over a veth as they would
+   * across a network. Its admin URL is what `createTestApp({ pgAdminUrl })` takes.
+   */
+  async database(name: string): Promise<{ ip: string; adminUrl: string; cut(down: boolean): void }> {
+    const host = `${this.tag}${name}`;
+    const data = join(`/tmp/kiln-host-${host}`, 'pg');
+    // SIGINT: Postgres's fast shutdown (its clients are told, its shared memory goes).
+    const { ns, ip, cut } = this.link(host, 0, { pidfile: join(data, 'postmaster.pid'), signal: 'INT' });
+    const bin = join(
+      '/usr/lib/postgresql',
+      readdirSync('/usr/lib/postgresql').sort((x, y) => Number(y) - Number(x))[0]!,
+      'bin',
+    );
+    mkdirSync(data, { mode: 0o700 });
+    run('chown', ['postgres:postgres', data]);
+    const asPostgres = ['runuser', '-u', 'postgres', '--'];
+    run(asPostgres[0]!, [
+      ...asPostgres.slice(1),
+      join(bin, 'initdb'),
+      '-D',
+      data,
+      '-U',
+      'postgres',
+      '-A',
+      'trust',
+      '--no-sync',
+      '-E',
+      'UTF8',
+      '--locale=C',
+    ]);
+    appendFileSync(join(data, 'pg_hba.conf'), `host all all 10.${this.net}.0.0/16 trust\n`);
+    const server = spawn(
+      'nsenter',
+      [
+        `--net=/run/netns/${ns}`,
+        ...asPostgres,
+        join(bin, 'postgres'),
+        '-D',
+        data,
+        '-c',
+        `listen_addresses=${ip}`,
+        '-c',
+        'port=5432',
+        '-c',
+        `unix_socket_directories=${data}`,
+        '-c',
+        'fsync=off',
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    this.procs.push(server);
+    let log = '';
+    server.stderr!.on('data', (d) => (log += d));
+    await until(`postgres on ${ip} (${log})`, () => {
+      if (server.exitCode !== null) throw new Error(`postgres on ${ns} exited: ${log}`);
+      try {
+        run(join(bin, 'pg_isready'), ['-q', '-h', ip, '-p', '5432']);
+        return true;
+      } catch {
+        return undefined;
+      }
+    });
+    return { ip, adminUrl: `postgres://postgres@${ip}:5432/postgres`, cut };
+  }
+
+  async start(index: number): Promise<Host> {
+    const name = `${this.tag}${index}`;
+    const dir = `/tmp/kiln-host-${name}`;
+    const pidfile = join(dir, 'docker.pid');
+    const { ns, ip, cut } = this.link(name, index, { pidfile, signal: 'TERM' });
+    const dockerSock = join(dir, 'docker.sock');
+    mkdirSync(join(dir, 'exec'));
     // The machine's runtimes (runc, the gVisor ones), a data-root and bridge of its own.
     copyFileSync('/etc/docker/daemon.json', join(dir, 'daemon.json'));
     const dockerd = spawn(
@@ -167,9 +258,6 @@ export class Hosts {
       if (pid) quiet('kill', ['-KILL', String(pid)]);
       await until(`node ${name} to die`, () => (node.exitCode !== null || node.signalCode ? true : undefined), 10_000);
     };
-    // The namespace's side of the link: the host keeps its route to the address, so packets to it
-    // are dropped rather than sent out of the machine's default route.
-    const cut = (down: boolean) => inNs('ip', 'link', 'set', `${veth}n`, down ? 'down' : 'up');
     return { name, ip, url: `https://${ip}:7443`, dockerSock, kill, cut };
   }
 
@@ -177,11 +265,11 @@ export class Hosts {
   async close(): Promise<void> {
     for (const p of this.procs) if (p.exitCode === null && !p.signalCode && p !== undefined) p.kill('SIGTERM');
     for (const m of this.made) {
-      const pid = existsSync(m.pidfile) ? Number(readFileSync(m.pidfile, 'utf8')) : undefined;
+      const pid = existsSync(m.pidfile) ? Number(readFileSync(m.pidfile, 'utf8').split('\n')[0]) : undefined;
       if (pid) {
-        quiet('kill', ['-TERM', String(pid)]);
+        quiet('kill', [`-${m.signal}`, String(pid)]);
         await until(
-          `dockerd ${m.ns} to stop`,
+          `the daemon of ${m.ns} to stop`,
           () => {
             try {
               process.kill(pid, 0);
