@@ -172,6 +172,31 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
   });
 
+  it('a replica that dies: its gVisor sandbox running on a host is taken over by the other replica through that host’s node, with its variables', async () => {
+    const gv = await a.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'heirloom', settings: { sandbox: { runtime: 'gvisor' } } },
+    });
+    const s = (await a.call('POST', `/v1/workspaces/${gv.body.id}/sessions`, { key: team.key })).body.id as string;
+    const first = await exec(a, s, 'kept = {"a": 1}');
+    expect(first.status, JSON.stringify(first.body)).toBe(200);
+    const where = await hostOf(s);
+    // B reads who is up and A is not among them, as when A's heartbeat stopped with its process.
+    await b.replicas.open('http://127.0.0.1:9');
+    try {
+      const taken = await exec(b, s, 'kept["b"] = 2\nprint(sorted(kept))');
+      expect(taken.body, JSON.stringify(taken.body)).toMatchObject({
+        stdout: "['a', 'b']\n",
+        restarted: false,
+        sandbox_id: first.body.sandbox_id,
+      });
+      expect(await hostOf(s)).toBe(where);
+    } finally {
+      await b.replicas.close();
+    }
+    await b.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  });
+
   it('a sandbox on a host reaches no node’s control port, nor the API’s host, nor the database host', async () => {
     const probe = [
       ...h.map((x) => `("${x.ip}", 7443)`),

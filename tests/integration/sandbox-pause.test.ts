@@ -506,6 +506,44 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect(await containerOf(r.sandbox_id)).toBeNull();
   });
 
+  it('a replica that dies while a gVisor sandbox of its runs on the engine it shares with another: that one takes it over running, with its variables, and the first one’s reaper leaves it alone', async () => {
+    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
+    const env = (id: string) => ({ KILN_INSTANCE_ID: id, KILN_SANDBOX_WORKSPACE_MOUNT: 'off' });
+    const gone = `${INSTANCE}-gone`;
+    const heir = `${INSTANCE}-heir`;
+    const a = await createTestApp({ replicaOf: t, ...settings, env: env(gone) });
+    const b = await createTestApp({ replicaOf: t, ...settings, env: env(heir) });
+    let id = '';
+    try {
+      const { session } = await sessionIn(a, team, gvisor);
+      const r = await exec(a, team.key, session, 'kept = [1, 2, 3]');
+      id = r.sandbox_id;
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: gone, runner: expect.any(Object) });
+      // B has read who is up (it says where it is reached), and A is not among them: as for a
+      // replica that died, whose heartbeat stopped. A's process, here, still holds the runner's connection.
+      await b.replicas.open('http://127.0.0.1:9');
+      expect(b.replicas.gone(gone)).toBe(true);
+      const taken = await exec(b, team.key, session, 'print(sum(kept))');
+      expect(taken).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: id });
+      expect((taken as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
+      // The runner dropped A's connection for B's; A's reaper then lets the sandbox go untouched.
+      for (const end = Date.now() + 30_000; a.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
+        if (Date.now() > end) throw new Error("A still holds the runner's connection");
+      await a.engine.reap();
+      expect(await containerOf(id)).toEqual({ running: true });
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
+      expect((await exec(b, team.key, session, 'print(len(kept))')).stdout).toBe('3\n');
+      await b.engine.release(session, 'test_done');
+      expect(await rowOf(id)).toMatchObject({ state: 'removed', runner: null });
+    } finally {
+      await b.replicas.close();
+      await b.close();
+      await a.close();
+    }
+    expect(await containerOf(id)).toBeNull();
+  });
+
   it('a runner from before daemon mode (a template on an older base image) is started as it always was, never relayed as the keeper uid', async () => {
     // The runner of an older image: it takes no flags, so --daemon and --attach mean nothing to it.
     const tag = `kiln-test-old-runner:${INSTANCE}`;

@@ -204,4 +204,21 @@ describe("two replicas behind one address: a request about a session reaches the
     expect(await containersOf(first.sandbox_id)).toEqual([]);
     expect(await containersOf(next.sandbox_id)).toHaveLength(1);
   });
+
+  it('a holder that died (no longer heard) with a sandbox no other replica can speak to: the session gets a new one that says so, and the old container goes', async () => {
+    const team = await a.team('holder-died');
+    const { session } = await sessionIn(a, team);
+    const first = await exec(a, team.key, session, 'y = 1');
+    // A stops saying it is up, as a replica that died does; B reads who is.
+    await a.replicas.close();
+    await b.replicas.beat();
+    expect(b.replicas.gone(a.replicas.instance)).toBe(true);
+    // Its sandbox has a workspace mount of A's host (the default here): B cannot take it over.
+    const next = await exec(b, team.key, session, "print('y' in dir())");
+    expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
+    expect(next.sandbox_id).not.toBe(first.sandbox_id);
+    expect(await containersOf(first.sandbox_id)).toEqual([]);
+    const rows = await b.call('GET', '/v1/sandboxes', { key: team.key });
+    expect(rows.body.data.map((s: { id: string }) => s.id)).toEqual([next.sandbox_id]);
+  });
 });

@@ -143,11 +143,19 @@ export function compose(o: ComposeOptions): Kiln {
     },
     logger,
   );
+  // The replicas sharing the database: a request about a session goes to the one holding its
+  // sandbox, and a running sandbox of one that is gone is taken over where its session's next request lands.
+  const replicas = new Replicas(db, { instance: config.instanceId, secretsKey: config.secretsKey, log: logger });
   const engine = new SandboxEngine(
     db,
     o.sandboxes ?? new NoSandboxes(),
     // Without a container runtime (NoSandboxes) there is nothing to mount a workspace for.
-    { ...engineOptions(config), ...(o.sandboxes ? {} : { workspaceMount: undefined }), ...o.engine },
+    {
+      ...engineOptions(config),
+      ownerGone: (owner) => replicas.gone(owner),
+      ...(o.sandboxes ? {} : { workspaceMount: undefined }),
+      ...o.engine,
+    },
     logger,
     secrets,
     metrics,
@@ -218,8 +226,6 @@ export function compose(o: ComposeOptions): Kiln {
   );
 
   const news = new CacheNews(db);
-  // The replicas sharing the database: a request about a session goes to the one holding its sandbox.
-  const replicas = new Replicas(db, { instance: config.instanceId, secretsKey: config.secretsKey, log: logger });
   const parts = {
     engine,
     workspaces,

@@ -36,6 +36,8 @@ export interface ReplicaOptions {
 export class Replicas {
   /** The others heard within `liveMs`: instance → URL. */
   private peers = new Map<string, string>();
+  /** Whether `peers` was read from the database (this replica is open). */
+  private read = false;
   private timer?: NodeJS.Timeout;
   private url?: string;
   private readonly markKey: Buffer;
@@ -74,6 +76,14 @@ export class Replicas {
     return this.peers.size === 0;
   }
 
+  /**
+   * Whether another instance is known to be gone: this replica has read who is up (it says where
+   * it is reached) and that one was not heard from within `liveMs`. False before the first read.
+   */
+  gone(instance: string): boolean {
+    return this.read && instance !== this.o.instance && !this.peers.has(instance);
+  }
+
   /** The address of another replica heard from lately; undefined for this one or one not heard. */
   urlOf(instance: string): string | undefined {
     return this.peers.get(instance);
@@ -107,12 +117,14 @@ export class Replicas {
         ),
       );
     this.peers = new Map(rows.map((r) => [r.instance, r.url]));
+    this.read = true;
   }
 
   /** No longer up: the others stop sending it requests at their next heartbeat. */
   async close(): Promise<void> {
     clearInterval(this.timer);
     this.peers.clear();
+    this.read = false;
     if (this.url) await this.db.delete(apiReplicas).where(eq(apiReplicas.instance, this.o.instance));
     this.url = undefined;
   }

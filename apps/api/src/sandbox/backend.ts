@@ -53,6 +53,13 @@ export interface SandboxBackend {
    */
   resume?(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel>;
   /**
+   * Connects again to the runner of a running pausable container, whose connection another
+   * replica held (and lost with it): the runner, which kept everything, drops that connection
+   * for this one once it proves itself with the key the runner was given. Backends that cannot
+   * pause do not implement it.
+   */
+  reattach?(container: SandboxContainer): Promise<RunnerChannel>;
+  /**
    * For a container with `treeMount`: fills its /workspace with the working tree at `dir` (of the
    * API's host) from the copy of workspace `workspaceId` the backend keeps on its host, sending it
    * only the files that changed (tree-sync.ts). Only while no code of the sandbox has run.

@@ -38,6 +38,11 @@ export interface EngineOptions {
   image: string;
   /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
   owner: string;
+  /**
+   * Whether another API instance is known to be gone (not heard from lately, http/replicas.ts):
+   * a running sandbox of its that this one can reach is taken over at its session's next request.
+   */
+  ownerGone?: (owner: string) => boolean;
   poolSize: number;
   /** Warm containers kept filled with a recently claimed workspace's tree (host mounts only). */
   preparedPoolSize?: number;
@@ -167,7 +172,7 @@ export class SandboxEngine {
     const pausedMaxBytes = opts.pause?.maxBytes;
     this.live = new LiveSandboxes(
       { ...deps, pauses: metrics },
-      { image, owner, idleMs, perTeamMax, now, pausedMaxBytes },
+      { image, owner, idleMs, perTeamMax, now, pausedMaxBytes, ownerGone: opts.ownerGone },
       templates,
     );
     this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });

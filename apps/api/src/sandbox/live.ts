@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { sandboxes } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { newId } from '../lib/ids.ts';
-import type { ContainerNetwork, SandboxBackend, SandboxContainer } from './backend.ts';
+import type { ContainerNetwork, RunnerChannel, SandboxBackend, SandboxContainer } from './backend.ts';
 import type { Containers, Sandbox } from './containers.ts';
 import type { SandboxLimits } from './limits.ts';
 import type { WarmPool } from './pool.ts';
@@ -86,6 +86,22 @@ interface PausedState {
   mount?: string;
 }
 
+/**
+ * While a pausable sandbox runs (its runner lives apart from its holder's connection): what
+ * another replica needs to reach that runner once its holder is gone (`takeOverRunning`).
+ */
+interface RunnerState {
+  /** The key its runner's frames are signed with (base64): a new relay proves itself with it. */
+  key: string;
+  uid: number;
+  /** Its hard lifetime's end (epoch ms). */
+  hardExpiresAt: number;
+  /** The workspace's HEAD when its /workspace copy was made (null: it has none): what changed since is sent again. */
+  head: string | null;
+  /** A workspace mount of its holder's host: then it stays with that host's replica. */
+  mount?: string;
+}
+
 /** Checkpoints failing, none succeeding, before pausing is turned off for the process. */
 const PAUSE_FAILURES_OFF = 3;
 
@@ -106,6 +122,8 @@ export interface LiveOptions {
   now: () => number;
   /** The most checkpoint bytes one team's paused sandboxes, and all of this instance's, may hold; oldest go first. */
   pausedMaxBytes?: { team: number; all: number };
+  /** Whether another instance is known to be gone (EngineOptions.ownerGone); unset: none ever is. */
+  ownerGone?: (owner: string) => boolean;
 }
 
 /** Told of each pause and resume (metrics). */
@@ -233,6 +251,13 @@ export class LiveSandboxes {
     const live = this.bySession.get(sessionId);
     if (live) {
       this.bySession.delete(sessionId);
+      // Taken over by another replica, for which this one was gone (takeOverRunning): its
+      // runner dropped this connection, and its container is that replica's now.
+      const [row] = await db.select({ owner: sandboxes.owner }).from(sandboxes).where(eq(sandboxes.id, live.id));
+      if (row && row.owner !== this.opts.owner) {
+        live.client.close();
+        return;
+      }
       await containers.destroy(live);
       await markRemoved(db, [live.id], reason);
     } else {
@@ -258,7 +283,7 @@ export class LiveSandboxes {
    * and the claim tried again with the next one, or a cold one: the caller never sees it.
    */
   private async claim(ctx: ExecContext, limits: SandboxLimits): Promise<Live> {
-    const resumed = await this.resume(ctx);
+    const resumed = (await this.resume(ctx)) ?? (await this.takeOverRunning(ctx));
     if (resumed) return resumed;
     for (;;) {
       try {
@@ -318,9 +343,25 @@ export class LiveSandboxes {
         throw lost.reason;
       }
       const containerId = c.value.container.id;
+      const signing = c.value.container.pausable ? c.value.client.signingKey : undefined;
+      const runner: RunnerState | null = signing
+        ? {
+            key: signing.toString('base64'),
+            uid: c.value.container.uid,
+            hardExpiresAt: c.value.expiresAt,
+            head,
+            ...(c.value.workspaceDir ? { mount: c.value.workspaceDir } : {}),
+          }
+        : null;
       await db
         .update(sandboxes)
-        .set({ containerId, state: 'ready', lastUsedAt: new Date(this.opts.now()), expiresAt: this.idleExpiry(ctx) })
+        .set({
+          containerId,
+          state: 'ready',
+          runner,
+          lastUsedAt: new Date(this.opts.now()),
+          expiresAt: this.idleExpiry(ctx),
+        })
         .where(eq(sandboxes.id, id));
       // The first request to a warm runner is also the proof that it is still there.
       if (ctx.workspaceDir) await this.copyIn(c.value, ctx.workspaceDir, ctx.workspaceId);
@@ -511,6 +552,7 @@ export class LiveSandboxes {
         pausedAt: new Date(this.opts.now()),
         checkpointBytes: bytes,
         checkpoint: state,
+        runner: null,
         expiresAt: new Date(until),
       })
       .where(and(eq(sandboxes.id, live.id), eq(sandboxes.state, 'ready')))
@@ -669,17 +711,99 @@ export class LiveSandboxes {
       );
     }
     const t0 = performance.now();
-    const container: SandboxContainer = { id: row.containerId, uid: saved!.uid, runtime: row.runtime, pausable: true };
     // What was left of its hard lifetime when it was paused, from now: paused time does not count.
     const pausedAt = row.pausedAt?.getTime() ?? this.opts.now();
     const lifetimeEnds = this.opts.now() + Math.max(0, saved!.hardExpiresAt - pausedAt);
+    const live = await this.reach(row, ctx, { ...saved!, hardExpiresAt: lifetimeEnds }, t0, (container) =>
+      backend.resume!(container, lifetimeEnds),
+    );
+    if (!live) {
+      await this.removePaused(row, 'resume_failed');
+      return null;
+    }
+    this.pausedHere.delete(row.id);
+    this.deps.pauses?.resumed(live.resumedMs!);
+    log.info({ sandbox: row.id, ms: Math.round(live.resumedMs!) }, 'sandbox resumed');
+    return live;
+  }
+
+  /**
+   * The session's running sandbox of another replica that is gone (not heard from lately; it held
+   * the runner's connection), when this replica reaches its container (on a sandbox node, or in
+   * this backend's listing: an engine the two shared) and its runner lives apart from that
+   * connection (a pausable one: its key is in its row). Taken over in one update that only one
+   * replica wins, then spoken to again (the runner drops the gone one's connection for this one
+   * once it proves itself with the key), with every variable it held. Null when there is none; a
+   * gone replica's sandbox that cannot be taken over is removed (`replica_gone`), so the session's
+   * new one says its state is gone.
+   */
+  private async takeOverRunning(ctx: ExecContext): Promise<Live | null> {
+    const { db, backend, log } = this.deps;
+    const gone = this.opts.ownerGone;
+    if (!gone) return null;
+    const rows = await db
+      .select()
+      .from(sandboxes)
+      .where(
+        and(eq(sandboxes.sessionId, ctx.sessionId), eq(sandboxes.state, 'ready'), ne(sandboxes.owner, this.opts.owner)),
+      );
+    const row = rows.find((r) => gone(r.owner));
+    if (!row) return null;
+    const saved = row.runner as RunnerState | null;
+    const listed = await backend.list().catch(() => []);
+    const reachable = listed.some((c) => c.id === row.containerId);
+    const fits =
+      saved &&
+      !saved.mount &&
+      backend.reattach &&
+      reachable &&
+      row.runtime === ctx.runtime &&
+      modeOf(ctx.network) === 'none';
+    if (!fits) {
+      // Its state cannot be reached from here: it counts as lost, and its container goes where it can.
+      if (reachable) await backend.remove(row.containerId).catch(() => undefined);
+      await markRemoved(db, [row.id], 'replica_gone');
+      return null;
+    }
+    const [taken] = await db
+      .update(sandboxes)
+      .set({ state: 'resuming', owner: this.opts.owner })
+      .where(and(eq(sandboxes.id, row.id), eq(sandboxes.state, 'ready'), eq(sandboxes.owner, row.owner)))
+      .returning();
+    // Another replica took it first: the session's request there is served by it.
+    if (!taken) return null;
+    const live = await this.reach(taken, ctx, saved!, performance.now(), (container) => backend.reattach!(container));
+    if (!live) {
+      await backend.remove(row.containerId).catch(() => undefined);
+      await markRemoved(db, [row.id], 'replica_gone');
+      return null;
+    }
+    log.info(
+      { sandbox: row.id, from: row.owner, ms: Math.round(live.resumedMs!) },
+      'took over a gone replica’s sandbox',
+    );
+    return live;
+  }
+
+  /**
+   * Speaks to the runner of a `resuming` row's container again (`open` resumes it from its
+   * checkpoint, or reattaches to it running), sends its /workspace what was committed since its
+   * copy was made, and makes it this replica's live sandbox of the session. Null (the caller
+   * removes it) when that fails or the row was removed meanwhile.
+   */
+  private async reach(
+    row: typeof sandboxes.$inferSelect,
+    ctx: ExecContext,
+    saved: { key: string; uid: number; hardExpiresAt: number; head: string | null; mount?: string },
+    t0: number,
+    open: (container: SandboxContainer) => Promise<RunnerChannel>,
+  ): Promise<Live | null> {
+    const { db, log } = this.deps;
+    const container: SandboxContainer = { id: row.containerId, uid: saved.uid, runtime: row.runtime, pausable: true };
     this.claiming.add(row.id);
     let client: RunnerClient | undefined;
     try {
-      client = await RunnerClient.reattach(
-        await backend.resume!(container, lifetimeEnds),
-        Buffer.from(saved!.key, 'base64'),
-      );
+      client = await RunnerClient.reattach(await open(container), Buffer.from(saved.key, 'base64'));
       await client.ping();
       const live: Live = {
         id: row.id,
@@ -688,12 +812,12 @@ export class LiveSandboxes {
         limits: row.limits as SandboxLimits,
         runtime: row.runtime,
         image: row.image,
-        expiresAt: lifetimeEnds,
-        workspaceDir: saved!.mount,
+        expiresAt: saved.hardExpiresAt,
+        workspaceDir: saved.mount,
         teamId: ctx.teamId,
         sessionId: ctx.sessionId,
         workspaceId: ctx.workspaceId,
-        synced: saved!.head !== null && Boolean(ctx.workspaceDir),
+        synced: saved.head !== null && Boolean(ctx.workspaceDir),
         repoDir: ctx.workspaceDir,
         lastUsed: this.opts.now(),
         idleMs: ctx.idleMs ?? this.opts.idleMs,
@@ -703,15 +827,17 @@ export class LiveSandboxes {
         network: { mode: 'none' },
         pausedTtlMs: ctx.pausedTtlMs ?? 0,
       };
-      // What was committed while it slept reaches its copy of the workspace before any code runs.
+      // What was committed since its copy was made reaches it before any code runs.
+      const head = live.synced && ctx.workspaceDir ? readHead(ctx.workspaceDir) : null;
       if (live.synced && ctx.workspaceDir) {
-        const files = await changesSince(ctx.workspaceDir, saved!.head!);
+        const files = await changesSince(ctx.workspaceDir, saved.head!);
         for (const f of files) {
           if (f.data) await client.putFile(`/workspace/${f.path}`, f.data);
           else await client.deleteFile(`/workspace/${f.path}`);
         }
       }
       live.resumedMs = performance.now() - t0;
+      const runner: RunnerState = { ...saved, head, ...(saved.mount ? { mount: saved.mount } : {}) };
       const [kept] = await db
         .update(sandboxes)
         .set({
@@ -719,25 +845,22 @@ export class LiveSandboxes {
           pausedAt: null,
           checkpointBytes: null,
           checkpoint: null,
-          lifetimeEndsAt: new Date(lifetimeEnds),
+          runner,
+          lifetimeEndsAt: new Date(saved.hardExpiresAt),
           lastUsedAt: new Date(live.lastUsed),
           expiresAt: this.idleExpiry(ctx),
         })
         .where(and(eq(sandboxes.id, row.id), eq(sandboxes.state, 'resuming')))
         .returning({ id: sandboxes.id });
-      if (!kept) throw new Error('it was removed while it resumed');
+      if (!kept) throw new Error('it was removed while it was reached');
       this.bySession.set(ctx.sessionId, live);
-      this.pausedHere.delete(row.id);
-      this.deps.pauses?.resumed(live.resumedMs);
-      log.info({ sandbox: row.id, ms: Math.round(live.resumedMs) }, 'sandbox resumed');
       return live;
     } catch (err) {
       client?.close();
       log.warn(
         { sandbox: row.id, reason: (err as Error).message },
-        'a paused sandbox could not be resumed: the session gets a new one',
+        'a sandbox could not be reached again: the session gets a new one',
       );
-      await this.removePaused(row, 'resume_failed');
       return null;
     } finally {
       this.claiming.delete(row.id);

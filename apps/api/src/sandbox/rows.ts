@@ -10,6 +10,7 @@ export async function markRemoved(db: Db, ids: string[], reason: string): Promis
   if (ids.length === 0) return;
   await db
     .update(sandboxes)
-    .set({ state: 'removed', removedAt: new Date(), removedReason: reason })
+    // What reaching its runner took (its key) goes with it.
+    .set({ state: 'removed', removedAt: new Date(), removedReason: reason, runner: null })
     .where(and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed')));
 }

@@ -30,6 +30,12 @@ export const sandboxes = pgTable(
     /** While paused: what resuming it needs (sandbox/live.ts, PausedState). */
     checkpoint: jsonb('checkpoint'),
     /**
+     * While running, for one whose runner lives apart from its holder's connection (a pausable
+     * sandbox): what another replica needs to speak to that runner when its holder is gone
+     * (sandbox/live.ts, RunnerState). Null for others.
+     */
+    runner: jsonb('runner'),
+    /**
      * The end of its hard lifetime once it has been paused: its container's `kiln.expires` label
      * moved on by the time it spent paused (paused time does not count); null: the label's.
      */

@@ -65,12 +65,17 @@ const ExecResult = z
       .openapi({
         description:
           'with restarted, for a new sandbox: why the session\u2019s previous one ended (idle, paused_expired, ' +
-          'checkpoint_reclaimed, resume_failed, runner_lost, deleted, …)',
+          'checkpoint_reclaimed, resume_failed, runner_lost, replica_gone, deleted, …)',
       }),
-    resumed_ms: z.number().int().optional().openapi({
-      description:
-        'the session\u2019s paused sandbox was resumed for this execution, in this many ms, with every variable kept',
-    }),
+    resumed_ms: z
+      .number()
+      .int()
+      .optional()
+      .openapi({
+        description:
+          'the session\u2019s paused sandbox was resumed for this execution (or its running one taken over from a ' +
+          'replica that is gone), in this many ms, with every variable kept',
+      }),
     artifacts: z.array(Artifact),
     sandbox_id: z.string(),
     execution_id: z.string(),

@@ -511,7 +511,12 @@ export class DockerBackend implements SandboxBackend {
     if (lifetimeEndsAt !== undefined) await this.keepLifetime(container.id, lifetimeEndsAt).catch(() => undefined);
     // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).
     await cp.deleteCheckpoint(CHECKPOINT).catch(() => undefined);
-    return attachRunner(this.docker, c, KEEPER_USER, [...RUNNER_CMD, '--attach']);
+    return this.reattach(container);
+  }
+
+  /** A new relay (as the keeper uid) to the runner the container's daemon keeps. */
+  reattach(container: SandboxContainer): Promise<RunnerChannel> {
+    return attachRunner(this.docker, this.docker.getContainer(container.id), KEEPER_USER, [...RUNNER_CMD, '--attach']);
   }
 
   async update(container: SandboxContainer, limits: SandboxLimits): Promise<void> {

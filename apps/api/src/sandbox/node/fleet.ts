@@ -392,6 +392,12 @@ export class FleetBackend implements SandboxBackend {
     if (!on.member.backend.resume) throw new Error(`sandbox node ${on.member.name} cannot resume sandboxes`);
     return on.member.backend.resume(on.container, lifetimeEndsAt);
   }
+  /** On the node that runs it: any replica reaches a node's sandboxes. */
+  reattach(container: SandboxContainer): Promise<RunnerChannel> {
+    const on = this.on(container);
+    if (!on.member.backend.reattach) throw new Error(`sandbox node ${on.member.name} cannot reattach to runners`);
+    return on.member.backend.reattach(on.container);
+  }
   /** On the node that holds it, from that node's copy of the workspace. */
   async fillTree(container: SandboxContainer, workspaceId: string, dir: string): Promise<void> {
     const on = this.on(container);

@@ -170,6 +170,9 @@ export class RemoteBackend implements SandboxBackend {
   resume(container: SandboxContainer, lifetimeEndsAt: number): Promise<RunnerChannel> {
     return this.stdio('/v1/resume', container, { 'kiln-lifetime-ends': String(Math.round(lifetimeEndsAt)) });
   }
+  reattach(container: SandboxContainer): Promise<RunnerChannel> {
+    return this.stdio('/v1/reattach', container);
+  }
   async capabilities(): Promise<BackendCapabilities> {
     const { runtimes, teamBound } = (await this.call('capabilities')) as {
       runtimes: RuntimeOffer[];
@@ -278,9 +281,9 @@ export class RemoteBackend implements SandboxBackend {
     return this.stdio('/v1/runner', container);
   }
 
-  /** A runner's stdio, as one stream of the node's (wire.ts): attached to, or resumed first. */
+  /** A runner's stdio, as one stream of the node's (wire.ts): attached to (again), or resumed first. */
   private async stdio(
-    path: '/v1/runner' | '/v1/resume',
+    path: '/v1/runner' | '/v1/resume' | '/v1/reattach',
     container: SandboxContainer,
     headers: Record<string, string> = {},
   ): Promise<RunnerChannel> {

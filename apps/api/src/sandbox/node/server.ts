@@ -331,6 +331,11 @@ export async function startNode(o: NodeServerOptions): Promise<RunningNode> {
         return channel;
       });
     }
+    if (path === '/v1/reattach') {
+      if (!backend.reattach)
+        return answer(stream, 400, { error: { message: 'this node cannot reattach', gone: false } });
+      return runner(stream, headers, (c) => backend.reattach!(c));
+    }
     if (path === '/v1/images/build') return build(stream);
     if (path === '/v1/tree') return tree(stream, headers);
     return answer(stream, 404, { error: { message: `no route ${path}`, gone: false } });
