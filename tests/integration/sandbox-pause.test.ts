@@ -544,6 +544,50 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect(await containerOf(id)).toBeNull();
   });
 
+  it('a replica that dies holding a gVisor sandbox with a workspace mount of this host: the heir takes both over, pauses and resumes it there; the first one’s reaper keeps the mount, the heir’s release removes it', async () => {
+    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
+    const env = (id: string) => ({ KILN_INSTANCE_ID: id, KILN_SANDBOX_PAUSED_TTL_S: '3600' });
+    const gone = `${INSTANCE}-mgone`;
+    const heir = `${INSTANCE}-mheir`;
+    const mounted = (dir: string) =>
+      readFileSync('/proc/self/mountinfo', 'utf8')
+        .split('\n')
+        .some((l) => l.split(' ')[4] === dir);
+    const a = await createTestApp({ replicaOf: t, ...settings, env: env(gone) });
+    const b = await createTestApp({ replicaOf: t, ...settings, env: env(heir) });
+    let id = '';
+    let mount = '';
+    try {
+      const { session } = await sessionIn(a, team, gvisor);
+      const r = await exec(a, team.key, session, 'kept = 5\nopen("/tmp/note.txt", "w").write("hi")');
+      id = r.sandbox_id;
+      mount = ((await rowOf(id)).runner as { mount?: string }).mount ?? '';
+      expect(mount.endsWith(`/${id}`)).toBe(true);
+      expect(mounted(mount)).toBe(true);
+      await b.replicas.open('http://127.0.0.1:9');
+      const taken = await exec(b, team.key, session, 'print(kept, open("/tmp/note.txt").read())');
+      expect(taken).toMatchObject({ stdout: '5 hi\n', restarted: false, sandbox_id: id });
+      for (const end = Date.now() + 30_000; a.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
+        if (Date.now() > end) throw new Error("A still holds the runner's connection");
+      await a.engine.reap();
+      expect(mounted(mount)).toBe(true);
+      // The heir pauses it and resumes it, the mount (in A's directory) its /workspace throughout.
+      expect((await b.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
+      expect(await rowOf(id)).toMatchObject({ state: 'paused', owner: heir });
+      await a.engine.reap();
+      expect(mounted(mount)).toBe(true);
+      const resumed = await exec(b, team.key, session, 'print(kept + 1)');
+      expect(resumed).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: id });
+      await b.engine.release(session, 'test_done');
+      expect(mounted(mount)).toBe(false);
+    } finally {
+      await b.replicas.close();
+      await b.close();
+      await a.close();
+    }
+    expect(await containerOf(id)).toBeNull();
+  });
+
   it('a runner from before daemon mode (a template on an older base image) is started as it always was, never relayed as the keeper uid', async () => {
     // The runner of an older image: it takes no flags, so --daemon and --attach mean nothing to it.
     const tag = `kiln-test-old-runner:${INSTANCE}`;

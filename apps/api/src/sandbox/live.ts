@@ -624,10 +624,11 @@ export class LiveSandboxes {
   }
 
   /**
-   * The session's sandbox another replica paused on its own engine (no mount of its host), when
-   * that engine is this replica's too (replicas on one machine share it: the container is in this
-   * backend's listing): taken over as a node's would be (see `resume`), in one update that only
-   * one replica wins. Null when there is none, or its engine is not this one's.
+   * The session's sandbox another replica paused on its own engine, when that engine is this
+   * replica's too (replicas on one machine share it: the container is in this backend's
+   * listing): taken over as a node's would be (see `resume`), in one update that only one
+   * replica wins, with the workspace mount that replica made on this host (then this one's).
+   * Null when there is none, or its engine is not this one's.
    */
   private async takeOverOnThisEngine(sessionId: string): Promise<typeof sandboxes.$inferSelect | null> {
     const { db, backend } = this.deps;
@@ -640,7 +641,6 @@ export class LiveSandboxes {
           eq(sandboxes.state, 'paused'),
           ne(sandboxes.owner, this.opts.owner),
           not(onANode()),
-          sql`(${sandboxes.checkpoint} ->> 'mount') is null`,
         ),
       )
       .limit(1);
@@ -650,6 +650,9 @@ export class LiveSandboxes {
       .set({ state: 'resuming', owner: this.opts.owner })
       .where(and(eq(sandboxes.id, other.id), eq(sandboxes.state, 'paused'), eq(sandboxes.owner, other.owner)))
       .returning();
+    // Its mount not found here: the resume that follows fails, and the session gets a new sandbox that says so.
+    const mount = (row?.checkpoint as PausedState | null)?.mount;
+    if (row && mount) await this.deps.containers.adoptMount(row.id, mount);
     return row ?? null;
   }
 
@@ -674,7 +677,7 @@ export class LiveSandboxes {
             // Another replica's, on a sandbox node: any replica reaches it there. A request for it
             // is served here only when that replica is not heard from (a live one is sent it,
             // http/replicas.ts), so this one takes it over rather than leave it paused until its
-            // lifetime. One on that replica's own engine: below; with a mount of its host, it stays.
+            // lifetime. One on that replica's own engine: below (takeOverOnThisEngine).
             and(onANode(), sql`(${sandboxes.checkpoint} ->> 'mount') is null`),
           ),
         ),
@@ -753,12 +756,7 @@ export class LiveSandboxes {
     const listed = await backend.list().catch(() => []);
     const reachable = listed.some((c) => c.id === row.containerId);
     const fits =
-      saved &&
-      !saved.mount &&
-      backend.reattach &&
-      reachable &&
-      row.runtime === ctx.runtime &&
-      modeOf(ctx.network) === 'none';
+      saved && backend.reattach && reachable && row.runtime === ctx.runtime && modeOf(ctx.network) === 'none';
     if (!fits) {
       // Its state cannot be reached from here: it counts as lost, and its container goes where it can.
       if (reachable) await backend.remove(row.containerId).catch(() => undefined);
@@ -772,7 +770,11 @@ export class LiveSandboxes {
       .returning();
     // Another replica took it first: the session's request there is served by it.
     if (!taken) return null;
-    const live = await this.reach(taken, ctx, saved!, performance.now(), (container) => backend.reattach!(container));
+    // A workspace mount the gone replica made on this host (the two share it) is this one's now.
+    const mounted = !saved!.mount || (await this.deps.containers.adoptMount(row.id, saved!.mount));
+    const live = mounted
+      ? await this.reach(taken, ctx, saved!, performance.now(), (container) => backend.reattach!(container))
+      : null;
     if (!live) {
       await backend.remove(row.containerId).catch(() => undefined);
       await markRemoved(db, [row.id], 'replica_gone');

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chown, mkdir, readdir, readFile, rmdir, statfs, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, isAbsolute, join, normalize } from 'node:path';
 import { promisify } from 'node:util';
 import type { Logger } from 'pino';
 
@@ -37,6 +37,8 @@ export interface WorkspaceMountOptions {
 export class WorkspaceMounts {
   /** Sandbox id -> size (MiB) of the mounts made by this instance and not yet removed. */
   private readonly sizes = new Map<string, number>();
+  /** Sandbox id -> the mount of another replica of this host, taken over with its sandbox (`adoptForeign`). */
+  private readonly foreign = new Map<string, string>();
 
   private constructor(
     /** <dir>/<owner>: this instance's directories only, never another replica's. */
@@ -87,7 +89,22 @@ export class WorkspaceMounts {
 
   dirOf(sandboxId: string): string {
     if (!/^[A-Za-z0-9_-]+$/.test(sandboxId)) throw new Error(`bad sandbox id ${sandboxId}`);
-    return join(this.root, sandboxId);
+    return this.foreign.get(sandboxId) ?? join(this.root, sandboxId);
+  }
+
+  /**
+   * Takes over the workspace mount another replica of this host made for a sandbox this one
+   * takes over (its row says where): true when `dir` is a plain absolute path named after the
+   * sandbox and mounted here as a workspace tmpfs. From then on it counts against this
+   * instance's budget, and `remove` unmounts it; the replica that made it leaves it alone
+   * (the reaper asks the database whose it is).
+   */
+  async adoptForeign(sandboxId: string, dir: string): Promise<boolean> {
+    if (!/^[A-Za-z0-9_-]+$/.test(sandboxId) || !isAbsolute(dir) || normalize(dir) !== dir) return false;
+    if (basename(dir) !== sandboxId || !(await this.mounted()).has(dir)) return false;
+    if (dir !== join(this.root, sandboxId)) this.foreign.set(sandboxId, dir);
+    await this.adopt(sandboxId);
+    return true;
   }
 
   /** MiB of host memory the mounts of this instance are sized at now. */
@@ -144,6 +161,7 @@ export class WorkspaceMounts {
       if (err.code !== 'ENOENT') throw err;
     });
     this.sizes.delete(sandboxId);
+    this.foreign.delete(sandboxId);
   }
 
   /**
