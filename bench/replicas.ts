@@ -10,8 +10,13 @@
  *  1. warm exec of print(1) sent to A (the holder) and to B (sent on to A), in alternating blocks
  *  2. the same with one server alone on its own database (no other replica: nothing is looked up),
  *     as the single-machine baseline
+ *  3. a holder that dies: a third replica C holds BENCH_TAKEOVER_N gVisor sessions, each with a
+ *     variable, and is killed (SIGKILL); once B no longer hears from it (15 s), each session's
+ *     first exec at B (B takes the running sandbox over: the variable is still there), against a
+ *     new gVisor session's first exec at B (what every one of them got before: a new sandbox,
+ *     its state gone)
  *
- * BENCH_N (execs per path, 200) changes the size.
+ * BENCH_N (execs per path, 200) and BENCH_TAKEOVER_N (sessions, 6; 0 skips section 3) change the sizes.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,6 +27,7 @@ import { type KilnProcess, startKiln } from '../tests/support/server.ts';
 import { apiCaller, heading, row, summarize, timeEach } from './lib.ts';
 
 const N = Number(process.env.BENCH_N ?? 200);
+const TAKEOVER_N = Number(process.env.BENCH_TAKEOVER_N ?? 6);
 const BLOCK = 25;
 const image = process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest';
 const KEY = '0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'.replace(/./g, () =>
@@ -102,6 +108,7 @@ async function main() {
     process.stdout.write(
       "  (A's ratio is against the server alone: the holder's own lookup; B's is against A: the hop)\n",
     );
+    if (TAKEOVER_N > 0) await takeover(b.url, adminKey, () => start('c', shared));
   } finally {
     for (const s of servers) s.child.kill('SIGTERM');
     await Promise.all(servers.map((s) => s.exited));
@@ -109,6 +116,46 @@ async function main() {
     await dropPgDatabase(alone);
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** Section 3: a replica killed while it holds gVisor sessions; their next exec at B takes them over. */
+async function takeover(bUrl: string, adminKey: string, startC: () => Promise<KilnProcess>): Promise<void> {
+  const c = await startC();
+  const callC = apiCaller(() => c.url);
+  const callB = apiCaller(() => bUrl);
+  const team = await callC(adminKey, 'POST', '/v1/teams', { name: `bench-takeover-${Math.random()}` });
+  const { key } = await callC(adminKey, 'POST', `/v1/teams/${team.id}/keys`, { name: 'b', role: 'owner' });
+  const ws = await callC(key, 'POST', '/v1/workspaces', { name: 'w', settings: { sandbox: { runtime: 'gvisor' } } });
+  const sessions: string[] = [];
+  for (let i = 0; i < TAKEOVER_N; i++) {
+    const s = (await callC(key, 'POST', `/v1/workspaces/${ws.id}/sessions`, {})).id as string;
+    await callC(key, 'POST', `/v1/sessions/${s}/exec`, { code: `kept = ${i}` });
+    sessions.push(s);
+  }
+  c.child.kill('SIGKILL');
+  await c.exited;
+  // B stops hearing from C 15 s after C's last heartbeat (every 5 s), at B's next heartbeat.
+  await new Promise((r) => setTimeout(r, 21_000));
+  heading(`a holder killed with ${TAKEOVER_N} gVisor sessions: their first exec at another replica`);
+  const taken: number[] = [];
+  for (const [i, s] of sessions.entries()) {
+    const t0 = performance.now();
+    const r = await callB(key, 'POST', `/v1/sessions/${s}/exec`, { code: 'print(kept)' });
+    taken.push(performance.now() - t0);
+    if (r.stdout !== `${i}\n` || r.restarted) throw new Error(`not taken over: ${JSON.stringify(r)}`);
+  }
+  const fresh: number[] = [];
+  for (let i = 0; i < TAKEOVER_N; i++) {
+    const s = (await callB(key, 'POST', `/v1/workspaces/${ws.id}/sessions`, {})).id as string;
+    const t0 = performance.now();
+    await callB(key, 'POST', `/v1/sessions/${s}/exec`, { code: 'print(1)' });
+    fresh.push(performance.now() - t0);
+    await callB(key, 'DELETE', `/v1/sessions/${s}`);
+  }
+  for (const s of sessions) await callB(key, 'DELETE', `/v1/sessions/${s}`);
+  const baseline = summarize(fresh);
+  process.stdout.write(`${row('a new gVisor session, first exec (baseline)', baseline)}\n`);
+  process.stdout.write(`${row('a dead holder’s session, taken over, variables kept', summarize(taken), baseline)}\n`);
 }
 
 main().catch((err) => {

@@ -339,6 +339,9 @@ class Runner:
         self.worker = None
         self.restarted = False
         self.current = None  # the exec in progress
+        # Daemon mode: requests of a host connection that another replaced (its replica died
+        # mid-execution, another took the sandbox over): what they still send goes nowhere.
+        self.orphans = set()
         self.inbuf = bytearray()
         self.synced = None  # manifest of /workspace as last agreed with the host
         # The host's key, from its first frame (before any code ran): every frame after is signed
@@ -349,6 +352,11 @@ class Runner:
 
     # ---- framing -------------------------------------------------------------------------
     def send(self, msg):
+        rid = msg.get("id")
+        if rid is not None and rid in self.orphans:
+            if msg.get("ev") in ("result", "error"):
+                self.orphans.discard(rid)
+            return
         data = json.dumps(msg, separators=(",", ":")).encode("utf-8")
         # os.write until all is out: under gVisor a write to the host's pipe can be short even
         # on a blocking descriptor (a buffered write would then drop the rest of the frame).
@@ -459,9 +467,15 @@ class Runner:
         self.sel.unregister(fd)
         # A host attaching again: after a restore, what the accounting counts on top of what was
         # used when it let go is the restore's double count (nothing of the user's ran meanwhile).
-        now, before = accounted(), getattr(self, "used_at_detach", None)
-        if now is not None and before is not None:
-            RESTORE_OFFSET[0] += max(0, now - before)
+        # A cell the previous host started runs on (its variables stay), but its output and
+        # result were that host's: the new one never asked for them. (Then this is no restore:
+        # a restore only follows a pause, which waits for the cell; what the cell allocated is its own.)
+        if self.current:
+            self.orphans.add(self.current["id"])
+        else:
+            now, before = accounted(), getattr(self, "used_at_detach", None)
+            if now is not None and before is not None:
+                RESTORE_OFFSET[0] += max(0, now - before)
         self.take_host(conn)
         # What the host sent right behind its proof is its first request.
         for msg in self.frames(bytes(buf)):

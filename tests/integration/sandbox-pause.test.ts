@@ -534,7 +534,32 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       expect(await containerOf(id)).toEqual({ running: true });
       expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
       expect((await exec(b, team.key, session, 'print(len(kept))')).stdout).toBe('3\n');
-      await b.engine.release(session, 'test_done');
+      // Taken over again, mid-cell: the cell runs on, what it prints and returns was for the
+      // replica that is gone only, and the next heir goes on with what the cell left.
+      const slow = exec(
+        b,
+        team.key,
+        session,
+        'import time\nopen("/tmp/started", "w").write("1")\ntime.sleep(2)\nz = 7',
+      );
+      const read = () => b.call('GET', `/v1/sessions/${session}/files?path=/tmp/started`, { key: team.key });
+      for (const end = Date.now() + 30_000; (await read()).status !== 200; await new Promise((r) => setTimeout(r, 50)))
+        if (Date.now() > end) throw new Error('the cell never started');
+      const heir2 = `${INSTANCE}-heir2`;
+      const c2 = await createTestApp({ replicaOf: t, ...settings, env: env(heir2) });
+      try {
+        await b.replicas.close();
+        await c2.replicas.open('http://127.0.0.1:9');
+        // Its first execution waits for the cell the gone replica started, then sees what it left.
+        const after = await exec(c2, team.key, session, "print(globals().get('z'))");
+        expect(after).toMatchObject({ stdout: '7\n', restarted: false, sandbox_id: id });
+        expect((await exec(c2, team.key, session, 'print(sum(kept))')).stdout).toBe('6\n');
+        await slow.catch(() => undefined);
+        await c2.engine.release(session, 'test_done');
+      } finally {
+        await c2.replicas.close();
+        await c2.close();
+      }
       expect(await rowOf(id)).toMatchObject({ state: 'removed', runner: null });
     } finally {
       await b.replicas.close();

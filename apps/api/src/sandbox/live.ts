@@ -102,6 +102,9 @@ interface RunnerState {
   mount?: string;
 }
 
+/** Past a cell's time limit, how long a sandbox taken over may still be running it (the runner's grace to stop it, and more). */
+const CELL_END_GRACE_MS = 15_000;
+
 /** Checkpoints failing, none succeeding, before pausing is turned off for the process. */
 const PAUSE_FAILURES_OFF = 3;
 
@@ -806,12 +809,20 @@ export class LiveSandboxes {
     let client: RunnerClient | undefined;
     try {
       client = await RunnerClient.reattach(await open(container), Buffer.from(saved.key, 'base64'));
-      await client.ping();
+      // A cell the gone replica started may still run (its output was that replica's, and goes
+      // nowhere now): this request waits for its end, as one queued behind it would, within the
+      // time the runner gives a cell (it stops one past its limit).
+      const limits = row.limits as SandboxLimits;
+      const until = Date.now() + limits.timeoutS * 1000 + CELL_END_GRACE_MS;
+      for (let { busy } = await client.ping(); busy; { busy } = await client.ping()) {
+        if (Date.now() > until) throw new Error('the cell it was running did not end within its time limit');
+        await new Promise((r) => setTimeout(r, 100));
+      }
       const live: Live = {
         id: row.id,
         container,
         client,
-        limits: row.limits as SandboxLimits,
+        limits,
         runtime: row.runtime,
         image: row.image,
         expiresAt: saved.hardExpiresAt,
