@@ -527,6 +527,8 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       expect(taken).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: id });
       expect((taken as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
       expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
+      const scrape = await b.app.request('/metrics', { headers: { authorization: `Bearer ${b.adminKey}` } });
+      expect(await scrape.text()).toContain('kiln_sandbox_takeovers_total{outcome="taken"} 1\n');
       // The runner dropped A's connection for B's; A's reaper then lets the sandbox go untouched.
       for (const end = Date.now() + 30_000; a.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
         if (Date.now() > end) throw new Error("A still holds the runner's connection");

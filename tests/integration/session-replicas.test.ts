@@ -44,6 +44,13 @@ async function forwards(t: TestApp): Promise<Record<string, number>> {
   return out;
 }
 
+/** One sample of a replica's /metrics (0 when absent). */
+async function metric(t: TestApp, sample: string): Promise<number> {
+  const r = await t.app.request('/metrics', { headers: { authorization: `Bearer ${t.adminKey}` } });
+  const line = (await r.text()).split('\n').find((l) => l.startsWith(`${sample} `));
+  return line ? Number(line.slice(sample.length + 1)) : 0;
+}
+
 /** The sandbox containers of a sandbox id, whichever replica made them. */
 const containersOf = (sandboxId: string) =>
   docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${sandboxId}`] } });
@@ -207,14 +214,15 @@ describe("two replicas behind one address: a request about a session reaches the
 
   it('a holder that died (no longer heard) with a sandbox no other replica can speak to: the session gets a new one that says so, and the old container goes', async () => {
     const team = await a.team('holder-died');
-    const { session } = await sessionIn(a, team);
+    const { session } = await sessionIn(a, team, { sandbox: { runtime: 'runc' } });
     const first = await exec(a, team.key, session, 'y = 1');
     // A stops saying it is up, as a replica that died does; B reads who is.
     await a.replicas.close();
     await b.replicas.beat();
     expect(b.replicas.gone(a.replicas.instance)).toBe(true);
-    // Its sandbox has a workspace mount of A's host (the default here): B cannot take it over.
+    // Its sandbox is runc: its runner was the exec A held, which no other replica can reach.
     const next = await exec(b, team.key, session, "print('y' in dir())");
+    expect(await metric(b, 'kiln_sandbox_takeovers_total{outcome="lost"}')).toBe(1);
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
     expect(next.sandbox_id).not.toBe(first.sandbox_id);
     expect(await containersOf(first.sandbox_id)).toEqual([]);

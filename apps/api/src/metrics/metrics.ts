@@ -57,6 +57,7 @@ export class KilnMetrics {
   private readonly oomKills: Counter<'runtime'>;
   private readonly pauseDuration: Histogram;
   private readonly resumeDuration: Histogram;
+  private readonly takeovers: Counter;
   private readonly statements: Histogram<'driver' | 'kind'>;
   private readonly forwards: Counter<'outcome'>;
   private readonly statementChildren = new Map<string, { observe(v: number): void }>();
@@ -154,6 +155,15 @@ export class KilnMetrics {
       registers,
     });
     for (const outcome of FORWARD_OUTCOMES) this.forwards.inc({ outcome }, 0);
+    this.takeovers = new Counter({
+      name: 'kiln_sandbox_takeovers_total',
+      help:
+        'Sandboxes of a replica that is gone (not heard from) met by a request here, by outcome: taken (taken over ' +
+        'with every variable), lost (could not be: removed, the session got a new sandbox)',
+      labelNames: ['outcome'],
+      registers,
+    });
+    for (const outcome of ['taken', 'lost']) this.takeovers.inc({ outcome }, 0);
 
     this.statements = new Histogram({
       name: 'kiln_db_statement_duration_seconds',
@@ -348,6 +358,11 @@ export class KilnMetrics {
   /** A sandbox paused, in `ms` (its checkpoint's bytes are read from the database at each scrape). */
   paused(ms: number): void {
     this.pauseDuration.observe(seconds(ms));
+  }
+
+  /** A gone replica's sandbox met by a request here: taken over, or lost. */
+  tookOver(outcome: 'taken' | 'lost'): void {
+    this.takeovers.inc({ outcome });
   }
 
   /** A paused sandbox resumed, in `ms`. */

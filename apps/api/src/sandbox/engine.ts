@@ -144,7 +144,7 @@ export class SandboxEngine {
     /** The workspace secrets each execution gets as environment variables (and masks in what comes back). */
     private readonly secrets: SecretSource,
     /** Where each execution that reached a runner is counted: its duration, timeouts, OOM kills. */
-    private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution' | 'paused' | 'resumed'>,
+    private readonly metrics?: Pick<KilnMetrics, 'sandboxExecution' | 'paused' | 'resumed' | 'tookOver'>,
     /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes; without, only the base image. */
     templates?: TemplateImages,
   ) {

@@ -133,6 +133,8 @@ export interface LiveOptions {
 interface PauseListener {
   paused(ms: number): void;
   resumed(ms: number): void;
+  /** A gone replica's sandbox met by a request here: taken over, or lost. */
+  tookOver(outcome: 'taken' | 'lost'): void;
 }
 
 export interface LiveDeps {
@@ -764,6 +766,7 @@ export class LiveSandboxes {
       // Its state cannot be reached from here: it counts as lost, and its container goes where it can.
       if (reachable) await backend.remove(row.containerId).catch(() => undefined);
       await markRemoved(db, [row.id], 'replica_gone');
+      this.deps.pauses?.tookOver('lost');
       return null;
     }
     const [taken] = await db
@@ -781,8 +784,10 @@ export class LiveSandboxes {
     if (!live) {
       await backend.remove(row.containerId).catch(() => undefined);
       await markRemoved(db, [row.id], 'replica_gone');
+      this.deps.pauses?.tookOver('lost');
       return null;
     }
+    this.deps.pauses?.tookOver('taken');
     log.info(
       { sandbox: row.id, from: row.owner, ms: Math.round(live.resumedMs!) },
       'took over a gone replica’s sandbox',
