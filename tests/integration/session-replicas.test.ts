@@ -1,7 +1,10 @@
+import { readFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { eq } from 'drizzle-orm';
 import { type ServerType, serve } from '@hono/node-server';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RunEvent } from '../../apps/api/src/agent/events.ts';
+import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../support/agent.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
@@ -43,6 +46,12 @@ async function forwards(t: TestApp): Promise<Record<string, number>> {
     out[m[1]!] = Number(m[2]);
   return out;
 }
+
+/** Whether a directory is a mount point here. */
+const mounted = (dir: string) =>
+  readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .some((l) => l.split(' ')[4] === dir);
 
 /** One sample of a replica's /metrics (0 when absent). */
 async function metric(t: TestApp, sample: string): Promise<number> {
@@ -216,6 +225,10 @@ describe("two replicas behind one address: a request about a session reaches the
     const team = await a.team('holder-died');
     const { session } = await sessionIn(a, team, { sandbox: { runtime: 'runc' } });
     const first = await exec(a, team.key, session, 'y = 1');
+    const [row] = await a.database.db.select().from(sandboxes).where(eq(sandboxes.id, first.sandbox_id));
+    // Its workspace mount on this host (the default here), which goes with it.
+    const mount = (row!.runner as { mount?: string } | null)?.mount;
+    expect(mount && mounted(mount)).toBe(true);
     // A stops saying it is up, as a replica that died does; B reads who is.
     await a.replicas.close();
     await b.replicas.beat();
@@ -226,6 +239,7 @@ describe("two replicas behind one address: a request about a session reaches the
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
     expect(next.sandbox_id).not.toBe(first.sandbox_id);
     expect(await containersOf(first.sandbox_id)).toEqual([]);
+    expect(mounted(mount!)).toBe(false);
     const rows = await b.call('GET', '/v1/sandboxes', { key: team.key });
     expect(rows.body.data.map((s: { id: string }) => s.id)).toEqual([next.sandbox_id]);
   });

@@ -91,8 +91,12 @@ interface PausedState {
  * another replica needs to reach that runner once its holder is gone (`takeOverRunning`).
  */
 interface RunnerState {
-  /** The key its runner's frames are signed with (base64): a new relay proves itself with it. */
-  key: string;
+  /**
+   * The key its runner's frames are signed with (base64): a new relay proves itself with it.
+   * Unset for a sandbox whose runner is its holder's exec (no other replica can reach it): its
+   * row keeps its mount only, so that whoever finds it gone removes that too.
+   */
+  key?: string;
   uid: number;
   /** Its hard lifetime's end (epoch ms). */
   hardExpiresAt: number;
@@ -349,15 +353,16 @@ export class LiveSandboxes {
       }
       const containerId = c.value.container.id;
       const signing = c.value.container.pausable ? c.value.client.signingKey : undefined;
-      const runner: RunnerState | null = signing
-        ? {
-            key: signing.toString('base64'),
-            uid: c.value.container.uid,
-            hardExpiresAt: c.value.expiresAt,
-            head,
-            ...(c.value.workspaceDir ? { mount: c.value.workspaceDir } : {}),
-          }
-        : null;
+      const runner: RunnerState | null =
+        signing || c.value.workspaceDir
+          ? {
+              ...(signing ? { key: signing.toString('base64') } : {}),
+              uid: c.value.container.uid,
+              hardExpiresAt: c.value.expiresAt,
+              head,
+              ...(c.value.workspaceDir ? { mount: c.value.workspaceDir } : {}),
+            }
+          : null;
       await db
         .update(sandboxes)
         .set({
@@ -761,12 +766,10 @@ export class LiveSandboxes {
     const listed = await backend.list().catch(() => []);
     const reachable = listed.some((c) => c.id === row.containerId);
     const fits =
-      saved && backend.reattach && reachable && row.runtime === ctx.runtime && modeOf(ctx.network) === 'none';
+      saved?.key && backend.reattach && reachable && row.runtime === ctx.runtime && modeOf(ctx.network) === 'none';
     if (!fits) {
       // Its state cannot be reached from here: it counts as lost, and its container goes where it can.
-      if (reachable) await backend.remove(row.containerId).catch(() => undefined);
-      await markRemoved(db, [row.id], 'replica_gone');
-      this.deps.pauses?.tookOver('lost');
+      await this.dropGone(row, saved, reachable);
       return null;
     }
     const [taken] = await db
@@ -779,12 +782,12 @@ export class LiveSandboxes {
     // A workspace mount the gone replica made on this host (the two share it) is this one's now.
     const mounted = !saved!.mount || (await this.deps.containers.adoptMount(row.id, saved!.mount));
     const live = mounted
-      ? await this.reach(taken, ctx, saved!, performance.now(), (container) => backend.reattach!(container))
+      ? await this.reach(taken, ctx, { ...saved!, key: saved!.key! }, performance.now(), (container) =>
+          backend.reattach!(container),
+        )
       : null;
     if (!live) {
-      await backend.remove(row.containerId).catch(() => undefined);
-      await markRemoved(db, [row.id], 'replica_gone');
-      this.deps.pauses?.tookOver('lost');
+      await this.dropGone(row, saved, true);
       return null;
     }
     this.deps.pauses?.tookOver('taken');
@@ -793,6 +796,25 @@ export class LiveSandboxes {
       'took over a gone replica’s sandbox',
     );
     return live;
+  }
+
+  /**
+   * A gone replica's sandbox that cannot be taken over: its container removed where this replica
+   * reaches it, with the workspace mount that replica made on this host, and its row removed
+   * (`replica_gone`: the session's new sandbox says its state is gone).
+   */
+  private async dropGone(
+    row: typeof sandboxes.$inferSelect,
+    saved: RunnerState | null,
+    reachable: boolean,
+  ): Promise<void> {
+    const { db, backend, containers } = this.deps;
+    if (reachable) {
+      await backend.remove(row.containerId).catch(() => undefined);
+      if (saved?.mount && (await containers.adoptMount(row.id, saved.mount))) await containers.removeMountOf(row.id);
+    }
+    await markRemoved(db, [row.id], 'replica_gone');
+    this.deps.pauses?.tookOver('lost');
   }
 
   /**
@@ -855,7 +877,7 @@ export class LiveSandboxes {
         }
       }
       live.resumedMs = performance.now() - t0;
-      const runner: RunnerState = { ...saved, head, ...(saved.mount ? { mount: saved.mount } : {}) };
+      const runner: RunnerState = { ...saved, head };
       const [kept] = await db
         .update(sandboxes)
         .set({
