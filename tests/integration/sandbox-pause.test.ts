@@ -8,7 +8,7 @@ import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
-import { exec, sessionIn } from '../support/sandbox.ts';
+import { exec, mountedHere, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 const IDLE_S = 60;
@@ -41,6 +41,13 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
   const advance = (ms: number) => (now += ms);
   const rowOf = async (id: string) => (await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, id)))[0]!;
   const gvisor = { sandbox: { runtime: 'gvisor', idle_s: IDLE_S } };
+  /** Another replica's engine settings: no warm pool, this suite's clock and lifetime. */
+  const replicaSettings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
+  /** Waits until a replica no longer holds the session's runner (another took it over: the runner dropped it). */
+  const untilLetGo = async (app: TestApp, session: string) => {
+    for (const end = Date.now() + 30_000; app.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
+      if (Date.now() > end) throw new Error("the replica still holds the runner's connection");
+  };
   /** Lets the session's sandbox sit idle past its idle time, and reaps: it is paused. */
   const idle = async () => {
     advance(IDLE_S * 1000 + 1000);
@@ -406,9 +413,8 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
 
   it('a server that stops pauses its live sandboxes (runc ones go); its next life resumes them with their variables', async () => {
     const instance = `${INSTANCE}-stop`;
-    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
     const env = { KILN_INSTANCE_ID: instance, KILN_SANDBOX_PAUSE_AT_SHUTDOWN: 'on' };
-    const first = await createTestApp({ replicaOf: t, ...settings, env });
+    const first = await createTestApp({ replicaOf: t, ...replicaSettings, env });
     const g = await sessionIn(first, team, gvisor);
     const r = await exec(first, team.key, g.session, 'notebook = {"rows": 3}');
     const c = await sessionIn(first, team, { sandbox: { runtime: 'runc' } });
@@ -419,7 +425,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect(await rowOf(rc.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'shutdown' });
     expect(await containerOf(rc.sandbox_id)).toBeNull();
 
-    const next = await createTestApp({ replicaOf: t, ...settings, env });
+    const next = await createTestApp({ replicaOf: t, ...replicaSettings, env });
     try {
       const resumed = await exec(next, team.key, g.session, 'print(notebook["rows"])');
       expect(resumed).toMatchObject({ stdout: '3\n', restarted: false, sandbox_id: r.sandbox_id });
@@ -473,28 +479,27 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
   it('a replica that dies with a sandbox paused on the engine it shares with another: that one takes it over with its variables, and the first, back, leaves it alone', async () => {
     // Two replicas on one Docker Engine and no host mounts (as on two machines that share one
     // engine over TCP): what one paused, the other reaches.
-    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
     const env = (id: string) => ({
       KILN_INSTANCE_ID: id,
       KILN_SANDBOX_WORKSPACE_MOUNT: 'off',
       KILN_SANDBOX_PAUSED_TTL_S: '3600',
     });
     const dying = `${INSTANCE}-dies`;
-    const a = await createTestApp({ replicaOf: t, ...settings, env: env(dying) });
+    const a = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(dying) });
     const { session } = await sessionIn(a, team, gvisor);
     const r = await exec(a, team.key, session, 'kept = [1, 2, 3]');
     expect((await a.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
     await a.close();
     expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'paused', owner: dying });
 
-    const b = await createTestApp({ replicaOf: t, ...settings, env: env(`${INSTANCE}-takes`) });
+    const b = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(`${INSTANCE}-takes`) });
     let back: TestApp | undefined;
     try {
       const resumed = await exec(b, team.key, session, 'print(sum(kept))');
       expect(resumed).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: r.sandbox_id });
       expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'ready', owner: `${INSTANCE}-takes` });
       // The first replica back under its instance id: its start-up reap leaves the container alone.
-      back = await createTestApp({ replicaOf: t, ...settings, env: env(dying) });
+      back = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(dying) });
       await back.engine.reap();
       expect(await containerOf(r.sandbox_id)).toEqual({ running: true });
       expect((await exec(b, team.key, session, 'print(len(kept))')).stdout).toBe('3\n');
@@ -507,12 +512,11 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
   });
 
   it('a replica that dies while a gVisor sandbox of its runs on the engine it shares with another: that one takes it over running, with its variables, and the first one’s reaper leaves it alone', async () => {
-    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
     const env = (id: string) => ({ KILN_INSTANCE_ID: id, KILN_SANDBOX_WORKSPACE_MOUNT: 'off' });
     const gone = `${INSTANCE}-gone`;
     const heir = `${INSTANCE}-heir`;
-    const a = await createTestApp({ replicaOf: t, ...settings, env: env(gone) });
-    const b = await createTestApp({ replicaOf: t, ...settings, env: env(heir) });
+    const a = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(gone) });
+    const b = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(heir) });
     let id = '';
     try {
       const { session } = await sessionIn(a, team, gvisor);
@@ -530,8 +534,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       const scrape = await b.app.request('/metrics', { headers: { authorization: `Bearer ${b.adminKey}` } });
       expect(await scrape.text()).toContain('kiln_sandbox_takeovers_total{outcome="taken"} 1\n');
       // The runner dropped A's connection for B's; A's reaper then lets the sandbox go untouched.
-      for (const end = Date.now() + 30_000; a.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
-        if (Date.now() > end) throw new Error("A still holds the runner's connection");
+      await untilLetGo(a, session);
       await a.engine.reap();
       expect(await containerOf(id)).toEqual({ running: true });
       expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
@@ -548,7 +551,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       for (const end = Date.now() + 30_000; (await read()).status !== 200; await new Promise((r) => setTimeout(r, 50)))
         if (Date.now() > end) throw new Error('the cell never started');
       const heir2 = `${INSTANCE}-heir2`;
-      const c2 = await createTestApp({ replicaOf: t, ...settings, env: env(heir2) });
+      const c2 = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(heir2) });
       try {
         await b.replicas.close();
         await c2.replicas.open('http://127.0.0.1:9');
@@ -572,16 +575,11 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
   });
 
   it('a replica that dies holding a gVisor sandbox with a workspace mount of this host: the heir takes both over, pauses and resumes it there; the first one’s reaper keeps the mount, the heir’s release removes it', async () => {
-    const settings = { sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20, now: () => now } };
     const env = (id: string) => ({ KILN_INSTANCE_ID: id, KILN_SANDBOX_PAUSED_TTL_S: '3600' });
     const gone = `${INSTANCE}-mgone`;
     const heir = `${INSTANCE}-mheir`;
-    const mounted = (dir: string) =>
-      readFileSync('/proc/self/mountinfo', 'utf8')
-        .split('\n')
-        .some((l) => l.split(' ')[4] === dir);
-    const a = await createTestApp({ replicaOf: t, ...settings, env: env(gone) });
-    const b = await createTestApp({ replicaOf: t, ...settings, env: env(heir) });
+    const a = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(gone) });
+    const b = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(heir) });
     let id = '';
     let mount = '';
     try {
@@ -590,23 +588,22 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       id = r.sandbox_id;
       mount = ((await rowOf(id)).runner as { mount?: string }).mount ?? '';
       expect(mount.endsWith(`/${id}`)).toBe(true);
-      expect(mounted(mount)).toBe(true);
+      expect(mountedHere(mount)).toBe(true);
       await b.replicas.open('http://127.0.0.1:9');
       const taken = await exec(b, team.key, session, 'print(kept, open("/tmp/note.txt").read())');
       expect(taken).toMatchObject({ stdout: '5 hi\n', restarted: false, sandbox_id: id });
-      for (const end = Date.now() + 30_000; a.engine.holds(session); await new Promise((r) => setTimeout(r, 50)))
-        if (Date.now() > end) throw new Error("A still holds the runner's connection");
+      await untilLetGo(a, session);
       await a.engine.reap();
-      expect(mounted(mount)).toBe(true);
+      expect(mountedHere(mount)).toBe(true);
       // The heir pauses it and resumes it, the mount (in A's directory) its /workspace throughout.
       expect((await b.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
       expect(await rowOf(id)).toMatchObject({ state: 'paused', owner: heir });
       await a.engine.reap();
-      expect(mounted(mount)).toBe(true);
+      expect(mountedHere(mount)).toBe(true);
       const resumed = await exec(b, team.key, session, 'print(kept + 1)');
       expect(resumed).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: id });
       await b.engine.release(session, 'test_done');
-      expect(mounted(mount)).toBe(false);
+      expect(mountedHere(mount)).toBe(false);
     } finally {
       await b.replicas.close();
       await b.close();

@@ -1,4 +1,3 @@
-import { readFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { eq } from 'drizzle-orm';
 import { type ServerType, serve } from '@hono/node-server';
@@ -10,7 +9,7 @@ import { eventsUntil, PAUSED, pendingApproval, TERMINAL } from '../support/agent
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { type FakeOpenAI, startFakeOpenAI } from '../support/fake-openai.ts';
 import { callMcpTool } from '../support/mcp.ts';
-import { exec, sessionIn } from '../support/sandbox.ts';
+import { exec, mountedHere, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 
@@ -46,12 +45,6 @@ async function forwards(t: TestApp): Promise<Record<string, number>> {
     out[m[1]!] = Number(m[2]);
   return out;
 }
-
-/** Whether a directory is a mount point here. */
-const mounted = (dir: string) =>
-  readFileSync('/proc/self/mountinfo', 'utf8')
-    .split('\n')
-    .some((l) => l.split(' ')[4] === dir);
 
 /** One sample of a replica's /metrics (0 when absent). */
 async function metric(t: TestApp, sample: string): Promise<number> {
@@ -228,7 +221,7 @@ describe("two replicas behind one address: a request about a session reaches the
     const [row] = await a.database.db.select().from(sandboxes).where(eq(sandboxes.id, first.sandbox_id));
     // Its workspace mount on this host (the default here), which goes with it.
     const mount = (row!.runner as { mount?: string } | null)?.mount;
-    expect(mount && mounted(mount)).toBe(true);
+    expect(mount && mountedHere(mount)).toBe(true);
     // A stops saying it is up, as a replica that died does; B reads who is.
     await a.replicas.close();
     await b.replicas.beat();
@@ -239,7 +232,7 @@ describe("two replicas behind one address: a request about a session reaches the
     expect(next).toMatchObject({ stdout: 'False\n', restarted: true });
     expect(next.sandbox_id).not.toBe(first.sandbox_id);
     expect(await containersOf(first.sandbox_id)).toEqual([]);
-    expect(mounted(mount!)).toBe(false);
+    expect(mountedHere(mount!)).toBe(false);
     const rows = await b.call('GET', '/v1/sandboxes', { key: team.key });
     expect(rows.body.data.map((s: { id: string }) => s.id)).toEqual([next.sandbox_id]);
   });

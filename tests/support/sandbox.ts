@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import type { EgressEvent } from '../../apps/api/src/sandbox/backend.ts';
 import type { TestApp } from './app.ts';
 
@@ -42,4 +43,11 @@ export async function exec(t: TestApp, key: string, session: string, code: strin
     duration_ms: number;
     egress: EgressEvent[];
   };
+}
+
+/** Whether `dir` is a mount point of this process's mount namespace (the fifth field of mountinfo). */
+export function mountedHere(dir: string): boolean {
+  return readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .some((l) => l.split(' ')[4] === dir);
 }

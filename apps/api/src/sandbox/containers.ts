@@ -75,19 +75,17 @@ export class Containers {
     this.pausable = new Set(runtimes);
   }
 
-  /** This instance's directory of workspace mounts (`<dir>/<owner>`); undefined without host mounts. */
-  get mountRoot(): string | undefined {
-    return this.mounts?.root;
-  }
-
   /** Takes over another replica's workspace mount with its sandbox (WorkspaceMounts.adoptForeign); false without host mounts. */
   adoptMount(sandboxId: string, dir: string): Promise<boolean> {
     return this.mounts ? this.mounts.adoptForeign(sandboxId, dir) : Promise.resolve(false);
   }
 
   /** Removes the workspace mounts of sandboxes `keep` does not claim (see WorkspaceMounts.sweep). */
-  async sweepMounts(keep: (sandboxId: string) => boolean): Promise<number> {
-    return this.mounts ? this.mounts.sweep((id) => this.creating.has(id) || keep(id)) : 0;
+  async sweepMounts(
+    keep: (sandboxId: string) => boolean,
+    elsewhere?: (sandboxIds: string[]) => Promise<Set<string>>,
+  ): Promise<number> {
+    return this.mounts ? this.mounts.sweep((id) => this.creating.has(id) || keep(id), elsewhere) : 0;
   }
 
   /**

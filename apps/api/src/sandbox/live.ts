@@ -73,22 +73,10 @@ export interface Live extends Sandbox {
   resumedMs?: number;
 }
 
-/** What resuming a paused sandbox needs, kept in its row (`sandboxes.checkpoint`) while it is paused. */
-interface PausedState {
-  /** The key its runner's frames are signed with (base64): the new relay proves itself with it. */
-  key: string;
-  uid: number;
-  /** Its hard lifetime's end (epoch ms) when it was paused: after the resume, what was left of it. */
-  hardExpiresAt: number;
-  /** The workspace's HEAD its /workspace copy held (null: it had no copy). */
-  head: string | null;
-  /** Its host workspace mount, kept while it is paused. */
-  mount?: string;
-}
-
 /**
- * While a pausable sandbox runs (its runner lives apart from its holder's connection): what
- * another replica needs to reach that runner once its holder is gone (`takeOverRunning`).
+ * What reaching a sandbox's runner again takes, kept in its row: while it runs (`sandboxes.runner`,
+ * for another replica to take it over once its holder is gone: `takeOverRunning`) and while it is
+ * paused (`sandboxes.checkpoint`, with the key always: `PausedState`).
  */
 interface RunnerState {
   /**
@@ -98,13 +86,16 @@ interface RunnerState {
    */
   key?: string;
   uid: number;
-  /** Its hard lifetime's end (epoch ms). */
+  /** Its hard lifetime's end (epoch ms); paused, when it was paused: after the resume, what was left of it. */
   hardExpiresAt: number;
   /** The workspace's HEAD when its /workspace copy was made (null: it has none): what changed since is sent again. */
   head: string | null;
-  /** A workspace mount of its holder's host: then it stays with that host's replica. */
+  /** Its host workspace mount (kept while it is paused). */
   mount?: string;
 }
+
+/** What resuming a paused sandbox needs (`sandboxes.checkpoint`). */
+type PausedState = RunnerState & { key: string };
 
 /** Past a cell's time limit, how long a sandbox taken over may still be running it (the runner's grace to stop it, and more). */
 const CELL_END_GRACE_MS = 15_000;
@@ -782,7 +773,7 @@ export class LiveSandboxes {
     // A workspace mount the gone replica made on this host (the two share it) is this one's now.
     const mounted = !saved!.mount || (await this.deps.containers.adoptMount(row.id, saved!.mount));
     const live = mounted
-      ? await this.reach(taken, ctx, { ...saved!, key: saved!.key! }, performance.now(), (container) =>
+      ? await this.reach(taken, ctx, saved as PausedState, performance.now(), (container) =>
           backend.reattach!(container),
         )
       : null;
@@ -826,7 +817,7 @@ export class LiveSandboxes {
   private async reach(
     row: typeof sandboxes.$inferSelect,
     ctx: ExecContext,
-    saved: { key: string; uid: number; hardExpiresAt: number; head: string | null; mount?: string },
+    saved: PausedState,
     t0: number,
     open: (container: SandboxContainer) => Promise<RunnerChannel>,
   ): Promise<Live | null> {

@@ -1,4 +1,4 @@
-import { and, eq, inArray, isNotNull, lt, ne, or, type SQL, sql } from 'drizzle-orm';
+import { and, eq, inArray, isNotNull, lt, ne, or } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { sandboxes, sessions, workspaces } from '../db/schema/index.ts';
@@ -156,28 +156,20 @@ export class Reaper {
   private async sweepMounts(paused: Set<string>): Promise<void> {
     const { db, containers, live, pool, log } = this.deps;
     const liveIds = () => new Set([...live.values()].map((l) => l.id));
-    // Mounts this instance made for sandboxes another replica took over (live.ts): that one's now.
-    const root = containers.mountRoot;
-    const within = (column: typeof sandboxes.runner | typeof sandboxes.checkpoint): SQL =>
-      sql`starts_with(${column} ->> 'mount', ${`${root}/`})`;
-    const takenOver = root
-      ? new Set(
+    const swept = await containers.sweepMounts(
+      (id) => live.isClaiming(id) || pool.holds(id) || paused.has(id) || liveIds().has(id),
+      // Mounts this instance made for sandboxes another replica took over (live.ts): that one's now.
+      async (ids) =>
+        new Set(
           (
             await db
               .select({ id: sandboxes.id })
               .from(sandboxes)
               .where(
-                and(
-                  ne(sandboxes.state, 'removed'),
-                  ne(sandboxes.owner, this.opts.owner),
-                  or(within(sandboxes.runner), within(sandboxes.checkpoint)),
-                ),
+                and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed'), ne(sandboxes.owner, this.opts.owner)),
               )
           ).map((r) => r.id),
-        )
-      : new Set<string>();
-    const swept = await containers.sweepMounts(
-      (id) => live.isClaiming(id) || pool.holds(id) || paused.has(id) || liveIds().has(id) || takenOver.has(id),
+        ),
     );
     if (swept) log.info({ swept }, 'removed sandbox workspace mounts');
   }

@@ -168,9 +168,14 @@ export class WorkspaceMounts {
    * Removes every directory (and mount) of this instance whose sandbox `keep` does not claim:
    * at start-up, what a previous life of this instance left; later, those of containers the
    * reaper removed. A mount kept that this process did not make (a paused sandbox's, made by
-   * its previous life) counts against the budget from now on, at its size. Returns how many went.
+   * its previous life) counts against the budget from now on, at its size. `elsewhere` is asked
+   * once, of those `keep` does not claim, which are now another replica's (it took their sandbox
+   * over): those stay, outside this instance's budget. Returns how many went.
    */
-  async sweep(keep: (sandboxId: string) => boolean): Promise<number> {
+  async sweep(
+    keep: (sandboxId: string) => boolean,
+    elsewhere: (sandboxIds: string[]) => Promise<Set<string>> = async () => new Set(),
+  ): Promise<number> {
     const names = new Set<string>();
     const mounted = new Set<string>();
     for (const dir of await this.mounted())
@@ -181,9 +186,12 @@ export class WorkspaceMounts {
       throw err;
     });
     for (const name of listed) names.add(name);
+    for (const name of names) if (name.includes('/') || !/^[A-Za-z0-9_-]+$/.test(name)) names.delete(name);
+    const unclaimed = [...names].filter((name) => !keep(name));
+    const others = unclaimed.length ? await elsewhere(unclaimed) : new Set<string>();
     let removed = 0;
     for (const name of names) {
-      if (name.includes('/') || !/^[A-Za-z0-9_-]+$/.test(name)) continue;
+      if (others.has(name)) continue;
       if (keep(name)) {
         if (mounted.has(name) && !this.sizes.has(name)) await this.adopt(name);
         continue;
