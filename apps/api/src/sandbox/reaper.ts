@@ -37,6 +37,9 @@ export interface ReaperOptions {
 export class Reaper {
   private timer: NodeJS.Timeout | undefined;
 
+  /** The pass running or last run. */
+  private last: Promise<unknown> = Promise.resolve();
+
   constructor(
     private readonly deps: ReaperDeps,
     private readonly opts: ReaperOptions,
@@ -54,7 +57,18 @@ export class Reaper {
     clearInterval(this.timer);
   }
 
-  async reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+  /**
+   * One pass over the sandboxes, after any pass already running (the timer's and a caller's
+   * never overlap): a pass that began while another was pausing a sandbox would find it in no
+   * list (neither live nor paused yet) and end before that pause did.
+   */
+  reap(opts: { startup?: boolean } = {}): Promise<{ removed: number }> {
+    const pass = this.last.catch(() => undefined).then(() => this.pass(opts));
+    this.last = pass;
+    return pass;
+  }
+
+  private async pass(opts: { startup?: boolean }): Promise<{ removed: number }> {
     const { db, live, pool, log } = this.deps;
     const now = this.opts.now();
     let removed = 0;
