@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { like } from 'drizzle-orm';
+import { like, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
@@ -7,6 +7,7 @@ import { issue, type KeyPair, makeAuthority } from '../../apps/api/src/sandbox/n
 import { RemoteBackend } from '../../apps/api/src/sandbox/node/remote.ts';
 import { ensureSandboxImage } from '../../sandbox-image/build.ts';
 import type { Db } from '../../apps/api/src/db/client.ts';
+import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { type Host, Hosts } from '../support/hosts.ts';
 import { writeAtOnceThrough } from '../support/replicas.ts';
@@ -27,11 +28,14 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
   let ws: string;
   let database: { ip: string; adminUrl: string };
   const fleets: FleetBackend[] = [];
+  /** The sandbox image's tags, loaded into every host. */
+  let bases: string[] = [];
 
   beforeAll(async () => {
     const image = await ensureSandboxImage();
+    bases = [image, 'kiln-sandbox:latest'];
     ca = await makeAuthority('hosts-test');
-    hosts = new Hosts('kf', ca, [image, 'kiln-sandbox:latest']);
+    hosts = new Hosts('kf', ca, bases);
     [database, ...h] = await Promise.all([hosts.database('db'), hosts.start(1), hosts.start(2)]);
     const ra = await issue(ca, { role: 'api', name: 'replica-a' });
     const rb = await issue(ca, { role: 'api', name: 'replica-b' });
@@ -76,6 +80,8 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
   const session = async (app: TestApp) =>
     (await app.call('POST', `/v1/workspaces/${ws}/sessions`, { key: team.key })).body.id as string;
   const placed: string[] = [];
+  /** The template the template case built on the first two hosts, and a workspace that uses it. */
+  let built: { image: string; workspace: string } | undefined;
 
   it('both replicas see both hosts heard; a team’s sessions spread over them, from either replica', async () => {
     const seen = (await b.call('GET', '/v1/system/nodes', { key: b.adminKey })).body.data;
@@ -126,6 +132,7 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       body: { name: 'templated', settings: { sandbox: { template: created.body.id } } },
     });
     expect(templated.status, JSON.stringify(templated.body)).toBe(201);
+    built = { image: ready.image, workspace: templated.body.id };
     const sessions: string[] = [];
     for (const app of [a, b])
       sessions.push(
@@ -291,6 +298,75 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     expect(moved.body).toMatchObject({ restarted: true, stdout: '42\n' });
     expect(await hostOf(other)).not.toBe(dead);
   });
+
+  it('a host added after a template was built, its base image built there (another id): the template is built on it, it says so, and its sessions run there', async () => {
+    const tpl = built!;
+    // As on a machine that built its own sandbox image: the same content under an id of its own
+    // (the first hosts' id not there at all).
+    const ownBase = `kiln-test-own-base:${process.pid}`;
+    execFileSync(
+      'sh',
+      ['-c', `printf 'FROM %s\\nLABEL kiln.test.own-base=1\\n' "$0" | docker build -q -t "$1" -`, bases[0]!, ownBase],
+      { encoding: 'utf8' },
+    );
+    let third: Host;
+    try {
+      third = await hosts.start(3, { ownBase });
+    } finally {
+      execFileSync('docker', ['rmi', ownBase]);
+    }
+    h.push(third);
+    const onThird = (...args: string[]) =>
+      execFileSync('docker', ['-H', `unix://${third.dockerSock}`, ...args], { encoding: 'utf8' }).trim();
+    const before = execFileSync('docker', ['image', 'inspect', '-f', '{{.Id}}', bases[0]!], {
+      encoding: 'utf8',
+    }).trim();
+    for (const tag of bases) expect(onThird('image', 'inspect', '-f', '{{.Id}}', tag)).not.toBe(before);
+    expect(() => onThird('image', 'inspect', before)).toThrow();
+    expect(onThird('image', 'ls', '-q', tpl.image)).toBe('');
+
+    const added = await a.call('POST', '/v1/system/nodes', {
+      key: a.adminKey,
+      body: { name: third.name, url: third.url },
+    });
+    expect(added.status, JSON.stringify(added.body)).toBe(201);
+    // Heard by a replica, it lacks the image the others have: a build of it there is queued.
+    const queued = async () =>
+      rowsOf(
+        await a.database.db.execute(
+          sql`select 1 from jobs where kind = 'template.build' and payload->>'catchUp' = 'true' and payload->>'hash' = ${tpl.image.split(':')[1]!}`,
+        ),
+      ).length > 0;
+    await waitFor(queued);
+    // Run by a replica that has heard the host too (each queues it when it first hears the host; one
+    // that has not yet heard it finds the image wherever it knows of).
+    await waitFor(async () => {
+      await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+      return onThird('image', 'ls', '-q', tpl.image) !== '';
+    });
+    const nodeImages = async () =>
+      (
+        (await b.call('GET', '/v1/system/nodes', { key: b.adminKey })).body.data as { name: string; images: string[] }[]
+      ).find((n) => n.name === third.name)?.images ?? [];
+    await waitFor(async () => (await nodeImages()).includes(tpl.image));
+    // The template stayed ready throughout, its image unchanged.
+    const templates = (await a.call('GET', '/v1/templates', { key: team.key })).body.data as {
+      image: string;
+      status: string;
+    }[];
+    expect(templates.find((t) => t.image === tpl.image)?.status).toBe('ready');
+
+    // New sessions of the templated workspace go to the new host first (the team has none there).
+    const made: string[] = [];
+    for (let i = 0; i < 3 && !(await Promise.all(made.map(hostOf))).includes(third.name); i++) {
+      const s = (await a.call('POST', `/v1/workspaces/${tpl.workspace}/sessions`, { key: team.key })).body.id as string;
+      made.push(s);
+      const r = await exec(a, s, "print(open('/opt/kiln/template/greeting.txt').read())");
+      expect(r.body.stdout, JSON.stringify(r.body)).toBe('built on every host\n');
+    }
+    expect(await Promise.all(made.map(hostOf))).toContain(third.name);
+    for (const s of made) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+  }, 180_000);
 });
 
 /** Polls `fn` every 100 ms until it is true (the heartbeat runs every 500 ms here). */

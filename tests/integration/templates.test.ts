@@ -588,6 +588,34 @@ describe('sandbox templates', () => {
       other.id,
     ]);
   });
+
+  it('a ready template whose image was removed by hand is built again where it is missing, staying ready', async () => {
+    const made = await call('POST', '/v1/templates', owner.key, {
+      name: 'restored',
+      files: [{ path: 'restored.txt', content: 'built again' }],
+    });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
+    images.add(`kiln-template:${made.body.hash}`);
+    // The first server was stopped (it starts no build any more): the second one builds.
+    await replica!.evolution.jobs.drain();
+    const ready = (await call('GET', `/v1/templates/${made.body.id}`, owner.key)).body;
+    expect(ready).toMatchObject({ status: 'ready' });
+    await docker.getImage(ready.image).remove({ force: true });
+    expect(await imageExists(ready.image)).toBe(false);
+
+    // What a server does at start, and a fleet when a host joins.
+    await replica!.templates.catchUp();
+    expect((await call('GET', `/v1/templates/${made.body.id}`, owner.key)).body).toMatchObject({ status: 'ready' });
+    await replica!.evolution.jobs.drain();
+    expect(await imageExists(ready.image)).toBe(true);
+    const after = (await call('GET', `/v1/templates/${made.body.id}`, owner.key)).body;
+    expect(after).toMatchObject({ status: 'ready', image: ready.image, error: null });
+    // Nothing missing now: no build is queued.
+    const jobs = await buildJobs();
+    await replica!.templates.catchUp();
+    expect(await buildJobs()).toBe(jobs);
+    expect((await call('DELETE', `/v1/templates/${made.body.id}`, owner.key)).status).toBe(200);
+  }, 600_000);
 });
 
 async function inspectCreated(ref: string): Promise<string> {

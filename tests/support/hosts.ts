@@ -173,7 +173,12 @@ export class Hosts {
     return { ip, adminUrl: `postgres://postgres@${ip}:5432/postgres`, cut };
   }
 
-  async start(index: number): Promise<Host> {
+  /**
+   * A host: its namespace and veth, its dockerd, the sandbox image loaded, a node. `ownBase`: an
+   * image of the machine's engine loaded instead and tagged as each sandbox image (a host that built
+   * its sandbox image itself: the same content under an id of its own).
+   */
+  async start(index: number, opts: { ownBase?: string } = {}): Promise<Host> {
     const name = `${this.tag}${index}`;
     const dir = `/tmp/kiln-host-${name}`;
     const pidfile = join(dir, 'docker.pid');
@@ -211,7 +216,10 @@ export class Hosts {
         return undefined;
       }
     });
-    execFileSync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${dockerSock} load -q`]);
+    if (opts.ownBase) {
+      execFileSync('sh', ['-c', `docker save "$0" | docker -H unix://${dockerSock} load -q`, opts.ownBase]);
+      for (const tag of this.images) run('docker', ['-H', `unix://${dockerSock}`, 'tag', opts.ownBase, tag]);
+    } else execFileSync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${dockerSock} load -q`]);
     const creds = await issue(this.ca, { role: 'node', name, hosts: [ip] });
     writeFileSync(join(dir, 'node.pem'), creds.cert);
     writeFileSync(join(dir, 'node.key'), creds.key, { mode: 0o600 });

@@ -1847,6 +1847,8 @@ export interface components {
         runtime: 'runc' | 'gvisor';
         egress: boolean;
       }[];
+      /** @description The template images it has, as it last said: a template built before it joined is built there when it is first heard */
+      images: string[];
       last_heard_at: string | null;
       last_error: string | null;
       created_at: string;

@@ -136,6 +136,12 @@ export interface EgressEvent {
 export interface ImageRecipe {
   /** The base sandbox image's id. */
   base: string;
+  /**
+   * The base image by name (`KILN_SANDBOX_IMAGE`): a builder that lacks the id `base` (a fleet's
+   * other host, whose base was built there and so has an id of its own) builds on what this names
+   * there. Unset (a build queued by an older server): `base` only.
+   */
+  baseRef?: string;
   tag: string;
   labels: Record<string, string>;
   apt: string[];
@@ -149,6 +155,9 @@ export interface ImageRecipe {
   /** Changes once a day, so that what apt knows of the mirror is at most a day old. */
   aptDay: string;
 }
+
+/** The label every template image carries (its value: the template definition's hash). */
+export const TEMPLATE_LABEL = 'kiln.template';
 
 /** Builds and removes template images where the sandboxes run. */
 export interface ImageBuilder {
@@ -164,6 +173,13 @@ export interface ImageBuilder {
   ): Promise<void>;
   /** Removes the image; one still in use by a container stays (resolves either way). */
   remove(ref: string): Promise<void>;
+  /** The template images it has (tags of images labelled `kiln.template`). */
+  held?(): Promise<string[]>;
+  /**
+   * Tells `listener` when where images are built changes (a fleet's host joins, or one that takes
+   * sandboxes now has other images): templates already built are then built where they are missing.
+   */
+  onChange?(listener: () => void): void;
 }
 
 /** A build that ran and failed: the message names the failing step and its error. */

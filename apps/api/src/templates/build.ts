@@ -4,7 +4,7 @@ import type { Db } from '../db/client.ts';
 import { templates } from '../db/schema/index.ts';
 import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
 import { ApiError } from '../lib/errors.ts';
-import { type ImageBuilder, ImageBuildFailed } from '../sandbox/backend.ts';
+import { type ImageBuilder, ImageBuildFailed, type ImageRecipe, TEMPLATE_LABEL } from '../sandbox/backend.ts';
 import type { TemplateOptions } from './service.ts';
 import { imageTag, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
 
@@ -22,6 +22,11 @@ export interface BuildPayload {
   sources: BuildSources;
   /** The team whose template queued the build: the build lane's per-team limit counts by it. */
   group?: string;
+  /**
+   * The image of templates already ready, to be built where it is missing (a host that joined
+   * since): their rows are left as they are, whatever the build does.
+   */
+  catchUp?: boolean;
 }
 
 /** The templates waiting for this hash's build. */
@@ -137,6 +142,51 @@ export class TemplateBuilds {
     if (!others.length && this.images) await this.images.remove(image);
   }
 
+  /** Starts building `p`'s image as `tag`, its output into `log`; `stop()` aborts it until `finish`. */
+  private launch(p: BuildPayload, tag: string, log: BuildLog) {
+    const abort = new AbortController();
+    const done = this.need().build(recipeOf(p, tag), {
+      onLine: (l: string) => log.line(l),
+      timeoutMs: this.opts.buildTimeoutMs,
+      signal: abort.signal,
+    });
+    const entry = { abort, done: done.catch(() => undefined) };
+    this.building.add(entry);
+    return { abort, done, finish: () => this.building.delete(entry) };
+  }
+
+  /**
+   * Builds a ready template's image where it is missing (the builder skips where it is), its
+   * templates untouched: they stay ready for the hosts that have it. A failure is logged; one that
+   * is not the build's own (a host that did not answer) is tried again as the job allows.
+   */
+  private async catchUp(p: BuildPayload, tag: string, job: JobRow): Promise<void> {
+    const [inUse] = await this.db
+      .select({ id: templates.id })
+      .from(templates)
+      .where(and(eq(templates.image, tag), eq(templates.status, 'ready')))
+      .limit(1);
+    if (!inUse || (await this.imageExists(tag))) return;
+    const log = new BuildLog(this.opts.maxLogBytes);
+    const { abort, done, finish } = this.launch(p, tag, log);
+    try {
+      await done;
+      if (await this.imageExists(tag)) {
+        this.log.info({ image: tag }, 'built a ready template’s image where it was missing');
+        this.onReady();
+      }
+    } catch (err) {
+      if (abort.signal.aborted && !(err instanceof ImageBuildFailed)) throw new ReleaseJob();
+      this.log.warn(
+        { err, image: tag, output: log.lastLines(REASON_LINES) },
+        'could not build a ready template’s image where it was missing',
+      );
+      if (!(err instanceof ImageBuildFailed) && job.attempts < job.maxAttempts) throw err;
+    } finally {
+      finish();
+    }
+  }
+
   private async setPending(hash: string, fields: Partial<typeof templates.$inferInsert>): Promise<number> {
     const rows = await this.db
       .update(templates)
@@ -153,8 +203,11 @@ export class TemplateBuilds {
       .from(templates)
       .where(pendingFor(p.hash))
       .orderBy(templates.id);
-    if (!waiting.length) return;
     const tag = imageTag(p.hash);
+    if (!waiting.length) {
+      if (p.catchUp) await this.catchUp(p, tag, job);
+      return;
+    }
     // What an interrupted attempt wrote stays at the top of the log.
     const log = new BuildLog(this.opts.maxLogBytes);
     const previous = waiting.find((w) => w.log)?.log;
@@ -176,7 +229,6 @@ export class TemplateBuilds {
     }
     log.line(`[kiln] building ${tag} on ${p.sources.baseImageId}`);
     await this.setPending(p.hash, { status: 'building', error: null, log: log.toString() });
-    const abort = new AbortController();
     let flushing: Promise<unknown> = Promise.resolve();
     const flush = () => {
       flushing = flushing.then(() =>
@@ -188,23 +240,7 @@ export class TemplateBuilds {
       );
     };
     const timer = setInterval(flush, FLUSH_MS);
-    const done = this.need().build(
-      {
-        base: p.sources.baseImageId,
-        tag,
-        labels: { 'kiln.template': p.hash },
-        apt: p.spec.apt,
-        pip: p.spec.pip,
-        pipIndexUrl: p.sources.pipIndexUrl,
-        debianMirror: p.sources.debianMirror,
-        files: p.spec.files,
-        filesDir: TEMPLATE_FILES_DIR,
-        aptDay: new Date().toISOString().slice(0, 10),
-      },
-      { onLine: (l: string) => log.line(l), timeoutMs: this.opts.buildTimeoutMs, signal: abort.signal },
-    );
-    const entry = { abort, done: done.catch(() => undefined) };
-    this.building.add(entry);
+    const { abort, done, finish } = this.launch(p, tag, log);
     try {
       await done;
       clearInterval(timer);
@@ -231,7 +267,24 @@ export class TemplateBuilds {
       log.line(`[kiln] failed: ${(err as Error).message}`);
       await this.setPending(p.hash, { status: 'failed', error: reason.slice(0, 8000), log: log.toString() });
     } finally {
-      this.building.delete(entry);
+      finish();
     }
   }
+}
+
+/** What a build job builds: its definition on its base, tagged and labelled with its hash. */
+function recipeOf(p: BuildPayload, tag: string): ImageRecipe {
+  return {
+    base: p.sources.baseImageId,
+    baseRef: p.sources.baseRef,
+    tag,
+    labels: { [TEMPLATE_LABEL]: p.hash },
+    apt: p.spec.apt,
+    pip: p.spec.pip,
+    pipIndexUrl: p.sources.pipIndexUrl,
+    debianMirror: p.sources.debianMirror,
+    files: p.spec.files,
+    filesDir: TEMPLATE_FILES_DIR,
+    aptDay: new Date().toISOString().slice(0, 10),
+  };
 }

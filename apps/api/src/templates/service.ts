@@ -59,6 +59,53 @@ export class TemplateService implements TemplateImages {
     private readonly log: Logger,
   ) {
     this.builds = new TemplateBuilds(db, images, jobRunner, opts, log, () => void this.refreshPool());
+    // A fleet's host that joins (or takes sandboxes again) gets the images of the templates built before.
+    images?.onChange?.(() => void this.catchUp());
+  }
+
+  private catching: Promise<void> | undefined;
+  /** Set while a catch-up runs and another was asked for meanwhile: it runs again once. */
+  private catchAgain = false;
+
+  /**
+   * Queues a build, where it is missing, of each ready template's image that the builder does not
+   * have everywhere it builds (a fleet's host that joined after the build; an image removed by
+   * hand): a job per image, deduplicated with its ordinary builds, which leaves the templates ready.
+   */
+  catchUp(): Promise<void> {
+    if (this.catching) {
+      this.catchAgain = true;
+      return this.catching;
+    }
+    this.catching = this.queueMissing()
+      .catch((err) => this.log.warn({ err }, 'could not queue the builds of template images a host lacks'))
+      .finally(() => {
+        this.catching = undefined;
+        if (this.catchAgain) {
+          this.catchAgain = false;
+          void this.catchUp();
+        }
+      });
+    return this.catching;
+  }
+
+  private async queueMissing(): Promise<void> {
+    const images = this.images;
+    if (!images) return;
+    const ready = rowsOf<{ spec_hash: string; image: string; spec: TemplateSpec; team_id: string }>(
+      await this.db.execute(sql`
+        select distinct on (spec_hash) spec_hash, image, spec, team_id from templates
+        where status = 'ready' and image is not null order by spec_hash, created_at`),
+    ).filter((r) => r.image === imageTag(r.spec_hash));
+    // Nowhere to build yet (a fleet none of whose hosts has been heard): the next change asks again.
+    if (!ready.length || !(await images.idOf(this.opts.baseImage))) return;
+    let sources: BuildSources | undefined;
+    for (const r of ready) {
+      if (await images.idOf(r.image)) continue;
+      sources ??= await this.sources();
+      this.log.info({ image: r.image }, 'a template’s image is missing where sandboxes run: it is built there');
+      await this.enqueue({ hash: r.spec_hash, spec: r.spec, sources, group: r.team_id, catchUp: true });
+    }
   }
 
   private need(): ImageBuilder {
@@ -74,7 +121,12 @@ export class TemplateService implements TemplateImages {
         'unavailable',
         `the base sandbox image ${this.opts.baseImage} is not built (npm run sandbox:build)`,
       );
-    return { baseImageId, pipIndexUrl: this.opts.pipIndexUrl, debianMirror: this.opts.debianMirror };
+    return {
+      baseImageId,
+      baseRef: this.opts.baseImage,
+      pipIndexUrl: this.opts.pipIndexUrl,
+      debianMirror: this.opts.debianMirror,
+    };
   }
 
   /** Writes the definition's hash on the row and either takes the image already built for it, or queues its build. */
@@ -312,6 +364,7 @@ export class TemplateService implements TemplateImages {
         select 1 from jobs j where j.kind = ${TEMPLATE_BUILD_JOB} and j.status in ('queued', 'running')
           and j.payload->>'hash' = templates.spec_hash)`);
     await this.refreshPool();
+    await this.catchUp();
   }
 
   /** Stops builds in flight: their jobs go back to the queue, to be resumed by the next runner. */

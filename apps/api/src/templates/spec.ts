@@ -108,6 +108,11 @@ export function canonicalSpec(spec: TemplateSpec): TemplateSpec {
 export interface BuildSources {
   /** The base sandbox image's id (sha256:…). */
   baseImageId: string;
+  /**
+   * The base image's name (`KILN_SANDBOX_IMAGE`), for a builder whose base has another id (a
+   * fleet's host that built its own). Not part of the hash: the id says what the image is made of.
+   */
+  baseRef?: string;
   pipIndexUrl: string;
   /** The Debian mirror written into the image's apt sources; undefined keeps the base image's. */
   debianMirror?: string;

@@ -121,7 +121,18 @@ function platformPanels(dispose: Dispose[]): HTMLElement[] {
     () => api<{ data: SandboxNode[] }>('GET', '/v1/system/nodes'),
     ({ data }, reload) =>
       table(
-        ['node', 'state', 'heard', 'memory (placed / capacity)', 'CPUs', 'sandboxes', 'runtimes', 'last heard', ''],
+        [
+          'node',
+          'state',
+          'heard',
+          'memory (placed / capacity)',
+          'CPUs',
+          'sandboxes',
+          'runtimes',
+          'template images',
+          'last heard',
+          '',
+        ],
         data,
         (n) => [
           h('strong', {}, n.name),
@@ -131,6 +142,7 @@ function platformPanels(dispose: Dispose[]): HTMLElement[] {
           `${n.committed.cpus} / ${n.capacity.cpus}`,
           String(n.sandboxes),
           n.runtimes.map((r) => `${r.runtime}${r.egress ? ' (egress)' : ''}`).join(', ') || '—',
+          h('span', { title: n.images.join('\n') }, String(n.images.length)),
           n.last_heard_at ? when(n.last_heard_at) : 'never',
           n.state === 'active'
             ? action(

@@ -18,6 +18,8 @@ export const sandboxNodes = pgTable('sandbox_nodes', {
   memoryMb: integer('memory_mb').notNull().default(0),
   cpus: real('cpus').notNull().default(0),
   runtimes: jsonb('runtimes').$type<{ runtime: 'runc' | 'gvisor'; egress: boolean }[]>().notNull().default([]),
+  /** The template images it said it has (their tags), for placement and for the operator. */
+  images: jsonb('images').$type<string[]>().notNull().default([]),
   /** When a replica last had an answer from it; null: never. */
   lastHeardAt: ts('last_heard_at'),
   /** The last failure a replica saw talking to it, cleared by the next answer. */

@@ -16,6 +16,10 @@ const Node = z
       .openapi({ description: 'the limits of the sandboxes placed on it, by every replica' }),
     sandboxes: z.number().int(),
     runtimes: z.array(z.object({ runtime: z.enum(['runc', 'gvisor']), egress: z.boolean() })),
+    images: z.array(z.string()).openapi({
+      description:
+        'The template images it has, as it last said: a template built before it joined is built there when it is first heard',
+    }),
     last_heard_at: z.string().nullable(),
     last_error: z.string().nullable(),
     created_at: z.string(),

@@ -1,7 +1,7 @@
 import { stripVTControlCharacters } from 'node:util';
 import { Readable } from 'node:stream';
 import type Docker from 'dockerode';
-import { type ImageBuilder, ImageBuildFailed, type ImageRecipe } from '../backend.ts';
+import { type ImageBuilder, ImageBuildFailed, type ImageRecipe, TEMPLATE_LABEL } from '../backend.ts';
 
 /** The uid the base image's runner layer ends with (sandbox-image/Dockerfile); containers run as their own uid anyway. */
 const IMAGE_USER = '65534:65534';
@@ -198,5 +198,13 @@ export class DockerImages implements ImageBuilder {
       .getImage(ref)
       .remove()
       .catch(() => undefined);
+  }
+
+  async held(): Promise<string[]> {
+    const images = await this.docker.listImages({ filters: { label: [TEMPLATE_LABEL] } });
+    return images
+      .flatMap((i) => i.RepoTags ?? [])
+      .filter((t) => t !== '<none>:<none>')
+      .sort();
   }
 }

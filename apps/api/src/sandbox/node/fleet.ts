@@ -9,6 +9,7 @@ import type {
   ContainerRequest,
   EgressEvent,
   ImageBuilder,
+  ImageRecipe,
   ListedContainer,
   RunnerChannel,
   RuntimeOffer,
@@ -33,6 +34,8 @@ interface Member {
   teamBound: boolean;
   /** When this replica last had an answer from it (epoch ms); 0: never. */
   heardAt: number;
+  /** The template images it has, as it last said. */
+  images: Set<string>;
 }
 
 export interface FleetOptions {
@@ -78,8 +81,11 @@ export interface FleetOptions {
 export class FleetBackend implements SandboxBackend {
   private readonly members = new Map<string, Member>();
   private readonly listeners: (() => void)[] = [];
+  private readonly imageListeners: (() => void)[] = [];
   /** What the members offered at the last round, to tell the engine when it changes. */
   private offered = '';
+  /** Which members take sandboxes and the images each has, at the last round (for `images.onChange`). */
+  private held = '';
   private timer: NodeJS.Timeout | undefined;
   private refreshing: Promise<void> | undefined;
   private readonly now: () => number;
@@ -96,6 +102,7 @@ export class FleetBackend implements SandboxBackend {
         runtimes: [],
         teamBound: false,
         heardAt: 0,
+        images: new Set(),
       });
     this.images = {
       // A template's image is usable when every member that takes sandboxes has it.
@@ -103,16 +110,20 @@ export class FleetBackend implements SandboxBackend {
         const ids = await Promise.all(this.placing().map((m) => m.backend.images?.idOf(ref) ?? null));
         return ids.length && ids.every((id) => id) ? ids[0]! : null;
       },
+      // Built, one member after another, on each that takes sandboxes and lacks it.
       build: async (recipe, opts) => {
         for (const m of this.placing()) {
-          if (!m.backend.images) continue;
+          const images = m.backend.images;
+          if (!images || (await images.idOf(recipe.tag))) continue;
           opts.onLine(`[${m.name}]`);
-          await m.backend.images.build(recipe, opts);
+          await images.build({ ...recipe, base: await baseOn(images, recipe) }, opts);
+          m.images.add(recipe.tag);
         }
       },
       remove: async (ref) => {
         await Promise.all([...this.members.values()].map((m) => m.backend.images?.remove(ref).catch(() => undefined)));
       },
+      onChange: (listener) => this.imageListeners.push(listener),
     };
   }
 
@@ -158,6 +169,7 @@ export class FleetBackend implements SandboxBackend {
           runtimes: r.runtimes,
           teamBound: false,
           heardAt: 0,
+          images: new Set(r.images),
         };
         this.members.set(r.name, m);
       }
@@ -169,6 +181,11 @@ export class FleetBackend implements SandboxBackend {
     if (offered !== this.offered) {
       this.offered = offered;
       for (const l of this.listeners) l();
+    }
+    const held = JSON.stringify(this.placing().map((m) => [m.name, [...m.images].sort()]));
+    if (held !== this.held) {
+      this.held = held;
+      for (const l of this.imageListeners) l();
     }
   }
 
@@ -244,6 +261,12 @@ export class FleetBackend implements SandboxBackend {
       m.runtimes = caps.runtimes;
       m.teamBound = caps.teamBound;
       m.heardAt = this.now();
+      // A node of an older version does not say: it keeps what it said before.
+      const held = await m.backend.images?.held?.().catch((err) => {
+        this.o.log?.warn({ err, node: m.name }, 'sandbox node did not say which template images it has');
+        return null;
+      });
+      if (held) m.images = new Set(held);
       if (m.name === LOCAL) return true;
       await this.o.db
         .update(sandboxNodes)
@@ -251,6 +274,7 @@ export class FleetBackend implements SandboxBackend {
           memoryMb: capacity.memoryMb,
           cpus: capacity.cpus,
           runtimes: caps.runtimes,
+          images: [...m.images].sort(),
           lastHeardAt: sql`greatest(${sandboxNodes.lastHeardAt}, now())`,
           lastError: null,
         })
@@ -306,19 +330,7 @@ export class FleetBackend implements SandboxBackend {
     const able = this.placing().filter((m) =>
       m.runtimes.some((r) => r.runtime === req.runtime && (!needsEgress || r.egress)),
     );
-    const committed = await placedOn(this.o.db, req.teamId);
-    const scored = able
-      .map((m) => {
-        const c = committed.get(m.name) ?? { memoryMb: 0, cpus: 0, team: 0 };
-        const freeMb = m.capacity.memoryMb - c.memoryMb;
-        const free =
-          (freeMb - req.limits.memoryMb) / Math.max(1, m.capacity.memoryMb) +
-          (0.1 * (m.capacity.cpus - c.cpus)) / Math.max(1, m.capacity.cpus);
-        return { m, fits: freeMb >= req.limits.memoryMb, team: c.team, free };
-      })
-      .filter((s) => s.fits)
-      // The team's own sandboxes first (fewest wins: one host lost costs a team as little as can be), then room.
-      .sort((a, b) => a.team - b.team || b.free - a.free);
+    const scored = rankPlacement(able, await placedOn(this.o.db, req.teamId), req);
     if (!scored.length)
       throw new ApiError(
         'sandbox_unavailable',
@@ -329,7 +341,7 @@ export class FleetBackend implements SandboxBackend {
     const failed: string[] = [];
     // A node that fails the create (unreachable, or its engine refused) is passed over for the
     // next best, up to three; a refusal of the request itself (an ApiError) is final.
-    for (const { m } of scored.slice(0, 3)) {
+    for (const m of scored.slice(0, 3)) {
       try {
         const made = await m.backend.create(req);
         return { ...made, id: this.join(m, made.id) };
@@ -434,3 +446,43 @@ export class FleetBackend implements SandboxBackend {
 
 /** A container on a node the registry no longer has: gone, as far as this installation can tell. */
 class FleetGone extends Error {}
+
+/** What `rankPlacement` needs of a member. */
+type Placeable = Pick<Member, 'name' | 'capacity' | 'images'>;
+
+/**
+ * The members a sandbox may go to, best first: those with the memory left for it (after what is
+ * `committed` there), those that have its image before those that said they lack it (a template's
+ * image on a host that joined after its build, until it is built there), then the fewest of the
+ * team's own sandboxes (one host lost costs a team as little as can be), then the most room.
+ */
+export function rankPlacement<M extends Placeable>(
+  able: M[],
+  committed: Map<string, { memoryMb: number; cpus: number; team: number }>,
+  req: Pick<ContainerRequest, 'image' | 'limits'>,
+): M[] {
+  // Only template images are listed: an image no member lists (the base image) is on every one.
+  const listed = able.some((m) => m.images.has(req.image));
+  return able
+    .map((m) => {
+      const c = committed.get(m.name) ?? { memoryMb: 0, cpus: 0, team: 0 };
+      const freeMb = m.capacity.memoryMb - c.memoryMb;
+      const free =
+        (freeMb - req.limits.memoryMb) / Math.max(1, m.capacity.memoryMb) +
+        (0.1 * (m.capacity.cpus - c.cpus)) / Math.max(1, m.capacity.cpus);
+      const lacks = listed && !m.images.has(req.image) ? 1 : 0;
+      return { m, fits: freeMb >= req.limits.memoryMb, lacks, team: c.team, free };
+    })
+    .filter((s) => s.fits)
+    .sort((a, b) => a.lacks - b.lacks || a.team - b.team || b.free - a.free)
+    .map((s) => s.m);
+}
+
+/**
+ * The base a member builds a template on: the recipe's id where the member has that image, else
+ * the member's own image of the same name (a host whose base was built there has an id of its own).
+ */
+async function baseOn(images: ImageBuilder, recipe: ImageRecipe): Promise<string> {
+  if (!recipe.baseRef || (await images.idOf(recipe.base))) return recipe.base;
+  return (await images.idOf(recipe.baseRef)) ?? recipe.base;
+}

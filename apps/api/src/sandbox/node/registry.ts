@@ -62,6 +62,8 @@ export interface NodeView {
   committed: { memory_mb: number; cpus: number };
   sandboxes: number;
   runtimes: { runtime: 'runc' | 'gvisor'; egress: boolean }[];
+  /** The template images it has, as it last said. */
+  images: string[];
   last_heard_at: string | null;
   last_error: string | null;
   created_at: string;
@@ -78,6 +80,7 @@ function view(r: NodeRow, placed: Map<string, Placed>, silentMs: number): NodeVi
     committed: { memory_mb: p.memoryMb, cpus: p.cpus },
     sandboxes: p.sandboxes,
     runtimes: r.runtimes,
+    images: r.images,
     last_heard_at: r.lastHeardAt?.toISOString() ?? null,
     last_error: r.lastError,
     created_at: r.createdAt.toISOString(),

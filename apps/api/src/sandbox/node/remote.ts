@@ -36,6 +36,8 @@ class NodeError extends Error {
 const CALL_TIMEOUT_MS = 300_000;
 /** The longest line of a build's output stream the API holds while waiting for its end. */
 const MAX_BUILD_LINE = 1024 * 1024;
+/** The most template images a node's answer may list. */
+const MAX_HELD_IMAGES = 10_000;
 /** The longest answer line of a tree fill (the paths a node asks for). */
 const MAX_TREE_LINE = 64 * 1024 * 1024;
 /** How long the connection to a node may take to open (TCP and the TLS handshake). */
@@ -63,6 +65,20 @@ export class RemoteBackend implements SandboxBackend {
     this.images = {
       idOf: (ref) => this.call('imageId', ref) as Promise<string | null>,
       remove: (ref) => this.call('imageRemove', ref) as Promise<void>,
+      held: async () => {
+        // What a node says it has decides where sandboxes go: a list of image names, bounded.
+        const held = await this.call('imagesHeld');
+        if (
+          !Array.isArray(held) ||
+          held.length > MAX_HELD_IMAGES ||
+          !held.every((t) => typeof t === 'string' && t.length > 0 && t.length <= 512)
+        )
+          throw new NodeError(
+            `node ${this.o.name}: its list of images is not a list of at most ${MAX_HELD_IMAGES} names`,
+            false,
+          );
+        return held as string[];
+      },
       build: (recipe, opts) => this.build(recipe, opts),
     };
   }

@@ -98,6 +98,7 @@ const request = z.object({
 });
 const recipe = z.object({
   base: z.string().min(1).max(512),
+  baseRef: z.string().min(1).max(512).optional(),
   tag: z.string().min(1).max(512),
   labels: z.record(z.string().max(256), z.string().max(1024)),
   apt: z.array(z.string().max(256)).max(512),
@@ -140,6 +141,7 @@ const ARGS: Record<Call, z.ZodType<unknown[]>> = {
   sweepEgress: z.tuple([z.string().max(256), z.object({ all: z.boolean().optional() }).optional()]),
   imageId: z.tuple([z.string().min(1).max(512)]),
   imageRemove: z.tuple([z.string().min(1).max(512)]),
+  imagesHeld: z.tuple([]),
 };
 
 function wireError(backend: SandboxBackend, err: unknown): WireError {
@@ -201,6 +203,8 @@ async function callBackend(
       return b.images ? b.images.idOf(a[0]!) : null;
     case 'imageRemove':
       return b.images?.remove(a[0]!);
+    case 'imagesHeld':
+      return b.images?.held ? b.images.held() : [];
   }
 }
 

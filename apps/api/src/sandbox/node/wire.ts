@@ -33,6 +33,7 @@ export const CALLS = [
   'sweepEgress',
   'imageId',
   'imageRemove',
+  'imagesHeld',
 ] as const;
 export type Call = (typeof CALLS)[number];
 

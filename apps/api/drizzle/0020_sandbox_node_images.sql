@@ -1,0 +1,1 @@
+ALTER TABLE "sandbox_nodes" ADD COLUMN "images" jsonb DEFAULT '[]'::jsonb NOT NULL;
