@@ -122,6 +122,12 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (opts.since) filters.push(sql`c.day >= ${opts.since}::date`);
   if (opts.until) filters.push(sql`c.day <= ${opts.until}::date`);
   const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
+  // The query's vector is made (in the encoder's thread, or by the endpoint) while the database
+  // ranks the words; a failure is awaited below, never left unhandled.
+  const queryVector = opts.embedder?.embed([q]).then(
+    ([v]) => ({ v: v! }),
+    (err: unknown) => ({ err }),
+  );
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
   // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.
@@ -190,9 +196,10 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
   const lexicalOrder = candidates.map((c) => String(c.id));
   let vectorOrder: string[] = [];
-  if (opts.embedder) {
-    const [qv] = await opts.embedder.embed([q]);
-    const near = await nearest(db, workspaceId, qv!, depth, where);
+  if (queryVector) {
+    const qv = await queryVector;
+    if ('err' in qv) throw qv.err;
+    const near = await nearest(db, workspaceId, qv.v, depth, where);
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
       if (hit) hit.vector = v.similarity;
