@@ -9,7 +9,7 @@ import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
 import { recencyFactor, SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
 import { BUILTIN_EMBEDDINGS, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
-import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
+import { hasPgvector, type SearchHit, useVectorIndex } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { DRIVERS, type Driver } from '../support/db.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
@@ -408,6 +408,44 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     );
     expect(await hasPgvector(t.database.db)).toBe(driver === 'pglite' || avail!.ok);
     if (driver === 'pglite') expect(avail!.ok).toBe(true);
+  });
+
+  it('reads a large workspace’s vectors through the index, where the planner would compare them all; a small part of a large table is left to the planner', async () => {
+    const big = await workspaceOn(t, 'index-big');
+    const small = await workspaceOn(t, 'index-small');
+    const db = t.database.db;
+    const counts = async (ws: string) =>
+      (await db.select({ chunks: memoryIndex.chunks }).from(memoryIndex).where(eq(memoryIndex.workspaceId, ws)))[0]!
+        .chunks;
+    const before = [await counts(big.ws), await counts(small.ws)] as const;
+    // The indexer's counts, set here to stand for workspaces of those sizes.
+    const setChunks = (ws: string, chunks: number) =>
+      db.update(memoryIndex).set({ chunks }).where(eq(memoryIndex.workspaceId, ws));
+    const settings = (ws: string) =>
+      db.transaction(async (tx) => {
+        await useVectorIndex(tx as unknown as typeof db, ws, 100);
+        return rowsOf<{ seq: string; sort: string; ef: string; scan: string }>(
+          await tx.execute(sql`select current_setting('enable_seqscan') as seq, current_setting('enable_sort') as sort,
+            current_setting('hnsw.ef_search') as ef, current_setting('hnsw.iterative_scan') as scan`),
+        )[0]!;
+      });
+    try {
+      await setChunks(big.ws, 3000);
+      await setChunks(small.ws, 10);
+      expect(await settings(big.ws)).toEqual({ seq: 'off', sort: 'off', ef: '100', scan: 'relaxed_order' });
+      expect(await settings(small.ws)).toMatchObject({ seq: 'on', sort: 'on' });
+      // 3,000 chunks among 103,000: under a twentieth of the table, the planner chooses.
+      await setChunks(small.ws, 100_000);
+      expect(await settings(big.ws)).toMatchObject({ seq: 'on', sort: 'on' });
+      expect(await settings(small.ws)).toMatchObject({ seq: 'off', sort: 'off' });
+      // Transaction-local: the next statement plans as it always does.
+      expect(
+        rowsOf<{ sort: string }>(await db.execute(sql`select current_setting('enable_sort') as sort`))[0]!.sort,
+      ).toBe('on');
+    } finally {
+      await setChunks(big.ws, before[0]);
+      await setChunks(small.ws, before[1]);
+    }
   });
 
   it('re-embeds, at the next start, a workspace another embeddings model indexed', async () => {
