@@ -42,7 +42,8 @@ describe('upgrading a database indexed by the search before this one (migration 
     try {
       const { hits } = await searchMemory(database.db, 'ws_old', 'adopted puppy', { k: 3 });
       expect(hits).toHaveLength(1);
-      expect(hits[0]).toMatchObject({ path: 'memory/2025-03-04.md', start_line: 1, end_line: 2, date: null });
+      // The matching turn; the greeting before it completes nothing (conversation-aware snippets).
+      expect(hits[0]).toMatchObject({ path: 'memory/2025-03-04.md', start_line: 2, end_line: 2, date: null });
       expect(hits[0]!.snippet).toContain('adopted a puppy');
       const [index] = rowsOf<{ chunks: number; version: number }>(
         await database.db.execute(sql`select chunks, version from memory_index where workspace_id = 'ws_old'`),

@@ -184,6 +184,10 @@ describe('ranking', () => {
     const lines = ['- a: hello', '- b: did you name the puppy?', '', '- a: yes, Biscuit', '- b: nice'];
     expect(snippetLines(lines, [0, 3, 0, 1, 0])).toEqual({ from: 0, to: 3 });
     expect(snippetText(lines, 0, 3)).toBe('- a: hello\n- b: did you name the puppy?\n- a: yes, Biscuit');
+    // In a conversation: the turn, what follows it, and the turn before only when it asks.
+    expect(snippetLines(lines, [0, 3, 0, 1, 0], true)).toEqual({ from: 1, to: 3 });
+    expect(snippetLines(lines, [0, 1, 0, 3, 0], true)).toEqual({ from: 1, to: 4 });
+    expect(snippetLines(lines, [0, 0, 0, 1, 3], true)).toEqual({ from: 4, to: 4 });
     const long = ['x'.repeat(200), 'needle', 'y'.repeat(200)];
     expect(snippetLines(long, [0, 1, 0])).toEqual({ from: 1, to: 2 });
     expect(snippetText(['z'.repeat(1000)], 0, 0).length).toBe(SNIPPET_CHARS);

@@ -48,6 +48,8 @@ export function isIndexed(path: string): boolean {
   return path.endsWith('.md') && (path === 'MEMORY.md' || /^(memory|knowledge|skills)\//.test(path));
 }
 const modeOf = (path: string) => (path === 'MEMORY.md' || path.startsWith('memory/') ? 'lines' : 'prose');
+/** A file of one fact or turn a line (a log, core memory), not prose. */
+export const isLineFile = (path: string) => modeOf(path) === 'lines';
 
 /** The lines of the workspace template that say nothing about the user (headers, instructions). */
 export function boilerplateLines(templateTexts: string[]): Set<string> {

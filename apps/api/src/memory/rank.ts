@@ -87,24 +87,30 @@ export function mergeHits<T>(hits: Hit<T>[]): Hit<T>[] {
 /** Most characters a snippet has. */
 export const SNIPPET_CHARS = 320;
 
+/** A line that asks something: the turn after it is its answer. */
+const ASKS = /\?\s*$/;
+
 /**
  * The lines a snippet shows, around the best-matching line of a chunk (`scores[i]` for the
- * chunk's i-th line): that line, then its neighbours (a conversation answers the line before
- * it), while the snippet stays within SNIPPET_CHARS. Indexes into the chunk's lines.
+ * chunk's i-th line), while the snippet stays within SNIPPET_CHARS. Indexes into the chunk's lines.
+ * In a conversation (`turns`: a log, one turn a line) the lines that complete that turn: the one
+ * after it (the answer, or what was said next) and the one before it only when that one asks (the
+ * question it answers); its other neighbour would take the room of another hit. In prose, both
+ * neighbours.
  */
-export function snippetLines(lines: string[], scores: number[]): { from: number; to: number } {
+export function snippetLines(lines: string[], scores: number[], turns = false): { from: number; to: number } {
   let best = 0;
   for (let i = 1; i < lines.length; i++) if ((scores[i] ?? 0) > (scores[best] ?? 0)) best = i;
   let chars = lines[best]!.length;
-  const neighbour = (dir: 1 | -1) => {
+  const neighbour = (dir: 1 | -1, when: (line: string) => boolean = () => true) => {
     let i = best + dir;
     while (i >= 0 && i < lines.length && !lines[i]!.trim()) i += dir;
-    if (i < 0 || i >= lines.length || chars + lines[i]!.length + 1 > SNIPPET_CHARS) return best;
+    if (i < 0 || i >= lines.length || !when(lines[i]!) || chars + lines[i]!.length + 1 > SNIPPET_CHARS) return best;
     chars += lines[i]!.length + 1;
     return i;
   };
   const to = neighbour(1);
-  const from = neighbour(-1);
+  const from = turns ? neighbour(-1, (l) => ASKS.test(l)) : neighbour(-1);
   return { from, to };
 }
 

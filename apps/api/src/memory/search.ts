@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
+import { isLineFile } from './chunker.ts';
 import { cosine, type Embedder } from './embeddings.ts';
 import { isDay, parseQuery } from './query.ts';
 import {
@@ -226,7 +227,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     for (const [i, l] of lines.entries()) file.set(r.c.start_line + i, l);
     linesOf.set(r.c.path, file);
     const scores = lines.map((l) => lineScore(l, terms));
-    const { from, to } = snippetLines(lines, scores);
+    const { from, to } = snippetLines(lines, scores, isLineFile(r.c.path));
     return { path: r.c.path, from: r.c.start_line + from, to: r.c.start_line + to, score: r.score, extra: r };
   });
   const merged = mergeHits(hits);
