@@ -99,9 +99,11 @@ export class TemplateService implements TemplateImages {
     ).filter((r) => r.image === imageTag(r.spec_hash));
     // Nowhere to build yet (a fleet none of whose hosts has been heard): the next change asks again.
     if (!ready.length || !(await images.idOf(this.opts.baseImage))) return;
+    // The builder's list when it keeps one (a fleet: what its members said at their heartbeat), else one image at a time.
+    const held = images.held ? new Set(await images.held()) : null;
     let sources: BuildSources | undefined;
     for (const r of ready) {
-      if (await images.idOf(r.image)) continue;
+      if (held ? held.has(r.image) : await images.idOf(r.image)) continue;
       sources ??= await this.sources();
       this.log.info({ image: r.image }, 'a template’s image is missing where sandboxes run: it is built there');
       await this.enqueue({ hash: r.spec_hash, spec: r.spec, sources, group: r.team_id, catchUp: true });

@@ -123,6 +123,11 @@ export class FleetBackend implements SandboxBackend {
       remove: async (ref) => {
         await Promise.all([...this.members.values()].map((m) => m.backend.images?.remove(ref).catch(() => undefined)));
       },
+      // What every member that takes sandboxes said it has at its last heartbeat (no call now).
+      held: async () => {
+        const [first, ...rest] = this.placing().map((m) => m.images);
+        return first ? [...first].filter((t) => rest.every((images) => images.has(t))).sort() : [];
+      },
       onChange: (listener) => this.imageListeners.push(listener),
     };
   }
@@ -252,20 +257,20 @@ export class FleetBackend implements SandboxBackend {
   /** Asks the member what it has now and records it; false when it did not answer. */
   private async hear(m: Member): Promise<boolean> {
     try {
-      const [capacity, caps] = await Promise.all([
+      const [capacity, caps, , held] = await Promise.all([
         m.backend.capacity ? m.backend.capacity() : Promise.resolve(m.capacity),
         m.backend.capabilities(),
         m.backend.ping(5000),
+        // A node of an older version does not say: it keeps what it said before.
+        m.backend.images?.held?.().catch((err) => {
+          this.o.log?.warn({ err, node: m.name }, 'sandbox node did not say which template images it has');
+          return null;
+        }),
       ]);
       m.capacity = capacity;
       m.runtimes = caps.runtimes;
       m.teamBound = caps.teamBound;
       m.heardAt = this.now();
-      // A node of an older version does not say: it keeps what it said before.
-      const held = await m.backend.images?.held?.().catch((err) => {
-        this.o.log?.warn({ err, node: m.name }, 'sandbox node did not say which template images it has');
-        return null;
-      });
       if (held) m.images = new Set(held);
       if (m.name === LOCAL) return true;
       await this.o.db
