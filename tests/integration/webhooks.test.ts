@@ -511,13 +511,21 @@ describe('webhooks: one team cannot hold up another team’s deliveries', () => 
     let inFlight = 0;
     let peak = 0;
     let answer = false;
+    // The fast team's request and the slow team's second one are in flight together: either may
+    // reach its receiver first, so the test waits for both rather than reading `held` when the
+    // fast one lands.
+    let twoHeld!: () => void;
+    const heldTwo = new Promise<void>((r) => (twoHeld = r));
     const silent = createServer((req, res) => {
       req.resume();
       inFlight++;
       peak = Math.max(peak, inFlight);
       res.on('close', () => inFlight--);
       if (answer) res.end('ok');
-      else held.push(res);
+      else {
+        held.push(res);
+        if (held.length === 2) twoHeld();
+      }
     });
     let fastGot!: () => void;
     const fastArrived = new Promise<void>((r) => (fastGot = r));
@@ -528,6 +536,7 @@ describe('webhooks: one team cannot hold up another team’s deliveries', () => 
     });
     for (const s of [silent, fast]) await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
     const urlOf = (s: Server) => `http://127.0.0.1:${(s.address() as AddressInfo).port}/hook`;
+    let drained: Promise<unknown> | undefined;
     try {
       const make = async (key: string, url: string) => {
         const r = await ctx.t.call('POST', '/v1/webhooks', { key, body: { url, events: ['run.failed'] } });
@@ -542,8 +551,8 @@ describe('webhooks: one team cannot hold up another team’s deliveries', () => 
         expect((await ctx.t.call('POST', `/v1/webhooks/${h}/test`, { key: slowTeam.key })).status).toBe(202);
       expect((await ctx.t.call('POST', `/v1/webhooks/${fastHook}/test`, { key: fastTeam.key })).status).toBe(202);
 
-      const drained = ctx.t.evolution.jobs.drain();
-      await fastArrived;
+      drained = ctx.t.evolution.jobs.drain();
+      await Promise.all([fastArrived, heldTwo]);
       // Delivered while two of the slow team's requests hang, and never more than two at once.
       expect(held).toHaveLength(2);
       expect(peak).toBe(2);
@@ -560,6 +569,10 @@ describe('webhooks: one team cannot hold up another team’s deliveries', () => 
       expect(f).toMatchObject({ status: 'succeeded', attempts: 1 });
       expect(peak).toBe(2);
     } finally {
+      // A failed assertion must not leave the drain running into the app's close.
+      answer = true;
+      for (const res of held.splice(0)) res.end('ok');
+      await drained?.catch(() => undefined);
       for (const s of [silent, fast]) {
         s.closeAllConnections();
         await new Promise<void>((r) => s.close(() => r()));
