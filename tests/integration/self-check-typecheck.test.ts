@@ -1,0 +1,109 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type CheckOptions, preparePatch, removeWorktree, typecheck } from '../../apps/api/src/platform/self-check.ts';
+
+const ROOT = resolve(import.meta.dirname, '../..');
+const git = (dir: string, ...args: string[]) =>
+  execFileSync('git', ['-C', dir, '-c', 'user.name=t', '-c', 'user.email=t@t.invalid', ...args], {
+    encoding: 'utf8',
+  }).trim();
+
+/** A patch that replaces (or adds) one file of the small project. */
+const patchOf = (source: string, file: string, text: string) => {
+  const scratch = mkdtempSync(join(tmpdir(), 'kiln-tc-scratch-'));
+  try {
+    execFileSync('git', ['clone', '-q', source, scratch]);
+    writeFileSync(join(scratch, file), text);
+    git(scratch, 'add', '-A');
+    return `${git(scratch, 'diff', '--cached')}\n`;
+  } finally {
+    rmSync(scratch, { recursive: true, force: true });
+  }
+};
+
+describe("a self-check's type-check starts from an earlier check's state", () => {
+  let source: string;
+  const o: CheckOptions = { stepTimeoutMs: 60_000, readyTimeoutMs: 1000, stopTimeoutMs: 1000, children: new Set() };
+  const kept = () => readdirSync(join(source, '.git', 'kiln-check')).sort();
+  /** Prepares the patch in a worktree, type-checks it there and removes the worktree. */
+  const check = async (id: string, file: string, text: string) => {
+    const p = await preparePatch(source, { id, patch: patchOf(source, file, text), message: id });
+    try {
+      // What the check's install step does when package-lock.json is unchanged.
+      symlinkSync(join(ROOT, 'node_modules'), join(p.worktree, 'node_modules'));
+      return { ...(await typecheck(o, source, p, 'tsconfig.json', 'api', new AbortController().signal)), p };
+    } finally {
+      await removeWorktree(source, p.worktree);
+    }
+  };
+
+  beforeAll(() => {
+    // A small project of its own, with the platform's TypeScript (its node_modules linked, as a
+    // check links the running checkout's).
+    source = mkdtempSync(join(tmpdir(), 'kiln-tc-src-'));
+    git(source, 'init', '-q', '-b', 'main');
+    mkdirSync(join(source, 'src'));
+    writeFileSync(
+      join(source, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: { strict: true, noEmit: true, module: 'esnext', moduleResolution: 'bundler', types: [] },
+        include: ['src/*.ts'],
+      }),
+    );
+    writeFileSync(join(source, 'src/a.ts'), 'export const twice = (x: number): number => x * 2;\n');
+    writeFileSync(join(source, 'src/b.ts'), "import { twice } from './a';\nexport const four: number = twice(2);\n");
+    writeFileSync(join(source, '.gitignore'), 'node_modules\n');
+    symlinkSync(join(ROOT, 'node_modules'), join(source, 'node_modules'));
+    git(source, 'add', '-A');
+    git(source, 'commit', '-q', '-m', 'a small project');
+  });
+  afterAll(() => rmSync(source, { recursive: true, force: true }));
+
+  it('keeps the state of a passing check, by commit, in the git directory', async () => {
+    const first = await check('first', 'src/c.ts', 'export const c = 1;\n');
+    expect(first.ok, first.log).toBe(true);
+    expect(first.log).toContain('(no earlier state: in full)');
+    expect(kept()).toEqual([`${first.p.commit}.api.tsbuildinfo`]);
+  });
+
+  it('still finds an error in a file the patch did not touch, and keeps no state from a failing check', async () => {
+    // b.ts is unchanged, but what it imports now returns a string: tsc must re-check it.
+    const broken = await check('broken', 'src/a.ts', 'export const twice = (x: number): string => `${x}${x}`;\n');
+    expect(broken.ok).toBe(false);
+    expect(broken.log).toMatch(/src\/b\.ts\(2,14\): error TS2322/);
+    expect(broken.log).toMatch(/\(incremental from the type-check of [0-9a-f]{12}\)/);
+    expect(kept()).toHaveLength(1);
+  });
+
+  it('passes a patch whose only errors are ones declaration emit has and `tsc --noEmit` does not', async () => {
+    // TS4094: an exported class expression with a private member has no declaration.
+    const r = await check(
+      'dts',
+      'src/f.ts',
+      'export const K = class {\n  private secret = 1;\n  get s() {\n    return this.secret;\n  }\n};\n',
+    );
+    expect(r.ok, r.log).toBe(true);
+    expect(r.log).toContain('--noEmit --incremental');
+    expect(kept()).toContain(`${r.p.commit}.api.tsbuildinfo`);
+    rmSync(join(source, '.git', 'kiln-check', `${r.p.commit}.api.tsbuildinfo`));
+  });
+
+  it('starts from the state of the commit the patch applies to, once that commit is the source', async () => {
+    const first = kept()[0]!.split('.')[0]!;
+    // A newer check that was never applied: its state is the newest, not the source's.
+    const other = await check('other', 'src/e.ts', 'export const e = 2;\n');
+    expect(other.ok, other.log).toBe(true);
+    expect(other.log).toContain(`(incremental from the type-check of ${first.slice(0, 12)})`);
+    // Applying an update moves the source to the checked commit.
+    git(source, 'merge', '-q', '--ff-only', first);
+    const next = await check('next', 'src/d.ts', "import { c } from './c';\nexport const d: number = c + 1;\n");
+    expect(next.ok, next.log).toBe(true);
+    expect(next.p.base).toBe(first);
+    expect(next.log).toContain(`(incremental from the type-check of ${first.slice(0, 12)})`);
+    expect(kept()).toEqual([first, other.p.commit, next.p.commit].map((c) => `${c}.api.tsbuildinfo`).sort());
+    expect(existsSync(next.p.worktree)).toBe(false);
+  });
+});
