@@ -110,15 +110,28 @@ export class FleetBackend implements SandboxBackend {
         const ids = await Promise.all(this.placing().map((m) => m.backend.images?.idOf(ref) ?? null));
         return ids.length && ids.every((id) => id) ? ids[0]! : null;
       },
-      // Built, one member after another, on each that takes sandboxes and lacks it.
+      // Built on every member that takes sandboxes and lacks it, all at once (each host's engine
+      // builds its own), each line led by the member's name when there are several. A member's
+      // failure does not end the others' builds: what they built is kept (a later build skips
+      // them), and the build fails with the first member's error.
       build: async (recipe, opts) => {
-        for (const m of this.placing()) {
-          const images = m.backend.images;
-          if (!images || (await images.idOf(recipe.tag))) continue;
-          opts.onLine(`[${m.name}]`);
-          await images.build({ ...recipe, base: await baseOn(images, recipe) }, opts);
-          m.images.add(recipe.tag);
-        }
+        const placing = this.placing();
+        const has = await Promise.all(placing.map((m) => m.backend.images?.idOf(recipe.tag) ?? 'none'));
+        const lacking = placing.filter((_, i) => !has[i]);
+        const results = await Promise.allSettled(
+          lacking.map(async (m) => {
+            const images = m.backend.images!;
+            const onLine = lacking.length > 1 ? (line: string) => opts.onLine(`[${m.name}] ${line}`) : opts.onLine;
+            if (lacking.length === 1) opts.onLine(`[${m.name}]`);
+            await images.build({ ...recipe, base: await baseOn(images, recipe) }, { ...opts, onLine });
+            m.images.add(recipe.tag);
+          }),
+        );
+        const failed = results.flatMap((r, i) =>
+          r.status === 'rejected' ? [{ name: lacking[i]!.name, err: r.reason }] : [],
+        );
+        for (const f of failed.slice(1)) opts.onLine(`[${f.name}] failed too: ${(f.err as Error).message}`);
+        if (failed[0]) throw failed[0].err;
       },
       remove: async (ref) => {
         await Promise.all([...this.members.values()].map((m) => m.backend.images?.remove(ref).catch(() => undefined)));
