@@ -580,6 +580,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     // npm ci ran in the worktree (the unchanged-lockfile path only links node_modules).
     expect(ready2.checks[0].log).not.toContain('linked the running checkout');
     expect(ready2.checks[0].log).toMatch(/added \d+ packages/);
+    // Its type-check ran with a compiler of its own: its state is not kept for later checks, while
+    // those of earlier checks that passed are (the last applied update's included).
+    const states = readdirSync(join(checkout, '.git', 'kiln-check'));
+    expect(states).toContain(`${ready1.commit_sha}.api.tsbuildinfo`);
+    expect(states.filter((f) => f.startsWith(ready2.commit_sha))).toEqual([]);
     expect(ready2.status).toBe('ready');
     expect((await api(`/v1/system/updates/${u2.body.id}/apply`, { method: 'POST' })).status).toBe(202);
     const done = await settled(u2.body.id, ['applying']);

@@ -3,6 +3,7 @@ import { randomBytes } from 'node:crypto';
 import {
   copyFileSync,
   existsSync,
+  lstatSync,
   mkdirSync,
   mkdtempSync,
   readdirSync,
@@ -230,7 +231,7 @@ const KEPT_STATES = 8;
  * the compiler or the options differ, or the state does not parse); the nearer it is, the less is
  * re-checked. The state sits beside the worktree, where every check's sources and the linked
  * node_modules are at the same relative paths; it is kept only from a type-check that passed and
- * ended by itself.
+ * ended by itself, with the running checkout's node_modules.
  *
  * tsc emits declarations (into the check's directory, thrown away with it) so the state holds
  * each file's declaration signature: without one (`--noEmit` records none), a file's first change
@@ -272,7 +273,10 @@ export async function typecheck(
     );
   let run = await tsc(['--noEmit', 'false', '--declaration', '--emitDeclarationOnly', '--outDir', join(home, 'types')]);
   if (!run.ok && run.ended && !signal.aborted) run = await tsc(['--noEmit']);
-  if (run.ok && run.ended && existsSync(state)) {
+  // A patch that changed package-lock.json was checked with node_modules installed in its
+  // worktree (its own compiler, at other paths): its state is of no use to the next check.
+  const linked = lstatSync(join(p.worktree, 'node_modules'), { throwIfNoEntry: false })?.isSymbolicLink();
+  if (run.ok && run.ended && linked && existsSync(state)) {
     mkdirSync(dir, { recursive: true, mode: 0o700 });
     const next = join(dir, `.${randomBytes(6).toString('hex')}`);
     copyFileSync(state, next);
