@@ -3,7 +3,13 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, w
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type CheckOptions, preparePatch, removeWorktree, typecheck } from '../../apps/api/src/platform/self-check.ts';
+import {
+  type CheckOptions,
+  failsWithoutEmit,
+  preparePatch,
+  removeWorktree,
+  typecheck,
+} from '../../apps/api/src/platform/self-check.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
 const git = (dir: string, ...args: string[]) =>
@@ -75,6 +81,9 @@ describe("a self-check's type-check starts from an earlier check's state", () =>
     expect(broken.ok).toBe(false);
     expect(broken.log).toMatch(/src\/b\.ts\(2,14\): error TS2322/);
     expect(broken.log).toMatch(/\(incremental from the type-check of [0-9a-f]{12}\)/);
+    // A type error fails `tsc --noEmit` too: that run is not repeated.
+    expect(broken.log).toContain('--emitDeclarationOnly');
+    expect(broken.log).not.toContain('--noEmit --incremental');
     expect(kept()).toHaveLength(1);
   });
 
@@ -105,5 +114,24 @@ describe("a self-check's type-check starts from an earlier check's state", () =>
     expect(next.log).toContain(`(incremental from the type-check of ${first.slice(0, 12)})`);
     expect(kept()).toEqual([first, other.p.commit, next.p.commit].map((c) => `${c}.api.tsbuildinfo`).sort());
     expect(existsSync(next.p.worktree)).toBe(false);
+  });
+
+  it('tells an error `tsc --noEmit` reports too from one of declaration emit alone', () => {
+    expect(failsWithoutEmit("src/b.ts(2,14): error TS2322: Type 'string' is not assignable to type 'number'.")).toBe(
+      true,
+    );
+    expect(failsWithoutEmit("src/a.ts(1,7): error TS6133: 'x' is declared but its value is never read.")).toBe(true);
+    expect(
+      failsWithoutEmit(
+        "src/f.ts(1,14): error TS4094: Property 'secret' of exported anonymous class type may not be private or protected.",
+      ),
+    ).toBe(false);
+    expect(
+      failsWithoutEmit(
+        "src/g.ts(3,14): error TS2742: The inferred type of 'g' cannot be named without a reference to 'x'.",
+      ),
+    ).toBe(false);
+    expect(failsWithoutEmit("error TS5023: Unknown compiler option 'x'.")).toBe(false);
+    expect(failsWithoutEmit('')).toBe(false);
   });
 });

@@ -220,6 +220,27 @@ export function command(
   });
 }
 
+/** Errors of declaration emit alone, which `tsc --noEmit` does not report (TS4xxx, TS9xxx too). */
+const DECLARATION_ERRORS = new Set([2527, 2742, 2883, 7056]);
+const UNUSED = new Set([6133, 6138, 6192, 6196, 6198, 6199, 6205]);
+
+/**
+ * Whether a tsc log that emitted declarations holds an error `tsc --noEmit` reports too (syntax,
+ * types, unused names, implicit any): then that run would fail as well and need not be run.
+ */
+export function failsWithoutEmit(log: string): boolean {
+  return [...log.matchAll(/: error TS(\d+):/g)].some(([, n]) => {
+    const code = Number(n);
+    if (DECLARATION_ERRORS.has(code)) return false;
+    return (
+      (code >= 1000 && code < 3000) ||
+      (code >= 7000 && code < 8000) ||
+      (code >= 18000 && code < 19000) ||
+      UNUSED.has(code)
+    );
+  });
+}
+
 /** How many type-check states a source checkout keeps per tsconfig (~300 KB each). */
 const KEPT_STATES = 8;
 
@@ -237,8 +258,9 @@ const KEPT_STATES = 8;
  * each file's declaration signature: without one (`--noEmit` records none), a file's first change
  * re-checks everything that imports it, ~75% of a full check for a one-line patch to
  * `db/health.ts`; with one, only the file, unless its exported types changed. Declaration emit
- * has errors of its own that `tsc --noEmit` (what `npm test` runs) does not: a failing check is
- * run again with `--noEmit`, from the state the first left, and that run decides.
+ * has errors of its own that `tsc --noEmit` (what `npm test` runs) does not: a check whose errors
+ * might all be of that kind is run again with `--noEmit`, from the state the first left, and that
+ * run decides.
  */
 export async function typecheck(
   o: CheckOptions,
@@ -272,7 +294,7 @@ export async function typecheck(
       signal,
     );
   let run = await tsc(['--noEmit', 'false', '--declaration', '--emitDeclarationOnly', '--outDir', join(home, 'types')]);
-  if (!run.ok && run.ended && !signal.aborted) run = await tsc(['--noEmit']);
+  if (!run.ok && run.ended && !signal.aborted && !failsWithoutEmit(run.log)) run = await tsc(['--noEmit']);
   // A patch that changed package-lock.json was checked with node_modules installed in its
   // worktree (its own compiler, at other paths): its state is of no use to the next check.
   const linked = lstatSync(join(p.worktree, 'node_modules'), { throwIfNoEntry: false })?.isSymbolicLink();
