@@ -116,6 +116,24 @@ describe("a self-check's type-check starts from an earlier check's state", () =>
     expect(existsSync(next.p.worktree)).toBe(false);
   });
 
+  it('a state that cannot be read or parsed makes a full check, never a failed one', async () => {
+    const base = git(source, 'rev-parse', 'HEAD');
+    const dir = join(source, '.git', 'kiln-check');
+    rmSync(dir, { recursive: true, force: true });
+    // A directory where the base's state should be.
+    mkdirSync(join(dir, `${base}.api.tsbuildinfo`), { recursive: true });
+    const unreadable = await check('unreadable', 'src/h.ts', 'export const h = 1;\n');
+    expect(unreadable.ok, unreadable.log).toBe(true);
+    expect(unreadable.log).toContain('(no earlier state: in full)');
+    rmSync(dir, { recursive: true, force: true });
+    mkdirSync(dir);
+    writeFileSync(join(dir, `${base}.api.tsbuildinfo`), '{"not": "a state"');
+    const garbage = await check('garbage', 'src/h.ts', 'export const h = 1;\n');
+    expect(garbage.ok, garbage.log).toBe(true);
+    expect(garbage.log).toContain(`(incremental from the type-check of ${base.slice(0, 12)})`);
+    expect(kept()).toContain(`${garbage.p.commit}.api.tsbuildinfo`);
+  });
+
   it('tells an error `tsc --noEmit` reports too from one of declaration emit alone', () => {
     expect(failsWithoutEmit("src/b.ts(2,14): error TS2322: Type 'string' is not assignable to type 'number'.")).toBe(
       true,

@@ -278,13 +278,24 @@ export async function typecheck(
   const states = () =>
     (existsSync(dir) ? readdirSync(dir) : [])
       .filter((f) => f.endsWith(suffix))
-      .map((f) => ({ path: join(dir, f), at: statSync(join(dir, f)).mtimeMs }))
+      .map((f) => ({ path: join(dir, f), at: statSync(join(dir, f), { throwIfNoEntry: false })?.mtimeMs ?? 0 }))
       .sort((a, b) => b.at - a.at);
-  const start = join(dir, `${p.base}${suffix}`);
-  const from = existsSync(start) ? start : states()[0]?.path;
   const home = dirname(p.worktree);
   const state = join(home, `${name}.tsbuildinfo`);
-  if (from) copyFileSync(from, state);
+  // The states are a cache: one that cannot be read or kept makes a full check, never a failed one.
+  const cache = <T>(fn: () => T): T | undefined => {
+    try {
+      return fn();
+    } catch {
+      return undefined;
+    }
+  };
+  const start = join(dir, `${p.base}${suffix}`);
+  const from = cache(() => {
+    const path = existsSync(start) ? start : states()[0]?.path;
+    if (path) copyFileSync(path, state);
+    return path;
+  });
   const tsc = (emit: string[]) =>
     command(
       o,
@@ -298,13 +309,14 @@ export async function typecheck(
   // A patch that changed package-lock.json was checked with node_modules installed in its
   // worktree (its own compiler, at other paths): its state is of no use to the next check.
   const linked = lstatSync(join(p.worktree, 'node_modules'), { throwIfNoEntry: false })?.isSymbolicLink();
-  if (run.ok && run.ended && linked && existsSync(state)) {
-    mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const next = join(dir, `.${randomBytes(6).toString('hex')}`);
-    copyFileSync(state, next);
-    renameSync(next, join(dir, `${p.commit}${suffix}`));
-    for (const old of states().slice(KEPT_STATES)) rmSync(old.path, { force: true });
-  }
+  if (run.ok && run.ended && linked && existsSync(state))
+    cache(() => {
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
+      const next = join(dir, `.${randomBytes(6).toString('hex')}`);
+      copyFileSync(state, next);
+      renameSync(next, join(dir, `${p.commit}${suffix}`));
+      for (const old of states().slice(KEPT_STATES)) rmSync(old.path, { force: true });
+    });
   const began = from
     ? `incremental from the type-check of ${basename(from).slice(0, 12)}`
     : 'no earlier state: in full';
