@@ -5,6 +5,8 @@ import type { List, Webhook, WebhookDelivery, WebhookWithSecret } from '../types
 import { WEBHOOK_EVENTS } from '../types.ts';
 
 const EVERY_MS = 5000;
+/** A pending delivery whose next attempt is this near is looked at every second. */
+const SOON_MS = 5000;
 const base = (id: string) => `/v1/webhooks/${encodeURIComponent(id)}`;
 const webhookHref = (id: string) => `#/webhooks/${encodeURIComponent(id)}`;
 
@@ -232,6 +234,7 @@ export function webhookView(id: string, dispose: Dispose[]): HTMLElement {
   const path = base(id);
   const secret = secretBox();
   let reloadLog: () => Promise<void> = async () => undefined;
+  let due = false;
   const hook = panel(
     'webhook',
     'Webhook',
@@ -301,6 +304,9 @@ export function webhookView(id: string, dispose: Dispose[]): HTMLElement {
     (after) => api<List<WebhookDelivery>>('GET', `${path}/deliveries?limit=20${afterParam(after)}`),
     (rows, reload) => {
       reloadLog = reload;
+      due = rows.some(
+        (d) => d.status === 'pending' && (!d.next_attempt_at || Date.parse(d.next_attempt_at) - Date.now() < SOON_MS),
+      );
       return table(
         ['delivery', 'event', 'status', 'attempts', 'HTTP', 'last error', 'created', 'next · delivered', ''],
         rows,
@@ -333,5 +339,11 @@ export function webhookView(id: string, dispose: Dispose[]): HTMLElement {
     },
     { everyMs: EVERY_MS, dispose },
   );
+  // A delivery being sent, or due within seconds, is looked at every second until it is done, so
+  // Send test or Replay shows its outcome at once; one waiting minutes for a retry is not.
+  const soon = setInterval(() => {
+    if (due) void reloadLog();
+  }, 1000);
+  dispose.push(() => clearInterval(soon));
   return h('div', { class: 'view' }, hook, log.box);
 }
