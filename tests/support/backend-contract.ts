@@ -93,6 +93,15 @@ export function backendContract(
       client.close();
     });
 
+    it('a running sandbox removed from several places at once (the reaper, a close, another replica) is removed once, and every caller is answered', async () => {
+      const c = await create();
+      const client = await started(c);
+      await Promise.all([backend.remove(c.id), backend.remove(c.id), backend.remove(c.id), backend.remove(c.id)]);
+      expect(client.alive).toBe(false);
+      expect((await backend.list()).map((l) => l.id)).not.toContain(c.id);
+      expect(await backend.stats(c.id)).toBeNull();
+    });
+
     it('refuses what cannot be: an image it does not have, a container that is gone', async () => {
       await expect(
         backend.create(request({ image: `kiln-no-such-image:${randomBytes(4).toString('hex')}` })),

@@ -526,12 +526,18 @@ export class DockerBackend implements SandboxBackend {
 
   async remove(containerId: string): Promise<void> {
     this.sampler.forget(containerId);
-    await this.docker
-      .getContainer(containerId)
-      .remove({ force: true })
-      .catch((err: { statusCode?: number }) => {
-        if (err.statusCode !== 404) throw err;
-      });
+    const container = this.docker.getContainer(containerId);
+    await container.remove({ force: true }).catch(async (err: { statusCode?: number; message?: string }) => {
+      if (err.statusCode === 404) return;
+      // Another caller (the reaper, a session's close, another replica) is removing it: done once it is gone.
+      if (err.statusCode === 409 && /already in progress/.test(err.message ?? '')) {
+        await container.wait({ condition: 'removed' }).catch((e: { statusCode?: number }) => {
+          if (e.statusCode !== 404) throw e;
+        });
+        return;
+      }
+      throw err;
+    });
     const lifetimes = await this.lifetimesDir();
     if (lifetimes && CONTAINER_ID.test(containerId)) await rm(join(lifetimes, containerId), { force: true });
     const team = this.teamOf.get(containerId);
