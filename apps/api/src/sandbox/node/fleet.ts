@@ -115,9 +115,9 @@ export class FleetBackend implements SandboxBackend {
       // failure does not end the others' builds: what they built is kept (a later build skips
       // them), and the build fails with the first member's error.
       build: async (recipe, opts) => {
-        const placing = this.placing();
-        const has = await Promise.all(placing.map((m) => m.backend.images?.idOf(recipe.tag) ?? 'none'));
-        const lacking = placing.filter((_, i) => !has[i]);
+        const builders = this.placing().filter((m) => m.backend.images);
+        const has = await Promise.all(builders.map((m) => m.backend.images!.idOf(recipe.tag)));
+        const lacking = builders.filter((_, i) => !has[i]);
         const results = await Promise.allSettled(
           lacking.map(async (m) => {
             const images = m.backend.images!;
