@@ -367,6 +367,106 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     expect(await Promise.all(made.map(hostOf))).toContain(third.name);
     for (const s of made) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
   }, 180_000);
+
+  it('a template whose build fails on one host is ready on the others, its sessions go there, and that host is tried again later and gets it', async () => {
+    // The hosts alive now (one was killed above), and the base the template will be built on: the
+    // id one of them has for the sandbox image (the other builds on the image of that name).
+    const on = (host: Host, ...args: string[]) =>
+      execFileSync('docker', ['-H', `unix://${host.dockerSock}`, ...args], { encoding: 'utf8', stdio: 'pipe' }).trim();
+    const alive = h.filter((host) => {
+      try {
+        return on(host, 'version', '-f', '{{.Server.Version}}') !== '';
+      } catch {
+        return false;
+      }
+    });
+    expect(alive).toHaveLength(2);
+    const base = await fleets[0]!.images.idOf('kiln-sandbox:latest');
+    // The host that builds on the image by name, as its own build left it: one that breaks every
+    // template build there (no `find`, which the build's last steps run); its sandboxes are not affected.
+    const victim = alive.find((host) => on(host, 'image', 'inspect', '-f', '{{.Id}}', 'kiln-sandbox:latest') !== base)!;
+    expect(victim).toBeDefined();
+    const onVictim = (...args: string[]) => on(victim, ...args);
+    const good = onVictim('image', 'inspect', '-f', '{{.Id}}', bases[0]!);
+    const broken = `kiln-test-no-find:${process.pid}`;
+    execFileSync(
+      'sh',
+      [
+        '-c',
+        `printf 'FROM %s\\nUSER 0:0\\nRUN ["rm", "/usr/bin/find"]\\nUSER 65534:65534\\n' "$0" | docker -H "unix://$1" build -q -t "$2" -`,
+        good,
+        victim.dockerSock,
+        broken,
+      ],
+      { encoding: 'utf8' },
+    );
+    for (const tag of bases) onVictim('tag', broken, tag);
+    let created: { status: number; body: { id: string } };
+    try {
+      created = await a.call('POST', '/v1/templates', {
+        key: team.key,
+        body: { name: 'fleet-partial', files: [{ path: 'greeting.txt', content: 'built where it could be' }] },
+      });
+      expect(created.status, JSON.stringify(created.body)).toBe(201);
+      await a.evolution.jobs.drain();
+    } finally {
+      for (const tag of bases) onVictim('tag', good, tag);
+      // (Kept if a warm sandbox was made of it meanwhile: it goes with the host.)
+      try {
+        onVictim('rmi', broken);
+      } catch {}
+    }
+    const tpl = (await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body;
+    expect(tpl, JSON.stringify(tpl)).toMatchObject({ status: 'ready', error: null });
+    const { log } = (await a.call('GET', `/v1/templates/${created.body.id}/log`, { key: team.key })).body;
+    expect(log).toMatch(new RegExp(`\\[${victim.name}\\] failed: .*find`));
+    expect(log).toContain(
+      `[kiln] not built on ${victim.name}: its sandboxes go to the hosts that have it; tried there again in 1 min`,
+    );
+    expect(onVictim('image', 'ls', '-q', tpl.image)).toBe('');
+    const hash = tpl.image.split(':')[1]!;
+    // The other host has it; this one is tried again in a minute, by a job of its own.
+    const retries = async () =>
+      rowsOf<{ id: string; later: boolean }>(
+        await a.database.db.execute(
+          sql`select id, run_at > now() + interval '30 seconds' as later from jobs where kind = 'template.build'
+              and status = 'queued' and payload->>'hash' = ${hash} and payload->>'retry' = '1'`,
+        ),
+      );
+    const [queued] = await retries();
+    expect(queued?.later).toBe(true);
+
+    // Its sessions go to the hosts that have it, never to the victim.
+    const templated = await a.call('POST', '/v1/workspaces', {
+      key: team.key,
+      body: { name: 'templated-partial', settings: { sandbox: { template: created.body.id } } },
+    });
+    expect(templated.status, JSON.stringify(templated.body)).toBe(201);
+    const made: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const s = (await a.call('POST', `/v1/workspaces/${templated.body.id}/sessions`, { key: team.key })).body
+        .id as string;
+      made.push(s);
+      const r = await exec(a, s, "print(open('/opt/kiln/template/greeting.txt').read())");
+      expect(r.body.stdout, JSON.stringify(r.body)).toBe('built where it could be\n');
+    }
+    expect(await Promise.all(made.map(hostOf))).not.toContain(victim.name);
+    for (const s of made) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
+
+    // Its image mended, that host gets the template when the retry comes (brought forward here).
+    await a.database.db.execute(sql`update jobs set run_at = now() where id = ${queued!.id}`);
+    await waitFor(async () => {
+      await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+      return onVictim('image', 'ls', '-q', tpl.image) !== '';
+    });
+    await waitFor(async () =>
+      ((await b.call('GET', '/v1/system/nodes', { key: b.adminKey })).body.data as { name: string; images: string[] }[])
+        .find((n) => n.name === victim.name)!
+        .images.includes(tpl.image),
+    );
+    expect(await retries()).toEqual([]);
+    expect((await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body.status).toBe('ready');
+  }, 180_000);
 });
 
 /** Polls `fn` every 100 ms until it is true (the heartbeat runs every 500 ms here). */

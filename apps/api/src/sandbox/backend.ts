@@ -165,12 +165,14 @@ export interface ImageBuilder {
   idOf(ref: string): Promise<string | null>;
   /**
    * Builds the image, passing each line of output on; rejects with ImageBuildFailed when a step
-   * fails or the build outlasts `timeoutMs`, with the signal's reason when it is aborted.
+   * fails or the build outlasts `timeoutMs`, with the signal's reason when it is aborted. A
+   * builder over several hosts (a fleet) resolves with a `BuildShortfall` when the image is on
+   * some of them and its build failed on the others.
    */
   build(
     recipe: ImageRecipe,
     opts: { onLine: (line: string) => void; timeoutMs: number; signal: AbortSignal },
-  ): Promise<void>;
+  ): Promise<BuildShortfall | undefined>;
   /** Removes the image; one still in use by a container stays (resolves either way). */
   remove(ref: string): Promise<void>;
   /** The template images it has (tags of images labelled `kiln.template`). */
@@ -180,6 +182,11 @@ export interface ImageBuilder {
    * sandboxes now has other images): templates already built are then built where they are missing.
    */
   onChange?(listener: () => void): void;
+}
+
+/** Where a build over several hosts failed, while the others have the image. */
+export interface BuildShortfall {
+  missingOn: { host: string; error: string }[];
 }
 
 /** A build that ran and failed: the message names the failing step and its error. */

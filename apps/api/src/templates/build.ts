@@ -1,10 +1,16 @@
-import { and, eq, inArray, or } from 'drizzle-orm';
+import { and, eq, inArray, or, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { templates } from '../db/schema/index.ts';
 import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
 import { ApiError } from '../lib/errors.ts';
-import { type ImageBuilder, ImageBuildFailed, type ImageRecipe, TEMPLATE_LABEL } from '../sandbox/backend.ts';
+import {
+  type BuildShortfall,
+  type ImageBuilder,
+  ImageBuildFailed,
+  type ImageRecipe,
+  TEMPLATE_LABEL,
+} from '../sandbox/backend.ts';
 import type { TemplateOptions } from './service.ts';
 import { imageTag, TEMPLATE_FILES_DIR, type BuildSources, type TemplateSpec } from './spec.ts';
 
@@ -15,6 +21,11 @@ const MAX_INTERRUPTIONS = 3;
 const REASON_LINES = 15;
 const FLUSH_MS = 1000;
 const PENDING = ['queued', 'building'] as const;
+/**
+ * When a fleet's build leaves the image on some hosts only, those it is missing on are tried again
+ * after these waits (then at the next change of the fleet: a host that joins or comes back).
+ */
+const SHORTFALL_RETRY_MS = [60_000, 240_000, 960_000, 3_600_000, 3_600_000] as const;
 
 export interface BuildPayload {
   hash: string;
@@ -27,6 +38,8 @@ export interface BuildPayload {
    * since): their rows are left as they are, whatever the build does.
    */
   catchUp?: boolean;
+  /** How many times this image was built again where an earlier build left it missing (SHORTFALL_RETRY_MS). */
+  retry?: number;
 }
 
 /** The templates waiting for this hash's build. */
@@ -76,7 +89,7 @@ export class TemplateBuilds {
   constructor(
     private readonly db: Db,
     private readonly images: ImageBuilder | null,
-    jobRunner: JobRunner,
+    private readonly jobRunner: JobRunner,
     private readonly opts: Pick<
       TemplateOptions,
       'maxLogBytes' | 'buildTimeoutMs' | 'buildConcurrency' | 'buildTeamConcurrency'
@@ -94,6 +107,37 @@ export class TemplateBuilds {
       groupLimit: opts.buildTeamConcurrency ?? 1,
     };
     jobRunner.handle(TEMPLATE_BUILD_JOB, (p: BuildPayload, job) => this.run(p, job), lane);
+  }
+
+  /**
+   * Queues a build. One per hash at a time, whichever replica asks: the job's dedupe key is the
+   * hash, freed once its job has finished, so templates that ask while it is pending are finished
+   * by it. A retry where a build left the image missing (`retry`) is keyed apart: it is queued by
+   * that build's own job, which still holds the hash's key.
+   */
+  async enqueue(payload: BuildPayload, runAt?: Date): Promise<void> {
+    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}${payload.retry ? ':retry' : ''}`;
+    await this.db.execute(sql`
+      update jobs set dedupe_key = null where dedupe_key = ${dedupeKey} and status in ('succeeded', 'failed')`);
+    await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey, runAt });
+  }
+
+  /**
+   * Says where a build left the image missing and queues the next try there (a catch-up build),
+   * unless it was tried as often as SHORTFALL_RETRY_MS allows; a line of it for the build's log.
+   */
+  private async shortfall(p: BuildPayload, tag: string, s: BuildShortfall): Promise<string> {
+    const retry = p.retry ?? 0;
+    const wait = SHORTFALL_RETRY_MS[retry];
+    const where = s.missingOn.map((m) => m.host).join(', ');
+    this.log.warn({ image: tag, missingOn: s.missingOn, retry }, 'a template’s image could not be built on every host');
+    if (wait !== undefined) await this.enqueue({ ...p, catchUp: true, retry: retry + 1 }, new Date(Date.now() + wait));
+    return (
+      `[kiln] not built on ${where}: its sandboxes go to the hosts that have it; ` +
+      (wait !== undefined
+        ? `tried there again in ${wait / 60_000} min`
+        : 'tried there again when a host joins or comes back, or when the template is saved again')
+    );
   }
 
   /** Stops builds in flight: their jobs go back to the queue. */
@@ -170,11 +214,10 @@ export class TemplateBuilds {
     const log = new BuildLog(this.opts.maxLogBytes);
     const { abort, done, finish } = this.launch(p, tag, log);
     try {
-      await done;
-      if (await this.imageExists(tag)) {
-        this.log.info({ image: tag }, 'built a ready template’s image where it was missing');
-        this.onReady();
-      }
+      const short = await done;
+      if (short) await this.shortfall(p, tag, short);
+      else this.log.info({ image: tag }, 'built a ready template’s image where it was missing');
+      this.onReady();
     } catch (err) {
       if (abort.signal.aborted && !(err instanceof ImageBuildFailed)) throw new ReleaseJob();
       this.log.warn(
@@ -242,10 +285,11 @@ export class TemplateBuilds {
     const timer = setInterval(flush, FLUSH_MS);
     const { abort, done, finish } = this.launch(p, tag, log);
     try {
-      await done;
+      const short = await done;
       clearInterval(timer);
       await flushing;
       log.line(`[kiln] built ${tag}`);
+      if (short) log.line(await this.shortfall(p, tag, short));
       await this.ready(p.hash, tag, log);
     } catch (err) {
       clearInterval(timer);

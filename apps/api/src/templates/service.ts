@@ -54,7 +54,7 @@ export class TemplateService implements TemplateImages {
   constructor(
     private readonly db: Db,
     private readonly images: ImageBuilder | null,
-    private readonly jobRunner: JobRunner,
+    jobRunner: JobRunner,
     private readonly opts: TemplateOptions,
     private readonly log: Logger,
   ) {
@@ -149,15 +149,8 @@ export class TemplateService implements TemplateImages {
     return { hash, sources, cached, fields };
   }
 
-  /**
-   * One build per hash at a time, whichever replica asks: the job's dedupe key is the hash, freed
-   * once its job has finished, so templates that ask while it is pending are finished by it.
-   */
-  private async enqueue(payload: BuildPayload): Promise<void> {
-    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}`;
-    await this.db.execute(sql`
-      update jobs set dedupe_key = null where dedupe_key = ${dedupeKey} and status in ('succeeded', 'failed')`);
-    await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey });
+  private enqueue(payload: BuildPayload): Promise<void> {
+    return this.builds.enqueue(payload);
   }
 
   /**

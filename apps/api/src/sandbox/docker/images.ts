@@ -119,7 +119,7 @@ async function buildImage(
   docker: Docker,
   input: ImageRecipe,
   opts: Parameters<ImageBuilder['build']>[1],
-): Promise<void> {
+): Promise<undefined> {
   const abort = new AbortController();
   const timer = setTimeout(
     () => abort.abort(new ImageBuildFailed(`the build took longer than ${opts.timeoutMs / 1000} s`)),
@@ -189,7 +189,7 @@ export class DockerImages implements ImageBuilder {
     return info?.Id ?? null;
   }
 
-  build(recipe: ImageRecipe, opts: Parameters<ImageBuilder['build']>[1]): Promise<void> {
+  build(recipe: ImageRecipe, opts: Parameters<ImageBuilder['build']>[1]): Promise<undefined> {
     return buildImage(this.docker, recipe, opts);
   }
 

@@ -112,8 +112,9 @@ export class FleetBackend implements SandboxBackend {
       },
       // Built on every member that takes sandboxes and lacks it, all at once (each host's engine
       // builds its own), each line led by the member's name when there are several. A member's
-      // failure does not end the others' builds: what they built is kept (a later build skips
-      // them), and the build fails with the first member's error.
+      // failure does not end the others' builds: when some member has the image at the end, the
+      // build resolves with where it is missing (sandboxes of it go where it is; the caller tries
+      // those again); when none has it (or the build was aborted), it fails with the first error.
       build: async (recipe, opts) => {
         const builders = this.placing().filter((m) => m.backend.images);
         const has = await Promise.all(builders.map((m) => m.backend.images!.idOf(recipe.tag)));
@@ -128,10 +129,15 @@ export class FleetBackend implements SandboxBackend {
           }),
         );
         const failed = results.flatMap((r, i) =>
-          r.status === 'rejected' ? [{ name: lacking[i]!.name, err: r.reason }] : [],
+          r.status === 'rejected' ? [{ host: lacking[i]!.name, err: r.reason as Error }] : [],
         );
-        for (const f of failed.slice(1)) opts.onLine(`[${f.name}] failed too: ${(f.err as Error).message}`);
-        if (failed[0]) throw failed[0].err;
+        if (!failed.length) return;
+        if (opts.signal.aborted || failed.length === builders.length) {
+          for (const f of failed.slice(1)) opts.onLine(`[${f.host}] failed too: ${f.err.message}`);
+          throw failed[0]!.err;
+        }
+        for (const f of failed) opts.onLine(`[${f.host}] failed: ${f.err.message}`);
+        return { missingOn: failed.map((f) => ({ host: f.host, error: f.err.message })) };
       },
       remove: async (ref) => {
         await Promise.all([...this.members.values()].map((m) => m.backend.images?.remove(ref).catch(() => undefined)));

@@ -361,7 +361,7 @@ export class RemoteBackend implements SandboxBackend {
   private async build(
     recipe: ImageRecipe,
     opts: { onLine: (line: string) => void; timeoutMs: number; signal: AbortSignal },
-  ): Promise<void> {
+  ): Promise<undefined> {
     opts.signal.throwIfAborted();
     const stream = this.request('/v1/images/build', { 'content-type': 'application/json' });
     const onAbort = () => stream.close(http2.constants.NGHTTP2_CANCEL);
