@@ -401,7 +401,21 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       { encoding: 'utf8' },
     );
     for (const tag of bases) onVictim('tag', broken, tag);
+    // The retries queued for this template’s image, by number, not yet run, and in how many seconds each is due.
+    const retries = async (hash: string, n: number) =>
+      rowsOf<{ id: string; run_in_s: number }>(
+        await a.database.db.execute(
+          sql`select id, extract(epoch from run_at - now())::float as run_in_s from jobs where kind = 'template.build'
+              and status = 'queued' and payload->>'hash' = ${hash} and payload->>'retry' = ${String(n)}`,
+        ),
+      );
+    const bringForward = async (id: string) => {
+      await a.database.db.execute(sql`update jobs set run_at = now() where id = ${id}`);
+      await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+    };
     let created: { status: number; body: { id: string } };
+    let tpl: { image: string; status: string };
+    let second: { id: string; run_in_s: number } | undefined;
     try {
       created = await a.call('POST', '/v1/templates', {
         key: team.key,
@@ -409,6 +423,24 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       });
       expect(created.status, JSON.stringify(created.body)).toBe(201);
       await a.evolution.jobs.drain();
+      tpl = (await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body;
+      expect(tpl, JSON.stringify(tpl)).toMatchObject({ status: 'ready', error: null });
+      const { log } = (await a.call('GET', `/v1/templates/${created.body.id}/log`, { key: team.key })).body;
+      expect(log).toMatch(new RegExp(`\\[${victim.name}\\] failed: .*find`));
+      expect(log).toContain(
+        `[kiln] not built on ${victim.name}: its sandboxes go to the hosts that have it; tried there again in 1 min`,
+      );
+      expect(onVictim('image', 'ls', '-q', tpl.image)).toBe('');
+      // The other host has it; this one is tried again in a minute, by a job of its own.
+      const hash = tpl.image.split(':')[1]!;
+      const [first] = await retries(hash, 1);
+      expect(first!.run_in_s).toBeGreaterThan(30);
+      // Still broken when that retry comes: it fails there again and queues the next, 4 minutes on.
+      await bringForward(first!.id);
+      expect(await retries(hash, 1)).toEqual([]);
+      [second] = await retries(hash, 2);
+      expect(second!.run_in_s).toBeGreaterThan(180);
+      expect(onVictim('image', 'ls', '-q', tpl.image)).toBe('');
     } finally {
       for (const tag of bases) onVictim('tag', good, tag);
       // (Kept if a warm sandbox was made of it meanwhile: it goes with the host.)
@@ -416,25 +448,6 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
         onVictim('rmi', broken);
       } catch {}
     }
-    const tpl = (await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body;
-    expect(tpl, JSON.stringify(tpl)).toMatchObject({ status: 'ready', error: null });
-    const { log } = (await a.call('GET', `/v1/templates/${created.body.id}/log`, { key: team.key })).body;
-    expect(log).toMatch(new RegExp(`\\[${victim.name}\\] failed: .*find`));
-    expect(log).toContain(
-      `[kiln] not built on ${victim.name}: its sandboxes go to the hosts that have it; tried there again in 1 min`,
-    );
-    expect(onVictim('image', 'ls', '-q', tpl.image)).toBe('');
-    const hash = tpl.image.split(':')[1]!;
-    // The other host has it; this one is tried again in a minute, by a job of its own.
-    const retries = async () =>
-      rowsOf<{ id: string; later: boolean }>(
-        await a.database.db.execute(
-          sql`select id, run_at > now() + interval '30 seconds' as later from jobs where kind = 'template.build'
-              and status = 'queued' and payload->>'hash' = ${hash} and payload->>'retry' = '1'`,
-        ),
-      );
-    const [queued] = await retries();
-    expect(queued?.later).toBe(true);
 
     // Its sessions go to the hosts that have it, never to the victim.
     const templated = await a.call('POST', '/v1/workspaces', {
@@ -453,8 +466,8 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     expect(await Promise.all(made.map(hostOf))).not.toContain(victim.name);
     for (const s of made) await a.call('DELETE', `/v1/sessions/${s}`, { key: team.key });
 
-    // Its image mended, that host gets the template when the retry comes (brought forward here).
-    await a.database.db.execute(sql`update jobs set run_at = now() where id = ${queued!.id}`);
+    // Its image mended, that host gets the template when the next retry comes (brought forward here).
+    await bringForward(second!.id);
     await waitFor(async () => {
       await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
       return onVictim('image', 'ls', '-q', tpl.image) !== '';
@@ -464,7 +477,8 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
         .find((n) => n.name === victim.name)!
         .images.includes(tpl.image),
     );
-    expect(await retries()).toEqual([]);
+    const hash = tpl.image.split(':')[1]!;
+    expect([...(await retries(hash, 2)), ...(await retries(hash, 3))]).toEqual([]);
     expect((await a.call('GET', `/v1/templates/${created.body.id}`, { key: team.key })).body.status).toBe('ready');
   }, 180_000);
 });

@@ -1,6 +1,7 @@
 import { and, eq, inArray, or, sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
+import { rowsOf } from '../db/rows.ts';
 import { templates } from '../db/schema/index.ts';
 import { type JobRow, type JobRunner, ReleaseJob } from '../jobs/runner.ts';
 import { ApiError } from '../lib/errors.ts';
@@ -112,11 +113,11 @@ export class TemplateBuilds {
   /**
    * Queues a build. One per hash at a time, whichever replica asks: the job's dedupe key is the
    * hash, freed once its job has finished, so templates that ask while it is pending are finished
-   * by it. A retry where a build left the image missing (`retry`) is keyed apart: it is queued by
-   * that build's own job, which still holds the hash's key.
+   * by it. A retry where a build left the image missing (`retry`) is keyed apart, by its number:
+   * it is queued by the job of the build before it, which still holds that one's key.
    */
   async enqueue(payload: BuildPayload, runAt?: Date): Promise<void> {
-    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}${payload.retry ? ':retry' : ''}`;
+    const dedupeKey = `${TEMPLATE_BUILD_JOB}:${payload.hash}${payload.retry ? `:retry-${payload.retry}` : ''}`;
     await this.db.execute(sql`
       update jobs set dedupe_key = null where dedupe_key = ${dedupeKey} and status in ('succeeded', 'failed')`);
     await this.jobRunner.enqueue(TEMPLATE_BUILD_JOB, payload, { maxAttempts: 3, dedupeKey, runAt });
@@ -124,20 +125,28 @@ export class TemplateBuilds {
 
   /**
    * Says where a build left the image missing and queues the next try there (a catch-up build),
-   * unless it was tried as often as SHORTFALL_RETRY_MS allows; a line of it for the build's log.
+   * unless it was tried as often as SHORTFALL_RETRY_MS allows, or (for a first shortfall: a build
+   * of the template, or a catch-up the fleet's change asked for) a retry of that image is already
+   * queued, whose schedule goes on. A line of it for the build's log.
    */
-  private async shortfall(p: BuildPayload, tag: string, s: BuildShortfall): Promise<string> {
+  private async shortfall(p: BuildPayload, tag: string, s: BuildShortfall, job: JobRow): Promise<string> {
     const retry = p.retry ?? 0;
-    const wait = SHORTFALL_RETRY_MS[retry];
     const where = s.missingOn.map((m) => m.host).join(', ');
     this.log.warn({ image: tag, missingOn: s.missingOn, retry }, 'a template’s image could not be built on every host');
-    if (wait !== undefined) await this.enqueue({ ...p, catchUp: true, retry: retry + 1 }, new Date(Date.now() + wait));
-    return (
-      `[kiln] not built on ${where}: its sandboxes go to the hosts that have it; ` +
-      (wait !== undefined
-        ? `tried there again in ${wait / 60_000} min`
-        : 'tried there again when a host joins or comes back, or when the template is saved again')
-    );
+    const said = `[kiln] not built on ${where}: its sandboxes go to the hosts that have it; `;
+    const pending =
+      !retry &&
+      rowsOf(
+        await this.db.execute(sql`
+          select 1 from jobs where kind = ${TEMPLATE_BUILD_JOB} and status in ('queued', 'running')
+            and payload->>'hash' = ${p.hash} and payload ? 'retry' and id <> ${job.id} limit 1`),
+      ).length > 0;
+    if (pending) return `${said}tried there again by the retry already queued`;
+    const wait = SHORTFALL_RETRY_MS[retry];
+    if (wait === undefined)
+      return `${said}tried there again when a host joins or comes back, or when the template is saved again`;
+    await this.enqueue({ ...p, catchUp: true, retry: retry + 1 }, new Date(Date.now() + wait));
+    return `${said}tried there again in ${wait / 60_000} min`;
   }
 
   /** Stops builds in flight: their jobs go back to the queue. */
@@ -215,7 +224,7 @@ export class TemplateBuilds {
     const { abort, done, finish } = this.launch(p, tag, log);
     try {
       const short = await done;
-      if (short) await this.shortfall(p, tag, short);
+      if (short) await this.shortfall(p, tag, short, job);
       else this.log.info({ image: tag }, 'built a ready template’s image where it was missing');
       this.onReady();
     } catch (err) {
@@ -289,7 +298,7 @@ export class TemplateBuilds {
       clearInterval(timer);
       await flushing;
       log.line(`[kiln] built ${tag}`);
-      if (short) log.line(await this.shortfall(p, tag, short));
+      if (short) log.line(await this.shortfall(p, tag, short, job));
       await this.ready(p.hash, tag, log);
     } catch (err) {
       clearInterval(timer);
