@@ -36,6 +36,8 @@ interface Member {
   heardAt: number;
   /** The template images it has, as it last said. */
   images: Set<string>;
+  /** Its hearing under way, if one is: a round starts none while it lasts. */
+  hearing?: Promise<void>;
 }
 
 export interface FleetOptions {
@@ -87,7 +89,10 @@ export class FleetBackend implements SandboxBackend {
   /** Which members take sandboxes and the images each has, at the last round (for `images.onChange`). */
   private held = '';
   private timer: NodeJS.Timeout | undefined;
-  private refreshing: Promise<void> | undefined;
+  /** Closed: a hearing still under way records nothing more. */
+  private closed = false;
+  /** The registry's read under way, and the hearings it started. */
+  private syncing: Promise<Promise<void>[]> | undefined;
   private readonly now: () => number;
   readonly images: ImageBuilder;
 
@@ -153,26 +158,46 @@ export class FleetBackend implements SandboxBackend {
 
   /** Reads the registry and hears from every member now, then again every `heartbeatMs`. */
   async open(): Promise<void> {
-    await this.refresh();
+    // A beat waits for no answer: each member's is noticed when it comes (`hearOut`), so one slow
+    // to answer (a ping waits up to 5 s) holds up no other's heartbeat, from the first beat on.
     this.timer = setInterval(
-      () => void this.refresh().catch((err) => this.o.log?.error({ err }, 'could not read the sandbox node registry')),
+      () =>
+        void this.sync()
+          .then(() => this.notice())
+          .catch((err) => this.o.log?.error({ err }, 'could not read the sandbox node registry')),
       this.o.heartbeatMs ?? 5000,
     );
     this.timer.unref();
+    await this.refresh();
   }
 
   close(): void {
+    this.closed = true;
     clearInterval(this.timer);
     for (const m of this.members.values()) if (m.backend instanceof RemoteBackend) m.backend.close();
   }
 
-  /** One round: the registry's nodes joined or left, each pinged; what it says is recorded for every replica. */
-  refresh(): Promise<void> {
-    this.refreshing ??= this.round().finally(() => (this.refreshing = undefined));
-    return this.refreshing;
+  /**
+   * The registry read now and every member heard (each for as long as its ping waits, at most):
+   * the nodes that joined or left, and what each says, recorded for every replica.
+   */
+  async refresh(): Promise<void> {
+    await Promise.all(await this.sync());
+    this.notice();
   }
 
-  private async round(): Promise<void> {
+  /** Reads the registry and starts hearing each member that is not being heard already. */
+  private sync(): Promise<Promise<void>[]> {
+    this.syncing ??= this.readRegistry()
+      .then(() =>
+        [...this.members.values()].map((m) => (m.hearing ??= this.hearOut(m).finally(() => (m.hearing = undefined)))),
+      )
+      .finally(() => (this.syncing = undefined));
+    return this.syncing;
+  }
+
+  /** The registry's nodes that joined or left, and each one's state. */
+  private async readRegistry(): Promise<void> {
     const rows = await this.o.db.select().from(sandboxNodes);
     const named = new Set(rows.map((r) => r.name));
     for (const [name, m] of this.members) {
@@ -199,8 +224,21 @@ export class FleetBackend implements SandboxBackend {
       }
       m.state = r.state;
     }
-    const heard = await Promise.all([...this.members.values()].map(async (m) => [m.name, await this.hear(m)] as const));
-    await this.declareLost(heard.filter(([name, ok]) => !ok && name !== LOCAL).map(([name]) => name));
+  }
+
+  /** Hears a member; one that did not answer may be lost to the installation (`declareLost`). */
+  private async hearOut(m: Member): Promise<void> {
+    const ok = await this.hear(m);
+    if (this.closed) return;
+    if (!ok && m.name !== LOCAL)
+      await this.declareLost(m.name).catch((err) =>
+        this.o.log?.error({ err, node: m.name }, 'could not mark the sandboxes of a silent node'),
+      );
+    this.notice();
+  }
+
+  /** Tells the listeners when what the members offer, or the images they hold, changed. */
+  private notice(): void {
     const offered = JSON.stringify([this.offers(), this.teamBound()]);
     if (offered !== this.offered) {
       this.offered = offered;
@@ -214,28 +252,24 @@ export class FleetBackend implements SandboxBackend {
   }
 
   /**
-   * Marks removed the sandboxes on nodes that did not answer this replica just now (`silent`) and
-   * that no replica has heard from for the grace period, by the database's clock, which every
-   * replica shares. A node this replica did hear is never declared lost, however long the round
-   * took. Any replica may do it; it is idempotent.
+   * Marks removed the sandboxes on a node that did not answer this replica just now and that no
+   * replica has heard from for the grace period, by the database's clock, which every replica
+   * shares. A node this replica did hear is never declared lost, however long it took to answer.
+   * Any replica may do it; it is idempotent.
    */
-  private async declareLost(silent: string[]): Promise<void> {
-    if (!silent.length) return;
+  private async declareLost(node: string): Promise<void> {
     const graceS = (this.o.lostGraceMs ?? 60_000) / 1000;
-    const lost = rowsOf<{ id: string; node: string }>(
+    const lost = rowsOf<{ id: string }>(
       await this.o.db.execute(sql`
         update sandboxes s set state = 'removed', removed_reason = 'node_lost', removed_at = now()
         from sandbox_nodes n
-        where s.state <> 'removed' and n.name in (${sql.join(
-          silent.map((name) => sql`${name}`),
-          sql`, `,
-        )}) and s.container_id like n.name || '/%'
+        where s.state <> 'removed' and n.name = ${node} and s.container_id like n.name || '/%'
           and coalesce(n.last_heard_at, n.created_at) < now() - make_interval(secs => ${graceS})
-        returning s.id, n.name as node`),
+        returning s.id`),
     );
     if (lost.length)
       this.o.log?.warn(
-        { sandboxes: lost.map((l) => l.id), nodes: [...new Set(lost.map((l) => l.node))] },
+        { sandboxes: lost.map((l) => l.id), nodes: [node] },
         'sandbox node lost: its sandboxes are marked removed',
       );
   }
@@ -291,7 +325,7 @@ export class FleetBackend implements SandboxBackend {
       m.teamBound = caps.teamBound;
       m.heardAt = this.now();
       if (held) m.images = new Set(held);
-      if (m.name === LOCAL) return true;
+      if (m.name === LOCAL || this.closed) return true;
       await this.o.db
         .update(sandboxNodes)
         .set({
@@ -316,7 +350,7 @@ export class FleetBackend implements SandboxBackend {
         // Declared once: the next answer makes it heard again.
         m.heardAt = 0;
       }
-      if (m.name !== LOCAL)
+      if (m.name !== LOCAL && !this.closed)
         await this.o.db
           .update(sandboxNodes)
           .set({ lastError: (err as Error).message.slice(0, 500) })
