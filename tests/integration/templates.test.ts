@@ -13,7 +13,7 @@ import { imageExists as imageOnEngine } from '../../sandbox-image/build.ts';
 import { TEMPLATE_BUILD_JOB } from '../../apps/api/src/templates/build.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { rowsOf } from '../support/db.ts';
-import { exec } from '../support/sandbox.ts';
+import { exec, sessionIn } from '../support/sandbox.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
 const WHEEL = 'kiln_tiny-1.0-py3-none-any.whl';
@@ -615,6 +615,83 @@ describe('sandbox templates', () => {
     await replica!.templates.catchUp();
     expect(await buildJobs()).toBe(jobs);
     expect((await call('DELETE', `/v1/templates/${made.body.id}`, owner.key)).status).toBe(200);
+  }, 600_000);
+
+  it('a template built on a base sandbox image that changed since (an upgrade) is built again on the new one, its image serving until then, once', async () => {
+    // A server whose base is a name of this test's, for the sandbox image to begin with.
+    const base = `kiln-test-base:${process.pid}`;
+    const first = (await docker.getImage('kiln-sandbox:latest').inspect()).Id;
+    await docker.getImage(first).tag({ repo: 'kiln-test-base', tag: String(process.pid) });
+    let app: TestApp | undefined;
+    try {
+      app = await createTestApp({ env: { KILN_SANDBOX_IMAGE: base, KILN_SANDBOX_FAIR_SHARE: 'off' } });
+      const team = await app.team('rebased');
+      const get = async (id: string) => (await app!.call('GET', `/v1/templates/${id}`, { key: team.key })).body;
+      const builds = async () =>
+        Number(
+          rowsOf<{ n: string }>(
+            await app!.database.db.execute(sql`select count(*) as n from jobs where kind = ${TEMPLATE_BUILD_JOB}`),
+          )[0]!.n,
+        );
+      const made = await app.call('POST', '/v1/templates', {
+        key: team.key,
+        body: { name: 'rebased', files: [{ path: 'base.txt', content: 'on the base of the day' }] },
+      });
+      expect(made.status, JSON.stringify(made.body)).toBe(201);
+      await app.evolution.jobs.drain();
+      const before = await get(made.body.id);
+      expect(before).toMatchObject({ status: 'ready' });
+      images.add(before.image);
+      const { session } = await sessionIn(app, team, { sandbox: { template: made.body.id } });
+      const read = "print(open('/opt/kiln/template/base.txt').read())";
+      expect((await exec(app, team.key, session, read)).stdout).toBe('on the base of the day\n');
+
+      // The base changes under the same name, as `npm start` leaves it after an upgrade whose runner changed.
+      const second = execFileSync('docker', ['build', '-q', '-t', base, '-'], {
+        input: `FROM ${first}\nLABEL kiln.test.base=${process.pid}\n`,
+        encoding: 'utf8',
+      }).trim();
+      expect(second).not.toBe(first);
+      // What a server does at start: the template is built again on it, and meanwhile keeps its image.
+      await app.templates.catchUp();
+      const building = await get(made.body.id);
+      expect(building).toMatchObject({ status: 'queued', image: before.image });
+      expect(building.hash).not.toBe(before.hash);
+      const meanwhile = await sessionIn(app, team, { sandbox: { template: made.body.id } });
+      expect((await exec(app, team.key, meanwhile.session, read)).stdout).toBe('on the base of the day\n');
+      await app.evolution.jobs.drain();
+      const after = await get(made.body.id);
+      expect(after, JSON.stringify(after)).toMatchObject({ status: 'ready', error: null, hash: building.hash });
+      expect(after.image).not.toBe(before.image);
+      images.add(after.image);
+      expect((await docker.getImage(after.image).inspect()).Config.Labels?.['kiln.test.base']).toBe(
+        String(process.pid),
+      );
+      const { log } = (await app.call('GET', `/v1/templates/${made.body.id}/log`, { key: team.key })).body;
+      expect(log).toContain(`[kiln] what templates are built from changed (${base} is ${second} now`);
+      expect(log).toContain(`${before.image} serves its sessions until then`);
+      // New sessions get the new image; the next start builds nothing.
+      const later = await sessionIn(app, team, { sandbox: { template: made.body.id } });
+      expect((await exec(app, team.key, later.session, read)).stdout).toBe('on the base of the day\n');
+      const imageOf = async (s: string) =>
+        rowsOf<{ image: string }>(
+          await app!.database.db.execute(
+            sql`select image from sandboxes where session_id = ${s} and state <> 'removed'`,
+          ),
+        )[0]?.image;
+      expect(await imageOf(meanwhile.session)).toBe(before.image);
+      expect(await imageOf(later.session)).toBe(after.image);
+      const jobs = await builds();
+      await app.templates.catchUp();
+      expect(await builds()).toBe(jobs);
+      expect(await get(made.body.id)).toMatchObject({ status: 'ready', image: after.image });
+    } finally {
+      await app?.close();
+      await docker
+        .getImage(base)
+        .remove({ force: true })
+        .catch(() => undefined);
+    }
   }, 600_000);
 });
 

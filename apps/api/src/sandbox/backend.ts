@@ -164,6 +164,11 @@ export interface ImageBuilder {
   /** The image's id, or null when there is no such image. */
   idOf(ref: string): Promise<string | null>;
   /**
+   * Each host it builds on builds on a base image of its own (a fleet): a template's hash names the
+   * base of one of them only, so it cannot tell whether the base changed under a template.
+   */
+  readonly basePerHost?: boolean;
+  /**
    * Builds the image, passing each line of output on; rejects with ImageBuildFailed when a step
    * fails or the build outlasts `timeoutMs`, with the signal's reason when it is aborted. A
    * builder over several hosts (a fleet) resolves with a `BuildShortfall` when the image is on

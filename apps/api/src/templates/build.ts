@@ -41,6 +41,8 @@ export interface BuildPayload {
   catchUp?: boolean;
   /** How many times this image was built again where an earlier build left it missing (SHORTFALL_RETRY_MS). */
   retry?: number;
+  /** Why it was queued, when no one saved a template (its base changed): the build's log says it first. */
+  because?: string;
 }
 
 /** The templates waiting for this hash's build. */
@@ -266,7 +268,7 @@ export class TemplateBuilds {
     if (previous) {
       for (const line of previous.trimEnd().split('\n')) log.line(line);
       log.line('[kiln] resuming the build (the previous attempt was interrupted)');
-    }
+    } else if (p.because) log.line(p.because);
     if (await this.imageExists(tag)) {
       log.line(`[kiln] cached: ${tag} exists`);
       await this.ready(p.hash, tag, log);

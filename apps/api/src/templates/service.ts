@@ -68,9 +68,11 @@ export class TemplateService implements TemplateImages {
   private catchAgain = false;
 
   /**
-   * Queues a build, where it is missing, of each ready template's image that the builder does not
-   * have everywhere it builds (a fleet's host that joined after the build; an image removed by
-   * hand): a job per image, deduplicated with its ordinary builds, which leaves the templates ready.
+   * Brings every ready template's image up to date where sandboxes run (at start, and when a
+   * fleet's hosts change): one built on a base sandbox image that is no longer the base is rebuilt
+   * on the new one (`rebase`); one the builder lacks somewhere (a fleet's host that joined after the
+   * build; an image removed by hand) is built there, by a job per image deduplicated with its
+   * ordinary builds, which leaves the templates ready.
    */
   catchUp(): Promise<void> {
     if (this.catching) {
@@ -99,15 +101,66 @@ export class TemplateService implements TemplateImages {
     ).filter((r) => r.image === imageTag(r.spec_hash));
     // Nowhere to build yet (a fleet none of whose hosts has been heard): the next change asks again.
     if (!ready.length || !(await images.idOf(this.opts.baseImage))) return;
+    const sources = await this.sources();
     // The builder's list when it keeps one (a fleet: what its members said at their heartbeat), else one image at a time.
     const held = images.held ? new Set(await images.held()) : null;
-    let sources: BuildSources | undefined;
     for (const r of ready) {
+      // Made on another base (or index, or mirror) than this server's now. (A fleet's hosts each
+      // build on a base of their own, by name: its hashes name one host's.)
+      if (!images.basePerHost && specHash(r.spec, sources) !== r.spec_hash) {
+        await this.rebase(r, sources);
+        continue;
+      }
       if (held ? held.has(r.image) : await images.idOf(r.image)) continue;
-      sources ??= await this.sources();
       this.log.info({ image: r.image }, 'a template’s image is missing where sandboxes run: it is built there');
       await this.enqueue({ hash: r.spec_hash, spec: r.spec, sources, group: r.team_id, catchUp: true });
     }
+  }
+
+  /**
+   * Rebuilds the templates of an image made from what this server no longer builds on (the base
+   * sandbox image changed: an upgrade, `npm run sandbox:build`; or the package index or Debian
+   * mirror it is configured with): as a save of the same definition would, the image they have
+   * serving their sessions until the new one is ready. Once, whichever replica gets there first.
+   */
+  private async rebase(r: { spec_hash: string; image: string; spec: TemplateSpec }, sources: BuildSources) {
+    const hash = specHash(r.spec, sources);
+    const tag = imageTag(hash);
+    const cached = (await this.need().idOf(tag)) !== null;
+    const why =
+      `[kiln] what templates are built from changed (${this.opts.baseImage} is ${sources.baseImageId} now, ` +
+      `packages from ${sources.pipIndexUrl}): built again on it`;
+    const moved = await this.db
+      .update(templates)
+      .set(
+        cached
+          ? {
+              specHash: hash,
+              status: 'ready',
+              image: tag,
+              error: null,
+              builtAt: new Date(),
+              log: `${why}\ncached: ${tag} was built from these inputs before\n`,
+            }
+          : { specHash: hash, status: 'queued', error: null, log: '' },
+      )
+      .where(and(eq(templates.specHash, r.spec_hash), eq(templates.status, 'ready'), eq(templates.image, r.image)))
+      .returning({ teamId: templates.teamId });
+    if (!moved.length) return;
+    this.log.info(
+      { image: r.image, now: tag, templates: moved.length },
+      'a template’s base changed: it is rebuilt on the new one',
+    );
+    if (!cached)
+      return this.enqueue({
+        hash,
+        spec: r.spec,
+        sources,
+        group: moved[0]!.teamId,
+        because: `${why}; ${r.image} serves its sessions until then`,
+      });
+    await this.builds.removeUnused(r.image);
+    void this.refreshPool();
   }
 
   private need(): ImageBuilder {

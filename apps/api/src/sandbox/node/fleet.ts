@@ -115,6 +115,7 @@ export class FleetBackend implements SandboxBackend {
         const ids = await Promise.all(this.placing().map((m) => m.backend.images?.idOf(ref) ?? null));
         return ids.length && ids.every((id) => id) ? ids[0]! : null;
       },
+      basePerHost: true,
       // Built on every member that takes sandboxes and lacks it, all at once (each host's engine
       // builds its own), each line led by the member's name when there are several. A member's
       // failure does not end the others' builds: when some member has the image at the end, the
