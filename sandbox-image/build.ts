@@ -188,14 +188,21 @@ async function ensureLayer(
   return tag;
 }
 
-/** Ensures the sandbox image exists and returns its content-addressed tag. */
-export async function ensureSandboxImage(docker = new Docker(), base = process.env.KILN_SANDBOX_BASE): Promise<string> {
+/**
+ * Ensures the sandbox image exists and returns its content-addressed tag (`<repo>:<hash>`, also
+ * tagged `<repo>:latest`). `repo` is kiln-sandbox unless a server runs another name (`--image`).
+ */
+export async function ensureSandboxImage(
+  docker = new Docker(),
+  base = process.env.KILN_SANDBOX_BASE,
+  repo = SANDBOX_REPO,
+): Promise<string> {
   const baseRef = await ensureBase(docker, base);
   const src = filesUnder(here)
     .map((f) => relative(here, f))
     .filter(isRunnerInput);
   const hash = runnerHash(baseRef);
-  return ensureLayer(docker, { repo: SANDBOX_REPO, hash, context: here, src, baseRef, what: 'runner layer' });
+  return ensureLayer(docker, { repo, hash, context: here, src, baseRef, what: 'runner layer' });
 }
 
 /**
@@ -217,21 +224,33 @@ export async function ensureEgressImage(docker = new Docker(), base = process.en
   });
 }
 
+/**
+ * `--image <name>:latest`: build the sandbox image under the name a server runs
+ * (`KILN_SANDBOX_IMAGE`), as a self-update's restart does for a server whose image is not
+ * kiln-sandbox:latest; undefined without the flag.
+ */
+function imageRepoArg(argv: string[]): string | undefined {
+  const i = argv.indexOf('--image');
+  if (i < 0) return undefined;
+  const repo = /^([a-z0-9][a-z0-9._/-]*):latest$/.exec(argv[i + 1] ?? '')?.[1];
+  if (!repo)
+    throw new Error(`--image takes <name>:latest (the name a server runs), not ${JSON.stringify(argv[i + 1])}`);
+  return repo;
+}
+
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   const started = Date.now();
-  ensureSandboxImage()
-    .then(async (tag) => {
-      // Without the proxy image only sandboxes with network allowlist are unavailable (503).
-      const egress = await ensureEgressImage().catch((err: Error) => {
-        log(`the egress proxy image failed to build (sandbox.network allowlist will answer 503): ${err.message}`);
-        return 'no egress proxy image';
-      });
-      log(
-        `ready: ${tag} (also ${SANDBOX_REPO}:latest) and ${egress} in ${((Date.now() - started) / 1000).toFixed(1)} s`,
-      );
-    })
-    .catch((err: Error) => {
-      log(`failed: ${err.message}`);
-      process.exit(1);
+  (async () => {
+    const repo = imageRepoArg(process.argv.slice(2)) ?? SANDBOX_REPO;
+    const tag = await ensureSandboxImage(undefined, undefined, repo);
+    // Without the proxy image only sandboxes with network allowlist are unavailable (503).
+    const egress = await ensureEgressImage().catch((err: Error) => {
+      log(`the egress proxy image failed to build (sandbox.network allowlist will answer 503): ${err.message}`);
+      return 'no egress proxy image';
     });
+    log(`ready: ${tag} (also ${repo}:latest) and ${egress} in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  })().catch((err: Error) => {
+    log(`failed: ${err.message}`);
+    process.exit(1);
+  });
 }

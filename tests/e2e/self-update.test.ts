@@ -7,12 +7,18 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
+import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { alive } from '../../apps/relay/src/relay.ts';
 import { cloneProject, freePort, gitSync as git } from '../support/checkout.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { startKiln, type KilnProcess } from '../support/server.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const docker = connectDocker(process.env.DOCKER_HOST);
+/** The servers' sandbox image: a name of this file's, so that the restarts' builds of it touch no other suite's. */
+const IMAGE_REPO = `kiln-selfupdate-${process.pid}`;
+const IMAGE = `${IMAGE_REPO}:latest`;
+const imageId = async () => (await docker.getImage(IMAGE).inspect()).Id;
 
 /** Polls until `fn` gives a value (not undefined) or the deadline passes; then fails with what it last saw. */
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, ms = 240_000): Promise<T> {
@@ -109,6 +115,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     });
     await new Promise<void>((r) => receiver.listen(0, '127.0.0.1', r));
     dataDir = mkTemp('kiln-selfupdate-data-');
+    await docker.getImage('kiln-sandbox:latest').tag({ repo: IMAGE_REPO, tag: 'latest' });
     const port = await freePort();
     first = await startKiln(
       {
@@ -117,6 +124,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         KILN_PORT: String(port),
         KILN_SOURCE_DIR: checkout,
         KILN_RESTART_READY_TIMEOUT_S: '30',
+        KILN_SANDBOX_IMAGE: IMAGE,
         // The check's test step: the smoke suite and the docs' test (the unit tests run in this
         // suite anyway; all of them in each of this file's seven checks took 2 minutes each).
         KILN_SELF_CHECK_TESTS: 'tests/smoke tests/unit/docs.test.ts',
@@ -167,7 +175,37 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     await fake?.close();
     await new Promise((r) => (receiver ? receiver.close(r) : r(undefined)));
     for (const d of temp) rmSync(d, { recursive: true, force: true });
+    for (const i of await docker.listImages({ filters: { reference: [`${IMAGE_REPO}:*`] } }))
+      for (const tag of i.RepoTags ?? [])
+        await docker
+          .getImage(tag)
+          .remove({ force: true })
+          .catch(() => undefined);
   });
+
+  /** What a new sandbox of the team's runs: how often `marker` is in its runner's source. */
+  const runnerHas = async (marker: string) => {
+    const ws = await api('/v1/workspaces', {
+      method: 'POST',
+      key: teamKey,
+      body: JSON.stringify({ name: `runner-${Date.now()}` }),
+    });
+    const session = (await api(`/v1/workspaces/${ws.body.id}/sessions`, { method: 'POST', key: teamKey, body: '{}' }))
+      .body.id as string;
+    try {
+      const r = await api(`/v1/sessions/${session}/exec`, {
+        method: 'POST',
+        key: teamKey,
+        body: JSON.stringify({
+          code: `print(open('/opt/kiln/kiln_runner.py').read().count(${JSON.stringify(marker)}))`,
+        }),
+      });
+      expect(r.status, JSON.stringify(r.body)).toBe(200);
+      return Number(r.body.stdout);
+    } finally {
+      await api(`/v1/sessions/${session}`, { method: 'DELETE', key: teamKey });
+    }
+  };
 
   it('refuses malformed and unsafe patches with 400 and leaves nothing behind; only org admins may submit', async () => {
     const before = head();
@@ -318,6 +356,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
   });
 
   let applied: { id: string; commit: string; before: string };
+  /** What the applied patch writes into the runner's source, and the sandbox image before it. */
+  const MARKER = 'patched by a self-update';
+  let imageBefore: string;
 
   it('applies a good patch: self-check passes, one of two concurrent applies wins, the relay restarts into the new commit', async () => {
     const before = head();
@@ -329,6 +370,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
         ),
       // A dashboard change too: the new server must serve a new build of it.
       'apps/dashboard/index.html': (t) => t.replace('<title>Kiln ops</title>', '<title>Kiln ops (patched)</title>'),
+      // And the sandbox runner's: the new server's sandboxes must run a new build of the image.
+      'sandbox-image/runner/kiln_runner.py': (t) => `${t}# ${MARKER}\n`,
     });
     expect(patch).toContain('x-kiln-patched');
     expect(patch).toContain('Kiln ops (patched)');
@@ -352,6 +395,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(head()).toBe(before);
     expect(worktrees()).toBe(1);
 
+    imageBefore = await imageId();
+    expect(await runnerHas(MARKER)).toBe(0);
     const [a, b] = await Promise.all(
       [1, 2].map(() => api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })),
     );
@@ -369,6 +414,9 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     );
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBe('yes');
     expect(await (await fetch(`${url}/`)).text()).toContain('<title>Kiln ops (patched)</title>');
+    // The relay built the servers' sandbox image from the new runner before starting the new server.
+    expect(await imageId()).not.toBe(imageBefore);
+    expect(await runnerHas(MARKER)).toBe(1);
     const fin = await settled(r.body.id, ['applying']);
     expect(fin.status).toBe('applied');
     expect(fin.checks.at(-1)).toMatchObject({ name: 'restart', ok: true });
@@ -486,7 +534,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const oldPid = (await api('/v1/system/version')).body.pid as number;
     const r = await api(`/v1/system/updates/${applied.id}/revert`, { method: 'POST' });
     expect(r.status).toBe(202);
-    expect(r.body.changed_paths).toEqual(['apps/api/src/routes/health/health.index.ts', 'apps/dashboard/index.html']);
+    expect(r.body.changed_paths).toEqual([
+      'apps/api/src/routes/health/health.index.ts',
+      'apps/dashboard/index.html',
+      'sandbox-image/runner/kiln_runner.py',
+    ]);
     const ready = await settled(r.body.id, ['checking']);
     expect(ready.status, JSON.stringify(ready.checks.at(-1))).toBe('ready');
 
@@ -527,6 +579,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await fetch(`${url}/healthz`)).headers.get('x-kiln-patched')).toBeNull();
     // The dashboard was rebuilt from the reverted sources.
     expect(await (await fetch(`${url}/`)).text()).toContain('<title>Kiln ops</title>');
+    // And the sandbox image from the reverted runner.
+    expect(await runnerHas(MARKER)).toBe(0);
     expect(git(checkout, 'rev-parse', 'HEAD^{tree}')).toBe(git(checkout, 'rev-parse', `${applied.before}^{tree}`));
     // Only the draining old server can have completed run 1: the new one fails what it finds in flight.
     expect((await api(`/v1/runs/${run1}`, { key: teamKey })).body).toMatchObject({ status: 'completed' });

@@ -193,7 +193,12 @@ export function compose(o: ComposeOptions): Kiln {
 
   const modelClient = new ModelClient({ baseURL, apiKey, defaultModel: model, maxRetries, timeoutMs, metrics });
   const events = new RunEventLog(db);
-  const updateOptions = { ...config.selfUpdate, dataDir: config.dataDir, dockerHost: config.dockerHost };
+  const updateOptions = {
+    ...config.selfUpdate,
+    dataDir: config.dataDir,
+    dockerHost: config.dockerHost,
+    sandboxImage: config.sandboxImage,
+  };
   const updates = o.selfUpdate === false ? undefined : new SelfUpdates(db, updateOptions, logger);
   // Workspaces' MCP servers are tenants' URLs: only through the outbound policy, each step bounded in time.
   const mcp = new McpClients({ allow: config.outbound.allow, timeoutMs: config.mcp.timeoutMs, secrets });

@@ -30,7 +30,8 @@ export interface RelayPlan {
   previous: string;
   /**
    * Run in `sourceDir` before each start, in order: `npm ci` when the update changed
-   * package-lock.json, the dashboard build when it changed the dashboard (or the lockfile).
+   * package-lock.json, the dashboard build when it changed the dashboard (or the lockfile), the
+   * sandbox image's build when it changed sandbox-image/ (and the server runs an image that build made).
    */
   prepare: string[][];
   stopTimeoutMs: number;

@@ -14,6 +14,8 @@ import type { Principal } from '../auth/principal.ts';
 import { ApiError } from '../lib/errors.ts';
 import { cursorOn, type ListParams } from '../db/pagination.ts';
 import { newId } from '../lib/ids.ts';
+import { SANDBOX_IMAGE_LABEL } from '../sandbox/backend.ts';
+import { connectDocker } from '../sandbox/docker/connect.ts';
 import { webhookEventWrite } from '../webhooks/events.ts';
 import {
   capLog,
@@ -41,6 +43,8 @@ export interface SelfUpdateOptions {
   stopTimeoutMs: number;
   readyTimeoutMs: number;
   dockerHost?: string;
+  /** The image this server's sandboxes run (`KILN_SANDBOX_IMAGE`): rebuilt at a restart whose update changed sandbox-image/. */
+  sandboxImage?: string;
 }
 
 export interface Version {
@@ -261,6 +265,22 @@ export class SelfUpdates implements SourceUpdateSink {
   }
 
   /**
+   * The sandbox image a restart rebuilds: this server's, when it is a `:latest` name on the local
+   * engine that sandbox-image/'s build made (its label); not an image the operator made, nor one on
+   * sandbox nodes (each node's host builds its own from its own checkout).
+   */
+  private async rebuiltImage(): Promise<string | undefined> {
+    const image = this.o.sandboxImage;
+    if (!image?.endsWith(':latest')) return undefined;
+    try {
+      const info = await connectDocker(this.o.dockerHost).getImage(image).inspect();
+      return info.Config?.Labels?.[SANDBOX_IMAGE_LABEL] === 'runner' ? image : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /**
    * Moves the source branch to the checked commit (a fast-forward: the branch must still be
    * where the check started) and starts the relay that restarts the server into it.
    */
@@ -290,6 +310,9 @@ export class SelfUpdates implements SourceUpdateSink {
       const lockChanged = await changes('package-lock.json');
       // The dashboard is served from its build: a new one for new sources (or a new vite).
       const dashboardChanged = lockChanged || (await changes('apps/dashboard'));
+      // The sandbox image is built from sandbox-image/ (the runner the server talks to is in it): a
+      // new one for new sources, under the name this server runs, when this build made it.
+      const image = (await changes('sandbox-image')) ? await this.rebuiltImage() : undefined;
 
       const dir = this.dir(id);
       mkdirSync(dir, { recursive: true });
@@ -307,6 +330,7 @@ export class SelfUpdates implements SourceUpdateSink {
         prepare: [
           ...(lockChanged ? [['npm', 'ci', '--no-audit', '--no-fund']] : []),
           ...(dashboardChanged ? [['npm', 'run', '--silent', 'dashboard:build']] : []),
+          ...(image ? [['npm', 'run', '--silent', 'sandbox:build', '--', '--image', image]] : []),
         ],
         stopTimeoutMs: this.o.stopTimeoutMs,
         readyTimeoutMs: this.o.readyTimeoutMs,

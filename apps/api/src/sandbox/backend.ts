@@ -158,6 +158,8 @@ export interface ImageRecipe {
 
 /** The label every template image carries (its value: the template definition's hash). */
 export const TEMPLATE_LABEL = 'kiln.template';
+/** The label of a sandbox image Kiln built from sandbox-image/ (its Dockerfile's LABEL). */
+export const SANDBOX_IMAGE_LABEL = 'kiln.sandbox';
 
 /** Builds and removes template images where the sandboxes run. */
 export interface ImageBuilder {
