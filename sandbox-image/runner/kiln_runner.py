@@ -32,7 +32,7 @@ Host -> runner: {"op": "exec", "id", "code", "timeout_ms", "max_output", "env"?}
                 {"op": "put", "id", "path", "data", "mode"?} | {"op": "get", "id", "path"} | {"op": "ping", "id"}
                 {"op": "sync_in", "id", "local": true} | {"op": "delete", "id", "path"}
                 {"op": "sync_begin", "id"} | {"op": "sync_chunk", "id", "data"} | {"op": "sync_end", "id"}
-Runner -> host: {"ev": "ready"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
+Runner -> host: {"ev": "ready", "protocol"} | {"ev": "out", "id", "stream", "data"} | {"ev": "result", "id", ...}
                 {"ev": "file", "id", "data", "size"} | {"ev": "ok", "id"} | {"ev": "error", "id", "message"}
 """
 
@@ -91,6 +91,9 @@ IO_URING_FIRST, IO_URING_LAST, X32_BIT = 425, 427, 0x40000000
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, EPERM = 0x7FFF0000, 0x00050000, 1
 # A daemon runner's socket (abstract: it goes with the sandbox's network namespace and its checkpoint).
 SOCKET = b"\0kiln-runner"
+# The version of the frames above, sent in `ready`: the host refuses a runner of another (a sandbox
+# image older than its server). Raised with RUNNER_PROTOCOL in apps/api/src/sandbox/runner-client.ts.
+PROTOCOL = 1
 AUTH_WAIT_S = 5.0  # a connection that has not proved itself the host's by then is dropped
 MAX_UNPROVEN = 4  # connections waiting to prove it at once; the oldest goes first
 UNPROVEN_FRAME = 4096
@@ -420,7 +423,7 @@ class Runner:
             # The first connection is the host's own relay: nothing of the user's has run yet.
             self.attached_once = True
             self.take_host(conn)
-            self.send({"ev": "ready", "pid": os.getpid()})
+            self.send({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid()})
             return
         if self.key is None:  # a host that never gave a key cannot prove anything
             conn.close()
@@ -432,7 +435,7 @@ class Runner:
         conn.setblocking(True)
         self.unproven[conn.fileno()] = [conn, bytearray(), time.monotonic() + AUTH_WAIT_S, nonce]
         self.sel.register(conn.fileno(), selectors.EVENT_READ, "unproven")
-        body = json.dumps({"ev": "ready", "pid": os.getpid(), "nonce": nonce}, separators=(",", ":")).encode()
+        body = json.dumps({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid(), "nonce": nonce}, separators=(",", ":")).encode()
         data = hmac.digest(self.key, body, "sha256") + body
         self.send_conn(conn, memoryview(struct.pack(">I", len(data)) + data))
 
@@ -908,7 +911,7 @@ class Runner:
         else:
             os.set_blocking(self.inp.fileno(), False)
             self.sel.register(self.inp.fileno(), selectors.EVENT_READ, "host")
-            self.send({"ev": "ready", "pid": os.getpid()})
+            self.send({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid()})
         while True:
             timeout = None
             if self.unproven:

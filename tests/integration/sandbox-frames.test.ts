@@ -2,7 +2,7 @@ import type Docker from 'dockerode';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
-import type { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
+import { RUNNER_PROTOCOL, type RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
 import { ticksDuring } from '../support/ticks.ts';
 
 const docker = connectDocker(process.env.DOCKER_HOST);
@@ -18,7 +18,7 @@ out, inp = sys.stdout.buffer, sys.stdin.buffer
 def send(body):
     out.write(struct.pack(">I", len(body)) + body)
     out.flush()
-send(b'{"ev":"ready"}')
+send(b'{"ev":"ready","protocol":${RUNNER_PROTOCOL}}')
 if sys.argv[1] == "oversized":
     out.write(struct.pack(">I", 60000000))
     out.flush()

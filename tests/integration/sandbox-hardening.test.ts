@@ -4,7 +4,7 @@ import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { startRunner } from '../../apps/api/src/sandbox/docker/runner.ts';
-import { RunnerGoneError } from '../../apps/api/src/sandbox/runner-client.ts';
+import { RUNNER_PROTOCOL, RunnerGoneError } from '../../apps/api/src/sandbox/runner-client.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, RUNTIMES, sessionIn } from '../support/sandbox.ts';
 
@@ -578,7 +578,7 @@ describe('the host accepts only answers that match what it asked', () => {
       'def send(m):',
       '    b = json.dumps(m).encode()',
       '    out.write(struct.pack(">I", len(b)) + b); out.flush()',
-      'send({"ev": "ready"})',
+      `send({"ev": "ready", "protocol": ${RUNNER_PROTOCOL}})`,
       'n = struct.unpack(">I", inp.read(4))[0]',
       'msg = json.loads(inp.read(n))',
       `send(${answer})`,

@@ -11,6 +11,7 @@ import type {
 } from '../../apps/api/src/sandbox/backend.ts';
 import type { SandboxLimits } from '../../apps/api/src/sandbox/limits.ts';
 import { SANDBOX_UID_COUNT, SANDBOX_UID_MIN } from '../../apps/api/src/sandbox/docker/container-spec.ts';
+import { RUNNER_PROTOCOL } from '../../apps/api/src/sandbox/runner-client.ts';
 
 /**
  * A second implementation of Kiln's own `SandboxBackend`, in process: containers are records,
@@ -166,7 +167,7 @@ class FakeRunner {
         else this.closeListeners.push(listener);
       },
     };
-    queueMicrotask(() => this.send({ ev: 'ready' }));
+    queueMicrotask(() => this.send({ ev: 'ready', protocol: RUNNER_PROTOCOL }));
   }
 
   end(): void {

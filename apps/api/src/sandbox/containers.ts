@@ -1,9 +1,10 @@
 import type { Logger } from 'pino';
+import { ApiError } from '../lib/errors.ts';
 import type { SandboxRuntime } from '../workspace/settings.ts';
 import type { ContainerRequest, SandboxBackend, SandboxContainer } from './backend.ts';
 import { copyTree } from './copy-tree.ts';
 import { type SandboxLimits, tmpfsSizes } from './limits.ts';
-import { RunnerClient } from './runner-client.ts';
+import { RunnerClient, RunnerOutdated } from './runner-client.ts';
 import type { WorkspaceMounts } from './workspace-mounts.ts';
 
 /** A started container with a ready runner, warm or a session's. */
@@ -174,6 +175,8 @@ export class Containers {
       };
     } catch (err) {
       await this.backend.remove(container.id).catch(() => undefined);
+      // A new sandbox of this image would be no better: the caller is told why, not that it failed.
+      if (err instanceof RunnerOutdated) throw new ApiError('unavailable', `image ${image}: ${err.message}`);
       throw err;
     }
   }

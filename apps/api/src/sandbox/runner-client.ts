@@ -97,6 +97,18 @@ export function notRun(exitCode: number, error: ExecError, restarted: boolean): 
 /** The runner stopped answering (or its stream ended): the sandbox must be replaced. */
 export class RunnerGoneError extends Error {}
 
+/**
+ * The frames' version this server speaks, which the runner's `ready` must name (PROTOCOL in
+ * sandbox-image/runner/kiln_runner.py; raise both when the frames change).
+ */
+export const RUNNER_PROTOCOL = 1;
+
+/**
+ * The runner speaks another version of the frames: its image is older (or newer) than this server.
+ * A sandbox that outlived a restart is replaced by one of the current image; a new one cannot be made of it.
+ */
+export class RunnerOutdated extends RunnerGoneError {}
+
 /** The runner's command line in the sandbox image. */
 // -I: no user site-packages, no PYTHON* variables, not its own directory on sys.path; -S: no site
 // module, so no .pth file of a template's packages runs in the runner before it hardens itself
@@ -179,6 +191,16 @@ export class RunnerClient {
         answer: 'ready',
         resolve: (msg) => {
           clearTimeout(timer);
+          if (msg.protocol !== RUNNER_PROTOCOL) {
+            const spoken = typeof msg.protocol === 'number' ? `protocol ${msg.protocol}` : 'no protocol version';
+            channel.destroy();
+            return reject(
+              new RunnerOutdated(
+                `the sandbox's runner speaks ${spoken}, this server ${RUNNER_PROTOCOL}: its image was built ` +
+                  'from other sources than the server (run `npm run sandbox:build`; templates are rebuilt on it at the next start)',
+              ),
+            );
+          }
           client.readyNonce = msg.nonce;
           resolve();
         },
