@@ -57,7 +57,9 @@ describe('a fleet heartbeat with a hung host', () => {
       db: database.db,
       credentials: await issue(ca, { role: 'api', name: 'replica-beat' }),
       heartbeatMs: 250,
-      silentMs: 3000,
+      // Below the hung host's 5 s, so the old heartbeat fails here (15 of ~100 asks refused); high
+      // enough that a healthy host slow to answer on a loaded machine (a beat plus 4 s) is still heard.
+      silentMs: 4500,
       log,
     });
   });
