@@ -100,8 +100,9 @@ export class TemplateService implements TemplateImages {
         where status = 'ready' and image is not null order by spec_hash, created_at`),
     ).filter((r) => r.image === imageTag(r.spec_hash));
     // Nowhere to build yet (a fleet none of whose hosts has been heard): the next change asks again.
-    if (!ready.length || !(await images.idOf(this.opts.baseImage))) return;
-    const sources = await this.sources();
+    const baseImageId = ready.length ? await images.idOf(this.opts.baseImage) : null;
+    if (!baseImageId) return;
+    const sources = this.sourcesOn(baseImageId);
     // The builder's list when it keeps one (a fleet: what its members said at their heartbeat), else one image at a time.
     const held = images.held ? new Set(await images.held()) : null;
     for (const r of ready) {
@@ -124,36 +125,23 @@ export class TemplateService implements TemplateImages {
    * serving their sessions until the new one is ready. Once, whichever replica gets there first.
    */
   private async rebase(r: { spec_hash: string; image: string; spec: TemplateSpec }, sources: BuildSources) {
-    const hash = specHash(r.spec, sources);
-    const tag = imageTag(hash);
-    const cached = (await this.need().idOf(tag)) !== null;
+    const p = await this.plan(r.spec, sources);
     const why =
       `[kiln] what templates are built from changed (${this.opts.baseImage} is ${sources.baseImageId} now, ` +
       `packages from ${sources.pipIndexUrl}): built again on it`;
     const moved = await this.db
       .update(templates)
-      .set(
-        cached
-          ? {
-              specHash: hash,
-              status: 'ready',
-              image: tag,
-              error: null,
-              builtAt: new Date(),
-              log: `${why}\ncached: ${tag} was built from these inputs before\n`,
-            }
-          : { specHash: hash, status: 'queued', error: null, log: '' },
-      )
+      .set({ specHash: p.hash, ...p.fields, ...(p.cached ? { log: `${why}\n${p.fields.log}` } : {}) })
       .where(and(eq(templates.specHash, r.spec_hash), eq(templates.status, 'ready'), eq(templates.image, r.image)))
       .returning({ teamId: templates.teamId });
     if (!moved.length) return;
     this.log.info(
-      { image: r.image, now: tag, templates: moved.length },
+      { image: r.image, now: imageTag(p.hash), templates: moved.length },
       'a template’s base changed: it is rebuilt on the new one',
     );
-    if (!cached)
+    if (!p.cached)
       return this.enqueue({
-        hash,
+        hash: p.hash,
         spec: r.spec,
         sources,
         group: moved[0]!.teamId,
@@ -176,6 +164,11 @@ export class TemplateService implements TemplateImages {
         'unavailable',
         `the base sandbox image ${this.opts.baseImage} is not built (npm run sandbox:build)`,
       );
+    return this.sourcesOn(baseImageId);
+  }
+
+  /** What templates are built from, on the base image of this id. */
+  private sourcesOn(baseImageId: string): BuildSources {
     return {
       baseImageId,
       baseRef: this.opts.baseImage,
@@ -185,8 +178,8 @@ export class TemplateService implements TemplateImages {
   }
 
   /** Writes the definition's hash on the row and either takes the image already built for it, or queues its build. */
-  private async plan(spec: TemplateSpec) {
-    const sources = await this.sources();
+  private async plan(spec: TemplateSpec, on?: BuildSources) {
+    const sources = on ?? (await this.sources());
     const hash = specHash(spec, sources);
     const tag = imageTag(hash);
     const cached = (await this.need().idOf(tag)) !== null;
