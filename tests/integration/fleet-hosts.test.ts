@@ -47,7 +47,9 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
         heartbeatMs: 500,
         silentMs: 3000,
         lostMs: 3000,
-        lostGraceMs: 3000,
+        // Longer than a replica takes to drop a silent host (lostMs, then the ping in flight, up to
+        // 5 s): the sandbox a replica held there is ended by that replica first, as a host lost.
+        lostGraceMs: 10_000,
       });
       fleets.push(f);
       return f;
@@ -245,7 +247,8 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       expect(inFlight.status).toBe(200);
       expect(inFlight.body.error).toMatchObject({ type: 'SandboxLost' });
       const next = await exec(b, victim, 'print(globals().get("x"), 6 * 7)');
-      expect(next.body).toMatchObject({ restarted: true, stdout: 'None 42\n' });
+      // Its old sandbox ended because its host stopped answering, and the answer says so.
+      expect(next.body).toMatchObject({ restarted: true, restart_reason: 'node_lost', stdout: 'None 42\n' });
       expect(await hostOf(victim)).not.toBe(name);
     } finally {
       host.cut(false);

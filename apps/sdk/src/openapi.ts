@@ -1533,7 +1533,7 @@ export interface components {
       stderr_bytes: number;
       /** @description the interpreter was restarted: variables from earlier executions are gone */
       restarted: boolean;
-      /** @description with restarted, for a new sandbox: why the session’s previous one ended (idle, paused_expired, checkpoint_reclaimed, resume_failed, runner_lost, replica_gone, deleted, …) */
+      /** @description with restarted, for a new sandbox: why the session’s previous one ended (idle, paused_expired, checkpoint_reclaimed, resume_failed, runner_lost, node_lost, replica_gone, deleted, …) */
       restart_reason?: string;
       /** @description the session’s paused sandbox was resumed for this execution (or its running one taken over from a replica that is gone), in this many ms, with every variable kept */
       resumed_ms?: number;

@@ -261,6 +261,12 @@ export interface ListedContainer {
   stopped?: boolean;
 }
 
+/**
+ * Why a runner's connection failed when the host it runs on stopped answering and its connection
+ * was dropped (a sandbox node gone silent): the sandbox is recorded `node_lost`, not `runner_lost`.
+ */
+export class HostLost extends Error {}
+
 /** The runner process's stdio, however the runtime reaches it. */
 export interface RunnerChannel {
   /** Frames to the runner; ending it tells the runner to clean up and exit. */
@@ -269,7 +275,10 @@ export interface RunnerChannel {
   stderr: Readable;
   /** Drops the connection at once. */
   destroy(): void;
-  /** Calls back once the connection has ended (without an error) or failed; at once if it already has. */
+  /**
+   * Calls back once the connection has ended (without an error) or failed; at once if it already
+   * has. A `HostLost` error: the sandbox's host stopped answering and its connection was dropped.
+   */
   onClose(listener: (err?: Error) => void): void;
 }
 

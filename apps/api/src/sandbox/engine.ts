@@ -496,7 +496,7 @@ export class SandboxEngine {
     } catch (err) {
       if (!(err instanceof RunnerGoneError)) throw err;
       this.log.warn({ sandbox: live.id, reason: mask.text(err.message) }, 'sandbox runner lost');
-      await this.live.release(live.sessionId, 'runner_lost');
+      await this.live.release(live.sessionId, live.client.lostAs);
       result = lostResult(err.message);
     } finally {
       if (sent !== undefined) {

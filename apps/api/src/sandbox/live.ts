@@ -302,7 +302,7 @@ export class LiveSandboxes {
     const { db, containers, pool, log } = this.deps;
     if (this.stopped) throw new ApiError('sandbox_unavailable', 'the server is shutting down');
     const stale = this.bySession.get(ctx.sessionId);
-    if (stale) await this.release(ctx.sessionId, stale.client.alive ? 'network_changed' : 'runner_lost');
+    if (stale) await this.release(ctx.sessionId, stale.client.alive ? 'network_changed' : stale.client.lostAs);
     const image =
       ctx.template && this.templates ? await this.templates.imageOf(ctx.teamId, ctx.template) : this.opts.image;
     // The warm pool holds containers without a network only: an allowlist sandbox is created cold.

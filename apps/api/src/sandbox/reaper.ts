@@ -83,7 +83,7 @@ export class Reaper {
           if (!outcome.paused && outcome.reason !== 'failed')
             log.info({ sandbox: l.id, reason: outcome.reason }, 'idle sandbox not paused');
           if (outcome.paused || outcome.reason !== 'failed') continue;
-        } else await live.release(l.sessionId, l.client.alive ? 'idle' : 'runner_lost');
+        } else await live.release(l.sessionId, l.client.alive ? 'idle' : l.client.lostAs);
         removed++;
       }
     }

@@ -1,5 +1,5 @@
 import { createHash, createHmac, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
-import type { RunnerChannel } from './backend.ts';
+import { HostLost, type RunnerChannel } from './backend.ts';
 import { FrameReader, frameLimitOf, SMALL_FRAME_BYTES } from './frames.ts';
 
 export interface ExecError {
@@ -133,6 +133,8 @@ export class RunnerClient {
   /** The key every frame after `ready` is signed with (HMAC-SHA256, in its first 32 bytes). */
   private key: Buffer | undefined;
   private goneReason: string | undefined;
+  /** The runner's connection failed because its host stopped answering (HostLost). */
+  private hostLost = false;
   private readonly exitListeners: ((reason: string) => void)[] = [];
   stderrTail = '';
 
@@ -217,6 +219,7 @@ export class RunnerClient {
     );
     channel.onClose((err) => {
       const tail = client.stderrTail ? `: ${client.stderrTail.trim()}` : '';
+      if (err instanceof HostLost) client.hostLost = true;
       client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
     });
     await ready;
@@ -232,6 +235,11 @@ export class RunnerClient {
 
   get alive(): boolean {
     return this.goneReason === undefined;
+  }
+
+  /** Why a sandbox whose runner is gone ended: its host stopped answering (`node_lost`), or the runner itself. */
+  get lostAs(): 'node_lost' | 'runner_lost' {
+    return this.hostLost ? 'node_lost' : 'runner_lost';
   }
 
   onExit(listener: (reason: string) => void): void {

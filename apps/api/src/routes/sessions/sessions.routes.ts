@@ -65,7 +65,7 @@ const ExecResult = z
       .openapi({
         description:
           'with restarted, for a new sandbox: why the session\u2019s previous one ended (idle, paused_expired, ' +
-          'checkpoint_reclaimed, resume_failed, runner_lost, replica_gone, deleted, …)',
+          'checkpoint_reclaimed, resume_failed, runner_lost, node_lost, replica_gone, deleted, …)',
       }),
     resumed_ms: z
       .number()

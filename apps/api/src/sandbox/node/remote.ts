@@ -6,6 +6,7 @@ import {
   type BackendCapabilities,
   type ContainerRequest,
   type EgressEvent,
+  HostLost,
   ImageBuildFailed,
   type ImageBuilder,
   type ImageRecipe,
@@ -51,6 +52,8 @@ const CONNECT_TIMEOUT_MS = 5000;
  */
 export class RemoteBackend implements SandboxBackend {
   private session: ClientHttp2Session | undefined;
+  /** Connections dropped because the node stopped answering, and the error their runners end with. */
+  private readonly dropped = new WeakMap<object, HostLost>();
   readonly images: ImageBuilder;
 
   constructor(
@@ -323,9 +326,12 @@ export class RemoteBackend implements SandboxBackend {
     const stderr = new PassThrough();
     let closed: { err?: Error } | undefined;
     const listeners: ((err?: Error) => void)[] = [];
+    const session = stream.session;
     const close = (err?: Error) => {
       if (closed) return;
-      closed = { err };
+      // However the stream ended, when it was because the node stopped answering, say so.
+      const dropped = session && this.dropped.get(session);
+      closed = { err: dropped ?? err };
       stdout.end();
       stderr.end();
       for (const l of listeners.splice(0)) l(err);
@@ -389,8 +395,11 @@ export class RemoteBackend implements SandboxBackend {
    * every stream on it (runners included) fails now instead of waiting on a node that is gone.
    */
   close(drop = false): void {
-    if (drop) this.session?.destroy(new Error(`node ${this.o.name} stopped answering`));
-    else this.session?.close();
+    if (drop && this.session) {
+      const why = new HostLost(`node ${this.o.name} stopped answering`);
+      this.dropped.set(this.session, why);
+      this.session.destroy(why);
+    } else this.session?.close();
     this.session = undefined;
   }
 }
