@@ -9,6 +9,8 @@
 # experimental API (checkpoints: idle gVisor sandboxes are paused to disk) is on.
 #
 # KILN_GVISOR_PLATFORM=<name> skips the probe and uses that platform (it must still work).
+# KILN_GVISOR_SLICE_US=<µs> (300 by default; 0: none) registers runsc through a wrapper that gives
+# every process of a gVisor sandbox that CPU time slice (infra/daemon-json.ts says why).
 # KILN_DOCKER_DAEMON_JSON and KILN_DOCKERD_PIDFILE point the script at other files (for testing it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -117,8 +119,13 @@ setup_gvisor() {
   fi
   [ -n "$platform" ] || { runc_only "no gVisor platform (${PLATFORMS[*]}) runs a process on this machine"; return 0; }
 
-  local result
-  result="$(daemon_json "$DAEMON_JSON" "$runsc" "$platform")"
+  local result slice="${KILN_GVISOR_SLICE_US:-300}"
+  [[ "$slice" =~ ^[0-9]+$ ]] || die "KILN_GVISOR_SLICE_US=$slice is not a number of microseconds"
+  if [ "$slice" != 0 ] && ! command -v perl >/dev/null 2>&1; then
+    say "gVisor: no perl here, so its sandboxes keep the kernel's default CPU time slice"
+    slice=0
+  fi
+  result="$(daemon_json "$DAEMON_JSON" "$runsc" "$platform" "$slice")"
   if [ "$result" = unchanged ]; then
     if gvisor_registered; then say "gVisor: kiln-gvisor and kiln-gvisor-nonet are registered (platform $platform)"
     else runc_only "the runtimes are in $DAEMON_JSON but the running dockerd has not loaded them (reload it: kill -HUP its pid, or systemctl reload docker)"; fi
