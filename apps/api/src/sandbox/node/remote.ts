@@ -334,7 +334,7 @@ export class RemoteBackend implements SandboxBackend {
       closed = { err: dropped ?? err };
       stdout.end();
       stderr.end();
-      for (const l of listeners.splice(0)) l(err);
+      for (const l of listeners.splice(0)) l(closed.err);
     };
     const demux = new Demux((kind, data) => (kind === STDOUT ? stdout : stderr).write(data));
     stream.pipe(demux);
