@@ -329,9 +329,15 @@ export class RemoteBackend implements SandboxBackend {
     const session = stream.session;
     const close = (err?: Error) => {
       if (closed) return;
-      // However the stream ended, when it was because the node stopped answering, say so.
-      const dropped = session && this.dropped.get(session);
-      closed = { err: dropped ?? err };
+      // However the stream ended, when it was because the node stopped answering (dropped) or its
+      // whole connection failed (the node's process or host died), the host is lost, not the runner.
+      const lost =
+        session &&
+        (this.dropped.get(session) ??
+          (err && session.destroyed
+            ? new HostLost(`node ${this.o.name}: its connection failed (${err.message})`)
+            : undefined));
+      closed = { err: lost ?? err };
       stdout.end();
       stderr.end();
       for (const l of listeners.splice(0)) l(closed.err);
