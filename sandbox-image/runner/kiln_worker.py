@@ -7,11 +7,13 @@ trailing expression is printed, and open matplotlib figures come back as PNG art
 
 import ast
 import base64
+import ctypes
 import io
 import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 REQ = os.fdopen(int(os.environ.pop("KILN_REQ_FD")), "rb", buffering=0)
@@ -19,6 +21,7 @@ RES_FD = int(os.environ.pop("KILN_RES_FD"))
 PID = os.getpid()
 NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
 SECRETS = set()  # the names the last cell's env set
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def set_env(env):
@@ -108,10 +111,17 @@ def leftovers():
 
 
 def end_cell_processes():
-    """A cell's subprocesses end with it (a fork bomb's too), and none is left a zombie."""
+    """A cell's subprocesses end with it (a fork bomb's too), and none is left, not even a zombie,
+    when its result leaves.
+
+    Each round kills what it finds and waits for those that are ours. Where the kernel lets this
+    process be its cells' subreaper (main; runc), every orphan is, once its parent is killed, ours
+    by the next round; where it does not (gVisor's prctl refuses it), the container's init reaps
+    orphans, and the rounds poll until it has."""
     if os.getuid() == 0:  # never as root: that would be the host's processes
         return
-    for _ in range(100):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
         procs = leftovers()
         if not procs:
             break
@@ -120,12 +130,14 @@ def end_cell_processes():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for pid, ppid in procs:
-            if ppid == PID:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
+        ours = [pid for pid, ppid in procs if ppid == PID]
+        for pid in ours:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        if not ours:
+            time.sleep(0.002)  # dying or zombies of someone else's to reap: look again shortly
     while True:  # children that had already exited on their own
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
@@ -138,6 +150,9 @@ def main():
     # The runner ignores SIGINT and ignored signals survive exec: take it back, so an
     # interrupt (timeout, cancel) raises KeyboardInterrupt in the user's code.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Orphans of a cell (a fork bomb's grandchildren) become ours, not the container init's, so
+    # end_cell_processes reaps them itself (gVisor refuses this: there it waits for init to).
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")  # under memory pressure, the kernel takes this process, not the runner

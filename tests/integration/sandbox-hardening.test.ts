@@ -227,6 +227,31 @@ describe.each(RUNTIMES)('%s', (runtime) => {
       expect((await run('keep')).stdout).toBe("'state'\n");
     });
 
+    it('a process a cell orphans is gone, not even a zombie, when the cell’s result arrives', async () => {
+      // A fork bomb's grandchildren are orphans: left to the container's init to reap, one was still
+      // in /proc when the next cell counted. Under runc the interpreter is its cells' subreaper and
+      // reaps them itself (gVisor's prctl refuses that: there it waits until init has reaped them).
+      const r = await run(
+        [
+          'import os, time',
+          'r, w = os.pipe()',
+          'if os.fork() == 0:',
+          '    parent = os.getpid()',
+          '    if os.fork() == 0:',
+          '        deadline = time.time() + 10',
+          '        while os.getppid() == parent and time.time() < deadline: time.sleep(0.01)',
+          '        os.write(w, str(os.getppid()).encode())',
+          '        time.sleep(600)',
+          '    os._exit(0)',
+          'os.close(w)',
+          'print(os.read(r, 32).decode() == str(os.getpid()))',
+        ].join('\n'),
+      );
+      expect(r.stdout).toBe(runtime === 'gvisor' ? 'False\n' : 'True\n');
+      const ps = await run('import os\nprint(len([p for p in os.listdir("/proc") if p.isdigit()]))');
+      expect(Number(ps.stdout)).toBeLessThanOrEqual(PROCESSES);
+    });
+
     it('filling the disk is reported as full and the space can be reclaimed', async () => {
       const r = await run('for i in range(100):\n    open(f"/tmp/fill{i}", "wb").write(b"0" * 4 * 1024 * 1024)');
       expect(r.error!.type).toBe('OSError');

@@ -24,10 +24,17 @@ export async function sessionIn(
   return { ws: ws.body.id, session: s.body.id };
 }
 
+/** A 5xx's cause as the server logged it (a rare one is otherwise gone with the test's app). */
+function serverErrorOf(t: TestApp, body: unknown): string {
+  const id = (body as { error?: { request_id?: string } } | undefined)?.error?.request_id;
+  const logged = id ? t.logs.filter((l) => l.request_id === id && (l.level as number) >= 50) : [];
+  return logged.length ? `\nserver log: ${JSON.stringify(logged)}` : '';
+}
+
 /** POST /v1/sessions/{session}/exec, returning the parsed result. */
 export async function exec(t: TestApp, key: string, session: string, code: string, timeout_s?: number) {
   const r = await t.call('POST', `/v1/sessions/${session}/exec`, { key, body: { code, timeout_s } });
-  if (r.status !== 200) throw new Error(`exec ${r.status}: ${JSON.stringify(r.body)}`);
+  if (r.status !== 200) throw new Error(`exec ${r.status}: ${JSON.stringify(r.body)}${serverErrorOf(t, r.body)}`);
   return r.body as {
     stdout: string;
     stderr: string;
