@@ -107,6 +107,29 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect(await w.search('when did the')).toEqual([]);
   });
 
+  it('finds a word’s other stems: "allergy" (allergi) finds "allergic" (allerg), at half the weight of the word itself', async () => {
+    await w.put(
+      `memory/${day(210)}.md`,
+      chat(day(210), [...FILLER, 'Maya: I am allergic to cats, my eyes swell up.', ...FILLER]),
+    );
+    await w.put(
+      `memory/${day(211)}.md`,
+      chat(day(211), [...FILLER, 'Leo: The pharmacy had nothing for allergy season.', ...FILLER]),
+    );
+    const hits = await w.search('Which animals trigger her allergy?', { debug: 'true' });
+    // The word itself first, then its family: both found, the exact stem ahead.
+    expect(hits.map((h) => h.path).slice(0, 2)).toEqual([`memory/${day(211)}.md`, `memory/${day(210)}.md`]);
+    expect(hits[1]!.snippet).toContain('allergic to cats');
+    const terms = (hits[0]!.debug as { terms: { term: string; kind: string; idf: number }[] }).terms;
+    const word = terms.find((x) => x.term === 'allergi')!;
+    const variant = terms.find((x) => x.term === 'allerg')!;
+    expect(variant.kind).toBe('variant');
+    expect(variant.idf).toBeCloseTo(word.idf / 2, 3);
+    // A short word has no family: "cat" does not bring "catalog".
+    await w.put('knowledge/catalog.md', '# Catalog\n\nThe catalog of parts.\n');
+    expect((await w.search('cat')).map((h) => h.path)).not.toContain('knowledge/catalog.md');
+  });
+
   it('finds Chinese text (by character pairs) and code identifiers the full-text parser cannot split', async () => {
     await w.put(
       'knowledge/deploy.md',

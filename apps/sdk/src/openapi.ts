@@ -1476,7 +1476,7 @@ export interface components {
         terms: {
           term: string;
           /** @enum {string} */
-          kind: 'word' | 'cjk' | 'substring';
+          kind: 'word' | 'variant' | 'cjk' | 'substring';
           df: number;
           idf: number;
         }[];

@@ -78,10 +78,24 @@ const LINE_CHARS = 2_000;
 
 interface Term {
   term: string;
-  kind: 'word' | 'cjk' | 'substring';
+  /** A variant: another stem of the workspace's vocabulary in the same family as a query word's. */
+  kind: 'word' | 'variant' | 'cjk' | 'substring';
   df: number;
   idf: number;
 }
+
+/**
+ * Stem families: Snowball gives one word's forms different stems ("allergy" `allergi`, "allergic"
+ * `allerg`; "photography" `photographi`, "photograph" `photograph`). A query word of
+ * VARIANT_MIN_LEN letters or more also matches, at VARIANT_WEIGHT of its IDF, up to
+ * VARIANTS_PER_WORD stems of the workspace's vocabulary that begin with it (less its last letter
+ * when it is longer) and are at most VARIANT_MAX_EXTRA letters longer, nearest in length first.
+ * The range on `term` lets the primary key's index find them; `starts_with` decides.
+ */
+const VARIANT_MIN_LEN = 5;
+const VARIANT_MAX_EXTRA = 3;
+const VARIANTS_PER_WORD = 3;
+const VARIANT_WEIGHT = 0.5;
 
 /** A number of our own, written into the statement. */
 const raw = (v: number) => sql.raw(String(v));
@@ -135,10 +149,22 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const patterns = substrings.map((t) => `%${likeEscape(t)}%`);
   const found = rowsOf<{ term: string; kind: Term['kind']; df: number; n: number; total: number }>(
     await db.execute(sql`with
-      words as (select distinct lexeme as term, 'word' as kind from unnest(to_tsvector('english', ${words.join(' ')}))
-        union select t, 'cjk' from unnest(${textArray(cjk)}) t),
+      stems as (select distinct lexeme as term from unnest(to_tsvector('english', ${words.join(' ')}))),
+      words as (select term, 'word' as kind from stems union select t, 'cjk' from unnest(${textArray(cjk)}) t),
+      variants as (
+        select distinct v.term from stems s
+        cross join lateral (select left(s.term, length(s.term) - case when length(s.term) > ${raw(VARIANT_MIN_LEN)} then 1 else 0 end) as p) x
+        cross join lateral (
+          select t.term from memory_terms t
+          where t.workspace_id = ${workspaceId} and t.term >= x.p and t.term < x.p || 'zzzz'
+            and starts_with(t.term, x.p) and t.term <> s.term and length(t.term) <= length(s.term) + ${raw(VARIANT_MAX_EXTRA)}
+            and not exists (select 1 from stems o where o.term = t.term)
+          order by abs(length(t.term) - length(s.term)), t.df desc limit ${raw(VARIANTS_PER_WORD)}) v
+        where length(s.term) >= ${raw(VARIANT_MIN_LEN)}),
       terms as (
         select w.term, w.kind, coalesce((select df from memory_terms where workspace_id = ${workspaceId} and term = w.term), 0) as df from words w
+        union all
+        select v.term, 'variant', (select df from memory_terms where workspace_id = ${workspaceId} and term = v.term) from variants v
         union all
         select x.t, 'substring', (select count(*) from (select 1 from memory_chunks c
             where c.workspace_id = ${workspaceId} and c.search_text ilike x.p limit ${raw(SUBSTRING_DF_CAP)}) y)::int
@@ -149,7 +175,12 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   );
   const n = Math.max(1, Number(found[0]?.n ?? 0));
   const avgLen = found[0] && Number(found[0].n) > 0 ? Number(found[0].total) / Number(found[0].n) : 1;
-  const terms: Term[] = found.map((t) => ({ term: t.term, kind: t.kind, df: Number(t.df), idf: idf(n, Number(t.df)) }));
+  const terms: Term[] = found.map((t) => ({
+    term: t.term,
+    kind: t.kind,
+    df: Number(t.df),
+    idf: idf(n, Number(t.df)) * (t.kind === 'variant' ? VARIANT_WEIGHT : 1),
+  }));
 
   // 2. Candidates: the chunks holding the more selective terms, rarest first, up to
   // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
@@ -276,7 +307,7 @@ export function lineScore(line: string, terms: { term: string; kind: string; idf
   let words: string[] | null = null;
   let score = 0;
   for (const t of terms) {
-    if (t.kind !== 'word') {
+    if (t.kind === 'cjk' || t.kind === 'substring') {
       if (lower.includes(t.term)) score += t.idf;
       continue;
     }

@@ -215,7 +215,12 @@ const SearchHit = z
         recency: z.number(),
         builtin: z.number(),
         terms: z.array(
-          z.object({ term: z.string(), kind: z.enum(['word', 'cjk', 'substring']), df: z.number(), idf: z.number() }),
+          z.object({
+            term: z.string(),
+            kind: z.enum(['word', 'variant', 'cjk', 'substring']),
+            df: z.number(),
+            idf: z.number(),
+          }),
         ),
         chunk: z.object({ start_line: z.number(), end_line: z.number() }),
       })
