@@ -33,6 +33,8 @@ export class FakeBackend implements SandboxBackend {
   private seq = 0;
   /** Set to make `ping` fail (an engine that stopped answering). */
   down = false;
+  /** Set to make `start` fail with this reason, as an engine whose runtime cannot start a container answers (500). */
+  refuseStart: string | null = null;
 
   constructor(
     images: string[],
@@ -72,7 +74,10 @@ export class FakeBackend implements SandboxBackend {
   }
 
   async start(container: SandboxContainer): Promise<void> {
-    this.get(container.id).running = true;
+    const c = this.get(container.id);
+    if (this.refuseStart)
+      throw Object.assign(new Error(`(HTTP code 500) server error - ${this.refuseStart}`), { statusCode: 500 });
+    c.running = true;
   }
 
   async attachRunner(container: SandboxContainer): Promise<RunnerChannel> {

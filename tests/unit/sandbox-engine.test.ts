@@ -134,6 +134,44 @@ describe('sandbox engine on the fake backend', () => {
   });
 });
 
+describe('a container the engine refuses to start', () => {
+  let t: TestApp;
+  let fake: FakeBackend;
+  let team: { id: string; key: string };
+
+  beforeAll(async () => {
+    fake = new FakeBackend([IMAGE]);
+    t = await createTestApp({
+      driver: 'pglite',
+      backend: fake,
+      sandbox: { poolSize: 0, reapIntervalMs: 3_600_000 },
+      env: { KILN_SANDBOX_IMAGE: IMAGE },
+    });
+    team = await t.team('refused-start');
+  });
+  afterAll(() => t?.close());
+
+  it('is a 503 that says the sandbox could not be started (never a 500), leaves nothing behind, and the next exec starts one', async () => {
+    const { session } = await sessionIn(t, team);
+    const reason = 'failed to create shim task: OCI runtime create failed: cannot read client sync file: EOF';
+    fake.refuseStart = reason;
+    const refused = await t.call('POST', `/v1/sessions/${session}/exec`, { key: team.key, body: { code: 'print(1)' } });
+    expect(refused.status).toBe(503);
+    expect(refused.body.error).toMatchObject({ code: 'unavailable' });
+    expect(refused.body.error.message).toMatch(/^the sandbox could not be started/);
+    // The engine's words (host internals) stay in the server's log.
+    expect(refused.body.error.message).not.toContain('OCI');
+    expect(refused.headers.get('retry-after')).toBe('5');
+    const logged = t.logs.find((l) => l.msg === 'a sandbox could not be started');
+    expect(logged, 'the engine failure is logged').toBeDefined();
+    expect((logged!.err as { message: string }).message).toContain(reason);
+    expect(fake.containers.size).toBe(0);
+    expect((await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data).toEqual([]);
+    fake.refuseStart = null;
+    expect((await exec(t, team.key, session, 'print(1)')).stdout).toBe('1\n');
+  });
+});
+
 describe('warm pool on a backend that binds a container to its team (fair share)', () => {
   let t: TestApp;
   let fake: FakeBackend;

@@ -396,6 +396,17 @@ export class LiveSandboxes {
       if (warm && lost.status === 'fulfilled' && this.containerGone(err)) {
         throw new WarmGone(warm.id, (err as Error).message);
       }
+      if (c.status === 'rejected' && !(err instanceof ApiError)) {
+        // The engine refused to create or start the container (its runtime failed, it ran out of
+        // something): the caller hears that, not "internal error"; the log keeps the engine's words.
+        log.error({ err, sandbox: id, session: ctx.sessionId }, 'a sandbox could not be started');
+        throw new ApiError(
+          'unavailable',
+          'the sandbox could not be started: its container engine refused it (the server log has the reason); try again',
+          {},
+          { 'Retry-After': '5' },
+        );
+      }
       throw err;
     } finally {
       this.claiming.delete(id);
