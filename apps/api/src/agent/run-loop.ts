@@ -140,7 +140,7 @@ export class RunLoop {
     if (resume) {
       await this.mcp.list();
       // The decided call first, then the calls of its message still unanswered (it paused there).
-      await this.afterApproval(resume);
+      if (await this.afterApproval(resume)) return;
       const decided = resume.approval.toolCallId;
       if (decided && (await this.actCalls(this.unanswered(decided)))) return;
     }
@@ -325,8 +325,7 @@ export class RunLoop {
       await this.requestApproval(action.code, toolCallId);
       return true;
     }
-    await this.runCode(action.code, toolCallId);
-    return false;
+    return this.runCode(action.code, toolCallId);
   }
 
   /** Always an org admin's decision, whatever the approval mode or an earlier approve_session. */
@@ -352,24 +351,30 @@ export class RunLoop {
   }
 
   /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
-  private async afterApproval({ approval, outcome }: Resume): Promise<void> {
+  /** Returns true when the run is over (the approved code found no sandbox to run in). */
+  private async afterApproval({ approval, outcome }: Resume): Promise<boolean> {
     const toolCallId = approval.toolCallId ?? undefined;
     if (outcome === 'approved' && approval.requiresOrgAdmin) {
       this.reply(toolCallId, await su.submitApproved(this.deps.sourceUpdates, approval.code));
       await this.writes.flush();
-      return;
+      return false;
     }
     const call = tc.fromToolApprovalText(approval.code);
-    if (call) return this.mcp.afterApproval(call, { approval, outcome }, toolCallId);
+    if (call) {
+      await this.mcp.afterApproval(call, { approval, outcome }, toolCallId);
+      return false;
+    }
     if (outcome === 'approved') return this.runCode(approval.code, toolCallId);
     const timeout = this.ws.settings.approval.timeout_s;
     this.reply(toolCallId, outcome === 'denied' ? DENIED_BY_USER(approval.reason) : APPROVAL_EXPIRED(timeout));
     await this.writes.flush();
+    return false;
   }
 
-  private async runCode(code: string, toolCallId: string | undefined): Promise<void> {
+  /** Runs the code in the session's sandbox; returns true when the run is over (no sandbox to run it in). */
+  private async runCode(code: string, toolCallId: string | undefined): Promise<boolean> {
     // Cancelled after the model answered: the code is not started (the loop ends the run).
-    if (this.signal.aborted) return;
+    if (this.signal.aborted) return false;
     const runId = this.run.id;
     const sessionId = this.session.id;
     this.writes.emit('exec.started', {});
@@ -378,14 +383,26 @@ export class RunLoop {
     const outputs: Promise<unknown>[] = [];
     const { engine, workspaces, events } = this.deps;
     const by = { teamId: this.run.teamId, sessionId, runId };
-    const result = await execInSession({ engine, workspaces }, this.ws, by, code, {
-      signal: this.signal,
-      prov: { author: 'agent', sessionId, runId },
-      // Recorded and audited (as the agent) in the step's last write, with its events.
-      audit: { role: 'agent' },
-      deferRecord: true,
-      onOutput: (stream, data) => void outputs.push(events.append(runId, 'exec.output', { stream, data })),
-    });
+    let result: Awaited<ReturnType<typeof execInSession>>;
+    try {
+      result = await execInSession({ engine, workspaces }, this.ws, by, code, {
+        signal: this.signal,
+        prov: { author: 'agent', sessionId, runId },
+        // Recorded and audited (as the agent) in the step's last write, with its events.
+        audit: { role: 'agent' },
+        deferRecord: true,
+        onOutput: (stream, data) => void outputs.push(events.append(runId, 'exec.output', { stream, data })),
+      });
+    } catch (err) {
+      // No sandbox to run the code in (the team is at its cap, or the engine refused to start
+      // one): the call is answered, so the session's transcript stays one an endpoint accepts,
+      // and the run ends saying why, not as a crash ("internal").
+      if (!(err instanceof ApiError) || (err.code !== 'sandbox_unavailable' && err.code !== 'unavailable')) throw err;
+      await Promise.all(outputs);
+      this.reply(toolCallId, `Kiln System: [Not run] ${err.message}`);
+      await this.end('failed', { code: 'sandbox_unavailable', message: err.message });
+      return true;
+    }
     await Promise.all(outputs);
     const commit = result.workspace;
     if (result.record) this.writes.write(...result.record);
@@ -404,6 +421,7 @@ export class RunLoop {
     });
     this.reply(toolCallId, execFeedback(result, commit));
     // Left queued: the loop writes it together with the next step's step.created (or the end).
+    return false;
   }
 
   /** A user asked to undo a self-evolution change: a revert commit by the agent, within this run. */
