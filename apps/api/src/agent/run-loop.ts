@@ -350,8 +350,10 @@ export class RunLoop {
     return this.deps.approvals.request(at, code, toolCallId, orgAdmin);
   }
 
-  /** Picks up a run whose approval was decided: run the code, or tell the model why not. */
-  /** Returns true when the run is over (the approved code found no sandbox to run in). */
+  /**
+   * Picks up a run whose approval was decided: run the code, or tell the model why not. Returns
+   * true when the run is over (the approved code found no sandbox to run in).
+   */
   private async afterApproval({ approval, outcome }: Resume): Promise<boolean> {
     const toolCallId = approval.toolCallId ?? undefined;
     if (outcome === 'approved' && approval.requiresOrgAdmin) {
