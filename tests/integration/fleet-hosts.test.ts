@@ -73,6 +73,20 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     await hosts?.close();
   }, 120_000);
 
+  /** A template image's build jobs and what each replica logged of its builds and hosts (for a failure's message). */
+  const buildsOf = async (hash: string) => {
+    const jobs = rowsOf(
+      await a.database.db.execute(
+        sql`select id, status, attempts, run_at, locked_by, last_error, payload->'retry' as retry, payload->'catchUp' as catch_up
+            from jobs where kind = 'template.build' and payload->>'hash' = ${hash} order by id`,
+      ),
+    );
+    const said = (app: TestApp) =>
+      app.logs
+        .filter((l) => (l.level as number) >= 40 || /template|image|node/i.test(String(l.msg)))
+        .map((l) => JSON.stringify({ ...l, pid: undefined, hostname: undefined }).slice(0, 600));
+    return [`jobs: ${JSON.stringify(jobs)}`, 'a:', ...said(a).slice(-40), 'b:', ...said(b).slice(-40)].join('\n');
+  };
   const hostOf = async (session: string) => {
     const rows = await a.database.db.select().from(sandboxes).where(like(sandboxes.sessionId, session));
     return rows.find((r) => r.state !== 'removed')?.containerId.split('/')[0];
@@ -372,8 +386,8 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
   }, 180_000);
 
   it('a template whose build fails on one host is ready on the others, its sessions go there, and that host is tried again later and gets it', async () => {
-    // The hosts alive now (one was killed above), and the base the template will be built on: the
-    // id one of them has for the sandbox image (the other builds on the image of that name).
+    // The hosts alive now (one was killed above), and the base the template's hash will name: the
+    // id the first of them has for the sandbox image (each builds on its own image of that name).
     const on = (host: Host, ...args: string[]) =>
       execFileSync('docker', ['-H', `unix://${host.dockerSock}`, ...args], { encoding: 'utf8', stdio: 'pipe' }).trim();
     const alive = h.filter((host) => {
@@ -385,9 +399,11 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     });
     expect(alive).toHaveLength(2);
     const base = await fleets[0]!.images.idOf('kiln-sandbox:latest');
-    // The host that builds on the image by name, as its own build left it: one that breaks every
-    // template build there (no `find`, which the build's last steps run); its sandboxes are not affected.
-    const victim = alive.find((host) => on(host, 'image', 'inspect', '-f', '{{.Id}}', 'kiln-sandbox:latest') !== base)!;
+    // The host whose id that is, given a sandbox image that breaks every template build there (no
+    // `find`, which the build's last steps run); its sandboxes are not affected. So the template's
+    // hash names the broken image's id, which stays on that host once its name is mended (the
+    // failed builds' cached layers keep it): the retries must build on what the name says now.
+    const victim = alive.find((host) => on(host, 'image', 'inspect', '-f', '{{.Id}}', 'kiln-sandbox:latest') === base)!;
     expect(victim).toBeDefined();
     const onVictim = (...args: string[]) => on(victim, ...args);
     const good = onVictim('image', 'inspect', '-f', '{{.Id}}', bases[0]!);
@@ -404,6 +420,7 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
       { encoding: 'utf8' },
     );
     for (const tag of bases) onVictim('tag', broken, tag);
+    const brokenId = onVictim('image', 'inspect', '-f', '{{.Id}}', broken);
     // The retries queued for this template’s image, by number, not yet run, and in how many seconds each is due.
     const retries = async (hash: string, n: number) =>
       rowsOf<{ id: string; run_in_s: number }>(
@@ -412,9 +429,22 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
               and status = 'queued' and payload->>'hash' = ${hash} and payload->>'retry' = ${String(n)}`,
         ),
       );
+    // Made due now and run to its end: by a drain here, or by a replica's own worker (one may be
+    // busy with another build of the team, e.g. a catch-up a heartbeat queued, which holds the
+    // team's one build slot: a drain then claims nothing and returns at once).
     const bringForward = async (id: string) => {
       await a.database.db.execute(sql`update jobs set run_at = now() where id = ${id}`);
-      await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+      await waitFor(
+        async () => {
+          await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+          const [job] = rowsOf<{ status: string }>(
+            await a.database.db.execute(sql`select status from jobs where id = ${id}`),
+          );
+          return job?.status === 'succeeded' || job?.status === 'failed';
+        },
+        undefined,
+        async () => buildsOf(tpl.image.split(':')[1]!),
+      );
     };
     let created: { status: number; body: { id: string } };
     let tpl: { image: string; status: string };
@@ -451,6 +481,7 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
         onVictim('rmi', broken);
       } catch {}
     }
+    expect(onVictim('image', 'inspect', '-f', '{{.Id}}', brokenId)).toBe(brokenId);
 
     // Its sessions go to the hosts that have it, never to the victim.
     const templated = await a.call('POST', '/v1/workspaces', {
@@ -471,10 +502,14 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
 
     // Its image mended, that host gets the template when the next retry comes (brought forward here).
     await bringForward(second!.id);
-    await waitFor(async () => {
-      await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
-      return onVictim('image', 'ls', '-q', tpl.image) !== '';
-    });
+    await waitFor(
+      async () => {
+        await Promise.all([a.evolution.jobs.drain(), b.evolution.jobs.drain()]);
+        return onVictim('image', 'ls', '-q', tpl.image) !== '';
+      },
+      undefined,
+      async () => buildsOf(tpl.image.split(':')[1]!),
+    );
     await waitFor(async () =>
       ((await b.call('GET', '/v1/system/nodes', { key: b.adminKey })).body.data as { name: string; images: string[] }[])
         .find((n) => n.name === victim.name)!
@@ -486,11 +521,14 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
   }, 180_000);
 });
 
-/** Polls `fn` every 100 ms until it is true (the heartbeat runs every 500 ms here). */
-async function waitFor(fn: () => Promise<boolean>, ms = 30_000): Promise<void> {
+/**
+ * Polls `fn` every 100 ms until it is true (the heartbeat runs every 500 ms here); on timing out,
+ * the error says what `explain` finds (what the servers did meanwhile).
+ */
+async function waitFor(fn: () => Promise<boolean>, ms = 30_000, explain?: () => Promise<string>): Promise<void> {
   const end = Date.now() + ms;
   while (!(await fn())) {
-    if (Date.now() > end) throw new Error('timed out');
+    if (Date.now() > end) throw new Error(`timed out${explain ? `\n${await explain()}` : ''}`);
     await new Promise((r) => setTimeout(r, 100));
   }
 }

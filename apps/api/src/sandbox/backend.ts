@@ -137,9 +137,9 @@ export interface ImageRecipe {
   /** The base sandbox image's id. */
   base: string;
   /**
-   * The base image by name (`KILN_SANDBOX_IMAGE`): a builder that lacks the id `base` (a fleet's
-   * other host, whose base was built there and so has an id of its own) builds on what this names
-   * there. Unset (a build queued by an older server): `base` only.
+   * The base image by name (`KILN_SANDBOX_IMAGE`): a fleet's host builds on what this names there
+   * (its base may have an id of its own: built there, or replaced since), `base` only where it has
+   * no image of this name. Unset (a build queued by an older server): `base` only.
    */
   baseRef?: string;
   tag: string;

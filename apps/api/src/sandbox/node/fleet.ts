@@ -538,10 +538,12 @@ export function rankPlacement<M extends Placeable>(
 }
 
 /**
- * The base a member builds a template on: the recipe's id where the member has that image, else
- * the member's own image of the same name (a host whose base was built there has an id of its own).
+ * The base a member builds a template on: the image its sandboxes start from, i.e. what the base's
+ * name is there now (a host whose base was built there has an id of its own); the recipe's id only
+ * where the member has no image of that name. Never the recorded id over the name: a host whose
+ * base was replaced may still hold the old id (kept by an earlier build's cached layers, or by a
+ * sandbox that runs it), and would build every template on what it no longer runs.
  */
 async function baseOn(images: ImageBuilder, recipe: ImageRecipe): Promise<string> {
-  if (!recipe.baseRef || (await images.idOf(recipe.base))) return recipe.base;
-  return (await images.idOf(recipe.baseRef)) ?? recipe.base;
+  return (recipe.baseRef && (await images.idOf(recipe.baseRef))) || recipe.base;
 }
