@@ -27,11 +27,16 @@ describe('an agent run with no sandbox to run its code in', () => {
     const { session } = await sessionIn(ctx.t, ctx.team, settings);
     backend.refuseStart = 'failed to create shim task: OCI runtime create failed';
     ctx.fake.script(python('print(1)'));
-    const { run, names } = await converse(ctx.t, ctx.team.key, session, 'print one');
+    const { run, names, events } = await converse(ctx.t, ctx.team.key, session, 'print one');
     expect(run.status).toBe('failed');
     expect(run.error).toMatchObject({ code: 'sandbox_unavailable' });
     expect(run.error.message).toMatch(/^the sandbox could not be started/);
     expect(names.at(-1)).toBe('run.failed');
+    // The code's start is answered by its end, saying why it did not run.
+    expect(names.filter((n) => n.startsWith('exec.'))).toEqual(['exec.started', 'exec.completed']);
+    const completed = events.find((e) => e.event === 'exec.completed')!.data as { error: { message: string } };
+    expect(completed).toMatchObject({ execution_id: null, error: { type: 'SandboxUnavailable' } });
+    expect(completed.error.message).toMatch(/^the sandbox could not be started/);
     // The call was answered: the next run's transcript is one the endpoint accepts.
     backend.refuseStart = null;
     ctx.fake.script(python('print(2)'), finish('Printed 2.'));

@@ -401,6 +401,20 @@ export class RunLoop {
       // and the run ends saying why, not as a crash ("internal").
       if (!(err instanceof ApiError) || (err.code !== 'sandbox_unavailable' && err.code !== 'unavailable')) throw err;
       await Promise.all(outputs);
+      // Its exec.started is answered too (a viewer of the run is not left with code forever running).
+      this.writes.emit('exec.completed', {
+        execution_id: null,
+        exit_code: null,
+        error: { type: 'SandboxUnavailable', message: err.message },
+        truncated: false,
+        restarted: false,
+        duration_ms: 0,
+        artifacts: [],
+        egress: [],
+        commit: null,
+        redactions: [],
+        refused: [],
+      });
       this.reply(toolCallId, `Kiln System: [Not run] ${err.message}`);
       await this.end('failed', { code: 'sandbox_unavailable', message: err.message });
       return true;
