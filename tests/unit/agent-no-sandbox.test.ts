@@ -37,6 +37,11 @@ describe('an agent run with no sandbox to run its code in', () => {
     const completed = events.find((e) => e.event === 'exec.completed')!.data as { error: { message: string } };
     expect(completed).toMatchObject({ execution_id: null, error: { type: 'SandboxUnavailable' } });
     expect(completed.error.message).toMatch(/^the sandbox could not be started/);
+    // The engine's words are in the server's log (once), with the run; not in the event.
+    expect(completed.error.message).not.toContain('OCI');
+    const logged = ctx.t.logs.filter((l) => JSON.stringify(l).includes('OCI runtime create failed'));
+    expect(logged).toHaveLength(1);
+    expect(logged[0]).toMatchObject({ run: run.id, level: 40 });
     // The call was answered: the next run's transcript is one the endpoint accepts.
     backend.refuseStart = null;
     ctx.fake.script(python('print(2)'), finish('Printed 2.'));

@@ -162,9 +162,13 @@ describe('a container the engine refuses to start', () => {
     // The engine's words (host internals) stay in the server's log.
     expect(refused.body.error.message).not.toContain('OCI');
     expect(refused.headers.get('retry-after')).toBe('5');
-    const logged = t.logs.find((l) => l.msg === 'a sandbox could not be started');
-    expect(logged, 'the engine failure is logged').toBeDefined();
-    expect((logged!.err as { message: string }).message).toContain(reason);
+    // Once, by the request, with its id and the engine's reason as the error's cause.
+    const logged = t.logs.filter((l) => JSON.stringify(l).includes('cannot read client sync file'));
+    expect(logged, 'the engine failure is logged once').toHaveLength(1);
+    expect(logged[0]).toMatchObject({ msg: 'request failed', request_id: refused.body.error.request_id });
+    expect((logged[0]!.err as { message: string }).message).toMatch(
+      new RegExp(`^the sandbox could not be started.*try again: .*${reason}$`),
+    );
     expect(fake.containers.size).toBe(0);
     expect((await t.call('GET', '/v1/sandboxes', { key: team.key })).body.data).toEqual([]);
     fake.refuseStart = null;

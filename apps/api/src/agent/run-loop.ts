@@ -401,6 +401,7 @@ export class RunLoop {
       // and the run ends saying why, not as a crash ("internal").
       if (!(err instanceof ApiError) || (err.code !== 'sandbox_unavailable' && err.code !== 'unavailable')) throw err;
       await Promise.all(outputs);
+      this.deps.log.warn({ err, run: runId, session: sessionId }, 'an agent run’s code found no sandbox to run in');
       // Its exec.started is answered too (a viewer of the run is not left with code forever running).
       this.writes.emit('exec.completed', {
         execution_id: null,

@@ -48,8 +48,10 @@ export class ApiError extends Error {
     message: string,
     readonly extra: Record<string, unknown> = {},
     readonly headers: Record<string, string> = {},
+    /** What caused it, for the server's log (its message is appended there), never for the caller. */
+    options?: { cause?: unknown },
   ) {
-    super(message);
+    super(message, options);
     this.status = STATUS[code];
   }
 

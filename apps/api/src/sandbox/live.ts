@@ -398,13 +398,14 @@ export class LiveSandboxes {
       }
       if (c.status === 'rejected' && !(err instanceof ApiError)) {
         // The engine refused to create or start the container (its runtime failed, it ran out of
-        // something): the caller hears that, not "internal error"; the log keeps the engine's words.
-        log.error({ err, sandbox: id, session: ctx.sessionId }, 'a sandbox could not be started');
+        // something): the caller hears that, not "internal error"; the engine's words are the
+        // error's cause, which the one who logs it (the request, the agent run) logs with it.
         throw new ApiError(
           'unavailable',
           'the sandbox could not be started: its container engine refused it (the server log has the reason); try again',
           {},
           { 'Retry-After': '5' },
+          { cause: err },
         );
       }
       throw err;
