@@ -1,14 +1,36 @@
 import { readFileSync } from 'node:fs';
 import { PassThrough } from 'node:stream';
 import { describe, expect, it } from 'vitest';
-import type { RunnerChannel } from '../../apps/api/src/sandbox/backend.ts';
-import { RUNNER_PROTOCOL, RunnerClient, RunnerOutdated } from '../../apps/api/src/sandbox/runner-client.ts';
+import { HostLost, type RunnerChannel } from '../../apps/api/src/sandbox/backend.ts';
+import {
+  RUNNER_PROTOCOL,
+  RunnerClient,
+  RunnerGoneError,
+  RunnerOutdated,
+} from '../../apps/api/src/sandbox/runner-client.ts';
 
-/** A channel whose runner says `ready` with these fields, and whether the client dropped it. */
+/** A frame as a runner writes it (unsigned). */
+function frame(msg: Record<string, unknown>): Buffer {
+  const body = Buffer.from(JSON.stringify(msg));
+  const head = Buffer.alloc(4);
+  head.writeUInt32BE(body.length);
+  return Buffer.concat([head, body]);
+}
+
+/**
+ * A channel whose runner says `ready` with these fields, whether the client dropped it, and a way
+ * to end its connection (as a backend does: `err` a HostLost when the runner's host stopped answering).
+ */
 function channelSaying(ready: Record<string, unknown>) {
   const stdout = new PassThrough();
   const stderr = new PassThrough();
-  const state = { destroyed: false };
+  const closers: ((err?: Error) => void)[] = [];
+  const state = {
+    destroyed: false,
+    close: (err?: Error) => {
+      for (const l of closers) l(err);
+    },
+  };
   const channel: RunnerChannel = {
     stdin: new PassThrough(),
     stdout,
@@ -16,13 +38,10 @@ function channelSaying(ready: Record<string, unknown>) {
     destroy: () => {
       state.destroyed = true;
     },
-    onClose: () => {},
+    onClose: (listener) => closers.push(listener),
   };
-  const body = Buffer.from(JSON.stringify({ ev: 'ready', ...ready }));
-  const head = Buffer.alloc(4);
-  head.writeUInt32BE(body.length);
-  queueMicrotask(() => stdout.write(Buffer.concat([head, body])));
-  return { channel, state };
+  queueMicrotask(() => stdout.write(frame({ ev: 'ready', ...ready })));
+  return { channel, state, stdout };
 }
 
 /** The runner and the server name the version of the frames they speak, and a server refuses another. */
@@ -52,5 +71,30 @@ describe('the runner protocol', () => {
       expect((err as Error).message).toContain('npm run sandbox:build');
       expect(state.destroyed).toBe(true);
     }
+  });
+
+  it('a runner whose connection fails because its host stopped answering ended as node_lost; its calls say why', async () => {
+    const { channel, state } = channelSaying({ protocol: RUNNER_PROTOCOL, pid: 7 });
+    const client = await RunnerClient.start(channel, 5_000);
+    state.close(new HostLost('node kf1 stopped answering'));
+    expect(client.alive).toBe(false);
+    expect(client.lostAs).toBe('node_lost');
+    const err = await client.exec('print(1)', { timeoutMs: 5_000, maxOutputBytes: 1024 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RunnerGoneError);
+    expect((err as Error).message).toBe('runner stream failed: node kf1 stopped answering');
+  });
+
+  it('the first cause wins: a runner dropped for a forged frame stays runner_lost when its host is lost after', async () => {
+    const { channel, state, stdout } = channelSaying({ protocol: RUNNER_PROTOCOL, pid: 7 });
+    const client = await RunnerClient.start(channel, 5_000);
+    const reasons: string[] = [];
+    client.onExit((reason) => reasons.push(reason));
+    stdout.write(frame({ ev: 'result', id: 'nobody-asked' }));
+    await new Promise((r) => setImmediate(r));
+    expect(client.alive).toBe(false);
+    state.close(new HostLost('node kf1 stopped answering'));
+    expect(client.lostAs).toBe('runner_lost');
+    expect(reasons).toHaveLength(1);
+    expect(reasons[0]).toContain('frame for no pending request');
   });
 });

@@ -132,9 +132,11 @@ export class RunnerClient {
   });
   /** The key every frame after `ready` is signed with (HMAC-SHA256, in its first 32 bytes). */
   private key: Buffer | undefined;
-  private goneReason: string | undefined;
-  /** The runner's connection failed because its host stopped answering (HostLost). */
-  private hostLost = false;
+  /**
+   * Why the runner is gone, once it is (the first cause wins), and as what its sandbox ended: its
+   * host stopped answering (`node_lost`: the connection failed with HostLost), or the runner itself.
+   */
+  private gone: { reason: string; as: 'node_lost' | 'runner_lost' } | undefined;
   private readonly exitListeners: ((reason: string) => void)[] = [];
   stderrTail = '';
 
@@ -219,8 +221,11 @@ export class RunnerClient {
     );
     channel.onClose((err) => {
       const tail = client.stderrTail ? `: ${client.stderrTail.trim()}` : '';
-      if (err instanceof HostLost) client.hostLost = true;
-      client.markGone(err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`);
+      client.markGone(
+        err ? `runner stream failed: ${err.message}` : `runner stream ended${tail}`,
+        true,
+        err instanceof HostLost ? 'node_lost' : 'runner_lost',
+      );
     });
     await ready;
     return client;
@@ -234,16 +239,16 @@ export class RunnerClient {
   }
 
   get alive(): boolean {
-    return this.goneReason === undefined;
+    return this.gone === undefined;
   }
 
   /** Why a sandbox whose runner is gone ended: its host stopped answering (`node_lost`), or the runner itself. */
   get lostAs(): 'node_lost' | 'runner_lost' {
-    return this.hostLost ? 'node_lost' : 'runner_lost';
+    return this.gone?.as ?? 'runner_lost';
   }
 
   onExit(listener: (reason: string) => void): void {
-    if (this.goneReason !== undefined) listener(this.goneReason);
+    if (this.gone) listener(this.gone.reason);
     else this.exitListeners.push(listener);
   }
 
@@ -354,7 +359,7 @@ export class RunnerClient {
     onOutput?: OutputListener,
     check: Pick<Pending, 'codeSha256' | 'sync'> = {},
   ): Promise<Record<string, unknown>> {
-    if (this.goneReason !== undefined) return Promise.reject(new RunnerGoneError(this.goneReason));
+    if (this.gone) return Promise.reject(new RunnerGoneError(this.gone.reason));
     return new Promise((resolve, reject) => {
       this.pending.set(msg.id, {
         resolve,
@@ -369,7 +374,7 @@ export class RunnerClient {
   }
 
   private send(msg: Record<string, unknown>): void {
-    if (this.goneReason !== undefined) return;
+    if (this.gone) return;
     const body = Buffer.from(JSON.stringify(msg));
     const head = Buffer.alloc(4);
     head.writeUInt32BE(body.length);
@@ -414,9 +419,9 @@ export class RunnerClient {
     else p.resolve(msg);
   }
 
-  private markGone(reason: string, destroy = true): void {
-    if (this.goneReason !== undefined) return;
-    this.goneReason = reason;
+  private markGone(reason: string, destroy = true, as: 'node_lost' | 'runner_lost' = 'runner_lost'): void {
+    if (this.gone) return;
+    this.gone = { reason, as };
     this.frames.stop();
     for (const p of this.pending.values()) p.reject(new RunnerGoneError(reason));
     this.pending.clear();
