@@ -99,6 +99,12 @@ MAX_UNPROVEN = 4  # connections waiting to prove it at once; the oldest goes fir
 UNPROVEN_FRAME = 4096
 
 
+def ready_frame(**extra):
+    """What a runner says when a host may speak to it: the protocol version and its pid (and, to a
+    host that must prove itself, the nonce to answer)."""
+    return {"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid(), **extra}
+
+
 class SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
 
@@ -423,7 +429,7 @@ class Runner:
             # The first connection is the host's own relay: nothing of the user's has run yet.
             self.attached_once = True
             self.take_host(conn)
-            self.send({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid()})
+            self.send(ready_frame())
             return
         if self.key is None:  # a host that never gave a key cannot prove anything
             conn.close()
@@ -435,7 +441,7 @@ class Runner:
         conn.setblocking(True)
         self.unproven[conn.fileno()] = [conn, bytearray(), time.monotonic() + AUTH_WAIT_S, nonce]
         self.sel.register(conn.fileno(), selectors.EVENT_READ, "unproven")
-        body = json.dumps({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid(), "nonce": nonce}, separators=(",", ":")).encode()
+        body = json.dumps(ready_frame(nonce=nonce), separators=(",", ":")).encode()
         data = hmac.digest(self.key, body, "sha256") + body
         self.send_conn(conn, memoryview(struct.pack(">I", len(data)) + data))
 
@@ -911,7 +917,7 @@ class Runner:
         else:
             os.set_blocking(self.inp.fileno(), False)
             self.sel.register(self.inp.fileno(), selectors.EVENT_READ, "host")
-            self.send({"ev": "ready", "protocol": PROTOCOL, "pid": os.getpid()})
+            self.send(ready_frame())
         while True:
             timeout = None
             if self.unproven:
