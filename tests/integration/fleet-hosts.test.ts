@@ -429,9 +429,9 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
               and status = 'queued' and payload->>'hash' = ${hash} and payload->>'retry' = ${String(n)}`,
         ),
       );
-    // Made due now and run to its end: by a drain here, or by a replica's own worker (one may be
-    // busy with another build of the team, e.g. a catch-up a heartbeat queued, which holds the
-    // team's one build slot: a drain then claims nothing and returns at once).
+    // Made due now and drained until its job has ended: a drain claims nothing (and returns at
+    // once) while the team's one build slot is taken by another build of the team, e.g. a
+    // catch-up a heartbeat queued (seen once: the retry still queued after both replicas' drains).
     const bringForward = async (id: string) => {
       await a.database.db.execute(sql`update jobs set run_at = now() where id = ${id}`);
       await waitFor(
