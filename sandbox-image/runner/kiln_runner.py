@@ -257,15 +257,7 @@ def regular_files(root, skip=(".git",)):
                     entries = list(os.scandir(fd))  # listed at once: the listing's own descriptor is closed
                 except OSError:
                     entries = []
-                for e in entries:
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            if e.name not in skip:
-                                subdirs.append(e.name)
-                        elif e.is_file(follow_symlinks=False):
-                            yield os.path.join(top, e.name), e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
+                yield from files_among(entries, top, skip, subdirs)
             if not subdirs:
                 stack.pop()
                 os.close(fd)
@@ -296,15 +288,23 @@ def regular_files_by_path(root, skip):
             entries = list(os.scandir(top))
         except OSError:
             continue
-        for e in entries:
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    if e.name not in skip:
-                        stack.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    yield e.path, e.stat(follow_symlinks=False)
-            except OSError:
-                continue
+        subdirs = []
+        yield from files_among(entries, top, skip, subdirs)
+        stack.extend(os.path.join(top, name) for name in subdirs)
+
+
+def files_among(entries, top, skip, subdirs):
+    """(path, stat) of the regular files among a directory's entries; the names of its
+    subdirectories (but those in skip) go to subdirs. Links are neither."""
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                if e.name not in skip:
+                    subdirs.append(e.name)
+            elif e.is_file(follow_symlinks=False):
+                yield os.path.join(top, e.name), e.stat(follow_symlinks=False)
+        except OSError:
+            continue
 
 
 def copyable(member):
