@@ -403,19 +403,7 @@ export class RunLoop {
       await Promise.all(outputs);
       this.deps.log.warn({ err, run: runId, session: sessionId }, 'an agent run’s code found no sandbox to run in');
       // Its exec.started is answered too (a viewer of the run is not left with code forever running).
-      this.writes.emit('exec.completed', {
-        execution_id: null,
-        exit_code: null,
-        error: { type: 'SandboxUnavailable', message: err.message },
-        truncated: false,
-        restarted: false,
-        duration_ms: 0,
-        artifacts: [],
-        egress: [],
-        commit: null,
-        redactions: [],
-        refused: [],
-      });
+      this.writes.emit('exec.completed', execCompleted(null, { type: 'SandboxUnavailable', message: err.message }));
       this.reply(toolCallId, `Kiln System: [Not run] ${err.message}`);
       await this.end('failed', { code: 'sandbox_unavailable', message: err.message });
       return true;
@@ -423,19 +411,7 @@ export class RunLoop {
     await Promise.all(outputs);
     const commit = result.workspace;
     if (result.record) this.writes.write(...result.record);
-    this.writes.emit('exec.completed', {
-      execution_id: result.execution_id,
-      exit_code: result.exit_code,
-      error: result.error ?? null,
-      truncated: result.truncated,
-      restarted: result.restarted,
-      duration_ms: result.duration_ms,
-      artifacts: result.artifacts,
-      egress: result.egress,
-      commit: commit?.commit ? { sha: commit.commit.sha, kind: commit.commit.kind, paths: commit.commit.paths } : null,
-      redactions: commit?.redactions ?? [],
-      refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
-    });
+    this.writes.emit('exec.completed', execCompleted(result));
     this.reply(toolCallId, execFeedback(result, commit));
     // Left queued: the loop writes it together with the next step's step.created (or the end).
     return false;
@@ -534,4 +510,28 @@ async function load(db: Db, runId: string): Promise<Loaded> {
   const [run] = (await db.select().from(runs).where(eq(runs.id, runId))) as [RunRow];
   const [session] = (await db.select().from(sessions).where(eq(sessions.id, run.sessionId))) as [SessionRow];
   return { run, session, ws: await getWorkspace(db, run.teamId, run.workspaceId) };
+}
+
+/**
+ * A run's `exec.completed` event: what its execution gave, or (`result` null) that the code did
+ * not run, `error` saying why.
+ */
+function execCompleted(
+  result: Awaited<ReturnType<typeof execInSession>> | null,
+  error?: { type: string; message: string },
+) {
+  const commit = result?.workspace;
+  return {
+    execution_id: result?.execution_id ?? null,
+    exit_code: result?.exit_code ?? null,
+    error: error ?? result?.error ?? null,
+    truncated: result?.truncated ?? false,
+    restarted: result?.restarted ?? false,
+    duration_ms: result?.duration_ms ?? 0,
+    artifacts: result?.artifacts ?? [],
+    egress: result?.egress ?? [],
+    commit: commit?.commit ? { sha: commit.commit.sha, kind: commit.commit.kind, paths: commit.commit.paths } : null,
+    redactions: commit?.redactions ?? [],
+    refused: [...(commit?.refused ?? []), ...(commit?.ignored ?? []), ...(commit?.skipped ?? [])],
+  };
 }
