@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { issue, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
@@ -16,8 +17,11 @@ backendContract('Docker', async () => ({
 backendContract('a sandbox node (Docker behind the node protocol)', async () => {
   const ca = await makeAuthority('contract');
   const node = await startNode({
-    // Named, as every node is: it lists (and reaps) only its own containers on the shared engine.
-    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-a' }),
+    // Named, as every node is: it lists (and reaps) only its own containers on the shared engine
+    // (named for this file alone: other files' nodes are also called node-a).
+    backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), {
+      node: `node-a-${randomBytes(3).toString('hex')}`,
+    }),
     credentials: await issue(ca, { role: 'node', name: 'node-a', hosts: ['127.0.0.1'] }),
     host: '127.0.0.1',
     port: 0,

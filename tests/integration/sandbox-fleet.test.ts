@@ -1,8 +1,9 @@
+import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { like } from 'drizzle-orm';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
-import { DockerBackend, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
+import { DockerBackend, type DockerBackendOptions, egressOf } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { FleetBackend } from '../../apps/api/src/sandbox/node/fleet.ts';
 import { issue, type KeyPair, makeAuthority } from '../../apps/api/src/sandbox/node/pki.ts';
@@ -16,6 +17,13 @@ import { createTestApp, type TestApp } from '../support/app.ts';
  * placement that spreads a team, exec through a node, drain, removal, and a full fleet's 429.
  * (Nodes on hosts of their own, with their own engines, are the next step: docs/scaling.md.)
  */
+// Each node's containers on the shared engine carry a label of this file's own (the node's name and
+// a tag): other files' nodes are also called node-a, and their clean-up (or reaper) must never
+// touch this file's containers, nor this file's theirs.
+const tag = randomBytes(3).toString('hex');
+const onEngine = (name: string, o: Omit<DockerBackendOptions, 'node'> = {}) =>
+  new DockerBackend(connectDocker(process.env.DOCKER_HOST), { ...o, node: `${name}-${tag}` });
+
 describe('sandboxes on a fleet of nodes', () => {
   let t: TestApp;
   let team: { id: string; key: string };
@@ -29,14 +37,13 @@ describe('sandboxes on a fleet of nodes', () => {
   beforeAll(async () => {
     await ensureSandboxImage();
     ca = await makeAuthority('fleet-test');
-    const docker = connectDocker(process.env.DOCKER_HOST);
     // node-a may give sandboxes 4 GiB, node-b only 1.5 GiB.
     for (const [name, memoryMb] of [
       ['node-a', 4096],
       ['node-b', 1536],
     ] as const) {
       const n = await startNode({
-        backend: new DockerBackend(docker, { node: name }),
+        backend: onEngine(name),
         credentials: await issue(ca, { role: 'node', name, hosts: ['127.0.0.1'] }),
         host: '127.0.0.1',
         port: 0,
@@ -55,7 +62,7 @@ describe('sandboxes on a fleet of nodes', () => {
     for (const n of nodes) await n.close();
     // What a dead node left on the engine.
     for (const name of ['node-a', 'node-b', 'node-c']) {
-      const left = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: name });
+      const left = onEngine(name);
       for (const c of await left.list()) await left.remove(c.id);
     }
   });
@@ -122,9 +129,7 @@ describe('sandboxes on a fleet of nodes', () => {
     expect(inner).toHaveLength(4);
     const plain = (await new DockerBackend(connectDocker(process.env.DOCKER_HOST)).list()).map((c) => c.id);
     for (const id of inner) expect(plain).not.toContain(id);
-    const onA = (await new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-a' }).list()).map(
-      (c) => c.id,
-    );
+    const onA = (await onEngine('node-a').list()).map((c) => c.id);
     expect(inner.filter((id) => onA.includes(id))).toHaveLength(2);
     const view = (await t.call('GET', '/v1/system/nodes', { key: t.adminKey })).body.data;
     for (const n of view) expect(n).toMatchObject({ sandboxes: 2, committed: { memory_mb: 1024 } });
@@ -172,10 +177,7 @@ describe('sandboxes on a fleet of nodes', () => {
   it('a node that dies mid-session: the next exec of each of its sessions says the variables are gone and runs on another node; nothing answers 500', async () => {
     const c = await startNode({
       // node-c has an egress proxy of its own (on its engine), as a node with KILN_EGRESS on does.
-      backend: new DockerBackend(connectDocker(process.env.DOCKER_HOST), {
-        egress: egressOf(loadConfig()),
-        node: 'node-c',
-      }),
+      backend: onEngine('node-c', { egress: egressOf(loadConfig()) }),
       credentials: await issue(ca, { role: 'node', name: 'node-c', hosts: ['127.0.0.1'] }),
       host: '127.0.0.1',
       port: 0,
@@ -206,7 +208,7 @@ describe('sandboxes on a fleet of nodes', () => {
 
     // node-b comes back at its address: what it still holds was replaced, and the reaper removes it.
     const port = Number(new URL(url['node-b']!).port);
-    const leftOnB = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: 'node-b' });
+    const leftOnB = onEngine('node-b');
     expect((await leftOnB.list()).length).toBeGreaterThan(0);
     nodes[1] = await startNode({
       backend: leftOnB,
@@ -260,7 +262,7 @@ describe('sandboxes on a fleet of nodes', () => {
       .update(sandboxes)
       .set({ state: 'removed', removedReason: 'node_lost' })
       .where(like(sandboxes.id, row!.id));
-    const onNode = new DockerBackend(connectDocker(process.env.DOCKER_HOST), { node: node });
+    const onNode = onEngine(node);
     expect((await onNode.list()).map((c) => c.id)).toContain(inner);
     // A second replica, which never had it: it is not its own and not past its lifetime, but its row says removed.
     const replica = await issue(ca, { role: 'api', name: 'replica-2' });
