@@ -341,7 +341,7 @@ describe('post-session review (a durable job, with a scripted model)', () => {
       },
       new JobRunner(
         ctx.t.database.db,
-        { owner: 'second-replica', leaseMs: 60_000, pollMs: 60_000 },
+        { instance: 'second-replica', leaseMs: 60_000, pollMs: 60_000 },
         pino({ level: 'silent' }),
       ),
       { tickMs: 60_000 },

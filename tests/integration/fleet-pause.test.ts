@@ -173,14 +173,14 @@ describe('paused sandboxes on sandbox nodes', () => {
       const placed = (await rowOf(first.sandbox_id)).containerId;
       // Replica A goes for good (no pause at shutdown in tests: what it paused stays paused, on the node).
       await a.close();
-      expect(await rowOf(first.sandbox_id)).toMatchObject({ state: 'paused', owner: instance });
+      expect(await rowOf(first.sandbox_id)).toMatchObject({ state: 'paused', instance: instance });
 
       // The next execution reaches another replica (A is not heard from), which resumes it on its node.
       const resumed = await exec(t, team.key, session, 'print(kept)');
       expect(resumed).toMatchObject({ stdout: 'across replicas\n', restarted: false, sandbox_id: first.sandbox_id });
       const row = await rowOf(first.sandbox_id);
       expect(row.state).toBe('ready');
-      expect(row.owner).not.toBe(instance);
+      expect(row.instance).not.toBe(instance);
       expect(await containerOf(placed)).toEqual({ running: true });
 
       // A back with the same instance id: the container still carries A's label, yet it is not A's.
@@ -212,7 +212,7 @@ describe('paused sandboxes on sandbox nodes', () => {
       const c = await remote.create({
         image: await ensureSandboxImage(),
         sandboxId: `sbx_nodepause${randomBytes(4).toString('hex')}`,
-        owner: `fleet-pause-${tag}`,
+        instance: `fleet-pause-${tag}`,
         teamId: '',
         sessionId: '',
         // Its hard lifetime is already over: only the pause keeps it.

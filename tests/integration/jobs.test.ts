@@ -15,7 +15,7 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
   let now = Date.now();
   const clock = () => now;
   const runner = (db: Database, owner: string) =>
-    new JobRunner(db.db, { owner, leaseMs: 60_000, pollMs: 60_000, now: clock }, log);
+    new JobRunner(db.db, { instance: owner, leaseMs: 60_000, pollMs: 60_000, now: clock }, log);
 
   beforeAll(async () => {
     url = await createPgDatabase();
@@ -179,13 +179,13 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
     });
     await dead.enqueue('report', { id: 1 });
     const taken = await dead.claim(); // replica-a takes it… and is killed before finishing.
-    expect(taken).toMatchObject({ status: 'running', lockedBy: 'replica-a' });
+    expect(taken).toMatchObject({ status: 'running', instance: 'replica-a' });
     expect(await alive.drain()).toBe(0);
     now += 61_000;
     expect(await alive.drain()).toBe(1);
     expect(runs).toBe(1);
     const [row] = await a.db.select().from(jobs).where(eq(jobs.id, taken!.id));
-    expect(row).toMatchObject({ status: 'succeeded', attempts: 2, lockedBy: 'replica-b' });
+    expect(row).toMatchObject({ status: 'succeeded', attempts: 2, instance: 'replica-b' });
   });
 
   it('a restarted runner releases what it held before at once', async () => {
@@ -251,7 +251,7 @@ describe('durable jobs on PGlite', () => {
   it('enqueues, runs and records a job', async () => {
     const t = await createTestDatabase('pglite');
     try {
-      const r = new JobRunner(t.db, { owner: 'solo', leaseMs: 1000, pollMs: 1000 }, log);
+      const r = new JobRunner(t.db, { instance: 'solo', leaseMs: 1000, pollMs: 1000 }, log);
       const seen: unknown[] = [];
       r.handle('hello', async (p) => {
         seen.push(p);

@@ -275,7 +275,7 @@ describe('GET /metrics (Prometheus)', () => {
     const { t } = ctx;
     const runner = new JobRunner(
       t.database.db,
-      { owner: 'metrics-test', pollMs: 60_000, leaseMs: 60_000 },
+      { instance: 'metrics-test', pollMs: 60_000, leaseMs: 60_000 },
       pino({ level: 'silent' }),
     );
     let started!: () => void;

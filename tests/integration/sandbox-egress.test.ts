@@ -76,8 +76,8 @@ const probes = (stdout: string): Record<string, Probe> =>
       .map((p) => [p.name, p]),
   );
 
-/** The test app's instance id: the owner label of everything its engine creates. */
-const ownerOf = (t: TestApp) => (t.engine as unknown as { opts: { owner: string } }).opts.owner;
+/** The test app's instance id: the `kiln.owner` label of everything its engine creates. */
+const instanceOf = (t: TestApp) => (t.engine as unknown as { opts: { instance: string } }).opts.instance;
 
 describe('sandbox egress through the allowlist proxy', () => {
   const tag = randomBytes(4).toString('hex');
@@ -472,7 +472,7 @@ probe("after", lambda: get("http://api.allowed.test/after"))
 
     // A runc sandbox cannot speak for it: the proxy takes a PROXY header from the API host only.
     const backend = (t.engine as unknown as { backend: { proxies: Map<string, unknown> } }).backend;
-    const proxy = backend.proxies.get(ownerOf(t)) as { attached: Map<string, { sandboxIp: string; token: string }> };
+    const proxy = backend.proxies.get(instanceOf(t)) as { attached: Map<string, { sandboxIp: string; token: string }> };
     const g1a = proxy.attached.get(r1.sandbox_id)!;
     const forged = await exec(
       t,
@@ -588,7 +588,7 @@ probe("forge", forge)
     } finally {
       await broken.close();
     }
-    const left = await docker.listNetworks({ filters: { label: [`kiln.owner=${ownerOf(broken)}`] } });
+    const left = await docker.listNetworks({ filters: { label: [`kiln.owner=${instanceOf(broken)}`] } });
     expect(left).toEqual([]);
   });
 
@@ -618,7 +618,7 @@ probe("forge", forge)
     const code = `${PROBES(ca)}\nprobe("ok", lambda: get("http://api.allowed.test/again"))`;
     const first = await exec(t, teamA.key, session, code, 60);
     expect(probes(first.stdout).ok!.ok).toBe(true);
-    await docker.getContainer(`kiln-egress-${ownerOf(t)}`).remove({ force: true });
+    await docker.getContainer(`kiln-egress-${instanceOf(t)}`).remove({ force: true });
     const second = await exec(t, teamA.key, session, code, 60);
     expect(second.sandbox_id).toBe(first.sandbox_id);
     expect(probes(second.stdout).ok).toMatchObject({ ok: true, detail: 'api.allowed.test /again' });
@@ -643,7 +643,7 @@ probe("forge", forge)
 
   it('the proxy container is hardened and never routes between the networks it joins', async () => {
     await allowlist(teamA, ['api.allowed.test']).then(({ session }) => exec(t, teamA.key, session, 'print(1)', 60));
-    const proxy = docker.getContainer(`kiln-egress-${ownerOf(t)}`);
+    const proxy = docker.getContainer(`kiln-egress-${instanceOf(t)}`);
     const info = await proxy.inspect();
     expect(info.HostConfig).toMatchObject({
       ReadonlyRootfs: true,
@@ -668,18 +668,23 @@ probe("forge", forge)
     await docker.createNetwork({
       Name: leftover,
       Internal: true,
-      Labels: { 'kiln.egress.net': 'sandbox', 'kiln.owner': ownerOf(t), 'kiln.sandbox': `sbx_left${tag}` },
+      Labels: { 'kiln.egress.net': 'sandbox', 'kiln.owner': instanceOf(t), 'kiln.sandbox': `sbx_left${tag}` },
     });
     await t.engine.reap();
-    const names = (await docker.listNetworks({ filters: { label: [`kiln.owner=${ownerOf(t)}`] } })).map((n) => n.Name);
+    const names = (await docker.listNetworks({ filters: { label: [`kiln.owner=${instanceOf(t)}`] } })).map(
+      (n) => n.Name,
+    );
     expect(names).not.toContain(leftover);
     expect(names).toContain(`kiln-egress-${live.sandbox_id}`);
   });
 
   it('leaves no container or network of its own behind once the server stops', async () => {
     const labelled = async () => {
-      const containers = await docker.listContainers({ all: true, filters: { label: [`kiln.owner=${ownerOf(t)}`] } });
-      const nets = await docker.listNetworks({ filters: { label: [`kiln.owner=${ownerOf(t)}`] } });
+      const containers = await docker.listContainers({
+        all: true,
+        filters: { label: [`kiln.owner=${instanceOf(t)}`] },
+      });
+      const nets = await docker.listNetworks({ filters: { label: [`kiln.owner=${instanceOf(t)}`] } });
       return containers.length + nets.length;
     };
     expect(await labelled()).toBeGreaterThan(0);

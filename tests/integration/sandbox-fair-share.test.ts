@@ -23,7 +23,7 @@ const limits = { memoryMb: 256, cpus: 1, pids: 128, timeoutS: 30, diskMb: 64 };
 const requestFor = (suffix: string, teamId: string, over: Partial<ContainerRequest> = {}): ContainerRequest => ({
   image: process.env.KILN_SANDBOX_IMAGE ?? 'kiln-sandbox:latest',
   sandboxId: `sbx_fairtest${process.pid}${suffix}`,
-  owner: OWNER,
+  instance: OWNER,
   teamId,
   sessionId: 'ses_fairtest',
   expiresAt: new Date(Date.now() + 600_000),
@@ -177,7 +177,7 @@ describe('fair share through the API: warm containers made in the team group of 
 
   /** This app's containers that no session of these teams holds: the warm pool, with each one's team and cgroup. */
   const warm = async (app: TestApp, teams: { key: string }[]) => {
-    const owner = (app.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const owner = (app.engine as unknown as { opts: { instance: string } }).opts.instance;
     const live = new Set<string>();
     for (const team of teams)
       for (const s of (await app.call('GET', '/v1/sandboxes', { key: team.key })).body.data) live.add(s.id);

@@ -66,7 +66,7 @@ describe('sandbox node: who may talk to whom', () => {
   afterAll(async () => {
     for (const r of remotes) r.close();
     await node?.close();
-    for (const c of await docker.list()) if (c.owner === owner) await docker.remove(c.id);
+    for (const c of await docker.list()) if (c.instance === owner) await docker.remove(c.id);
   });
 
   it('serves an API replica of its installation', async () => {
@@ -143,7 +143,7 @@ describe('sandbox node: who may talk to whom', () => {
     const request = {
       image,
       sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
-      owner,
+      instance: owner,
       teamId: '',
       sessionId: '',
       expiresAt: new Date(Date.now() + 60_000),
@@ -209,7 +209,7 @@ describe('sandbox node: who may talk to whom', () => {
     const c = await r.create({
       image: tag,
       sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
-      owner,
+      instance: owner,
       teamId: '',
       sessionId: '',
       expiresAt: new Date(Date.now() + 60_000),
@@ -236,7 +236,7 @@ describe('sandbox node: who may talk to whom', () => {
     const r = remote({ url: node.url, name: 'node-a', credentials: replica });
     const base = {
       image,
-      owner,
+      instance: owner,
       teamId: '',
       sessionId: '',
       limits: { memoryMb: 256, cpus: 0.5, pids: 64, timeoutS: 10, diskMb: 64 },
@@ -312,7 +312,7 @@ describe('sandbox node: the process', () => {
       const c = await r.create({
         image: await ensureSandboxImage(),
         sandboxId: `sbx_node${randomBytes(6).toString('hex')}`,
-        owner: `node-proc-${randomBytes(4).toString('hex')}`,
+        instance: `node-proc-${randomBytes(4).toString('hex')}`,
         teamId: '',
         sessionId: '',
         expiresAt: new Date(Date.now() + 60_000),

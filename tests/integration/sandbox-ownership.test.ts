@@ -35,7 +35,7 @@ describe('sandbox ownership between installations', () => {
     await a.engine.poolSettled();
     const [row] = await a.database.db.select().from(sandboxes).where(eq(sandboxes.id, first.sandbox_id));
     // The live sandbox and one warm container.
-    const mine = () => docker.listContainers({ filters: { label: [`kiln.owner=${row!.owner}`] } });
+    const mine = () => docker.listContainers({ filters: { label: [`kiln.owner=${row!.instance}`] } });
     expect(await mine()).toHaveLength(2);
     later = Date.now() + 365 * 86_400_000;
     await b.engine.reap({ startup: true });

@@ -502,14 +502,14 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     const r = await exec(a, team.key, session, 'kept = [1, 2, 3]');
     expect((await a.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
     await a.close();
-    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'paused', owner: dying });
+    expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'paused', instance: dying });
 
     const b = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(`${INSTANCE}-takes`) });
     let back: TestApp | undefined;
     try {
       const resumed = await exec(b, team.key, session, 'print(sum(kept))');
       expect(resumed).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: r.sandbox_id });
-      expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'ready', owner: `${INSTANCE}-takes` });
+      expect(await rowOf(r.sandbox_id)).toMatchObject({ state: 'ready', instance: `${INSTANCE}-takes` });
       // The first replica back under its instance id: its start-up reap leaves the container alone.
       back = await createTestApp({ replicaOf: t, ...replicaSettings, env: env(dying) });
       await back.engine.reap();
@@ -534,7 +534,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       const { session } = await sessionIn(a, team, gvisor);
       const r = await exec(a, team.key, session, 'kept = [1, 2, 3]');
       id = r.sandbox_id;
-      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: gone, runner: expect.any(Object) });
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', instance: gone, runner: expect.any(Object) });
       // B has read who is up (it says where it is reached), and A is not among them: as for a
       // replica that died, whose heartbeat stopped. A's process, here, still holds the runner's connection.
       await b.replicas.open('http://127.0.0.1:9');
@@ -542,14 +542,14 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       const taken = await exec(b, team.key, session, 'print(sum(kept))');
       expect(taken).toMatchObject({ stdout: '6\n', restarted: false, sandbox_id: id });
       expect((taken as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
-      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', instance: heir });
       const scrape = await b.app.request('/metrics', { headers: { authorization: `Bearer ${b.adminKey}` } });
       expect(await scrape.text()).toContain('kiln_sandbox_takeovers_total{outcome="taken"} 1\n');
       // The runner dropped A's connection for B's; A's reaper then lets the sandbox go untouched.
       await untilLetGo(a, session);
       await a.engine.reap();
       expect(await containerOf(id)).toEqual({ running: true });
-      expect(await rowOf(id)).toMatchObject({ state: 'ready', owner: heir });
+      expect(await rowOf(id)).toMatchObject({ state: 'ready', instance: heir });
       expect((await exec(b, team.key, session, 'print(len(kept))')).stdout).toBe('3\n');
       // Taken over again, mid-cell: the cell runs on, what it prints and returns was for the
       // replica that is gone only, and the next heir goes on with what the cell left.
@@ -609,7 +609,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       expect(mountedHere(mount)).toBe(true);
       // The heir pauses it and resumes it, the mount (in A's directory) its /workspace throughout.
       expect((await b.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
-      expect(await rowOf(id)).toMatchObject({ state: 'paused', owner: heir });
+      expect(await rowOf(id)).toMatchObject({ state: 'paused', instance: heir });
       await a.engine.reap();
       expect(mountedHere(mount)).toBe(true);
       const resumed = await exec(b, team.key, session, 'print(kept + 1)');
@@ -643,7 +643,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       image: tag,
       sandboxId: `sbx_oldrunner${Date.now()}`,
       // Not the app's instance: its reaper (on a timer) would take a container of its own that it does not hold.
-      owner: `${INSTANCE}-old`,
+      instance: `${INSTANCE}-old`,
       teamId: '',
       sessionId: '',
       expiresAt: new Date(Date.now() + 600_000),

@@ -157,7 +157,7 @@ describe('start-up', () => {
         new NoSandboxes(),
         {
           image: 'kiln-sandbox:latest',
-          owner: 'startup-test',
+          instance: 'startup-test',
           poolSize: 0,
           idleMs: 60_000,
           maxIdleMs: 60_000,

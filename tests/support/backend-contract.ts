@@ -25,7 +25,7 @@ export function backendContract(
     const request = (over: Partial<ContainerRequest> = {}): ContainerRequest => ({
       image,
       sandboxId: `sbx_contract${randomBytes(6).toString('hex')}`,
-      owner,
+      instance: owner,
       teamId: '',
       sessionId: '',
       expiresAt: new Date(Date.now() + 600_000),
@@ -80,9 +80,9 @@ export function backendContract(
       const a = await create({ expiresAt, teamId: 'team_a', sessionId: 'ses_a' });
       const b = await create();
       expect(a.uid).not.toBe(b.uid);
-      const listed = (await backend.list()).filter((l) => l.owner === owner);
+      const listed = (await backend.list()).filter((l) => l.instance === owner);
       const la = listed.find((l) => l.id === a.id);
-      expect(la).toMatchObject({ owner, expiresAt: Math.floor(expiresAt.getTime()) });
+      expect(la).toMatchObject({ instance: owner, expiresAt: Math.floor(expiresAt.getTime()) });
       expect(la!.sandboxId).toMatch(/^sbx_contract/);
       expect(listed.map((l) => l.id)).toContain(b.id);
       const client = await started(a);

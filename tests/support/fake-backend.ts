@@ -101,7 +101,7 @@ export class FakeBackend implements SandboxBackend {
     return [...this.containers.values()].map((c) => ({
       id: c.id,
       sandboxId: c.req.sandboxId,
-      owner: c.req.owner,
+      instance: c.req.instance,
       expiresAt: c.req.expiresAt.getTime(),
     }));
   }

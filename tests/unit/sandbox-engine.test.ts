@@ -89,7 +89,7 @@ describe('sandbox engine on the fake backend', () => {
   });
 
   it("the reaper removes this instance's unused containers and any past their lifetime, never another installation's", async () => {
-    const owner = (t.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const owner = (t.engine as unknown as { opts: { instance: string } }).opts.instance;
     const base = {
       image: IMAGE,
       teamId: '',
@@ -97,11 +97,16 @@ describe('sandbox engine on the fake backend', () => {
       limits: (await warm())[0]!.req.limits,
       runtime: 'runc' as const,
     };
-    const stray = await fake.create({ ...base, sandboxId: 'sbx_stray', owner, expiresAt: new Date(clock + 60_000) });
+    const stray = await fake.create({
+      ...base,
+      sandboxId: 'sbx_stray',
+      instance: owner,
+      expiresAt: new Date(clock + 60_000),
+    });
     const foreign = await fake.create({
       ...base,
       sandboxId: 'sbx_foreign',
-      owner: 'another-installation',
+      instance: 'another-installation',
       expiresAt: new Date(clock - 60_000),
     });
     const { session } = await sessionIn(t, team);
@@ -197,10 +202,10 @@ describe('warm pool on a backend that binds a container to its team (fair share)
     const live = new Set<string>();
     for (const team of teams)
       for (const s of (await app.call('GET', '/v1/sandboxes', { key: team.key })).body.data) live.add(s.id);
-    const owner = (app.engine as unknown as { opts: { owner: string } }).opts.owner;
+    const owner = (app.engine as unknown as { opts: { instance: string } }).opts.instance;
     const counts: Record<string, number> = {};
     for (const c of fake.containers.values())
-      if (c.req.owner === owner && c.req.sessionId === '' && !live.has(c.req.sandboxId))
+      if (c.req.instance === owner && c.req.sessionId === '' && !live.has(c.req.sandboxId))
         counts[c.req.teamId] = (counts[c.req.teamId] ?? 0) + 1;
     return counts;
   };
@@ -261,7 +266,7 @@ describe('warm pool of template images on a backend that binds a container to it
     const log = pino({ level: 'silent' });
     const containers = new Containers(
       fake,
-      { image: IMAGE, owner: 'pool-test', maxLifetimeMs: 3_600_000, now: Date.now },
+      { image: IMAGE, instance: 'pool-test', maxLifetimeMs: 3_600_000, now: Date.now },
       log,
     );
     const pool = new WarmPool(

@@ -90,7 +90,7 @@ function engineOptions(config: Config): EngineOptions {
   const s = config.sandbox;
   return {
     image: config.sandboxImage,
-    owner: config.instanceId,
+    instance: config.instanceId,
     poolSize: s.poolSize,
     preparedPoolSize: s.preparedPoolSize,
     templatePoolSize: config.templates.poolSize,
@@ -127,7 +127,7 @@ export function compose(o: ComposeOptions): Kiln {
   // Reviews, dreams, template builds and webhook deliveries are durable jobs, taken by this
   // instance's job runner: a part of its own, started and stopped here (each service only
   // registers its handlers with it).
-  const jobs = new JobRunner(db, { owner: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
+  const jobs = new JobRunner(db, { instance: config.instanceId, ...config.jobs, now: o.jobsNow }, logger);
 
   // Template builds: their images are built where the sandboxes run, and the warm pool keeps a
   // few containers of each image in use (it is told through `onPoolImages`, once it runs).
@@ -152,7 +152,7 @@ export function compose(o: ComposeOptions): Kiln {
     // Without a container runtime (NoSandboxes) there is nothing to mount a workspace for.
     {
       ...engineOptions(config),
-      ownerGone: (owner) => replicas.gone(owner),
+      instanceGone: (instance) => replicas.gone(instance),
       ...(o.sandboxes ? {} : { workspaceMount: undefined }),
       ...o.engine,
     },
@@ -209,7 +209,7 @@ export function compose(o: ComposeOptions): Kiln {
     engine,
     workspaces,
     log: logger,
-    lease: { owner: config.instanceId, leaseMs: config.runLeaseMs },
+    lease: { instance: config.instanceId, leaseMs: config.runLeaseMs },
     metrics,
     mcp,
     sourceUpdates: updates,

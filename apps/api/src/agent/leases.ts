@@ -21,7 +21,7 @@ import { finishRun, INTERRUPTED, isActive, type WriteDeps } from './run-writes.t
  * A server that dies stops renewing; any other then marks its runs interrupted.
  */
 export interface RunLeases {
-  owner: string;
+  instance: string;
   leaseMs: number;
 }
 
@@ -66,7 +66,7 @@ export class Leases {
   private async tend(): Promise<void> {
     if (this.active.size) {
       await this.deps.db.execute(sql`update runs set lease_until = ${this.until()}
-        where runner = ${this.lease.owner} and status in (${sql.join(
+        where runner = ${this.lease.instance} and status in (${sql.join(
           LOOPING.map((st) => sql`${st}`),
           sql`, `,
         )})`);
@@ -81,8 +81,8 @@ export class Leases {
    */
   async interruptOrphans(atStartup: boolean): Promise<void> {
     const { db } = this.deps;
-    const own = atStartup ? eq(runs.runner, this.lease.owner) : undefined;
-    const orphaned = or(isNull(runs.runner), lt(runs.leaseUntil, sql`now()`), own);
+    const own = atStartup ? eq(runs.instance, this.lease.instance) : undefined;
+    const orphaned = or(isNull(runs.instance), lt(runs.leaseUntil, sql`now()`), own);
     const inFlight = await db
       .select()
       .from(runs)
@@ -90,7 +90,7 @@ export class Leases {
     for (const run of inFlight) {
       if (this.active.has(run.id)) continue;
       await finishRun(this.deps, run, 'failed', INTERRUPTED);
-      if (this.unlistenCancels && run.runner && run.runner !== this.lease.owner) {
+      if (this.unlistenCancels && run.instance && run.instance !== this.lease.instance) {
         await db.execute(sql`select pg_notify(${CANCEL_CHANNEL}, ${run.id})`);
       }
     }
@@ -100,7 +100,7 @@ export class Leases {
   async claimPaused(runId: string): Promise<RunRow | undefined> {
     const [run] = await this.deps.db
       .update(runs)
-      .set({ status: 'in_progress', runner: this.lease.owner, leaseUntil: this.until() })
+      .set({ status: 'in_progress', instance: this.lease.instance, leaseUntil: this.until() })
       .where(and(eq(runs.id, runId), eq(runs.status, 'requires_action')))
       .returning();
     return run;

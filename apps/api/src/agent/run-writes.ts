@@ -64,13 +64,13 @@ function runPatchSet(p: RunPatch, ending = false): SQL {
 }
 
 /**
- * Starts a run for a person's message in one statement: the run (leased to `lease.owner`), the
+ * Starts a run for a person's message in one statement: the run (leased to `lease.instance`), the
  * message, the session's activity, the audit event (with `audit`) and the first two events.
  * A session that already has an unfinished run makes it fail: 409 `session_busy`.
  */
 export async function startRun(
   deps: WriteDeps,
-  lease: { owner: string; leaseMs: number; until: SQL },
+  lease: { instance: string; leaseMs: number; until: SQL },
   start: { teamId: string; session: SessionRow; workspace: WorkspaceRow; model: string; content: string },
   audit?: ExecAudit,
 ): Promise<{ message: MessageRow; run: RunRow }> {
@@ -94,14 +94,14 @@ export async function startRun(
     startedAt: null,
     finishedAt: null,
     cancelRequestedAt: null,
-    runner: lease.owner,
+    instance: lease.instance,
     leaseUntil: new Date(now.getTime() + lease.leaseMs),
   };
   const message = messageRow(session, runId, { role: 'user', content });
   const writes = [
     sql`insert into runs (id, team_id, workspace_id, session_id, model, created_at, runner, lease_until)
       values (${runId}, ${teamId}, ${workspace.id}, ${sessionId}, ${model}, ${now.toISOString()}::timestamptz,
-        ${lease.owner}, ${lease.until})`,
+        ${lease.instance}, ${lease.until})`,
     insertMessage(message),
     sql`update sessions set last_activity_at = ${now.toISOString()}::timestamptz where id = ${sessionId}`,
   ];

@@ -51,7 +51,7 @@ export class AgentService {
     this.log = log;
     this.model = model;
     this.writeDeps = { db, events };
-    this.leases = new Leases({ db, events, log }, deps.lease ?? { owner: 'local', leaseMs: 60_000 }, this.active);
+    this.leases = new Leases({ db, events, log }, deps.lease ?? { instance: 'local', leaseMs: 60_000 }, this.active);
     this.approvals = new Approvals({ db, events, log }, (r) => this.resume(r));
     this.loopDeps = { ...deps, approvals: this.approvals };
   }

@@ -178,12 +178,12 @@ export function forwardToHolder(
     const session = await sessionOf(db, c);
     if (!session || holds(session)) return next();
     const [row] = await db
-      .select({ id: sandboxes.id, owner: sandboxes.owner })
+      .select({ id: sandboxes.id, instance: sandboxes.instance })
       .from(sandboxes)
       .where(and(eq(sandboxes.sessionId, session), ne(sandboxes.state, 'removed')))
       .orderBy(desc(sandboxes.createdAt))
       .limit(1);
-    const url = row && row.owner !== replicas.instance ? replicas.urlOf(row.owner) : undefined;
+    const url = row && row.instance !== replicas.instance ? replicas.urlOf(row.instance) : undefined;
     if (!url) return next();
     // Read once, so that it can still be served here when the holder cannot be reached.
     const body = c.req.method === 'GET' || c.req.method === 'HEAD' ? undefined : await c.req.arrayBuffer();
@@ -203,7 +203,7 @@ export function forwardToHolder(
     } catch (err) {
       if (c.req.raw.signal.aborted) throw err;
       // Its runner is out of reach: the sandbox counts as lost, and the session's next execution here gets a new one and says so.
-      log?.warn({ err, session, holder: row!.owner }, "could not reach the replica holding the session's sandbox");
+      log?.warn({ err, session, holder: row!.instance }, "could not reach the replica holding the session's sandbox");
       await markRemoved(db, [row!.id], 'replica_unreachable');
       counted?.('unreachable');
       return next();

@@ -52,7 +52,7 @@ interface LaneState {
 
 export interface JobRunnerOptions {
   /** This process; a lease names it. */
-  owner: string;
+  instance: string;
   /** How long a claimed job is ours without a heartbeat; after that any runner may take it. */
   leaseMs: number;
   /** How often to look for due jobs when nothing woke us. */
@@ -121,13 +121,13 @@ export class JobRunner {
     return row?.id ?? null;
   }
 
-  /** Starts working; jobs this owner held in a previous life are released at once. */
+  /** Starts working; jobs this instance held in a previous life are released at once. */
   async start(): Promise<void> {
     this.stopped = false;
     await this.db
       .update(jobs)
       .set({ lockedUntil: new Date(0) })
-      .where(and(eq(jobs.status, 'running'), eq(jobs.lockedBy, this.opts.owner)));
+      .where(and(eq(jobs.status, 'running'), eq(jobs.instance, this.opts.instance)));
     for (const state of this.lanes.values()) this.poll(state);
     this.wake();
   }
@@ -219,7 +219,7 @@ export class JobRunner {
             where r.kind in (${inKinds}) and r.status = 'running' and r.locked_until >= ${now}::timestamptz
               and r.payload->>'group' = j.payload->>'group') < ${limit})`;
     const statement = sql`
-      update jobs set status = 'running', locked_by = ${this.opts.owner}, locked_until = ${until}::timestamptz, attempts = attempts + 1
+      update jobs set status = 'running', locked_by = ${this.opts.instance}, locked_until = ${until}::timestamptz, attempts = attempts + 1
       where id = (
         select j.id from jobs j
         where j.kind in (${inKinds})
@@ -247,7 +247,7 @@ export class JobRunner {
   /** Runs one claimed job; true when its handler released it (ReleaseJob). */
   private async execute(job: JobRow): Promise<boolean> {
     const handler = this.handlers.get(job.kind)!;
-    const mine = and(eq(jobs.id, job.id), eq(jobs.lockedBy, this.opts.owner));
+    const mine = and(eq(jobs.id, job.id), eq(jobs.instance, this.opts.instance));
     const heartbeat = setInterval(
       () => {
         void this.db
@@ -271,7 +271,7 @@ export class JobRunner {
           .set({
             status: 'queued',
             attempts: sql`greatest(${jobs.attempts} - 1, 0)`,
-            lockedBy: null,
+            instance: null,
             lockedUntil: null,
           })
           .where(mine);
@@ -288,7 +288,7 @@ export class JobRunner {
             ? {
                 status: 'queued',
                 lastError: message,
-                lockedBy: null,
+                instance: null,
                 lockedUntil: null,
                 runAt: new Date(this.now() + delayMs),
               }

@@ -4,7 +4,7 @@ import type { SandboxLimits } from './limits.ts';
 
 /**
  * What the warm pool, the claims and the reaper need from a container runtime. Every sandbox
- * container carries what is in its request (sandbox id, owner, team, session, expiry) where
+ * container carries what is in its request (sandbox id, instance, team, session, expiry) where
  * every replica of every installation using the same runtime can read it back with `list`:
  * the reaper decides from that alone which containers are this installation's and which are
  * past their lifetime. Implementations: `docker/` (one Docker Engine).
@@ -75,10 +75,10 @@ export interface SandboxBackend {
   /** The egress requests the container made (allowed and refused) that the proxy has logged and no call took yet. */
   takeEgress?(container: SandboxContainer): Promise<EgressEvent[]>;
   /**
-   * Removes the egress networks of an owner's sandboxes whose container is gone; with `all`
+   * Removes the egress networks of an instance's sandboxes whose container is gone; with `all`
    * (start-up, shutdown: none of its sandboxes is live), its proxy and every network of it.
    */
-  sweepEgress?(owner: string, opts?: { all?: boolean }): Promise<void>;
+  sweepEgress?(instance: string, opts?: { all?: boolean }): Promise<void>;
 }
 
 /** What a backend can do; the engine, the pool and the routes decide from this. */
@@ -204,7 +204,7 @@ export interface ContainerRequest {
   /** The sandbox (row in `sandboxes`) the container is for. */
   sandboxId: string;
   /** The API instance creating it. */
-  owner: string;
+  instance: string;
   /** The team and session it is created for; empty for a warm container. */
   teamId: string;
   sessionId: string;
@@ -254,7 +254,7 @@ export interface ListedContainer {
   id: string;
   /** Empty when it carries none. */
   sandboxId: string;
-  owner: string;
+  instance: string;
   /** Epoch milliseconds; undefined when unreadable (such a container is never past its lifetime). */
   expiresAt: number | undefined;
   /** A pausable container that is not running: paused (checkpointed), or ended and waiting to be reaped. */

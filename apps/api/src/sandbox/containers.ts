@@ -37,7 +37,7 @@ const WARM: SessionOf = { teamId: '', sessionId: '' };
 export interface ContainerOptions {
   image: string;
   /** This API instance, recorded on every container it creates. */
-  owner: string;
+  instance: string;
   maxLifetimeMs: number;
   now: () => number;
 }
@@ -134,7 +134,7 @@ export class Containers {
     const container = await this.backend.create({
       image,
       sandboxId: id,
-      owner: this.opts.owner,
+      instance: this.opts.instance,
       ...session,
       expiresAt: new Date(expiresAt),
       limits,

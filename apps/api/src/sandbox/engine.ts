@@ -37,12 +37,12 @@ export type { ExecContext } from './live.ts';
 export interface EngineOptions {
   image: string;
   /** This API instance; containers carry it so replicas never reap each other's live sandboxes. */
-  owner: string;
+  instance: string;
   /**
    * Whether another API instance is known to be gone (not heard from lately, http/replicas.ts):
    * a running sandbox of its that this one can reach is taken over at its session's next request.
    */
-  ownerGone?: (owner: string) => boolean;
+  instanceGone?: (instance: string) => boolean;
   poolSize: number;
   /** Warm containers kept filled with a recently claimed workspace's tree (host mounts only). */
   preparedPoolSize?: number;
@@ -148,9 +148,9 @@ export class SandboxEngine {
     /** Templates: a workspace's `sandbox.template` picks the image of its new sandboxes; without, only the base image. */
     templates?: TemplateImages,
   ) {
-    const { image, owner, maxLifetimeMs, idleMs, perTeamMax } = opts;
+    const { image, instance, maxLifetimeMs, idleMs, perTeamMax } = opts;
     const now = () => this.now();
-    this.containers = new Containers(backend, { image, owner, maxLifetimeMs, now }, log);
+    this.containers = new Containers(backend, { image, instance, maxLifetimeMs, now }, log);
     this.settings = new SandboxSettings(opts);
     // Warm containers are created with the default settings, capped.
     const poolLimits = this.settings.limitsFor(DEFAULT_SETTINGS.sandbox);
@@ -172,10 +172,10 @@ export class SandboxEngine {
     const pausedMaxBytes = opts.pause?.maxBytes;
     this.live = new LiveSandboxes(
       { ...deps, pauses: metrics },
-      { image, owner, idleMs, perTeamMax, now, pausedMaxBytes, ownerGone: opts.ownerGone },
+      { image, instance, idleMs, perTeamMax, now, pausedMaxBytes, instanceGone: opts.instanceGone },
       templates,
     );
-    this.reaper = new Reaper({ ...deps, live: this.live }, { owner, intervalMs: opts.reapIntervalMs, now });
+    this.reaper = new Reaper({ ...deps, live: this.live }, { instance, intervalMs: opts.reapIntervalMs, now });
   }
 
   /** The template images workspaces use now: the warm pool keeps a few containers of each, and drops the rest. */
@@ -311,7 +311,7 @@ export class SandboxEngine {
       m
         ? await WorkspaceMounts.open(
             { ...m, hostMounts: this.hostWorkspaceMounts && m.hostMounts !== false },
-            this.opts.owner,
+            this.opts.instance,
             this.log,
           )
         : null,
@@ -319,7 +319,7 @@ export class SandboxEngine {
     this.log.info({ runtimes: this.settings.runtimes, default: this.settings.defaultRuntime }, 'sandbox runtimes');
     await this.reap({ startup: true });
     // A previous life's proxy and sandbox networks: none of its sandboxes survived the reap.
-    await this.backend.sweepEgress?.(this.opts.owner, { all: true });
+    await this.backend.sweepEgress?.(this.opts.instance, { all: true });
     // With team-bound containers, warm ones for the teams that started sandboxes last, before a restart too.
     for (const { teamId, image } of (await this.recentClaims()).reverse()) this.pool.claimedBy(teamId, image);
     this.pool.fill();
@@ -363,7 +363,7 @@ export class SandboxEngine {
     if (paused)
       this.log.info({ paused }, 'paused live sandboxes at shutdown: their sessions resume them after the restart');
     await Promise.allSettled([...this.live.values()].map((l) => this.release(l.sessionId, 'shutdown')));
-    await this.backend.sweepEgress?.(this.opts.owner, { all: true }).catch((err) => {
+    await this.backend.sweepEgress?.(this.opts.instance, { all: true }).catch((err) => {
       this.log.warn({ err }, 'could not remove the egress proxy');
     });
   }
@@ -396,7 +396,7 @@ export class SandboxEngine {
       .where(
         and(
           eq(sandboxes.workspaceId, workspaceId),
-          eq(sandboxes.owner, this.opts.owner),
+          eq(sandboxes.instance, this.opts.instance),
           eq(sandboxes.state, 'paused'),
         ),
       );

@@ -113,15 +113,15 @@ export type PauseOutcome =
 
 export interface LiveOptions {
   image: string;
-  /** This API instance: the owner of the rows and containers it creates. */
-  owner: string;
+  /** This API instance, which the rows and containers it creates carry. */
+  instance: string;
   idleMs: number;
   perTeamMax: number;
   now: () => number;
   /** The most checkpoint bytes one team's paused sandboxes, and all of this instance's, may hold; oldest go first. */
   pausedMaxBytes?: { team: number; all: number };
-  /** Whether another instance is known to be gone (EngineOptions.ownerGone); unset: none ever is. */
-  ownerGone?: (owner: string) => boolean;
+  /** Whether another instance is known to be gone (EngineOptions.instanceGone); unset: none ever is. */
+  instanceGone?: (instance: string) => boolean;
 }
 
 /** Told of each pause and resume (metrics). */
@@ -253,8 +253,8 @@ export class LiveSandboxes {
       this.bySession.delete(sessionId);
       // Taken over by another replica, for which this one was gone (takeOverRunning): its
       // runner dropped this connection, and its container is that replica's now.
-      const [row] = await db.select({ owner: sandboxes.owner }).from(sandboxes).where(eq(sandboxes.id, live.id));
-      if (row && row.owner !== this.opts.owner) {
+      const [row] = await db.select({ instance: sandboxes.instance }).from(sandboxes).where(eq(sandboxes.id, live.id));
+      if (row && row.instance !== this.opts.instance) {
         live.client.close();
         return;
       }
@@ -265,7 +265,11 @@ export class LiveSandboxes {
         .select({ id: sandboxes.id, state: sandboxes.state, containerId: sandboxes.containerId })
         .from(sandboxes)
         .where(
-          and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.owner, this.opts.owner), ne(sandboxes.state, 'removed')),
+          and(
+            eq(sandboxes.sessionId, sessionId),
+            eq(sandboxes.instance, this.opts.instance),
+            ne(sandboxes.state, 'removed'),
+          ),
         );
       // A paused one's stopped container goes now, its checkpoint and mount with it.
       for (const r of rows) if (r.state === 'paused') await this.removePaused(r, reason);
@@ -602,7 +606,7 @@ export class LiveSandboxes {
       .from(sandboxes)
       .where(
         and(
-          or(eq(sandboxes.owner, this.opts.owner), onANode()),
+          or(eq(sandboxes.instance, this.opts.instance), onANode()),
           eq(sandboxes.state, 'paused'),
           isNotNull(sandboxes.checkpointBytes),
         ),
@@ -646,13 +650,13 @@ export class LiveSandboxes {
   private async takeOverOnThisEngine(sessionId: string): Promise<typeof sandboxes.$inferSelect | null> {
     const { db, backend } = this.deps;
     const [other] = await db
-      .select({ id: sandboxes.id, containerId: sandboxes.containerId, owner: sandboxes.owner })
+      .select({ id: sandboxes.id, containerId: sandboxes.containerId, instance: sandboxes.instance })
       .from(sandboxes)
       .where(
         and(
           eq(sandboxes.sessionId, sessionId),
           eq(sandboxes.state, 'paused'),
-          ne(sandboxes.owner, this.opts.owner),
+          ne(sandboxes.instance, this.opts.instance),
           not(onANode()),
         ),
       )
@@ -660,8 +664,8 @@ export class LiveSandboxes {
     if (!other || !(await backend.list()).some((c) => c.id === other.containerId)) return null;
     const [row] = await db
       .update(sandboxes)
-      .set({ state: 'resuming', owner: this.opts.owner })
-      .where(and(eq(sandboxes.id, other.id), eq(sandboxes.state, 'paused'), eq(sandboxes.owner, other.owner)))
+      .set({ state: 'resuming', instance: this.opts.instance })
+      .where(and(eq(sandboxes.id, other.id), eq(sandboxes.state, 'paused'), eq(sandboxes.instance, other.instance)))
       .returning();
     // Its mount not found here: the resume that follows fails, and the session gets a new sandbox that says so.
     const mount = (row?.checkpoint as PausedState | null)?.mount;
@@ -680,13 +684,13 @@ export class LiveSandboxes {
     const { db, backend, log } = this.deps;
     const [mine] = await db
       .update(sandboxes)
-      .set({ state: 'resuming', owner: this.opts.owner })
+      .set({ state: 'resuming', instance: this.opts.instance })
       .where(
         and(
           eq(sandboxes.sessionId, ctx.sessionId),
           eq(sandboxes.state, 'paused'),
           or(
-            eq(sandboxes.owner, this.opts.owner),
+            eq(sandboxes.instance, this.opts.instance),
             // Another replica's, on a sandbox node: any replica reaches it there. A request for it
             // is served here only when that replica is not heard from (a live one is sent it,
             // http/replicas.ts), so this one takes it over rather than leave it paused until its
@@ -755,15 +759,19 @@ export class LiveSandboxes {
    */
   private async takeOverRunning(ctx: ExecContext): Promise<Live | null> {
     const { db, backend, log } = this.deps;
-    const gone = this.opts.ownerGone;
+    const gone = this.opts.instanceGone;
     if (!gone) return null;
     const rows = await db
       .select()
       .from(sandboxes)
       .where(
-        and(eq(sandboxes.sessionId, ctx.sessionId), eq(sandboxes.state, 'ready'), ne(sandboxes.owner, this.opts.owner)),
+        and(
+          eq(sandboxes.sessionId, ctx.sessionId),
+          eq(sandboxes.state, 'ready'),
+          ne(sandboxes.instance, this.opts.instance),
+        ),
       );
-    const row = rows.find((r) => gone(r.owner));
+    const row = rows.find((r) => gone(r.instance));
     if (!row) return null;
     const saved = row.runner as RunnerState | null;
     const listed = await backend.list().catch(() => []);
@@ -777,8 +785,8 @@ export class LiveSandboxes {
     }
     const [taken] = await db
       .update(sandboxes)
-      .set({ state: 'resuming', owner: this.opts.owner })
-      .where(and(eq(sandboxes.id, row.id), eq(sandboxes.state, 'ready'), eq(sandboxes.owner, row.owner)))
+      .set({ state: 'resuming', instance: this.opts.instance })
+      .where(and(eq(sandboxes.id, row.id), eq(sandboxes.state, 'ready'), eq(sandboxes.instance, row.instance)))
       .returning();
     // Another replica took it first: the session's request there is served by it.
     if (!taken) return null;
@@ -795,7 +803,7 @@ export class LiveSandboxes {
     }
     this.deps.pauses?.tookOver('taken');
     log.info(
-      { sandbox: row.id, from: row.owner, ms: Math.round(live.resumedMs!) },
+      { sandbox: row.id, from: row.instance, ms: Math.round(live.resumedMs!) },
       'took over a gone replica’s sandbox',
     );
     return live;
@@ -918,7 +926,7 @@ export class LiveSandboxes {
       teamId: ctx.teamId,
       workspaceId: ctx.workspaceId,
       sessionId: ctx.sessionId,
-      owner: this.opts.owner,
+      instance: this.opts.instance,
       limits,
       containerId: '',
       image,
@@ -974,7 +982,11 @@ export class LiveSandboxes {
       .update(sandboxes)
       .set({ lastUsedAt: new Date(now), expiresAt: new Date(now + idleMs) })
       .where(
-        and(eq(sandboxes.sessionId, sessionId), eq(sandboxes.state, 'ready'), ne(sandboxes.owner, this.opts.owner)),
+        and(
+          eq(sandboxes.sessionId, sessionId),
+          eq(sandboxes.state, 'ready'),
+          ne(sandboxes.instance, this.opts.instance),
+        ),
       )
       .returning({ id: sandboxes.id, containerId: sandboxes.containerId, lifetimeEndsAt: sandboxes.lifetimeEndsAt });
   }

@@ -19,7 +19,7 @@ export interface ReaperDeps {
 
 export interface ReaperOptions {
   /** This API instance. */
-  owner: string;
+  instance: string;
   intervalMs: number;
   now: () => number;
 }
@@ -108,7 +108,7 @@ export class Reaper {
     const orphanRows = await db
       .select({ id: sandboxes.id })
       .from(sandboxes)
-      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'ready')));
+      .where(and(eq(sandboxes.instance, this.opts.instance), eq(sandboxes.state, 'ready')));
     await markRemoved(
       db,
       // One being paused is neither live nor paused yet: its row says ready until the checkpoint is written.
@@ -117,7 +117,7 @@ export class Reaper {
     );
     if (removed) log.info({ removed }, 'reaped sandboxes');
     // Egress networks whose sandbox container is gone (removed behind this server's back).
-    if (!opts.startup) await this.deps.backend.sweepEgress?.(this.opts.owner);
+    if (!opts.startup) await this.deps.backend.sweepEgress?.(this.opts.instance);
     if (!opts.startup) pool.fill();
     return { removed };
   }
@@ -141,7 +141,7 @@ export class Reaper {
       .leftJoin(workspaces, eq(workspaces.id, sandboxes.workspaceId))
       .where(
         and(
-          eq(sandboxes.owner, this.opts.owner),
+          eq(sandboxes.instance, this.opts.instance),
           eq(sandboxes.state, 'paused'),
           or(lt(sandboxes.expiresAt, new Date(now)), ne(sessions.status, 'active'), isNotNull(workspaces.deletedAt)),
         ),
@@ -158,7 +158,7 @@ export class Reaper {
     const rows = await this.deps.db
       .select({ id: sandboxes.id })
       .from(sandboxes)
-      .where(and(eq(sandboxes.owner, this.opts.owner), inArray(sandboxes.state, ['paused', 'resuming'])));
+      .where(and(eq(sandboxes.instance, this.opts.instance), inArray(sandboxes.state, ['paused', 'resuming'])));
     return new Set(rows.map((r) => r.id));
   }
 
@@ -180,7 +180,11 @@ export class Reaper {
               .select({ id: sandboxes.id })
               .from(sandboxes)
               .where(
-                and(inArray(sandboxes.id, ids), ne(sandboxes.state, 'removed'), ne(sandboxes.owner, this.opts.owner)),
+                and(
+                  inArray(sandboxes.id, ids),
+                  ne(sandboxes.state, 'removed'),
+                  ne(sandboxes.instance, this.opts.instance),
+                ),
               )
           ).map((r) => r.id),
         ),
@@ -203,7 +207,7 @@ export class Reaper {
     const rows = await this.deps.db
       .select({ id: sandboxes.id })
       .from(sandboxes)
-      .where(and(eq(sandboxes.owner, this.opts.owner), eq(sandboxes.state, 'resuming')));
+      .where(and(eq(sandboxes.instance, this.opts.instance), eq(sandboxes.state, 'resuming')));
     await markRemoved(
       this.deps.db,
       rows.map((r) => r.id),
@@ -224,14 +228,14 @@ export class Reaper {
     const ids = listed.map((c) => c.sandboxId).filter(Boolean);
     const rows = ids.length
       ? await db
-          .select({ id: sandboxes.id, state: sandboxes.state, owner: sandboxes.owner })
+          .select({ id: sandboxes.id, state: sandboxes.state, instance: sandboxes.instance })
           .from(sandboxes)
           .where(inArray(sandboxes.id, ids))
       : [];
     const known = new Set(rows.map((r) => r.id));
     // A container this instance made that another replica took over while it was paused (live.ts,
     // resume) is that replica's now, whatever its label says.
-    const takenOver = new Set(rows.filter((r) => r.owner !== this.opts.owner).map((r) => r.id));
+    const takenOver = new Set(rows.filter((r) => r.instance !== this.opts.instance).map((r) => r.id));
     // A sandbox that was paused has its hard lifetime moved on by its time paused (its row says to when).
     const moved = await this.movedLifetimes(ids);
     // Another replica's containers whose rows say removed (a sandbox node declared lost, say, whose
@@ -244,7 +248,7 @@ export class Reaper {
       // Asked now, not before the listing: a warm container that finished starting (or was
       // claimed) while the list was being fetched is pooled or live by the time we get here.
       const kept = pool.has(info.id) || liveOn(info.id) !== undefined;
-      const mine = info.owner === this.opts.owner && !takenOver.has(sbx);
+      const mine = info.instance === this.opts.instance && !takenOver.has(sbx);
       if (!mine && !known.has(sbx)) continue;
       const ends = moved.get(sbx) ?? info.expiresAt;
       const expired = ends !== undefined && ends < now;

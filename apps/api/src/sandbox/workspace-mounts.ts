@@ -12,7 +12,7 @@ const FSNAME = 'kiln-workspace';
 export interface WorkspaceMountOptions {
   /** auto: mount when possible, else the tar path; on: mount or refuse to start; off: always the tar path. */
   mode: 'auto' | 'on' | 'off';
-  /** Where each sandbox's directory is made: <dir>/<owner>/<sandbox id>. */
+  /** Where each sandbox's directory is made: <dir>/<instance>/<sandbox id>. */
   dir: string;
   /** What this instance's mounts together may be sized at (MiB of host memory); past it, new sandboxes take the tar path. */
   maxMb: number;
@@ -41,7 +41,7 @@ export class WorkspaceMounts {
   private readonly foreign = new Map<string, string>();
 
   private constructor(
-    /** <dir>/<owner>: this instance's directories only, never another replica's. */
+    /** <dir>/<instance>: this instance's directories only, never another replica's. */
     readonly root: string,
     private readonly maxMb: number,
     private readonly log: Logger,
@@ -51,12 +51,12 @@ export class WorkspaceMounts {
    * Decides once, at start-up, whether sandboxes get a mounted workspace (and logs which):
    * null means the tar path. With mode "on", a host that cannot mount is an error.
    */
-  static async open(opts: WorkspaceMountOptions, owner: string, log: Logger): Promise<WorkspaceMounts | null> {
+  static async open(opts: WorkspaceMountOptions, instance: string, log: Logger): Promise<WorkspaceMounts | null> {
     if (opts.mode === 'off') {
       log.info({ workspace_copy: 'tar', reason: 'KILN_SANDBOX_WORKSPACE_MOUNT=off' }, 'sandbox workspaces: tar copy');
       return null;
     }
-    const mounts = new WorkspaceMounts(join(opts.dir, owner), opts.maxMb, log);
+    const mounts = new WorkspaceMounts(join(opts.dir, instance), opts.maxMb, log);
     let reason: string | undefined;
     if (!opts.hostMounts)
       reason =

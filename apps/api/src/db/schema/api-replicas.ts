@@ -7,7 +7,7 @@ import { ts } from './columns.ts';
  * while another holds the session's sandbox is sent on to that one (http/replicas.ts).
  */
 export const apiReplicas = pgTable('api_replicas', {
-  /** KILN_INSTANCE_ID: the `owner` its sandboxes' rows and containers carry. */
+  /** KILN_INSTANCE_ID: the instance its sandboxes' rows and containers carry (column `owner`, label `kiln.owner`). */
   instance: text('instance').primaryKey(),
   /** `http://host:port`, as the other replicas reach it (KILN_REPLICA_URL). */
   url: text('url').notNull(),

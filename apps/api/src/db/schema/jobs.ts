@@ -1,7 +1,7 @@
 import { index, integer, jsonb, pgTable, text } from 'drizzle-orm/pg-core';
 import { createdAt, ts } from './columns.ts';
 
-/** Durable jobs: a runner leases a row (locked_by/locked_until) so replicas never run one twice. */
+/** Durable jobs: an instance's job runner leases a row (instance, locked_until) so replicas never run one twice. */
 export const jobs = pgTable(
   'jobs',
   {
@@ -15,7 +15,8 @@ export const jobs = pgTable(
     runAt: ts('run_at').notNull().defaultNow(),
     attempts: integer('attempts').notNull().default(0),
     maxAttempts: integer('max_attempts').notNull().default(3),
-    lockedBy: text('locked_by'),
+    /** The instance whose job runner holds the lease (the column keeps its first name). */
+    instance: text('locked_by'),
     lockedUntil: ts('locked_until'),
     lastError: text('last_error'),
     createdAt: createdAt(),

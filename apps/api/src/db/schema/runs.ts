@@ -33,8 +33,11 @@ export const runs = pgTable(
     startedAt: ts('started_at'),
     finishedAt: ts('finished_at'),
     cancelRequestedAt: ts('cancel_requested_at'),
-    /** The server (KILN_INSTANCE_ID) whose loop runs this run while it is queued or in progress. */
-    runner: text('runner'),
+    /**
+     * The instance (KILN_INSTANCE_ID) whose loop runs this run while it is queued or in progress
+     * (the column keeps its first name).
+     */
+    instance: text('runner'),
     /** Renewed by that server while it lives; past it, any server may mark the run interrupted. */
     leaseUntil: ts('lease_until'),
   },

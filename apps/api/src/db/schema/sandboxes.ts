@@ -9,8 +9,11 @@ export const sandboxes = pgTable(
     teamId: teamId(),
     workspaceId: text('workspace_id'),
     sessionId: text('session_id'),
-    /** The API instance holding the runner stream; only it can use (or must reap) the container. */
-    owner: text('owner').notNull(),
+    /**
+     * The API instance holding the runner stream; only it can use (or must reap) the container.
+     * (The column keeps its first name, as the `kiln.owner` label does: docs/architecture.md, Glossary.)
+     */
+    instance: text('owner').notNull(),
     limits: jsonb('limits').notNull(),
     containerId: text('container_id').notNull(),
     image: text('image').notNull(),

@@ -109,7 +109,7 @@ export class DockerBackend implements SandboxBackend {
   /** Uids of containers this backend is creating, before Docker lists them. */
   private readonly uidsInFlight = new Set<number>();
   private readonly sampler: StatsSampler;
-  /** The egress proxy of each owner (one per API instance), made when its first allowlist sandbox is. */
+  /** The egress proxy of each API instance, made when its first allowlist sandbox is. */
   private readonly proxies = new Map<string, EgressProxy>();
   /** Allowlist sandboxes' containers: their proxy and sandbox id. */
   private readonly egressOf = new Map<string, { proxy: EgressProxy; sandboxId: string }>();
@@ -143,12 +143,12 @@ export class DockerBackend implements SandboxBackend {
     this.sampler = new StatsSampler(docker);
   }
 
-  private proxyFor(owner: string): EgressProxy {
+  private proxyFor(instance: string): EgressProxy {
     if (!this.egress) throw new ApiError('unavailable', 'this server has no egress proxy (KILN_EGRESS=off)');
-    let proxy = this.proxies.get(owner);
+    let proxy = this.proxies.get(instance);
     if (!proxy) {
-      proxy = new EgressProxy(this.docker, owner, this.egress, this.egress.log);
-      this.proxies.set(owner, proxy);
+      proxy = new EgressProxy(this.docker, instance, this.egress, this.egress.log);
+      this.proxies.set(instance, proxy);
     }
     return proxy;
   }
@@ -162,7 +162,7 @@ export class DockerBackend implements SandboxBackend {
    */
   async create(req: ContainerRequest): Promise<SandboxContainer> {
     if (req.network?.mode !== 'allowlist') return this.createWith(req);
-    const proxy = this.proxyFor(req.owner);
+    const proxy = this.proxyFor(req.instance);
     // gVisor sandboxes have no network: they reach the proxy through a bridge socket (egress.ts).
     const attachment =
       req.runtime === 'gvisor'
@@ -271,7 +271,7 @@ export class DockerBackend implements SandboxBackend {
               [LABEL]: '1',
               ...(pausable ? { 'kiln.pausable': '1' } : {}),
               'kiln.sandbox': req.sandboxId,
-              'kiln.owner': req.owner,
+              'kiln.owner': req.instance,
               'kiln.team': req.teamId,
               'kiln.session': req.sessionId,
               'kiln.expires': req.expiresAt.toISOString(),
@@ -559,13 +559,13 @@ export class DockerBackend implements SandboxBackend {
   }
 
   /**
-   * The networks of an owner's sandboxes whose container is gone (a crash's leftovers); with
-   * `all` (the owner shuts down), its proxy and egress network too.
+   * The networks of an instance's sandboxes whose container is gone (a crash's leftovers); with
+   * `all` (the instance shuts down), its proxy and egress network too.
    */
-  async sweepEgress(owner: string, opts: { all?: boolean } = {}): Promise<void> {
+  async sweepEgress(instance: string, opts: { all?: boolean } = {}): Promise<void> {
     if (!this.egress) return;
-    await this.proxyFor(owner).sweep(opts);
-    if (opts.all) this.proxies.delete(owner);
+    await this.proxyFor(instance).sweep(opts);
+    if (opts.all) this.proxies.delete(instance);
   }
 
   async list(): Promise<ListedContainer[]> {
@@ -581,7 +581,7 @@ export class DockerBackend implements SandboxBackend {
       return {
         id: c.Id,
         sandboxId: c.Labels['kiln.sandbox'] ?? '',
-        owner: c.Labels['kiln.owner'] ?? '',
+        instance: c.Labels['kiln.owner'] ?? '',
         expiresAt: moved.get(c.Id) ?? (Number.isNaN(expires) ? undefined : expires),
         ...(c.Labels['kiln.pausable'] === '1' && c.State !== 'running' ? { stopped: true } : {}),
       };

@@ -158,13 +158,13 @@ export class EgressProxy {
 
   constructor(
     private readonly docker: Docker,
-    private readonly owner: string,
+    private readonly instance: string,
     private readonly opts: EgressOptions,
     private readonly log?: Logger,
   ) {}
 
   private get name() {
-    return `kiln-egress-${this.owner}`;
+    return `kiln-egress-${this.instance}`;
   }
 
   /** The running proxy, created (or recreated, restoring every attachment) when it is not. */
@@ -195,7 +195,7 @@ export class EgressProxy {
   }
 
   private async startProxy(): Promise<{ id: string; ip: string }> {
-    const labels = { [PROXY_LABEL]: '1', 'kiln.owner': this.owner };
+    const labels = { [PROXY_LABEL]: '1', 'kiln.owner': this.instance };
     await this.docker
       .getContainer(this.name)
       .remove({ force: true, v: true })
@@ -250,14 +250,14 @@ export class EgressProxy {
 
   /** The bridge network with a route out that the proxy (and only it) is attached to. */
   private async egressNetwork(): Promise<string> {
-    const name = `kiln-egress-out-${this.owner}`;
+    const name = `kiln-egress-out-${this.instance}`;
     const found = await this.docker.listNetworks({ filters: { name: [name] } });
     if (!found.some((n) => n.Name === name))
       await this.docker.createNetwork({
         Name: name,
         Driver: 'bridge',
         CheckDuplicate: true,
-        Labels: { [NET_LABEL]: 'out', 'kiln.owner': this.owner },
+        Labels: { [NET_LABEL]: 'out', 'kiln.owner': this.instance },
       });
     return name;
   }
@@ -357,7 +357,7 @@ export class EgressProxy {
           Driver: 'bridge',
           Internal: true,
           CheckDuplicate: true,
-          Labels: { [NET_LABEL]: 'sandbox', 'kiln.owner': this.owner, 'kiln.sandbox': sandboxId },
+          Labels: { [NET_LABEL]: 'sandbox', 'kiln.owner': this.instance, 'kiln.sandbox': sandboxId },
           // No address of the host on it: only the proxy and the sandbox are there.
           Options: {
             'com.docker.network.bridge.inhibit_ipv4': 'true',
@@ -389,7 +389,7 @@ export class EgressProxy {
   async reserveBridge(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
     if (!this.opts.bridgeDir) throw new Error('this egress proxy has no bridge directory');
     await this.ensure();
-    const bridgeDir = join(this.opts.bridgeDir, this.owner, sandboxId);
+    const bridgeDir = join(this.opts.bridgeDir, this.instance, sandboxId);
     const sandboxIp = this.bridgeAddress();
     const a: EgressAttachment = {
       bridgeDir,
@@ -400,7 +400,7 @@ export class EgressProxy {
       allow,
     };
     await rm(bridgeDir, { recursive: true, force: true });
-    await mkdir(join(this.opts.bridgeDir, this.owner), { recursive: true, mode: 0o700 });
+    await mkdir(join(this.opts.bridgeDir, this.instance), { recursive: true, mode: 0o700 });
     await mkdir(bridgeDir, { mode: 0o755 });
     // Half-open both ways: a client that has sent its request (and shut its side) still gets the answer.
     const server = createServer({ allowHalfOpen: true }, (socket) => this.bridge(socket, sandboxIp, server));
@@ -549,7 +549,7 @@ export class EgressProxy {
    */
   async sweep(opts: { all?: boolean } = {}): Promise<void> {
     const nets = await this.docker.listNetworks({
-      filters: { label: [`${NET_LABEL}=sandbox`, `kiln.owner=${this.owner}`] },
+      filters: { label: [`${NET_LABEL}=sandbox`, `kiln.owner=${this.instance}`] },
     });
     const containers = new Set(
       (await this.docker.listContainers({ all: true, filters: { label: ['kiln.managed=1'] } })).map(
@@ -565,7 +565,7 @@ export class EgressProxy {
     if (!opts.all) return;
     for (const bridge of this.bridges.values()) bridge.close();
     this.bridges.clear();
-    if (this.opts.bridgeDir) await rm(join(this.opts.bridgeDir, this.owner), { recursive: true, force: true });
+    if (this.opts.bridgeDir) await rm(join(this.opts.bridgeDir, this.instance), { recursive: true, force: true });
     (this.logStream as { destroy?: () => void } | undefined)?.destroy?.();
     this.logStream = undefined;
     await this.docker
@@ -574,7 +574,7 @@ export class EgressProxy {
       .catch(() => undefined);
     this.proxy = undefined;
     await this.docker
-      .getNetwork(`kiln-egress-out-${this.owner}`)
+      .getNetwork(`kiln-egress-out-${this.instance}`)
       .remove()
       .catch(() => undefined);
   }

@@ -496,9 +496,9 @@ export class FleetBackend implements SandboxBackend {
     const on = this.on(container);
     return (await on.member.backend.takeEgress?.(on.container)) ?? [];
   }
-  async sweepEgress(owner: string, opts?: { all?: boolean }): Promise<void> {
+  async sweepEgress(instance: string, opts?: { all?: boolean }): Promise<void> {
     await Promise.all(
-      [...this.members.values()].map((m) => m.backend.sweepEgress?.(owner, opts).catch(() => undefined)),
+      [...this.members.values()].map((m) => m.backend.sweepEgress?.(instance, opts).catch(() => undefined)),
     );
   }
 }

@@ -228,8 +228,8 @@ export class RemoteBackend implements SandboxBackend {
   takeEgress(container: SandboxContainer): Promise<EgressEvent[]> {
     return this.call('takeEgress', container) as Promise<EgressEvent[]>;
   }
-  async sweepEgress(owner: string, opts?: { all?: boolean }): Promise<void> {
-    await this.call('sweepEgress', owner, opts);
+  async sweepEgress(instance: string, opts?: { all?: boolean }): Promise<void> {
+    await this.call('sweepEgress', instance, opts);
   }
 
   /**

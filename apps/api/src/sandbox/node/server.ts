@@ -79,7 +79,7 @@ const allow = z.array(z.string().max(512)).max(1024);
 const request = z.object({
   image: z.string().min(1).max(512),
   sandboxId: z.string().max(128),
-  owner: z.string().max(256),
+  instance: z.string().max(256),
   teamId: z.string().max(128),
   sessionId: z.string().max(128),
   expiresAt: z.iso.datetime().transform((s) => new Date(s)),
