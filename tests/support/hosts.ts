@@ -291,14 +291,21 @@ export class Hosts {
       }
       // A killed dockerd's containerd and shims (in the namespace), then its containers' processes.
       quiet('sh', ['-c', `ip netns pids ${m.ns} | xargs -r kill -KILL`]);
+      // A container's group is docker/<id>, or (the node's fair share on) kiln/team-…/<id>.
+      const groupsOf = (id: string) =>
+        run('sh', ['-c', `find /sys/fs/cgroup/ -mindepth 2 -maxdepth 4 -type d -name ${id} 2>/dev/null; true`])
+          .toString()
+          .split('\n')
+          .filter(Boolean);
       for (const id of this.orphans) {
-        const procs = `/sys/fs/cgroup/pids/docker/${id}/cgroup.procs`;
-        quiet('sh', ['-c', `cat ${procs} 2>/dev/null | xargs -r kill -KILL`]);
+        const groups = groupsOf(id);
+        const procs = groups.map((g) => join(g, 'cgroup.procs')).filter((f) => f.includes('/pids/'));
+        for (const f of procs) quiet('sh', ['-c', `cat ${f} 2>/dev/null | xargs -r kill -KILL`]);
         await until(`the processes of container ${id} to end`, () =>
-          !existsSync(procs) || !readFileSync(procs, 'utf8').trim() ? true : undefined,
+          procs.every((f) => !existsSync(f) || !readFileSync(f, 'utf8').trim()) ? true : undefined,
         );
         // Their (now empty) groups, in every hierarchy.
-        quiet('sh', ['-c', `rmdir /sys/fs/cgroup/*/docker/${id} 2>/dev/null; true`]);
+        for (const g of groups) quiet('rmdir', [g]);
       }
       // Whatever a killed dockerd left mounted under its directories.
       quiet('sh', ['-c', `grep -o ' ${m.dir}[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l`]);
