@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -331,13 +331,20 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     // A name of its own for the sandbox image: no outcome is kept for it yet, so the probe runs.
     const alias = `kiln-probe-test:${INSTANCE}`;
     execFileSync('docker', ['tag', image, alias]);
+    let kept: string[] = [];
     try {
       const { DockerRootDir } = (await docker.info()) as { DockerRootDir: string };
       const tried = new DockerBackend(docker, { probeImage: alias });
       const gvisor = (await tried.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
       expect(gvisor).toMatchObject({ pause: true });
       expect(gvisor?.pauseOff).toBeUndefined();
-      expect(readFileSync(join(DockerRootDir, 'kiln-checkpoint-probe.json'), 'utf8')).toContain(alias);
+      // Kept in a file of its image's own: another file's server, of another image, probing
+      // meanwhile leaves it alone.
+      kept = readdirSync(DockerRootDir)
+        .filter((f) => /^kiln-checkpoint-probe-[0-9a-f]{16}\.json$/.test(f))
+        .map((f) => join(DockerRootDir, f))
+        .filter((f) => readFileSync(f, 'utf8').includes(JSON.stringify(alias)));
+      expect(kept).toHaveLength(1);
 
       const broken = new DockerBackend(docker, { probeImage: `kiln-no-such-image:${INSTANCE}` });
       const off = (await broken.capabilities()).runtimes.find((r) => r.runtime === 'gvisor');
@@ -345,6 +352,7 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       expect(off?.pauseOff).toMatch(/probe sandbox could not be checkpointed and restored.*no such image/i);
     } finally {
       execFileSync('docker', ['rmi', alias], { stdio: 'ignore' });
+      for (const f of kept) rmSync(f, { force: true });
     }
   });
 

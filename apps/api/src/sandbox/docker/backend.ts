@@ -1,4 +1,4 @@
-import { randomInt } from 'node:crypto';
+import { createHash, randomInt } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { access, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
@@ -98,8 +98,10 @@ export interface DockerBackendOptions {
   /**
    * An image with `sleep` (the sandbox image): with it, an engine of this host that serves the
    * checkpoint API is also tried for real once (a gVisor container checkpointed and restored),
-   * and the outcome kept beside the engine's data (`kiln-checkpoint-probe.json`) until the
-   * engine, runsc, the kernel or the image name change. Without it, the API's answer decides.
+   * and the outcome kept beside the engine's data (`kiln-checkpoint-probe-<hash of the image
+   * name>.json`, one per image, so that a node and a server of other images on one engine do not
+   * undo each other's) until the engine, runsc, the kernel or the image name change. Without it,
+   * the API's answer decides.
    */
   probeImage?: string;
 }
@@ -363,7 +365,8 @@ export class DockerBackend implements SandboxBackend {
    * start.
    */
   private async probeCheckpoint(info: EngineInfo, runsc: string): Promise<string | undefined> {
-    const file = join(info.DockerRootDir!, 'kiln-checkpoint-probe.json');
+    const name = createHash('sha256').update(this.probeImage!).digest('hex').slice(0, 16);
+    const file = join(info.DockerRootDir!, `kiln-checkpoint-probe-${name}.json`);
     const bin = await stat(runsc).catch(() => undefined);
     const key = JSON.stringify([
       info.ID,
@@ -391,7 +394,10 @@ export class DockerBackend implements SandboxBackend {
       await (c as unknown as Checkpoints).start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
       const { State } = (await c.inspect()) as { State: { Running?: boolean } };
       if (!State.Running) throw new Error('the restored container is not running');
-      await writeFile(file, key, { mode: 0o600 });
+      // Whole or not at all: another process reading it meanwhile probes once more, never reads half.
+      const part = `${file}.${randomInt(1e9)}`;
+      await writeFile(part, key, { mode: 0o600 });
+      await rename(part, file);
       return undefined;
     } catch (err) {
       return `a probe sandbox could not be checkpointed and restored on this engine: ${(err as Error).message.slice(0, 500)}`;
