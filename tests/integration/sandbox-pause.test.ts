@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { readdirSync, readFileSync, rmSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -122,6 +122,46 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       const next = await exec(t, team.key, session, 'x += 1\nprint(x)');
       expect(next).toMatchObject({ stdout: `${want}\n`, sandbox_id: first.sandbox_id, restarted: false });
     }
+  });
+
+  it('a resume leaves no copy of the checkpoint (the sandbox\u2019s memory) on the host: containerd\u2019s unpacked copy is removed', async () => {
+    // This engine's containerd unpacks a checkpoint to restore it into <its temp dir>/ctrd-checkpoint<n>,
+    // and never removes it; its temp dir here is /tmp (it has neither XDG_RUNTIME_DIR nor TMPDIR).
+    const containerd = readdirSync('/proc')
+      .filter((p) => /^\d+$/.test(p))
+      .find((p) => {
+        try {
+          return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('/var/run/docker/containerd/containerd.toml');
+        } catch {
+          return false;
+        }
+      });
+    expect(containerd).toBeDefined();
+    expect(readFileSync(`/proc/${containerd}/environ`, 'utf8')).not.toMatch(/(^|\0)(XDG_RUNTIME_DIR|TMPDIR)=/);
+    const copiesOf = (image: { size: number; mtime: number }) =>
+      readdirSync('/tmp')
+        .filter((d) => d.startsWith('ctrd-checkpoint'))
+        .filter((d) => {
+          try {
+            const s = statSync(join('/tmp', d, 'checkpoint.img'));
+            return s.size === image.size && Math.floor(s.mtimeMs / 1000) === image.mtime;
+          } catch {
+            return false;
+          }
+        });
+
+    const { session } = await sessionIn(t, team, gvisor);
+    const first = await exec(t, team.key, session, 'kept = "in memory"');
+    await idle();
+    expect((await rowOf(first.sandbox_id)).state).toBe('paused');
+    const [c] = await docker.listContainers({ all: true, filters: { label: [`kiln.sandbox=${first.sandbox_id}`] } });
+    const { DockerRootDir } = (await docker.info()) as { DockerRootDir: string };
+    const s = statSync(join(DockerRootDir, 'containers', c!.Id, 'checkpoints', 'kiln', 'checkpoint.img'));
+    const image = { size: s.size, mtime: Math.floor(s.mtimeMs / 1000) };
+    const again = await exec(t, team.key, session, 'print(kept)');
+    expect(again).toMatchObject({ stdout: 'in memory\n', sandbox_id: first.sandbox_id });
+    expect((again as { resumed_ms?: number }).resumed_ms).toBeGreaterThan(0);
+    expect(copiesOf(image)).toEqual([]);
   });
 
   it('a sandbox holding more than half its memory resumes with it: the restore is not counted twice against its limit', async () => {

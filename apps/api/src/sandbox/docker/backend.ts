@@ -1,6 +1,6 @@
 import { createHash, randomInt } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { access, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { access, lstat, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { join, normalize } from 'node:path';
 import type Docker from 'dockerode';
@@ -43,6 +43,14 @@ const UID_ATTEMPTS = 8;
 const NODE_LABEL = 'kiln.node';
 /** The one checkpoint a paused sandbox's container has (Docker keeps it beside the container, root-only). */
 const CHECKPOINT = 'kiln';
+/**
+ * containerd (1.6, as Docker 20.10 runs it) restores a checkpoint from a copy it unpacks into a
+ * new `ctrd-checkpoint<n>` directory of its temporary directory (its XDG_RUNTIME_DIR, else
+ * TMPDIR, else /tmp), root-only, and never removes it (containerd#10166): each resume would leave
+ * the sandbox's memory, secret values included, on the host's disk. The backend removes the copy
+ * of each restore it makes, and at start-up what older ones left (RESTORE_COPY_MAX_AGE_MS).
+ */
+const RESTORE_COPY_MAX_AGE_MS = 10 * 60_000;
 /** A Docker container id as the engine gives it (only such names make paths here). */
 const CONTAINER_ID = /^[0-9a-f]{64}$/;
 /**
@@ -124,6 +132,8 @@ export class DockerBackend implements SandboxBackend {
   private readonly teamOf = new Map<string, string>();
   /** Where this engine's runsc keeps container state (findRunscRoot), and whether it was found or is the default. */
   private runscRoot = RUNSC_STATE_DIR;
+  /** Where this engine's containerd unpacks a checkpoint to restore it (RESTORE_COPY_MAX_AGE_MS; found with the runsc root). */
+  private restoreCopies = '/tmp';
   private runscRootFound = false;
   /** Whether this engine checkpoints gVisor containers (it serves the checkpoint API), why not, and where it keeps them. */
   private checkpoints?: Promise<{ on: boolean; off?: string; root: string | null; runsc: string | null }>;
@@ -345,6 +355,8 @@ export class DockerBackend implements SandboxBackend {
         let off = runsc ? await this.checkpointApiOff() : `the engine has no ${GVISOR_NONET_RUNTIME} runtime`;
         if (!off && local && runsc && info.DockerRootDir && this.probeImage)
           off = await this.probeCheckpoint(info as EngineInfo, runsc);
+        // What restores before this process left on this host (a restore's own copy goes with it).
+        if (local && runsc) await this.dropRestoreCopy();
         return {
           on: !off,
           ...(off ? { off } : {}),
@@ -391,7 +403,12 @@ export class DockerBackend implements SandboxBackend {
       id = c.id;
       await c.start();
       await this.writeCheckpoint(id, info.DockerRootDir!, runsc);
-      await (c as unknown as Checkpoints).start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+      const image = await this.checkpointImage(info.DockerRootDir!, id);
+      try {
+        await (c as unknown as Checkpoints).start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+      } finally {
+        if (image) await this.dropRestoreCopy(image);
+      }
       const { State } = (await c.inspect()) as { State: { Running?: boolean } };
       if (!State.Running) throw new Error('the restored container is not running');
       // Whole or not at all: another process reading it meanwhile probes once more, never reads half.
@@ -491,6 +508,14 @@ export class DockerBackend implements SandboxBackend {
       if (normalize(execRoot) !== execRoot) return;
       this.runscRoot = join(execRoot, 'runtime-runc', 'moby');
       this.runscRootFound = true;
+      // The shim has containerd's environment, which says where it unpacks checkpoints.
+      const env = new Map(
+        (await readFile(`/proc/${ppid}/environ`, 'utf8'))
+          .split('\0')
+          .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)] as const),
+      );
+      const tmp = env.get('XDG_RUNTIME_DIR') || env.get('TMPDIR') || '/tmp';
+      if (tmp.startsWith('/') && normalize(tmp) === tmp) this.restoreCopies = tmp.replace(/(.)\/$/, '$1');
     } catch {
       // Gone meanwhile, or not this host's: the default stays.
     }
@@ -511,13 +536,57 @@ export class DockerBackend implements SandboxBackend {
     const c = this.docker.getContainer(container.id);
     const cp = c as unknown as Checkpoints;
     await this.dropStaleRuntimeState(container.id);
-    await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+    const { root } = await this.checkpointing().catch(() => ({ root: null }));
+    const image = await this.checkpointImage(root, container.id);
+    try {
+      await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+    } finally {
+      // Restored or not, the copy containerd made of it for the restore goes, and any an earlier
+      // restore left (one cut short, or whose checkpoint was not known by its image).
+      if (image) await this.dropRestoreCopy(image);
+      await this.dropRestoreCopy();
+    }
     this.sampler.watch(container.id);
     // Not kept (the disk refused): a node's reaper still has it in memory until the node restarts.
     if (lifetimeEndsAt !== undefined) await this.keepLifetime(container.id, lifetimeEndsAt).catch(() => undefined);
     // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).
     await cp.deleteCheckpoint(CHECKPOINT).catch(() => undefined);
     return this.reattach(container);
+  }
+
+  /** The size and modification time of a paused container's checkpoint image (an engine of this host), to know its copies by. */
+  private async checkpointImage(root: string | null, id: string): Promise<{ size: number; mtime: number } | undefined> {
+    if (!root || !CONTAINER_ID.test(id)) return undefined;
+    const s = await lstat(join(root, 'containers', id, 'checkpoints', CHECKPOINT, 'checkpoint.img')).catch(
+      () => undefined,
+    );
+    return s?.isFile() ? { size: s.size, mtime: Math.floor(s.mtimeMs / 1000) } : undefined;
+  }
+
+  /**
+   * Removes the copy of a checkpoint that containerd unpacked to restore it (RESTORE_COPY_MAX_AGE_MS): the
+   * one whose image has the checkpoint image's size and (to the second, as the tar between them
+   * keeps it) modification time. Without `image`, every copy older than RESTORE_COPY_MAX_AGE_MS
+   * (what restores that were cut short, or ran before this existed, left). An engine of this host only.
+   */
+  private async dropRestoreCopy(image?: { size: number; mtime: number }): Promise<number> {
+    if (!(this.docker.modem as { socketPath?: unknown }).socketPath) return 0;
+    let removed = 0;
+    const dir = this.restoreCopies;
+    for (const name of await readdir(dir).catch(() => [] as string[])) {
+      if (!/^ctrd-checkpoint\d+$/.test(name)) continue;
+      const copy = join(dir, name);
+      const d = await lstat(copy).catch(() => undefined);
+      if (!d?.isDirectory() || d.uid !== 0) continue;
+      const f = await lstat(join(copy, 'checkpoint.img')).catch(() => undefined);
+      const ours = image
+        ? f?.isFile() && f.size === image.size && Math.floor(f.mtimeMs / 1000) === image.mtime
+        : Date.now() - d.mtimeMs > RESTORE_COPY_MAX_AGE_MS;
+      if (!ours) continue;
+      await rm(copy, { recursive: true, force: true });
+      removed++;
+    }
+    return removed;
   }
 
   /** A new relay (as the keeper uid) to the runner the container's daemon keeps. */
