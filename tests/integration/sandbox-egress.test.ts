@@ -618,7 +618,8 @@ probe("forge", forge)
     const code = `${PROBES(ca)}\nprobe("ok", lambda: get("http://api.allowed.test/again"))`;
     const first = await exec(t, teamA.key, session, code, 60);
     expect(probes(first.stdout).ok!.ok).toBe(true);
-    await docker.getContainer(`kiln-egress-${instanceOf(t)}`).remove({ force: true });
+    // With its anonymous volume (its rules), as the proxy's own removal does: none is left on the engine.
+    await docker.getContainer(`kiln-egress-${instanceOf(t)}`).remove({ force: true, v: true });
     const second = await exec(t, teamA.key, session, code, 60);
     expect(second.sandbox_id).toBe(first.sandbox_id);
     expect(probes(second.stdout).ok).toMatchObject({ ok: true, detail: 'api.allowed.test /again' });
