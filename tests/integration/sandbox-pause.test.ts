@@ -7,6 +7,8 @@ import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
 import { DockerBackend } from '../../apps/api/src/sandbox/docker/backend.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
 import { RunnerClient } from '../../apps/api/src/sandbox/runner-client.ts';
+import { converse } from '../support/agent.ts';
+import { useAgentApp } from '../support/agent-app.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { exec, mountedHere, sessionIn } from '../support/sandbox.ts';
 
@@ -730,5 +732,48 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
     expect((await t.call('DELETE', `/v1/workspaces/${other.ws}`, { key: team.key })).status).toBe(200);
     expect(await containerOf(o.sandbox_id)).toBeNull();
     expect(await rowOf(o.sandbox_id)).toMatchObject({ state: 'removed', removedReason: 'workspace_deleted' });
+  });
+});
+
+describe('an agent run in a session whose sandbox is paused', () => {
+  const app = useAgentApp('wake', {
+    sandbox: { poolSize: 0, maxLifetimeMs: LIFETIME_MS, perTeamMax: 20 },
+    env: { KILN_INSTANCE_ID: `${INSTANCE}-wake` },
+  });
+
+  it('resumes it while the model thinks: the run’s code finds it running, with its variables, and says it was resumed', async () => {
+    const { t, team, fake } = app;
+    const stateOf = async (id: string) =>
+      (await t.database.db.select().from(sandboxes).where(eq(sandboxes.id, id)))[0]!.state;
+    const { session } = await sessionIn(t, team, {
+      sandbox: { runtime: 'gvisor' },
+      protocol: 'tools',
+      approval: { mode: 'auto' },
+    });
+    try {
+      const first = await exec(t, team.key, session, 'kept = 41');
+      expect((await t.call('POST', `/v1/sessions/${session}/pause`, { key: team.key })).status).toBe(200);
+      expect(await stateOf(first.sandbox_id)).toBe('paused');
+      // The model answers once the sandbox runs again (or gives up waiting after 30 s): before the
+      // run's first execution could have asked for it.
+      const resumedFirst = (async () => {
+        for (const end = Date.now() + 30_000; Date.now() < end; await new Promise((r) => setTimeout(r, 50)))
+          if ((await stateOf(first.sandbox_id)) === 'ready') return true;
+        return false;
+      })();
+      fake.script(
+        { until: resumedFirst, tool_calls: [{ name: 'python', arguments: { code: 'print(kept + 1)' } }] },
+        { tool_calls: [{ name: 'finish', arguments: { summary: 'done' } }] },
+      );
+      const { run, events } = await converse(t, team.key, session, 'go on');
+      expect(await resumedFirst).toBe(true);
+      expect(run).toMatchObject({ status: 'completed', error: null });
+      const done = events.find((e) => e.event === 'exec.completed')!.data as Record<string, unknown>;
+      expect(done).toMatchObject({ exit_code: 0, restarted: false, resumed_ms: expect.any(Number) });
+      expect(events.find((e) => e.event === 'exec.output')?.data).toMatchObject({ data: '42\n' });
+    } finally {
+      // Its sandbox goes with it (a server that stops would pause it and leave it for its next life).
+      expect((await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key })).status).toBe(200);
+    }
   });
 });

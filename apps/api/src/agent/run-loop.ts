@@ -21,7 +21,7 @@ import { ApiError } from '../lib/errors.ts';
 import type { McpClients } from '../mcp/client.ts';
 import { filterProblem } from '../memory/search.ts';
 import type { SandboxEngine } from '../sandbox/engine.ts';
-import { execInSession } from '../sessions/session-exec.ts';
+import { execInSession, wakeSession } from '../sessions/session-exec.ts';
 import type { SessionRow } from '../sessions/sessions.ts';
 import type { WorkspaceService } from '../workspace/service.ts';
 import type { KilnMetrics } from '../metrics/metrics.ts';
@@ -137,6 +137,13 @@ export class RunLoop {
       this.writes.emit('run.in_progress', {});
       this.run = { ...this.run, status: 'in_progress', startedAt };
     }
+    // A paused sandbox of the session resumes while the model thinks, not at the first execution.
+    const { engine, workspaces, log } = this.deps;
+    wakeSession({ engine, workspaces, log }, ws, {
+      teamId: this.run.teamId,
+      sessionId: this.session.id,
+      runId: this.run.id,
+    });
     if (resume) {
       await this.mcp.list();
       // The decided call first, then the calls of its message still unanswered (it paused there).
@@ -527,6 +534,8 @@ function execCompleted(
     error: error ?? result?.error ?? null,
     truncated: result?.truncated ?? false,
     restarted: result?.restarted ?? false,
+    // The sandbox was paused and resumed for this execution (or at the run's start): how long that took.
+    resumed_ms: result?.resumed_ms ?? null,
     duration_ms: result?.duration_ms ?? 0,
     artifacts: result?.artifacts ?? [],
     egress: result?.egress ?? [],

@@ -649,6 +649,17 @@ export class SandboxEngine {
   }
 
   /**
+   * Resumes the session's paused sandbox ahead of its next execution (an agent run's, while the
+   * model thinks); nothing when it has none paused. Not a use of it: the execution that follows
+   * finds it running, or joins the resume in flight, and its result says it was resumed.
+   */
+  async wake(ctx: ExecContext, limits: SandboxLimits): Promise<void> {
+    if (this.live.get(ctx.sessionId)?.client.alive) return;
+    if ((await this.sessionSandbox(ctx.sessionId))?.state !== 'paused') return;
+    await this.acquire(await this.withNetworkNow(ctx), limits);
+  }
+
+  /**
    * POST /v1/sessions/{session}/resume: the session's paused sandbox, running again with every
    * variable; one already running is left as it is (ms null). One that cannot be resumed is
    * replaced by a new sandbox (`lost` says why). Throws a 409 when the session has none paused.

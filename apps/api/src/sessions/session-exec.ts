@@ -1,4 +1,5 @@
 import type { SQL } from 'drizzle-orm';
+import type { Logger } from 'pino';
 import type { ExecAudit } from '../sandbox/executions.ts';
 import type { ExecOutcome, SandboxEngine } from '../sandbox/engine.ts';
 import type { OutputListener } from '../sandbox/runner-client.ts';
@@ -15,15 +16,38 @@ export interface SessionExecResult extends ExecOutcome {
     | null;
 }
 
+type ExecDeps = { engine: SandboxEngine; workspaces: WorkspaceService };
+type ExecBy = { teamId: string; sessionId: string; runId?: string };
+
+const contextOf = (deps: ExecDeps, ws: WorkspaceRow, by: ExecBy) =>
+  deps.engine.settings.execContext(ws, { ...by, workspaceDir: deps.workspaces.dirOf(ws.id) });
+
+/**
+ * Starts resuming the session's paused sandbox, if it has one, and does not wait: an agent run
+ * does this before its first model call, which then hides the resume. Whatever goes wrong is
+ * met again, and answered, by the execution that follows.
+ */
+export function wakeSession(deps: ExecDeps & { log: Logger }, ws: WorkspaceRow, by: ExecBy): void {
+  const { ctx, limits } = contextOf(deps, ws, by);
+  deps.engine
+    .wake(ctx, limits)
+    .catch((err) =>
+      deps.log.debug(
+        { err, session: by.sessionId },
+        "the session's paused sandbox could not be resumed ahead of its use",
+      ),
+    );
+}
+
 /**
  * Runs code in a session's sandbox with the workspace copied into /workspace, then commits
  * whatever the code changed there (with provenance) and puts the sandbox copy back in line
  * with the repository where changes were refused or redacted.
  */
 export async function execInSession(
-  deps: { engine: SandboxEngine; workspaces: WorkspaceService },
+  deps: ExecDeps,
   ws: WorkspaceRow,
-  ctx: { teamId: string; sessionId: string; runId?: string },
+  ctx: ExecBy,
   code: string,
   opts: {
     timeoutS?: number;
@@ -34,10 +58,7 @@ export async function execInSession(
     deferRecord?: boolean;
   },
 ): Promise<SessionExecResult> {
-  const { ctx: where, limits } = deps.engine.settings.execContext(ws, {
-    ...ctx,
-    workspaceDir: deps.workspaces.dirOf(ws.id),
-  });
+  const { ctx: where, limits } = contextOf(deps, ws, ctx);
   const quota = deps.workspaces.quotaOf(ws);
   const { changes, ...result } = await deps.engine.exec(where, limits, code, {
     timeoutS: opts.timeoutS,
