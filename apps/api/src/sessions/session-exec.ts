@@ -28,15 +28,18 @@ const contextOf = (deps: ExecDeps, ws: WorkspaceRow, by: ExecBy) =>
  * met again, and answered, by the execution that follows.
  */
 export function wakeSession(deps: ExecDeps & { log: Logger }, ws: WorkspaceRow, by: ExecBy): void {
-  const { ctx, limits } = contextOf(deps, ws, by);
-  deps.engine
-    .wake(ctx, limits)
-    .catch((err) =>
-      deps.log.debug(
-        { err, session: by.sessionId },
-        "the session's paused sandbox could not be resumed ahead of its use",
-      ),
+  const failed = (err: unknown) =>
+    deps.log.debug(
+      { err, session: by.sessionId },
+      "the session's paused sandbox could not be resumed ahead of its use",
     );
+  try {
+    const { ctx, limits } = contextOf(deps, ws, by);
+    deps.engine.wake(ctx, limits).catch(failed);
+  } catch (err) {
+    // Settings the execution refuses, with the reason, when it comes (the run answers the model).
+    failed(err);
+  }
 }
 
 /**
