@@ -564,10 +564,11 @@ export class DockerBackend implements SandboxBackend {
   }
 
   /**
-   * Removes the copy of a checkpoint that containerd unpacked to restore it (RESTORE_COPY_MAX_AGE_MS): the
-   * one whose image has the checkpoint image's size and (to the second, as the tar between them
-   * keeps it) modification time. Without `image`, every copy older than RESTORE_COPY_MAX_AGE_MS
-   * (what restores that were cut short, or ran before this existed, left). An engine of this host only.
+   * Removes the copy of a checkpoint that containerd unpacked to restore it (see
+   * RESTORE_COPY_MAX_AGE_MS): the one whose image has the checkpoint image's size and (to the
+   * second, as the tar between them keeps it) modification time. Without `image`, every copy
+   * older than RESTORE_COPY_MAX_AGE_MS (what restores that were cut short, or ran before this
+   * existed, left). An engine of this host only; it never throws.
    */
   private async dropRestoreCopy(image?: { size: number; mtime: number }): Promise<number> {
     if (!(this.docker.modem as { socketPath?: unknown }).socketPath) return 0;
@@ -583,8 +584,11 @@ export class DockerBackend implements SandboxBackend {
         ? f?.isFile() && f.size === image.size && Math.floor(f.mtimeMs / 1000) === image.mtime
         : Date.now() - d.mtimeMs > RESTORE_COPY_MAX_AGE_MS;
       if (!ours) continue;
-      await rm(copy, { recursive: true, force: true });
-      removed++;
+      // Never a resume's failure: one that could not go now goes by its age at a later one.
+      removed += await rm(copy, { recursive: true, force: true }).then(
+        () => 1,
+        () => 0,
+      );
     }
     return removed;
   }
