@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -93,6 +93,22 @@ describe('fair share: each team in a cgroup of its own under one parent (KILN_SA
     const again = await create('team_alpha');
     expect(await cgroupOf(again.id)).toBe(`/${PARENT}/${ga}/${again.id}`);
     expect(cpuWeight(ga)).toBe(200);
+  });
+
+  it('a team group another process removed between its making and the start (its sweep, its last sandbox leaving) gets its weight back', async () => {
+    const c = await backend.create(requestFor(`x${n++}`, 'team_swept'));
+    made.push(c);
+    const group = teamGroup('team_swept');
+    expect(cpuWeight(group)).toBe(200);
+    // What another replica on this engine does to a team group it sees empty.
+    for (const dir of V2 ? [join(ROOT, PARENT, group)] : readdirSync(ROOT).map((h) => join(ROOT, h, PARENT, group)))
+      if (existsSync(dir)) rmdirSync(dir);
+    expect(existsSync(groupDir(group))).toBe(false);
+    // The runtime makes the group again at the start, with the kernel's default weight; the backend its own.
+    await backend.start(c);
+    expect(await cgroupOf(c.id)).toBe(`/${PARENT}/${group}/${c.id}`);
+    expect(cpuWeight(group)).toBe(200);
+    await remove(c);
   });
 
   it('names groups by a hash of the team id: a hostile id makes no path outside the parent', async () => {

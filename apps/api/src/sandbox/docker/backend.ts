@@ -31,7 +31,7 @@ import {
 } from './container-spec.ts';
 import { DockerImages } from './images.ts';
 import { EgressProxy, type EgressAttachment, type EgressOptions, NOWHERE_DNS, BRIDGE_MOUNT } from './egress.ts';
-import { type FairShareOptions, TeamCgroups } from './cgroups.ts';
+import { type FairShareOptions, TeamCgroups, teamGroup } from './cgroups.ts';
 import { attachRunner, runToEnd } from './runner.ts';
 import { RUNNER_CMD } from '../runner-client.ts';
 import { StatsSampler } from './stats.ts';
@@ -318,6 +318,7 @@ export class DockerBackend implements SandboxBackend {
 
   async start(container: SandboxContainer): Promise<void> {
     await this.docker.getContainer(container.id).start();
+    await this.settleTeam(container.id);
     // Its memory and CPU are known from now on, not from a listing's first (second-long) reading.
     this.sampler.watch(container.id);
   }
@@ -540,6 +541,7 @@ export class DockerBackend implements SandboxBackend {
     const image = await this.checkpointImage(root, container.id);
     try {
       await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
+      await this.settleTeam(container.id);
     } finally {
       // Restored or not, the copy containerd made of it for the restore goes, and any an earlier
       // restore left (one cut short, or whose checkpoint was not known by its image).
@@ -552,6 +554,33 @@ export class DockerBackend implements SandboxBackend {
     // Restored, its memory is the container's again: the copy on disk goes now (and a next pause makes a new one).
     await cp.deleteCheckpoint(CHECKPOINT).catch(() => undefined);
     return this.reattach(container);
+  }
+
+  /**
+   * A started (or restored) container's team group gets its weights again (TeamCgroups.settle):
+   * the runtime made the group anew if another process removed it meanwhile. Its team is known
+   * from its creation, or (a restore after a restart) from its label, where its cgroup parent
+   * says it was made in that team's group. Never fails the start: a group left with the
+   * kernel's defaults is logged.
+   */
+  private async settleTeam(id: string): Promise<void> {
+    const cgroups = await this.teamCgroups();
+    if (!cgroups) return;
+    let team = this.teamOf.get(id);
+    if (!team) {
+      const info = await this.docker
+        .getContainer(id)
+        .inspect()
+        .catch(() => undefined);
+      const label = info?.Config.Labels?.['kiln.team'];
+      if (label && info?.HostConfig.CgroupParent === `/${this.fairShare!.parent}/${teamGroup(label)}`) team = label;
+    }
+    if (team)
+      await cgroups
+        .settle(team)
+        .catch((err) =>
+          this.fairShare?.log?.warn({ err, container: id }, "a team's cgroup could not be given its weights again"),
+        );
   }
 
   /** The size and modification time of a paused container's checkpoint image (an engine of this host), to know its copies by. */

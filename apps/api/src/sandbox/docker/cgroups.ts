@@ -20,8 +20,8 @@ import { ApiError } from '../../lib/errors.ts';
  * 1024 per 100; blkio.bfq.weight / blkio.weight, 1–1000). Needs Docker's cgroupfs driver (a
  * CgroupParent is then a path) and the API on the Docker host as root, with /sys/fs/cgroup
  * writable. A team's group is removed when its last sandbox of this process is; the runtime
- * re-creates a removed one (with the kernel's default weight, 100, the default teamWeight) for a
- * container created meanwhile by another replica.
+ * re-creates a removed one (with the kernel's defaults) for a container created meanwhile by
+ * another replica, whose backend then writes the group's weights again (`settle`).
  */
 export interface FairShareOptions {
   /** The parent group's name under the cgroup root: letters, digits, `_`, `-`. */
@@ -102,6 +102,18 @@ export class TeamCgroups {
       throw err;
     }
     return `/${this.opts.parent}/${group}`;
+  }
+
+  /**
+   * Writes the team group's weights (and cap) again, once a container of the team has started in
+   * it: another process on this host (a replica's sweep, or its team's last sandbox leaving) may
+   * have removed the group between `enter` and the start, and the runtime then made it again
+   * with the kernel's defaults. A started container keeps its group (the kernel refuses to
+   * remove one that holds a process), so what is written now stays.
+   */
+  async settle(teamId: string): Promise<void> {
+    const version = await this.setUp();
+    await this.make(version, `${this.opts.parent}/${teamGroup(teamId)}`, this.opts.teamWeight, this.opts.teamCpus);
   }
 
   /** A container of this team is gone (or was never made): its group goes with the team's last one. */
