@@ -541,7 +541,7 @@ export class DockerBackend implements SandboxBackend {
     const image = await this.checkpointImage(root, container.id);
     try {
       await cp.start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
-      await this.settleTeam(container.id);
+      await this.settleTeam(container.id, true);
     } finally {
       // Restored or not, the copy containerd made of it for the restore goes, and any an earlier
       // restore left (one cut short, or whose checkpoint was not known by its image).
@@ -559,15 +559,15 @@ export class DockerBackend implements SandboxBackend {
   /**
    * A started (or restored) container's team group gets its weights again (TeamCgroups.settle):
    * the runtime made the group anew if another process removed it meanwhile. Its team is known
-   * from its creation, or (a restore after a restart) from its label, where its cgroup parent
-   * says it was made in that team's group. Never fails the start: a group left with the
-   * kernel's defaults is logged.
+   * from its creation, or (`restored`: after a restart, or made by another replica) from its
+   * label, where its cgroup parent says it was made in that team's group. Never fails the start:
+   * a group left with the kernel's defaults is logged.
    */
-  private async settleTeam(id: string): Promise<void> {
+  private async settleTeam(id: string, restored = false): Promise<void> {
     const cgroups = await this.teamCgroups();
     if (!cgroups) return;
     let team = this.teamOf.get(id);
-    if (!team) {
+    if (!team && restored) {
       const info = await this.docker
         .getContainer(id)
         .inspect()
