@@ -48,7 +48,7 @@ const CHECKPOINT = 'kiln';
  * new `ctrd-checkpoint<n>` directory of its temporary directory (its XDG_RUNTIME_DIR, else
  * TMPDIR, else /tmp), root-only, and never removes it (containerd#10166): each resume would leave
  * the sandbox's memory, secret values included, on the host's disk. The backend removes the copy
- * of each restore it makes, and at start-up what older ones left (RESTORE_COPY_MAX_AGE_MS).
+ * of each restore it makes, and (at start-up and at each restore) what older ones left.
  */
 const RESTORE_COPY_MAX_AGE_MS = 10 * 60_000;
 /** A Docker container id as the engine gives it (only such names make paths here). */
@@ -408,7 +408,7 @@ export class DockerBackend implements SandboxBackend {
       try {
         await (c as unknown as Checkpoints).start({ _query: { checkpoint: CHECKPOINT }, _body: {} });
       } finally {
-        if (image) await this.dropRestoreCopy(image);
+        await this.dropRestoreCopy(image);
       }
       const { State } = (await c.inspect()) as { State: { Running?: boolean } };
       if (!State.Running) throw new Error('the restored container is not running');
@@ -545,8 +545,7 @@ export class DockerBackend implements SandboxBackend {
     } finally {
       // Restored or not, the copy containerd made of it for the restore goes, and any an earlier
       // restore left (one cut short, or whose checkpoint was not known by its image).
-      if (image) await this.dropRestoreCopy(image);
-      await this.dropRestoreCopy();
+      await this.dropRestoreCopy(image);
     }
     this.sampler.watch(container.id);
     // Not kept (the disk refused): a node's reaper still has it in memory until the node restarts.
@@ -595,31 +594,24 @@ export class DockerBackend implements SandboxBackend {
   /**
    * Removes the copy of a checkpoint that containerd unpacked to restore it (see
    * RESTORE_COPY_MAX_AGE_MS): the one whose image has the checkpoint image's size and (to the
-   * second, as the tar between them keeps it) modification time. Without `image`, every copy
+   * second, as the tar between them keeps it) modification time, and in the same pass every copy
    * older than RESTORE_COPY_MAX_AGE_MS (what restores that were cut short, or ran before this
    * existed, left). An engine of this host only; it never throws.
    */
-  private async dropRestoreCopy(image?: { size: number; mtime: number }): Promise<number> {
-    if (!(this.docker.modem as { socketPath?: unknown }).socketPath) return 0;
-    let removed = 0;
+  private async dropRestoreCopy(image?: { size: number; mtime: number }): Promise<void> {
+    if (!(this.docker.modem as { socketPath?: unknown }).socketPath) return;
     const dir = this.restoreCopies;
     for (const name of await readdir(dir).catch(() => [] as string[])) {
       if (!/^ctrd-checkpoint\d+$/.test(name)) continue;
       const copy = join(dir, name);
       const d = await lstat(copy).catch(() => undefined);
       if (!d?.isDirectory() || d.uid !== 0) continue;
-      const f = await lstat(join(copy, 'checkpoint.img')).catch(() => undefined);
-      const ours = image
-        ? f?.isFile() && f.size === image.size && Math.floor(f.mtimeMs / 1000) === image.mtime
-        : Date.now() - d.mtimeMs > RESTORE_COPY_MAX_AGE_MS;
-      if (!ours) continue;
+      const f = image && (await lstat(join(copy, 'checkpoint.img')).catch(() => undefined));
+      const ours = f?.isFile() && f.size === image!.size && Math.floor(f.mtimeMs / 1000) === image!.mtime;
+      if (!ours && Date.now() - d.mtimeMs <= RESTORE_COPY_MAX_AGE_MS) continue;
       // Never a resume's failure: one that could not go now goes by its age at a later one.
-      removed += await rm(copy, { recursive: true, force: true }).then(
-        () => 1,
-        () => 0,
-      );
+      await rm(copy, { recursive: true, force: true }).catch(() => undefined);
     }
-    return removed;
   }
 
   /** A new relay (as the keeper uid) to the runner the container's daemon keeps. */

@@ -91,11 +91,10 @@ export class TeamCgroups {
     const group = teamGroup(teamId);
     this.holders.set(group, (this.holders.get(group) ?? 0) + 1);
     try {
-      const path = `${this.opts.parent}/${group}`;
       // Another process's sweep may remove the group between its mkdir and its weights: once more.
-      await this.make(version, path, this.opts.teamWeight, this.opts.teamCpus).catch((err: { code?: string }) => {
+      await this.makeTeam(version, group).catch((err: { code?: string }) => {
         if (err.code !== 'ENOENT') throw err;
-        return this.make(version, path, this.opts.teamWeight, this.opts.teamCpus);
+        return this.makeTeam(version, group);
       });
     } catch (err) {
       this.leaveCount(group);
@@ -112,8 +111,12 @@ export class TeamCgroups {
    * remove one that holds a process), so what is written now stays.
    */
   async settle(teamId: string): Promise<void> {
-    const version = await this.setUp();
-    await this.make(version, `${this.opts.parent}/${teamGroup(teamId)}`, this.opts.teamWeight, this.opts.teamCpus);
+    await this.makeTeam(await this.setUp(), teamGroup(teamId));
+  }
+
+  /** A team group with the team weight and cap, made where it is not. */
+  private makeTeam(version: 'v1' | 'v2', group: string): Promise<void> {
+    return this.make(version, `${this.opts.parent}/${group}`, this.opts.teamWeight, this.opts.teamCpus);
   }
 
   /** A container of this team is gone (or was never made): its group goes with the team's last one. */
