@@ -191,6 +191,31 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
           ).toBe(true);
   });
 
+  it('shows every line a hit claims: turns next to each other are merged only while their snippet holds them all', async () => {
+    // Twelve turns of ~150 characters that all match; every other one matches better. Each hit is
+    // a better turn and the one after it, so hits touch, and a merge of several would claim lines
+    // a snippet cut at its length does not show.
+    const turns = Array.from({ length: 12 }, (_, i) =>
+      `${i % 2 ? 'Leo' : 'Maya'}: quince ${i % 2 ? 'medlar ' : ''}turn ${i} and some words about the orchard`.padEnd(
+        135,
+        '.',
+      ),
+    );
+    const path = `memory/${day(45)}.md`;
+    await w.put(path, chat(day(45), turns));
+    const file = chat(day(45), turns).split('\n');
+    const hits = (await w.search('quince medlar', { k: 50 })).filter((h) => h.path === path);
+    expect(hits.length).toBeGreaterThan(1);
+    for (const h of hits) {
+      expect(h.snippet.length).toBeLessThanOrEqual(2 * SNIPPET_CHARS);
+      for (let line = h.start_line; line <= h.end_line; line++)
+        if (file[line - 1]!.trim())
+          expect(h.snippet, `${path}:${line} is in ${h.start_line}-${h.end_line}`).toContain(file[line - 1]!.trim());
+    }
+    // Two hits merged: one snippet longer than a single hit's.
+    expect(Math.max(...hits.map((h) => h.snippet.length))).toBeGreaterThan(SNIPPET_CHARS);
+  });
+
   it('bounds what a hostile file costs: one huge line gives a short snippet', async () => {
     await w.put('knowledge/huge.md', `# Huge\n\nzebrafish ${'lorem ipsum '.repeat(60_000)}\n`);
     const [hit] = await w.search('zebrafish');

@@ -175,22 +175,33 @@ describe('ranking', () => {
     });
     expect(
       mergeHits([h('a', 10, 11, 3), h('a', 11, 12, 2), h('b', 11, 12, 1), h('a', 30, 30, 1), h('a', 10, 10, 0.5)]),
-    ).toEqual([h('a', 10, 12, 3), h('b', 11, 12, 1), h('a', 30, 30, 1)]);
+    ).toEqual([{ ...h('a', 10, 12, 3), merged: true }, h('b', 11, 12, 1), h('a', 30, 30, 1)]);
     // Too long to merge: the weaker hit keeps only the lines the better one does not show.
     expect(mergeHits([h('a', 10, 15, 3), h('a', 14, 19, 2)])).toEqual([h('a', 10, 15, 3), h('a', 16, 19, 2)]);
+    // Too many characters to merge (long turns): kept apart the same way.
+    const chars = (_: string, from: number, to: number) => (to - from + 1) * 250;
+    expect(mergeHits([h('a', 10, 11, 3), h('a', 11, 12, 2)], chars)).toEqual([h('a', 10, 11, 3), h('a', 12, 12, 2)]);
+    expect(mergeHits([h('a', 10, 10, 3), h('a', 11, 11, 2)], chars)).toEqual([{ ...h('a', 10, 11, 3), merged: true }]);
   });
 
   it('builds a snippet around the best-matching line and its neighbours, within the character budget', () => {
     const lines = ['- a: hello', '- b: did you name the puppy?', '', '- a: yes, Biscuit', '- b: nice'];
     expect(snippetLines(lines, [0, 3, 0, 1, 0])).toEqual({ from: 0, to: 3 });
-    expect(snippetText(lines, 0, 3)).toBe('- a: hello\n- b: did you name the puppy?\n- a: yes, Biscuit');
+    expect(snippetText(lines, 0, 3)).toEqual({
+      text: '- a: hello\n- b: did you name the puppy?\n- a: yes, Biscuit',
+      to: 3,
+    });
     // In a conversation: the turn, what follows it, and the turn before only when it asks.
     expect(snippetLines(lines, [0, 3, 0, 1, 0], true)).toEqual({ from: 1, to: 3 });
     expect(snippetLines(lines, [0, 1, 0, 3, 0], true)).toEqual({ from: 1, to: 4 });
     expect(snippetLines(lines, [0, 0, 0, 1, 3], true)).toEqual({ from: 4, to: 4 });
     const long = ['x'.repeat(200), 'needle', 'y'.repeat(200)];
     expect(snippetLines(long, [0, 1, 0])).toEqual({ from: 1, to: 2 });
-    expect(snippetText(['z'.repeat(1000)], 0, 0).length).toBe(SNIPPET_CHARS);
+    expect(snippetText(['z'.repeat(1000)], 0, 0).text.length).toBe(SNIPPET_CHARS);
+    // Whole lines while they fit: the range ends at the last line shown, never at one cut off.
+    const turns = ['a'.repeat(150), 'b'.repeat(150), 'c'.repeat(150)];
+    expect(snippetText(turns, 0, 2)).toEqual({ text: `${turns[0]}\n${turns[1]}`, to: 1 });
+    expect(snippetText(turns, 0, 2, 2 * SNIPPET_CHARS).to).toBe(2);
   });
 });
 

@@ -51,6 +51,8 @@ export interface Hit<T = unknown> {
   from: number;
   to: number;
   score: number;
+  /** Set when a weaker hit's lines were merged into this one (its snippet may be MERGED_SNIPPET_CHARS long). */
+  merged?: true;
   extra: T;
 }
 
@@ -59,10 +61,12 @@ const MERGE_MAX_LINES = 8;
 
 /**
  * Best-first hits without repeats: a hit whose lines overlap or touch a better hit of the same
- * file is merged into it (the union of their lines, when short enough) or, when its lines are
- * all inside the better one, dropped.
+ * file is merged into it (the union of their lines, when at most MERGE_MAX_LINES lines and, with
+ * `charsOf`, MERGED_SNIPPET_CHARS characters) or, when its lines are all inside the better one,
+ * dropped. A union too long keeps the weaker hit apart, with only the lines the better one does
+ * not show: every hit's lines are then shown whole by its snippet.
  */
-export function mergeHits<T>(hits: Hit<T>[]): Hit<T>[] {
+export function mergeHits<T>(hits: Hit<T>[], charsOf?: (path: string, from: number, to: number) => number): Hit<T>[] {
   const kept: Hit<T>[] = [];
   for (const h of hits) {
     const near = kept.find((k) => k.path === h.path && h.from <= k.to + 1 && h.to >= k.from - 1);
@@ -73,9 +77,10 @@ export function mergeHits<T>(hits: Hit<T>[]): Hit<T>[] {
     if (h.from >= near.from && h.to <= near.to) continue;
     const from = Math.min(near.from, h.from);
     const to = Math.max(near.to, h.to);
-    if (to - from + 1 <= MERGE_MAX_LINES) {
+    if (to - from + 1 <= MERGE_MAX_LINES && (!charsOf || charsOf(h.path, from, to) <= MERGED_SNIPPET_CHARS)) {
       near.from = from;
       near.to = to;
+      near.merged = true;
     } else if (h.to > near.to || h.from < near.from) {
       // Too long to merge: keep only the lines the better hit does not show.
       kept.push(h.from < near.from ? { ...h, to: near.from - 1 } : { ...h, from: near.to + 1 });
@@ -86,6 +91,8 @@ export function mergeHits<T>(hits: Hit<T>[]): Hit<T>[] {
 
 /** Most characters a snippet has. */
 export const SNIPPET_CHARS = 320;
+/** Most characters of a snippet two merged hits share (what they would have taken apart). */
+export const MERGED_SNIPPET_CHARS = 2 * SNIPPET_CHARS;
 
 /** A line that asks something: the turn after it is its answer. */
 const ASKS = /\?\s*$/;
@@ -114,11 +121,28 @@ export function snippetLines(lines: string[], scores: number[], turns = false): 
   return { from, to };
 }
 
-/** The snippet text of lines from..to, cut to SNIPPET_CHARS. */
-export function snippetText(lines: string[], from: number, to: number): string {
-  const text = lines
-    .slice(from, to + 1)
-    .filter((l) => l.trim())
-    .join('\n');
-  return text.length > SNIPPET_CHARS ? `${text.slice(0, SNIPPET_CHARS - 1)}…` : text;
+/**
+ * The snippet of lines from..to (blank lines left out), at most `max` characters: whole lines
+ * while they fit, and `to` becomes the last line shown, so a hit's line range never claims a line
+ * its snippet does not show. Only a first line longer than `max` is cut.
+ */
+export function snippetText(
+  lines: string[],
+  from: number,
+  to: number,
+  max = SNIPPET_CHARS,
+): { text: string; to: number } {
+  const shown: string[] = [];
+  let used = -1;
+  let last = from;
+  for (let i = from; i <= to; i++) {
+    const l = lines[i]!;
+    if (!l.trim()) continue;
+    if (!shown.length && l.length > max) return { text: `${l.slice(0, max - 1)}…`, to: i };
+    if (used + 1 + l.length > max) break;
+    shown.push(l);
+    used += 1 + l.length;
+    last = i;
+  }
+  return { text: shown.join('\n'), to: last };
 }

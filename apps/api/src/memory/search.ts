@@ -12,8 +12,10 @@ import {
   VECTOR_WEIGHT,
   idf,
   K1,
+  MERGED_SNIPPET_CHARS,
   mergeHits,
   recencyFactor,
+  SNIPPET_CHARS,
   snippetLines,
   snippetText,
   type Hit,
@@ -261,7 +263,12 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     const { from, to } = snippetLines(lines, scores, isLineFile(r.c.path));
     return { path: r.c.path, from: r.c.start_line + from, to: r.c.start_line + to, score: r.score, extra: r };
   });
-  const merged = mergeHits(hits);
+  const merged = mergeHits(hits, (path, from, to) => {
+    const file = linesOf.get(path)!;
+    let chars = 0;
+    for (let i = from; i <= to; i++) chars += (file.get(i)?.length ?? 0) + 1;
+    return chars - 1;
+  });
   const page = merged.slice(offset, offset + opts.k);
   return {
     hasMore: merged.length > offset + opts.k,
@@ -269,11 +276,12 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
       const r = h.extra;
       const file = linesOf.get(h.path)!;
       const lines = Array.from({ length: h.to - h.from + 1 }, (_, i) => file.get(h.from + i) ?? '');
+      const shown = snippetText(lines, 0, lines.length - 1, h.merged ? MERGED_SNIPPET_CHARS : SNIPPET_CHARS);
       const hit: SearchHit = {
         path: h.path,
         start_line: h.from,
-        end_line: h.to,
-        snippet: snippetText(lines, 0, lines.length - 1),
+        end_line: h.from + shown.to,
+        snippet: shown.text,
         score: Math.round(h.score * 10_000) / 10_000,
         date: r.c.day,
         heading: r.c.heading,
