@@ -12,6 +12,8 @@
  *
  * `fillerDays` makes more of the same (other speakers, earlier years) for the latency part.
  */
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 
 export type Kind = 'single-hop' | 'multi-hop' | 'temporal' | 'open-ended';
 export const KINDS: readonly Kind[] = ['single-hop', 'multi-hop', 'temporal', 'open-ended'];
@@ -2043,6 +2045,49 @@ export function recallData(seed = 2025): RecallData {
   }
   sessions.sort((a, b) => a.date.localeCompare(b.date) || a.turns[0]!.time.localeCompare(b.turns[0]!.time));
   return { sessions, turns: sessions.flatMap((x) => x.turns), questions };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hand-written set (bench/recall-handwritten.json): another author and another method
+
+interface WrittenSet {
+  dialogues: {
+    id: string;
+    speakers: [string, string];
+    sessions: { date: string; time: string; turns: { id: string; speaker: string; text: string }[] }[];
+  }[];
+  questions: Question[];
+}
+
+/**
+ * Four conversations written whole, as prose, by a writer who saw neither Kiln's code nor the
+ * generated set above, with 120 questions and the turns that answer them. The file gives each
+ * session its start time; each turn here is one or two minutes after the one before it.
+ */
+export function handwrittenData(): RecallData {
+  const raw = JSON.parse(
+    readFileSync(fileURLToPath(new URL('./recall-handwritten.json', import.meta.url)), 'utf8'),
+  ) as WrittenSet;
+  const sessions: Session[] = [];
+  for (const d of raw.dialogues)
+    d.sessions.forEach((x, index) => {
+      let [h, m] = x.time.split(':').map(Number) as [number, number];
+      const turns = x.turns.map((t, i): Turn => {
+        if (i > 0) m += 1 + (i % 2);
+        h += Math.floor(m / 60);
+        m %= 60;
+        const time = `${pad(Math.min(h, 23))}:${pad(m)}`;
+        return { ...t, dialogue: d.id, session: index, date: x.date, time, timestamp: `${x.date}T${time}` };
+      });
+      sessions.push({ dialogue: d.id, index, date: x.date, speakers: d.speakers, turns });
+    });
+  const ids = new Set(sessions.flatMap((x) => x.turns.map((t) => t.id)));
+  for (const q of raw.questions) {
+    if (!KINDS.includes(q.kind)) throw new Error(`${q.id}: unknown kind ${q.kind}`);
+    for (const e of q.evidence) if (!ids.has(e)) throw new Error(`${q.id} cites ${e}, which no session has`);
+  }
+  sessions.sort((a, b) => a.date.localeCompare(b.date) || a.turns[0]!.time.localeCompare(b.turns[0]!.time));
+  return { sessions, turns: sessions.flatMap((x) => x.turns), questions: raw.questions };
 }
 
 // ---------------------------------------------------------------------------------------------

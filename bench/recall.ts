@@ -1,20 +1,25 @@
 /**
  * Memory recall benchmark (`npm run bench:recall`): prints figures, never fails on them.
  *
- *  1. the data set of bench/recall-data.ts (four dialogues, ~1,600 turns, 87 questions) is
- *     written as daily logs into one workspace of the real API, through its files API
+ *  For each data set, in a workspace of its own:
+ *  1. its dialogues are written as daily logs through the files API of the real API. The sets:
+ *     `generated` (bench/recall-data.ts: four dialogues generated in code from a seed, ~1,600
+ *     turns, 87 questions) and `handwritten` (bench/recall-handwritten.json: four conversations
+ *     written whole by another author, 1,271 turns, 120 questions)
  *  2. every question is asked through GET /v1/workspaces/{workspace}/memory/search (k=50); recall is
  *     the share of its answering turns that fall inside a hit's line range, counting hits best
  *     first while their snippets add up to at most 2,000 characters
  *  3. the same for a plain BM25 over the same turns (one document per turn), measured in the
- *     same run: recall per kind, and Kiln / baseline
- *  4. search latency at ~10k and ~100k chunks in that workspace, filled with daily logs of other
- *     people (written into the working tree, committed and indexed by the workspace service)
+ *     same run: recall per kind, and Kiln / baseline; then where Kiln's missed turns came
+ *  Then, in the first set's workspace: search latency at ~10k and ~100k chunks, filled with daily
+ *  logs of other people (written into the working tree, committed and indexed by the workspace
+ *  service), and recall among them
  *
  * The API runs in process on a fresh database (PGlite in a temp dir; a new database on the
  * DATABASE_URL server when set) and is talked to over HTTP on 127.0.0.1; it needs no Docker
  * (its sandbox engine is built but never started, and points at a socket that does not exist).
  *
+ *   BENCH_RECALL_SETS (`generated,handwritten`: which data sets, in order),
  *   BENCH_RECALL_CHUNKS_SMALL (10000), BENCH_RECALL_CHUNKS_LARGE (100000; 0 skips that size),
  *   BENCH_RECALL_BUDGET (2000 characters), BENCH_RECALL_WARMUP (10 queries),
  *   BENCH_RECALL_PATH (unset: search the whole workspace; e.g. `memory/` to pass path=memory/),
@@ -40,11 +45,13 @@ import { heading, row, summarize, timeEach } from './lib.ts';
 import {
   dailyLogs,
   fillerDays,
+  handwrittenData,
   KINDS,
   lineText,
   recallData,
   type Kind,
   type Question,
+  type RecallData,
   type Turn,
 } from './recall-data.ts';
 
@@ -281,21 +288,19 @@ async function call(
   return text ? JSON.parse(text) : null;
 }
 
-async function search(b: Bench, q: string): Promise<Hit[]> {
+async function search(b: Bench, q: string, wsId = b.wsId): Promise<Hit[]> {
   const scope = PATH ? `&path=${encodeURIComponent(PATH)}` : '';
   const res = await call(
     b.url,
     b.key,
     'GET',
-    `/v1/workspaces/${b.wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`,
+    `/v1/workspaces/${wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`,
   );
   return res.data as Hit[];
 }
 
-async function chunkCount(b: Bench): Promise<number> {
-  const r = await b.database.db.execute(
-    sql`select count(*)::int as n from memory_chunks where workspace_id = ${b.wsId}`,
-  );
+async function chunkCount(b: Bench, wsId = b.wsId): Promise<number> {
+  const r = await b.database.db.execute(sql`select count(*)::int as n from memory_chunks where workspace_id = ${wsId}`);
   return Number(rowsOf<{ n: number }>(r)[0]!.n);
 }
 
@@ -307,126 +312,150 @@ const oneLine = (s: string, n: number) => {
   return t.length > n ? `${t.slice(0, n - 1)}…` : t;
 };
 
+/** The data sets, by the name BENCH_RECALL_SETS takes. */
+const SETS: Record<string, { title: string; load: () => RecallData }> = {
+  generated: { title: 'generated in code (bench/recall-data.ts, seed 2025)', load: () => recallData() },
+  handwritten: { title: 'written by hand (bench/recall-handwritten.json)', load: () => handwrittenData() },
+};
+
+/** One data set in a workspace of its own: sections 1–3. */
+async function measureSet(b: Bench, wsId: string, n: number, name: string) {
+  const data = SETS[name]!.load();
+  const logs = dailyLogs(data.sessions);
+  const where = new Map<string, Where>();
+  const turnById = new Map(data.turns.map((t) => [t.id, t]));
+  for (const log of logs)
+    for (const [id, line] of log.lineOf) where.set(id, { path: log.path, line, turn: turnById.get(id)! });
+  const evidenceOf = (q: Question) => q.evidence.map((id) => where.get(id)!);
+
+  const dialogues = new Set(data.turns.map((t) => t.dialogue)).size;
+  heading(
+    `${n}.1 data set "${name}", ${SETS[name]!.title}: ${dialogues} dialogues, ${data.sessions.length} sessions, ${data.turns.length} turns, ${data.questions.length} questions (${KINDS.map((k) => `${data.questions.filter((q) => q.kind === k).length} ${k}`).join(', ')})`,
+  );
+  const t0 = performance.now();
+  for (const log of logs)
+    await call(
+      b.url,
+      b.key,
+      'PUT',
+      `/v1/workspaces/${wsId}/files?path=${encodeURIComponent(log.path)}`,
+      undefined,
+      log.text,
+    );
+  const base = await chunkCount(b, wsId);
+  out(
+    `  ${logs.length} daily logs written through PUT /files in ${((performance.now() - t0) / 1000).toFixed(1)} s; the workspace has ${base} chunks (with the template's files); database ${b.database.driver}`,
+  );
+
+  // Kiln
+  const kilnHits: Hit[][] = [];
+  for (const q of data.questions) kilnHits.push(await search(b, q.question, wsId));
+  const kiln = data.questions.map((q, i) => score(kilnHits[i]!, evidenceOf(q)));
+
+  // Baseline: BM25 over the same turns; a hit is the turn's own line.
+  const bm25 = new Bm25();
+  const docs: Where[] = [];
+  for (const t of data.turns) {
+    bm25.add(`${t.speaker}: ${t.text}`);
+    docs.push(where.get(t.id)!);
+  }
+  const bm25Hits = (q: string): Hit[] =>
+    bm25.search(q, K).map(({ doc, score: s }) => ({
+      path: docs[doc]!.path,
+      start_line: docs[doc]!.line,
+      end_line: docs[doc]!.line,
+      snippet: lineText(docs[doc]!.turn),
+      score: s,
+    }));
+  const baseline = data.questions.map((q) => score(bm25Hits(q.question), evidenceOf(q)));
+
+  heading(
+    `${n}.2 recall within ${BUDGET} characters of snippets (k=${K}${PATH ? `, path=${PATH}` : ''}; a turn counts when a counted hit's lines cover it)`,
+  );
+  const kr = byKind(data.questions, kiln, (x) => x.recall);
+  const ks = byKind(data.questions, kiln, (x) => x.shown);
+  const br = byKind(data.questions, baseline, (x) => x.recall);
+  out(
+    `  ${'kind'.padEnd(20)} ${'Kiln'.padStart(6)} ${'Kiln, text in snippet'.padStart(22)} ${'BM25 baseline'.padStart(14)} ${'Kiln / baseline'.padStart(16)}`,
+  );
+  for (const k of [...KINDS, 'overall'] as const) {
+    const count = k === 'overall' ? data.questions.length : data.questions.filter((q) => q.kind === k).length;
+    out(
+      `  ${`${k} (${count})`.padEnd(20)} ${f2(kr[k]).padStart(6)} ${f2(ks[k]).padStart(22)} ${f2(br[k]).padStart(14)} ${`${(kr[k] / br[k]).toFixed(2)}×`.padStart(16)}`,
+    );
+  }
+  out(
+    `  hits counted per question, mean: Kiln ${mean(kiln.map((x) => x.counted)).toFixed(1)}, baseline ${mean(baseline.map((x) => x.counted)).toFixed(1)}`,
+  );
+  out(`  overall Kiln / baseline: ${(kr.overall / br.overall).toFixed(2)}× (target ≥ 1.2×)`);
+
+  heading(`${n}.3 where Kiln’s missed turns came (for tuning the ranking)`);
+  // Each answering turn not found: ranked past the budget, or in none of the k hits at all (no
+  // ordering brings that one back: its words are not the question's).
+  const where3 = new Map<string, { past: number; none: number }>();
+  const missed: { i: number; w: Where; rank: number }[] = [];
+  for (const [i, q] of data.questions.entries()) {
+    const hits = kilnHits[i]!;
+    const fit = withinBudget(hits).length;
+    for (const w of evidenceOf(q)) {
+      const rank = hits.findIndex((h) => covers(h, w));
+      if (rank >= 0 && rank < fit) continue;
+      const m = where3.get(q.kind) ?? { past: 0, none: 0 };
+      if (rank < 0) m.none++;
+      else m.past++;
+      where3.set(q.kind, m);
+      missed.push({ i, w, rank });
+    }
+  }
+  for (const k of KINDS) {
+    const m = where3.get(k) ?? { past: 0, none: 0 };
+    out(
+      `  ${k.padEnd(12)} ${String(m.past).padStart(3)} ranked past the budget, ${String(m.none).padStart(3)} in none of the ${K} hits`,
+    );
+  }
+  const shown = ALL_MISSES
+    ? missed
+    : KINDS.map((k) => missed.find((m) => data.questions[m.i]!.kind === k))
+        .filter((m) => m !== undefined)
+        .slice(0, 3);
+  for (const { i, w, rank } of shown) {
+    const q = data.questions[i]!;
+    const hits = kilnHits[i]!;
+    const top = hits[0];
+    out(`  [${q.kind}] ${q.question}   (answer: ${q.answer})`);
+    out(`    expected  ${w.path}:${w.line}  ${oneLine(lineText(w.turn), 110)}`);
+    out(
+      `    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`,
+    );
+    out(
+      `    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`,
+    );
+  }
+  if (!ALL_MISSES) out(`  (BENCH_RECALL_MISSES=all prints all ${missed.length})`);
+  return { data, logs, evidenceOf, bm25, docs, bm25Hits };
+}
+
 async function main() {
   const started = performance.now();
   const dir = mkdtempSync(join(tmpdir(), 'kiln-bench-recall-'));
   const b = await startApi(dir);
   try {
-    const data = recallData();
-    const logs = dailyLogs(data.sessions);
-    const where = new Map<string, Where>();
-    const turnById = new Map(data.turns.map((t) => [t.id, t]));
-    for (const log of logs)
-      for (const [id, line] of log.lineOf) where.set(id, { path: log.path, line, turn: turnById.get(id)! });
-    const evidenceOf = (q: Question) => q.evidence.map((id) => where.get(id)!);
-
-    const dialogues = new Set(data.turns.map((t) => t.dialogue)).size;
-    heading(
-      `1. data set: ${dialogues} dialogues, ${data.sessions.length} sessions, ${data.turns.length} turns, ${data.questions.length} questions (${KINDS.map((k) => `${data.questions.filter((q) => q.kind === k).length} ${k}`).join(', ')})`,
-    );
-    const t0 = performance.now();
-    for (const log of logs)
-      await call(
-        b.url,
-        b.key,
-        'PUT',
-        `/v1/workspaces/${b.wsId}/files?path=${encodeURIComponent(log.path)}`,
-        undefined,
-        log.text,
-      );
-    const base = await chunkCount(b);
-    out(
-      `  ${logs.length} daily logs written through PUT /files in ${((performance.now() - t0) / 1000).toFixed(1)} s; the workspace has ${base} chunks (with the template's files); database ${b.database.driver}`,
-    );
-
-    // Kiln
-    const kilnHits: Hit[][] = [];
-    for (const q of data.questions) kilnHits.push(await search(b, q.question));
-    const kiln = data.questions.map((q, i) => score(kilnHits[i]!, evidenceOf(q)));
-
-    // Baseline: BM25 over the same turns; a hit is the turn's own line.
-    const bm25 = new Bm25();
-    const docs: Where[] = [];
-    for (const t of data.turns) {
-      bm25.add(`${t.speaker}: ${t.text}`);
-      docs.push(where.get(t.id)!);
+    const names = (process.env.BENCH_RECALL_SETS ?? 'generated,handwritten').split(',').filter(Boolean);
+    for (const name of names)
+      if (!SETS[name]) throw new Error(`BENCH_RECALL_SETS: no data set "${name}" (${Object.keys(SETS).join(', ')})`);
+    // The first set's workspace is the one section 4 fills; each other set has a workspace of its own.
+    let first: Awaited<ReturnType<typeof measureSet>> | undefined;
+    for (const [i, name] of names.entries()) {
+      const wsId =
+        i === 0 ? b.wsId : (await call(b.url, b.key, 'POST', '/v1/workspaces', { name: `recall-${name}` })).id;
+      const m = await measureSet(b, wsId, i + 1, name);
+      first ??= m;
     }
-    const bm25Hits = (q: string): Hit[] =>
-      bm25.search(q, K).map(({ doc, score: s }) => ({
-        path: docs[doc]!.path,
-        start_line: docs[doc]!.line,
-        end_line: docs[doc]!.line,
-        snippet: lineText(docs[doc]!.turn),
-        score: s,
-      }));
-    const baseline = data.questions.map((q) => score(bm25Hits(q.question), evidenceOf(q)));
+    if (!first) return;
+    const { data, logs, evidenceOf, bm25, docs, bm25Hits } = first;
 
     heading(
-      `2. recall within ${BUDGET} characters of snippets (k=${K}${PATH ? `, path=${PATH}` : ''}; a turn counts when a counted hit's lines cover it)`,
-    );
-    const kr = byKind(data.questions, kiln, (x) => x.recall);
-    const ks = byKind(data.questions, kiln, (x) => x.shown);
-    const br = byKind(data.questions, baseline, (x) => x.recall);
-    out(
-      `  ${'kind'.padEnd(20)} ${'Kiln'.padStart(6)} ${'Kiln, text in snippet'.padStart(22)} ${'BM25 baseline'.padStart(14)} ${'Kiln / baseline'.padStart(16)}`,
-    );
-    for (const k of [...KINDS, 'overall'] as const) {
-      const n = k === 'overall' ? data.questions.length : data.questions.filter((q) => q.kind === k).length;
-      out(
-        `  ${`${k} (${n})`.padEnd(20)} ${f2(kr[k]).padStart(6)} ${f2(ks[k]).padStart(22)} ${f2(br[k]).padStart(14)} ${`${(kr[k] / br[k]).toFixed(2)}×`.padStart(16)}`,
-      );
-    }
-    out(
-      `  hits counted per question, mean: Kiln ${mean(kiln.map((x) => x.counted)).toFixed(1)}, baseline ${mean(baseline.map((x) => x.counted)).toFixed(1)}`,
-    );
-    out(`  overall Kiln / baseline: ${(kr.overall / br.overall).toFixed(2)}× (target ≥ 1.2×)`);
-
-    heading('3. where Kiln’s missed turns came (for tuning the ranking)');
-    // Each answering turn not found: ranked past the budget, or in none of the k hits at all (no
-    // ordering brings that one back: its words are not the question's).
-    const where3 = new Map<string, { past: number; none: number }>();
-    const missed: { i: number; w: Where; rank: number }[] = [];
-    for (const [i, q] of data.questions.entries()) {
-      const hits = kilnHits[i]!;
-      const fit = withinBudget(hits).length;
-      for (const w of evidenceOf(q)) {
-        const rank = hits.findIndex((h) => covers(h, w));
-        if (rank >= 0 && rank < fit) continue;
-        const m = where3.get(q.kind) ?? { past: 0, none: 0 };
-        if (rank < 0) m.none++;
-        else m.past++;
-        where3.set(q.kind, m);
-        missed.push({ i, w, rank });
-      }
-    }
-    for (const k of KINDS) {
-      const m = where3.get(k) ?? { past: 0, none: 0 };
-      out(
-        `  ${k.padEnd(12)} ${String(m.past).padStart(3)} ranked past the budget, ${String(m.none).padStart(3)} in none of the ${K} hits`,
-      );
-    }
-    const shown = ALL_MISSES
-      ? missed
-      : KINDS.map((k) => missed.find((m) => data.questions[m.i]!.kind === k))
-          .filter((m) => m !== undefined)
-          .slice(0, 3);
-    for (const { i, w, rank } of shown) {
-      const q = data.questions[i]!;
-      const hits = kilnHits[i]!;
-      const top = hits[0];
-      out(`  [${q.kind}] ${q.question}   (answer: ${q.answer})`);
-      out(`    expected  ${w.path}:${w.line}  ${oneLine(lineText(w.turn), 110)}`);
-      out(
-        `    found at  ${rank < 0 ? `no hit of the ${hits.length} covers it` : `rank ${rank + 1} of ${hits.length} (${withinBudget(hits).length} fit the budget)`}`,
-      );
-      out(
-        `    top hit   ${top ? `${top.path}:${top.start_line}-${top.end_line}  ${oneLine(top.snippet, 110)}` : '(no hits)'}`,
-      );
-    }
-    if (!ALL_MISSES) out(`  (BENCH_RECALL_MISSES=all prints all ${missed.length})`);
-
-    heading(
-      '4. search latency over HTTP (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)',
+      `${names.length + 1}. search latency over HTTP on the "${names[0]}" set's workspace (filler: daily logs of other people, written into the working tree and committed with the workspace service, which indexes them)`,
     );
     const ws = await getWorkspace(b.database.db, b.teamId, b.wsId);
     const dirOf = b.service.dirOf(b.wsId);
