@@ -13,35 +13,12 @@ import { hasPgvector, type SearchHit, useVectorIndex } from '../../apps/api/src/
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { DRIVERS, type Driver } from '../support/db.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { type MemoryHit, memoryWorkspace } from '../support/memory.ts';
 
 const day = (offset: number) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
 
-type Hit = SearchHit & { debug?: Record<string, unknown> };
-
-/** A workspace of its own, with helpers to write files and search through the HTTP API. */
-async function workspaceOn(t: TestApp, name: string) {
-  const team = await t.team(name);
-  const ws = (await t.call('POST', '/v1/workspaces', { key: team.key, body: { name } })).body.id as string;
-  const put = async (path: string, content: string) => {
-    const r = await t.call('PUT', `/v1/workspaces/${ws}/files?path=${encodeURIComponent(path)}`, {
-      key: team.key,
-      raw: content,
-    });
-    expect(r.status, `PUT ${path}`).toBeLessThan(300);
-  };
-  const query = (q: string, params: Record<string, string | number> = {}) =>
-    t.call(
-      'GET',
-      `/v1/workspaces/${ws}/memory/search?${new URLSearchParams({ q, ...Object.fromEntries(Object.entries(params).map(([k, v]) => [k, String(v)])) })}`,
-      { key: team.key },
-    );
-  const search = async (q: string, params: Record<string, string | number> = {}) => {
-    const r = await query(q, params);
-    expect(r.status, JSON.stringify(r.body)).toBe(200);
-    return r.body.data as Hit[];
-  };
-  return { team, ws, put, query, search };
-}
+type Hit = MemoryHit;
+const workspaceOn = (t: TestApp, name: string) => memoryWorkspace(t, name);
 
 /** A conversation log of one day: one line per turn, as the dream and the condensation write them. */
 const chat = (d: string, turns: string[]) =>
@@ -594,9 +571,8 @@ describe('start-up repair after a crash', () => {
 describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODEL=builtin)', () => {
   let t: TestApp;
   beforeAll(async () => {
-    // Off unless asked for (none says so too): see docs/memory.md for why it is not the default yet.
-    expect(loadConfig({}).openai.embeddingsModel).toBeUndefined();
-    expect(loadConfig({ KILN_EMBEDDINGS_MODEL: 'none' }).openai.embeddingsModel).toBeUndefined();
+    // The default (the test apps say none unless asked, see tests/support/app.ts).
+    expect(loadConfig({}).openai.embeddingsModel).toBe('builtin');
     t = await createTestApp({ driver: 'pglite', env: { KILN_EMBEDDINGS_MODEL: 'builtin' } });
   });
   afterAll(() => t?.close());

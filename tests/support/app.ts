@@ -83,6 +83,8 @@ export async function createTestApp(
      */
     backend?: SandboxBackend | ((db: Db) => SandboxBackend);
     embedder?: Embedder;
+    /** The memory vectors' first wait after a failed embedding. */
+    vectorRetryMs?: number;
     maxFileBytes?: number;
     /** Another app's database and workspaces directory: a second replica of it (neither is dropped by this app's close). */
     replicaOf?: TestApp;
@@ -121,6 +123,9 @@ export async function createTestApp(
     // The image under test (a new build's tag); the default is kiln-sandbox:latest.
     ...(process.env.KILN_SANDBOX_IMAGE ? { KILN_SANDBOX_IMAGE: process.env.KILN_SANDBOX_IMAGE } : {}),
     KILN_SANDBOX_POOL_SIZE: '0',
+    // Words only, so rankings do not move as vectors arrive in the background; the suites of the
+    // vectors (memory-search, memory-vectors) give an embedder or KILN_EMBEDDINGS_MODEL.
+    KILN_EMBEDDINGS_MODEL: 'none',
     // Filled containers for recent workspaces hold extra mounts: the suites that want them say so.
     KILN_SANDBOX_PREPARED_POOL_SIZE: '0',
     // A test app that closes is gone for good: its live sandboxes go with it (sandbox-pause.test.ts
@@ -174,6 +179,7 @@ export async function createTestApp(
     logger,
     selfUpdate: opts.selfUpdate ?? false,
     embedder: opts.embedder,
+    vectorRetryMs: opts.vectorRetryMs,
     // runc unless a test asks for another: only the suites written for both runtimes pay for gVisor.
     engine: { defaultRuntime: 'runc', ...(opts.sandbox || {}) },
     now: opts.now,

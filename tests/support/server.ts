@@ -44,6 +44,8 @@ export function launchKiln(env: Record<string, string>, cwd = ROOT): Omit<KilnPr
       // No warm pool unless a test asks, and an owner of its own, so a killed test server's
       // containers are never confused with anyone else's.
       KILN_SANDBOX_POOL_SIZE: '0',
+      // Words only: the built-in encoder's threads would take a core from the suite at each start.
+      KILN_EMBEDDINGS_MODEL: 'none',
       KILN_INSTANCE_ID: `e2e-${process.pid}-${++launches}`,
       // An instance of its own never comes back to resume what it paused at shutdown: it removes its sandboxes.
       KILN_SANDBOX_PAUSE_AT_SHUTDOWN: 'off',

@@ -12,6 +12,7 @@ import { JobRunner } from './jobs/runner.ts';
 import { KilnMetrics } from './metrics/metrics.ts';
 import { McpClients } from './mcp/client.ts';
 import { type Embedder, localEmbedder, openAiEmbedder } from './memory/embeddings.ts';
+import { VectorFill } from './memory/vectors.ts';
 import { SelfUpdates } from './platform/self-update.ts';
 import type { SandboxBackend } from './sandbox/backend.ts';
 import { type EngineOptions, SandboxEngine } from './sandbox/engine.ts';
@@ -42,6 +43,8 @@ export interface ComposeOptions {
   selfUpdate?: boolean;
   /** Seams for tests: another embedder, engine timings, the clock of the rate limiter and of memory search's recency, the dashboard's files. */
   embedder?: Embedder;
+  /** The memory vectors' first wait after a failed embedding (default 5 s). */
+  vectorRetryMs?: number;
   engine?: Partial<EngineOptions>;
   now?: () => number;
   /** The job runner's clock (due times, leases, webhook retry schedules); default the wall clock. */
@@ -170,6 +173,8 @@ export function compose(o: ComposeOptions): Kiln {
       : embeddingsModel
         ? openAiEmbedder({ model: embeddingsModel, baseURL, apiKey })
         : undefined);
+  // Chunks are written without new vectors and embedded after, in the background (vectors.ts).
+  const vectors = embedder && new VectorFill(db, embedder, logger, o.vectorRetryMs);
   const repos = new WorkspaceRepos(config.workspaces.dir, config.workspaces.template);
   const workspaces = new WorkspaceService(
     db,
@@ -178,7 +183,7 @@ export function compose(o: ComposeOptions): Kiln {
       maxFileBytes: config.workspaces.maxFileBytes,
       maxQuota: config.workspaces.maxQuota,
       perTeam: config.workspaces.perTeam,
-      embedder,
+      vectors,
       sharedLock: o.lock,
       now: o.now,
       // A commit made elsewhere (files API, revert, another session) updates live sandbox copies; a

@@ -456,7 +456,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     openai: {
       baseURL: e.OPENAI_BASE_URL,
       apiKey: e.OPENAI_API_KEY,
-      embeddingsModel: e.KILN_EMBEDDINGS_MODEL === 'none' ? undefined : e.KILN_EMBEDDINGS_MODEL,
+      embeddingsModel: e.KILN_EMBEDDINGS_MODEL === 'none' ? undefined : (e.KILN_EMBEDDINGS_MODEL ?? 'builtin'),
       model: e.KILN_MODEL,
       maxRetries: e.KILN_MODEL_MAX_RETRIES,
       timeoutMs: e.KILN_MODEL_TIMEOUT_S * 1000,

@@ -4,7 +4,10 @@ import { OffThread } from '../lib/off-thread.ts';
 /** Turns texts into vectors: an endpoint's model or the built-in encoder, when KILN_EMBEDDINGS_MODEL names one. */
 export interface Embedder {
   model: string;
+  /** Chunks' texts (the background fill, vectors.ts). */
   embed(texts: string[]): Promise<number[][]>;
+  /** A search's query, when it has a way of its own that chunks being embedded do not hold up. */
+  embedQuery?(text: string): Promise<number[]>;
 }
 
 const BATCH = 64;
@@ -32,13 +35,22 @@ const LOCAL_BATCH = 16;
 /** Of a text, at most this much is encoded (a chunk's search text; the encoder is made for sentences). */
 const LOCAL_TEXT_CHARS = 2_000;
 
+/**
+ * Two threads of the encoder: one for chunks, one for queries. A search never waits behind a
+ * workspace's chunks being embedded (a batch holds its thread for ~0.3 s; an import, for minutes).
+ */
 const encoder = new OffThread<{ texts: string[] }, number[][]>(
   new URL('./embed.worker.mjs', import.meta.url),
   'sentence encoder',
 );
+const queryEncoder = new OffThread<{ texts: string[] }, number[][]>(
+  new URL('./embed.worker.mjs', import.meta.url),
+  'query encoder',
+);
+const encodable = (t: string) => t.slice(0, LOCAL_TEXT_CHARS) || ' ';
 
 /**
- * The built-in sentence encoder (Universal Sentence Encoder lite, 512 dimensions), in a thread of
+ * The built-in sentence encoder (Universal Sentence Encoder lite, 512 dimensions), in threads of
  * its own: vectors with no outside service and no download at run time.
  */
 export function localEmbedder(): Embedder {
@@ -47,12 +59,12 @@ export function localEmbedder(): Embedder {
     async embed(texts) {
       const out: number[][] = [];
       for (let i = 0; i < texts.length; i += LOCAL_BATCH)
-        out.push(
-          ...(await encoder.run({
-            texts: texts.slice(i, i + LOCAL_BATCH).map((t) => t.slice(0, LOCAL_TEXT_CHARS) || ' '),
-          })),
-        );
+        out.push(...(await encoder.run({ texts: texts.slice(i, i + LOCAL_BATCH).map(encodable) })));
       return out;
+    },
+    async embedQuery(text) {
+      const [v] = await queryEncoder.run({ texts: [encodable(text)] });
+      return v!;
     },
   };
 }

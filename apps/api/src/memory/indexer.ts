@@ -6,7 +6,7 @@ import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { memoryChunks } from '../db/schema/index.ts';
 import { chunkFile, INDEX_VERSION, isIndexed } from './chunker.ts';
-import type { Embedder } from './embeddings.ts';
+import { builtinVector, type VectorFill } from './vectors.ts';
 
 const SMALL = 500;
 /** Chunks written between two `analyze` runs (PGlite has no autovacuum to keep planner statistics fresh). */
@@ -56,20 +56,12 @@ async function knownVectors(
 }
 
 /**
- * Vectors of the built-in skills' chunks (skills/builtin/, Kiln's own text, the same in every
- * workspace), by model and text: a new workspace embeds them once per process, not once each.
- * Only Kiln's text: a cache shared by tenants' own text would tell one tenant, by how fast its
- * write is, what another has written.
+ * The chunk rows of the given workspace paths as they are on disk now. With `vectors`, a chunk
+ * takes the vector the index already has for the same text (`reuse`: a commit that appends to a
+ * daily log keeps the vectors of the chunks it did not change) or a built-in skill's from the
+ * cache; the others are written without one, and VectorFill embeds them after the write.
  */
-const builtinVectors = new Map<string, number[]>();
-const BUILTIN_VECTORS_MAX = 2000;
-const builtinKey = (model: string, text: string) => `${model}\0${createHash('sha256').update(text).digest('hex')}`;
-
-/**
- * The chunk rows of the given workspace paths as they are on disk now (embedded when a model is
- * configured; with `reuse`, chunks whose vector the index already has are not embedded again).
- */
-async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder, reuse?: Db): Promise<Row[]> {
+async function rowsFor(ws: IndexTarget, paths: string[], vectors?: VectorFill, reuse?: Db): Promise<Row[]> {
   const rows: Row[] = [];
   for (const path of paths) {
     const text = await readFile(join(ws.dir, path), 'utf8').catch(() => null);
@@ -92,19 +84,11 @@ async function rowsFor(ws: IndexTarget, paths: string[], embedder?: Embedder, re
       });
     }
   }
-  if (embedder && rows.length) {
-    const known = reuse ? await knownVectors(reuse, ws.id, embedder.model, paths) : new Map<string, number[]>();
+  if (vectors && rows.length) {
+    const { model } = vectors.embedder;
+    const known = reuse ? await knownVectors(reuse, ws.id, model, paths) : new Map<string, number[]>();
     for (const r of rows)
-      r.embedding =
-        known.get(vectorKey(r)) ??
-        (r.builtin ? builtinVectors.get(builtinKey(embedder.model, r.searchText!)) : undefined);
-    const missing = rows.filter((r) => !r.embedding);
-    const vectors = missing.length ? await embedder.embed(missing.map((r) => r.searchText!)) : [];
-    for (const [i, r] of missing.entries()) {
-      r.embedding = vectors[i];
-      if (r.builtin && vectors[i] && builtinVectors.size < BUILTIN_VECTORS_MAX)
-        builtinVectors.set(builtinKey(embedder.model, r.searchText!), vectors[i]);
-    }
+      r.embedding = known.get(vectorKey(r)) ?? (r.builtin ? builtinVector(model, r.searchText!) : undefined);
   }
   return rows;
 }
@@ -122,10 +106,10 @@ const COLUMNS = sql.raw(
 );
 
 /** Rebuilds the chunks of the given workspace paths (deleted files simply lose theirs). */
-export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], embedder?: Embedder): Promise<number> {
+export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], vectors?: VectorFill): Promise<number> {
   const targets = [...new Set(paths.filter(isIndexed))];
   if (targets.length === 0) return 0;
-  const rows = await rowsFor(ws, targets, embedder, db);
+  const rows = await rowsFor(ws, targets, vectors, db);
   const stale = and(eq(memoryChunks.workspaceId, ws.id), inArray(memoryChunks.path, targets));
   if (rows.length === 0) {
     await db.delete(memoryChunks).where(stale);
@@ -135,14 +119,13 @@ export async function reindexPaths(db: Db, ws: IndexTarget, paths: string[], emb
     // The common case (one commit's files): replace the chunks in a single statement.
     await db.execute(sql`with stale as (delete from ${memoryChunks} where ${stale})
       insert into ${memoryChunks} ${COLUMNS} select * from (values ${valuesOf(rows)}) as v`);
-    await wrote(db, rows.length);
-    return rows.length;
-  }
-  await db.transaction(async (tx) => {
-    await tx.delete(memoryChunks).where(stale);
-    await insertRows(tx as unknown as Db, rows);
-  });
+  } else
+    await db.transaction(async (tx) => {
+      await tx.delete(memoryChunks).where(stale);
+      await insertRows(tx as unknown as Db, rows);
+    });
   await wrote(db, rows.length);
+  if (rows.some((r) => !r.embedding)) vectors?.schedule(ws.id);
   return rows.length;
 }
 
@@ -176,10 +159,11 @@ export async function indexedFiles(dir: string): Promise<string[]> {
 export async function reindexAll(
   db: Db,
   ws: IndexTarget,
-  embedder?: Embedder,
+  vectors?: VectorFill,
   opts: { onlyIfStale?: boolean } = {},
 ): Promise<number | null> {
-  const rows = await rowsFor(ws, await indexedFiles(ws.dir), embedder);
+  const rows = await rowsFor(ws, await indexedFiles(ws.dir), vectors);
+  const model = vectors?.embedder.model ?? '';
   const done = await db.transaction(async (t) => {
     const tx = t as unknown as Db;
     await tx.execute(sql`insert into memory_index (workspace_id) values (${ws.id}) on conflict do nothing`);
@@ -188,17 +172,14 @@ export async function reindexAll(
         sql`select version, embed_model from memory_index where workspace_id = ${ws.id} for update ${opts.onlyIfStale ? sql`skip locked` : sql``}`,
       ),
     )[0];
-    if (
-      opts.onlyIfStale &&
-      (!claimed || (claimed.version >= INDEX_VERSION && claimed.embed_model === (embedder?.model ?? '')))
-    )
+    if (opts.onlyIfStale && (!claimed || (claimed.version >= INDEX_VERSION && claimed.embed_model === model)))
       return false;
     // Term statistics are rebuilt from nothing by the insert trigger (no zero rows left behind).
     await tx.execute(sql`delete from memory_terms where workspace_id = ${ws.id}`);
     await tx.delete(memoryChunks).where(eq(memoryChunks.workspaceId, ws.id));
     await insertRows(tx, rows);
     await tx.execute(
-      sql`update memory_index set version = ${INDEX_VERSION}, embed_model = ${embedder?.model ?? ''}, indexed_at = now() where workspace_id = ${ws.id}`,
+      sql`update memory_index set version = ${INDEX_VERSION}, embed_model = ${model}, indexed_at = now() where workspace_id = ${ws.id}`,
     );
     return true;
   });
@@ -208,6 +189,7 @@ export async function reindexAll(
     written.set(db, 0);
     await db.execute(sql`analyze memory_chunks`);
   } else await wrote(db, rows.length);
+  if (rows.some((r) => !r.embedding)) vectors?.schedule(ws.id);
   return rows.length;
 }
 

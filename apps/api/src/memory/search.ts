@@ -141,10 +141,13 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
   // The query's vector is made (in the encoder's thread, or by the endpoint) while the database
   // ranks the words; a failure is awaited below, never left unhandled.
-  const queryVector = opts.embedder?.embed([q]).then(
-    ([v]) => ({ v: v! }),
-    (err: unknown) => ({ err }),
-  );
+  const e = opts.embedder;
+  const queryVector =
+    e &&
+    (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!)).then(
+      (v) => ({ v }),
+      (err: unknown) => ({ err }),
+    );
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
   // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.

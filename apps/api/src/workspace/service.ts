@@ -6,7 +6,7 @@ import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
 import { ApiError } from '../lib/errors.ts';
 import { memoryEntries, type MemoryBudget } from '../memory/budget.ts';
-import type { Embedder } from '../memory/embeddings.ts';
+import type { VectorFill } from '../memory/vectors.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
 import { indexedFiles, reindexAll, reindexPaths } from '../memory/indexer.ts';
 import { searchMemory, type SearchOptions } from '../memory/search.ts';
@@ -35,7 +35,8 @@ export interface WorkspaceServiceOptions {
   maxFileBytes: number;
   /** Server-wide maxima of every workspace's quota settings (default: the KILN_* defaults). */
   maxQuota?: QuotaMax;
-  embedder?: Embedder;
+  /** The memory vectors' model and their background fill (none: words only). */
+  vectors?: VectorFill;
   /** Per team: how many live workspaces, and how many bytes of working trees together (default: no cap). */
   perTeam?: { count: number; bytes: number };
   /** The database's lock across replicas (Postgres); without it writes are serialised in this process only. */
@@ -96,7 +97,7 @@ export class WorkspaceService {
       repos,
       lock: this.lock,
       log,
-      embedder: opts.embedder,
+      vectors: opts.vectors,
       record: (ws, c) => this.record(ws, c),
       indexTarget: (ws) => this.indexTarget(ws),
     });
@@ -115,7 +116,7 @@ export class WorkspaceService {
         await this.record(row, c);
         return c;
       });
-      await reindexAll(this.db, await this.indexTarget(row), this.opts.embedder);
+      await reindexAll(this.db, await this.indexTarget(row), this.opts.vectors);
       return { ...row, head: first.sha };
     } catch (err) {
       // Nothing of a workspace that could not be made is left: neither its row nor its directory.
@@ -402,7 +403,7 @@ export class WorkspaceService {
   }
 
   private async reindex(ws: WorkspaceRow, commit: CommitInfo): Promise<void> {
-    await reindexPaths(this.db, await this.indexTarget(ws), commit.paths, this.opts.embedder);
+    await reindexPaths(this.db, await this.indexTarget(ws), commit.paths, this.opts.vectors);
   }
 
   /** Mirrors a commit into the table and moves the workspace head, in one statement. */
@@ -471,7 +472,7 @@ export class WorkspaceService {
 
   search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
     const now = this.opts.now ? new Date(this.opts.now()) : undefined;
-    return searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.embedder });
+    return searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.vectors?.embedder });
   }
 
   /** Start-up repair of every live workspace (upkeep.ts). */
@@ -484,8 +485,14 @@ export class WorkspaceService {
     return this.upkeep.reindexStale();
   }
 
-  /** Stops the background re-index after the workspace it is on. */
-  stopReindexing(): Promise<void> {
-    return this.upkeep.stopReindexing();
+  /** Resolves once the memory vectors' background fill has nothing left to embed (tests, benches). */
+  vectorsSettled(): Promise<void> {
+    return this.opts.vectors?.settled() ?? Promise.resolve();
+  }
+
+  /** Stops the background re-index after the workspace it is on, and the vectors' fill after its turn. */
+  async stopReindexing(): Promise<void> {
+    await this.upkeep.stopReindexing();
+    await this.opts.vectors?.stop();
   }
 }

@@ -2,7 +2,7 @@ import { eq, isNull } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { commits, workspaces } from '../db/schema/index.ts';
-import type { Embedder } from '../memory/embeddings.ts';
+import type { VectorFill } from '../memory/vectors.ts';
 import { reindexAll, staleIndexes } from '../memory/indexer.ts';
 import type { CommitInfo, WorkspaceRepos } from './git-repos.ts';
 import type { WorkspaceLock } from './lock.ts';
@@ -14,7 +14,7 @@ interface UpkeepDeps {
   repos: WorkspaceRepos;
   lock: WorkspaceLock;
   log: Logger;
-  embedder?: Embedder;
+  vectors?: VectorFill;
   /** Mirrors a commit into the table and moves the workspace head (service.ts). */
   record(ws: { id: string; teamId: string }, c: CommitInfo): Promise<void>;
   /** What the memory index of a workspace is built from (service.ts). */
@@ -43,7 +43,9 @@ export class WorkspaceUpkeep {
     this.stopReindex = false;
     this.reindexing ??= (async () => {
       try {
-        const ids = await staleIndexes(this.deps.db, this.deps.embedder?.model);
+        // Chunks a stopped process wrote without their vectors get them now.
+        await this.deps.vectors?.sweep();
+        const ids = await staleIndexes(this.deps.db, this.deps.vectors?.embedder.model);
         if (!ids.length) return;
         this.deps.log.info(
           { workspaces: ids.length },
@@ -56,7 +58,7 @@ export class WorkspaceUpkeep {
           if (!ws || ws.deletedAt || !this.deps.repos.exists(id)) continue;
           try {
             const n = await this.deps.lock.run(id, async () =>
-              reindexAll(this.deps.db, await this.deps.indexTarget(ws), this.deps.embedder, { onlyIfStale: true }),
+              reindexAll(this.deps.db, await this.deps.indexTarget(ws), this.deps.vectors, { onlyIfStale: true }),
             );
             if (n !== null) done++;
           } catch (err) {
@@ -131,7 +133,7 @@ export class WorkspaceUpkeep {
     const head = await this.deps.repos.head(ws.id);
     if (head && head !== ws.head) await this.deps.db.update(workspaces).set({ head }).where(eq(workspaces.id, ws.id));
     if (missing.length || recovered?.commit)
-      await reindexAll(this.deps.db, await this.deps.indexTarget(ws), this.deps.embedder);
+      await reindexAll(this.deps.db, await this.deps.indexTarget(ws), this.deps.vectors);
     const changed = Boolean(removedLocks.length || recovered || missing.length);
     if (changed) {
       const refused = recovered?.refused.map((r) => r.path);

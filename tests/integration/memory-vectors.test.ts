@@ -1,0 +1,165 @@
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { type Embedder, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
+import { loadConfig } from '../../apps/api/src/config.ts';
+import { createTestApp } from '../support/app.ts';
+import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
+import { memoryWorkspace } from '../support/memory.ts';
+
+/**
+ * The endpoint's embedder behind a gate the test opens: every call is recorded (its texts), waits
+ * for the gate, and fails while `failures` says so. Our own Embedder interface, around the real
+ * client talking to the scripted endpoint.
+ */
+function gated(inner: Embedder) {
+  let open!: () => void;
+  let gate = new Promise<void>((r) => {
+    open = r;
+  });
+  const g = {
+    calls: [] as string[][],
+    failures: 0,
+    open: () => open(),
+    close: () => {
+      gate = new Promise<void>((r) => {
+        open = r;
+      });
+    },
+    embedder: {
+      model: inner.model,
+      async embed(texts: string[]) {
+        g.calls.push(texts);
+        await gate;
+        if (g.failures > 0) {
+          g.failures--;
+          throw new Error('the embeddings endpoint is down');
+        }
+        return inner.embed(texts);
+      },
+      // A search's query is not held: only the chunks' fill is (as the built-in encoder's query thread).
+      embedQuery: async (text: string) => (await inner.embed([text]))[0]!,
+    } satisfies Embedder,
+  };
+  return g;
+}
+
+const log = (word: string, n: number) =>
+  `# 2026-03-0${word.length % 9}\n\n${Array.from({ length: n }, (_, i) => `- 09:${String(i % 60).padStart(2, '0')} Maya: ${word} note ${i}`).join('\n')}\n`;
+
+describe('memory vectors, made after the write', () => {
+  let fake: FakeOpenAI;
+  let endpoint: Embedder;
+
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+    endpoint = openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' });
+  });
+  afterAll(() => fake.close());
+
+  it('uses the built-in encoder unless told otherwise', () => {
+    expect(loadConfig({}).openai.embeddingsModel).toBe('builtin');
+    expect(loadConfig({ KILN_EMBEDDINGS_MODEL: 'none' }).openai.embeddingsModel).toBeUndefined();
+    expect(loadConfig({ KILN_EMBEDDINGS_MODEL: 'text-embedding-3-small' }).openai.embeddingsModel).toBe(
+      'text-embedding-3-small',
+    );
+  });
+
+  it('answers a write before its vectors exist; search finds by words meanwhile, and by meaning once they come', async () => {
+    const g = gated(endpoint);
+    const t = await createTestApp({ embedder: g.embedder });
+    try {
+      const w = await memoryWorkspace(t, 'vectors-later', { settle: false });
+      // The encoder is held: the write still returns, and its chunks wait for their vectors.
+      await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+      expect(await w.withoutVector()).toBeGreaterThan(0);
+      expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+      // No shared word: only a vector finds it, and there is none yet.
+      expect((await w.search('automobile')).map((h) => h.path)).not.toContain('knowledge/garage.md');
+
+      g.open();
+      await t.workspaces.vectorsSettled();
+      expect(await w.withoutVector()).toBe(0);
+      expect((await w.search('automobile', { debug: 'true' }))[0]).toMatchObject({
+        path: 'knowledge/garage.md',
+        debug: { vector_rank: 1 },
+      });
+    } finally {
+      g.open();
+      await t.close();
+    }
+  });
+
+  it('tries again after a failed embedding; the chunks are found by their words meanwhile', async () => {
+    const g = gated(endpoint);
+    g.open();
+    g.failures = 1;
+    const t = await createTestApp({ embedder: g.embedder, vectorRetryMs: 1000 });
+    try {
+      const w = await memoryWorkspace(t, 'vectors-retry', { settle: false });
+      await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+      await t.workspaces.vectorsSettled();
+      // A turn failed: a warning, and the chunks still found by their words.
+      expect(
+        t.logs.some((l) => String(l.msg).startsWith('memory vectors: could not embed')),
+        JSON.stringify(t.logs.map((l) => l.msg)),
+      ).toBe(true);
+      expect(await w.withoutVector()).toBeGreaterThan(0);
+      expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+      // The retry embeds everything, the new file's chunks with the rest.
+      await vi.waitFor(async () => expect(await w.withoutVector()).toBe(0), { timeout: 10_000, interval: 50 });
+      expect((await w.search('automobile'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('takes workspaces in turns: a long import does not hold back another workspace’s vectors', async () => {
+    const g = gated(endpoint);
+    const t = await createTestApp({ embedder: g.embedder });
+    try {
+      const a = await memoryWorkspace(t, 'vectors-import', { settle: false });
+      const b = await memoryWorkspace(t, 'vectors-small', { settle: false });
+      // Hundreds of chunks for A (several turns of 32), one file for B, all while the encoder is held.
+      await a.put('memory/2026-03-01.md', log('alpha', 300));
+      await b.put('knowledge/bravo.md', '# Bravo\n\nbravo is the small one.\n');
+      g.open();
+      await t.workspaces.vectorsSettled();
+      expect(await a.withoutVector()).toBe(0);
+      expect(await b.withoutVector()).toBe(0);
+      const firstB = g.calls.findIndex((c) => c.some((x) => x.includes('bravo')));
+      const lastA = g.calls.length - 1 - [...g.calls].reverse().findIndex((c) => c.some((x) => x.includes('alpha')));
+      expect(lastA - g.calls.findIndex((c) => c.some((x) => x.includes('alpha')))).toBeGreaterThan(2);
+      expect(firstB).toBeGreaterThan(-1);
+      expect(firstB).toBeLessThan(lastA);
+    } finally {
+      g.open();
+      await t.close();
+    }
+  });
+
+  it('a server stopped before its vectors were made leaves them to the next start, which makes them', async () => {
+    const t1 = await createTestApp({ embedder: endpoint });
+    const g = gated(endpoint);
+    const t2 = await createTestApp({ replicaOf: t1, embedder: g.embedder });
+    try {
+      // Counted through the first replica's connection: the second's closes with it.
+      const w = await memoryWorkspace(t2, 'vectors-stopped', { settle: false, db: t1.database.db });
+      await w.put('memory/2026-03-02.md', log('charlie', 120));
+      const before = await w.withoutVector();
+      expect(before).toBeGreaterThan(32);
+      // The stop waits for the turn in progress, then no more.
+      const closing = t2.close();
+      g.open();
+      await closing;
+      const left = await w.withoutVector();
+      expect(left).toBeGreaterThan(0);
+      expect(left).toBeLessThan(before);
+      // The next start (the other replica's here) finds them and embeds them.
+      await t1.workspaces.reindexStale();
+      await t1.workspaces.vectorsSettled();
+      expect(await w.withoutVector()).toBe(0);
+    } finally {
+      g.open();
+      await t1.close();
+    }
+  });
+});
