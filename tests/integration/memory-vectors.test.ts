@@ -112,6 +112,35 @@ describe('memory vectors, made after the write', () => {
     }
   });
 
+  it('answers by words alone when the query’s vector fails or does not come', async () => {
+    let query: 'fail' | 'hang' = 'fail';
+    const t = await createTestApp({
+      embedder: {
+        model: endpoint.model,
+        embed: (texts) => endpoint.embed(texts),
+        embedQuery: () =>
+          query === 'fail'
+            ? Promise.reject(new Error('the encoder’s thread is gone'))
+            : new Promise<number[]>(() => {}),
+      },
+    });
+    try {
+      const w = await memoryWorkspace(t, 'vectors-query');
+      await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+      expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+      expect(t.logs.some((l) => l.msg === 'memory search: the query’s vector failed; answered by words alone')).toBe(
+        true,
+      );
+      query = 'hang';
+      expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+      expect(t.logs.some((l) => String(l.msg).startsWith('memory search: the query’s vector came too late'))).toBe(
+        true,
+      );
+    } finally {
+      await t.close();
+    }
+  });
+
   it('takes workspaces in turns: a long import does not hold back another workspace’s vectors', async () => {
     const g = gated(endpoint);
     const t = await createTestApp({ embedder: g.embedder });

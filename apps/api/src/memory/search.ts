@@ -63,7 +63,12 @@ export interface SearchOptions {
 export interface SearchPage {
   hits: SearchHit[];
   hasMore: boolean;
+  /** Set when an embedder is configured but its vector for the query did not come in time or failed: the hits are by words alone. */
+  vectors?: { missing: 'late' | 'failed'; err?: unknown };
 }
+
+/** How long a search waits for its query's vector once the words are ranked. */
+const QUERY_VECTOR_WAIT_MS = 2_000;
 
 /** The deepest a search pages: candidates ranked per query. */
 export const MAX_DEPTH = 200;
@@ -233,9 +238,22 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
   const lexicalOrder = candidates.map((c) => String(c.id));
   let vectorOrder: string[] = [];
-  if (queryVector) {
-    const qv = await queryVector;
-    if ('err' in qv) throw qv.err;
+  let vectors: SearchPage['vectors'];
+  // The words' ranking is done: the query's vector gets QUERY_VECTOR_WAIT_MS more, else (or when
+  // it failed: the encoder's thread lost, the endpoint down) the search answers by words alone.
+  let timer: NodeJS.Timeout | undefined;
+  const qv =
+    queryVector &&
+    (await Promise.race([
+      queryVector,
+      new Promise<{ late: true }>((resolve) => {
+        timer = setTimeout(() => resolve({ late: true }), QUERY_VECTOR_WAIT_MS);
+      }),
+    ]));
+  clearTimeout(timer);
+  if (qv && 'late' in qv) vectors = { missing: 'late' };
+  else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
+  else if (qv) {
     const near = await nearest(db, workspaceId, qv.v, depth, where);
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
@@ -244,7 +262,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     }
     vectorOrder = near.map((v) => String(v.c.id));
   }
-  const fused = opts.embedder ? fuseRanks([lexicalOrder, vectorOrder], [1, VECTOR_WEIGHT]) : null;
+  const fused = qv && 'v' in qv ? fuseRanks([lexicalOrder, vectorOrder], [1, VECTOR_WEIGHT]) : null;
   const now = opts.now ?? new Date();
 
   const ranked = [...byId.entries()].map(([id, { c, vector }]) => {
@@ -274,6 +292,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   });
   const page = merged.slice(offset, offset + opts.k);
   return {
+    ...(vectors ? { vectors } : {}),
     hasMore: merged.length > offset + opts.k,
     hits: page.map((h) => {
       const r = h.extra;

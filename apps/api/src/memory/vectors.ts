@@ -10,6 +10,8 @@ const BATCH = 32;
 /** After a failed turn (the endpoint down, the encoder's thread lost), a workspace waits this long, doubling to RETRY_MAX_MS. */
 const RETRY_MS = 5_000;
 const RETRY_MAX_MS = 10 * 60_000;
+/** Of a chunk's text, at most this much is read and embedded (a tenant's file may be one huge line). */
+const TEXT_CHARS = 8_000;
 /** Workspaces with chunks but no vectors, looked for at start-up (a process that stopped mid-way). */
 const SWEEP_LIMIT = 10_000;
 
@@ -99,7 +101,7 @@ export class VectorFill {
   private async turn(workspaceId: string): Promise<boolean> {
     const { model } = this.embedder;
     const rows = rowsOf<{ id: number; content_hash: string; search_text: string; builtin: boolean }>(
-      await this.db.execute(sql`select c.id, c.content_hash, c.search_text, c.builtin from memory_chunks c
+      await this.db.execute(sql`select c.id, c.content_hash, left(c.search_text, ${TEXT_CHARS}::int) as search_text, c.builtin from memory_chunks c
         join memory_index m on m.workspace_id = c.workspace_id and m.embed_model = ${model}
         where c.workspace_id = ${workspaceId} and c.embedding is null
         order by c.id limit ${BATCH + 1}`),

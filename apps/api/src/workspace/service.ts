@@ -470,9 +470,17 @@ export class WorkspaceService {
     return { commit: info, diff, diffTruncated: truncated };
   }
 
-  search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
+  async search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
     const now = this.opts.now ? new Date(this.opts.now()) : undefined;
-    return searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.vectors?.embedder });
+    const page = await searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.vectors?.embedder });
+    if (page.vectors)
+      this.log.warn(
+        { workspace: ws.id, missing: page.vectors.missing, err: page.vectors.err },
+        page.vectors.missing === 'late'
+          ? 'memory search: the query’s vector came too late; answered by words alone'
+          : 'memory search: the query’s vector failed; answered by words alone',
+      );
+    return page;
   }
 
   /** Start-up repair of every live workspace (upkeep.ts). */
