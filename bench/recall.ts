@@ -493,8 +493,15 @@ async function main() {
       }
       const commitS = (performance.now() - tGrow) / 1000;
       count = await chunkCount(b);
+      // What the vectors take: their column in the table, and the HNSW index (where pgvector is).
+      const [size] = rowsOf<{ vectors: number; hnsw: number | null }>(
+        await b.database.db.execute(sql`select coalesce(sum(pg_column_size(embedding)), 0)::float8 as vectors,
+          (select pg_relation_size(c.oid)::float8 from pg_class c where c.relname = 'memory_chunks_vector_512') as hnsw
+          from memory_chunks`),
+      );
+      const mib = (v: number | null) => (v === null ? '–' : `${(Number(v) / 2 ** 20).toFixed(1)} MiB`);
       out(
-        `  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed and indexed (vectors too) in ${commitS.toFixed(1)} s`,
+        `  ${count} chunks: ${fillerFiles} filler daily logs (${fillerTurns} turns) committed and indexed (vectors too) in ${commitS.toFixed(1)} s; vectors ${mib(size!.vectors)} in the table, their HNSW index ${mib(size!.hnsw)}`,
       );
       return count;
     };
