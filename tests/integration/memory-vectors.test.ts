@@ -1,4 +1,6 @@
+import { sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { type Embedder, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import { createTestApp } from '../support/app.ts';
@@ -161,6 +163,25 @@ describe('memory vectors, made after the write', () => {
       expect(firstB).toBeLessThan(lastA);
     } finally {
       g.open();
+      await t.close();
+    }
+  });
+
+  it('reads the chunks waiting for a vector through an index of those alone, not the workspace’s every chunk', async () => {
+    const t = await createTestApp({ embedder: endpoint });
+    try {
+      const w = await memoryWorkspace(t, 'vectors-index');
+      const plan = await t.database.db.transaction(async (tx) => {
+        await tx.execute(sql`set local enable_seqscan = off`);
+        return rowsOf<{ 'QUERY PLAN': string }>(
+          await tx.execute(sql`explain select c.id from memory_chunks c
+            where c.workspace_id = ${w.ws} and c.embedding is null order by c.id limit 33`),
+        )
+          .map((r) => r['QUERY PLAN'])
+          .join('\n');
+      });
+      expect(plan).toContain('memory_chunks_unembedded_idx');
+    } finally {
       await t.close();
     }
   });

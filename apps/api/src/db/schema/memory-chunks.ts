@@ -57,6 +57,8 @@ export const memoryChunks = pgTable(
     index('memory_chunks_ws_path_idx').on(t.workspaceId, t.path),
     index('memory_chunks_ws_day_idx').on(t.workspaceId, t.day),
     index('memory_chunks_tsv_idx').using('gin', t.tsv).with({ gin_pending_list_limit: 64 }),
+    // The chunks still waiting for their vector (memory/vectors.ts reads them a turn at a time).
+    index('memory_chunks_unembedded_idx').on(t.workspaceId, t.id).where(sql`${t.embedding} is null`),
   ],
 );
 

@@ -1,0 +1,1 @@
+CREATE INDEX "memory_chunks_unembedded_idx" ON "memory_chunks" USING btree ("workspace_id","id") WHERE "memory_chunks"."embedding" is null;
