@@ -18,7 +18,6 @@ import { type MemoryHit, memoryWorkspace } from '../support/memory.ts';
 const day = (offset: number) => new Date(Date.now() - offset * 86_400_000).toISOString().slice(0, 10);
 
 type Hit = MemoryHit;
-const workspaceOn = (t: TestApp, name: string) => memoryWorkspace(t, name);
 
 /** A conversation log of one day: one line per turn, as the dream and the condensation write them. */
 const chat = (d: string, turns: string[]) =>
@@ -36,11 +35,11 @@ const FILLER = [
 
 describe.each(DRIVERS)('memory search on %s', (driver) => {
   let t: TestApp;
-  let w: Awaited<ReturnType<typeof workspaceOn>>;
+  let w: Awaited<ReturnType<typeof memoryWorkspace>>;
 
   beforeAll(async () => {
     t = await createTestApp({ driver });
-    w = await workspaceOn(t, `search-${driver}`);
+    w = await memoryWorkspace(t, `search-${driver}`);
   });
   afterAll(() => t.close());
 
@@ -336,7 +335,7 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
   afterAll(() => t.close());
 
   it('finds the line from months ago that answers the question', async () => {
-    const w = await workspaceOn(t, 'year');
+    const w = await memoryWorkspace(t, 'year');
     const answerDay = day(290);
     for (let d = 360; d >= 0; d -= 6) {
       const turns = FILLER.map((_l, i) => FILLER[(i + d) % FILLER.length]!);
@@ -369,7 +368,7 @@ describe('the same answers on PGlite and on Postgres', () => {
     for (const driver of DRIVERS) {
       const t = await createTestApp({ driver, now: () => now });
       try {
-        const w = await workspaceOn(t, `same-${driver}`);
+        const w = await memoryWorkspace(t, `same-${driver}`);
         for (let d = 0; d < 6; d++)
           await w.put(
             `memory/2026-0${d + 1}-15.md`,
@@ -414,7 +413,7 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
   });
 
   it('fuses meaning with words: a synonym with no shared word is found through the vectors', async () => {
-    const w = await workspaceOn(t, 'vectors');
+    const w = await memoryWorkspace(t, 'vectors');
     await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
     await w.put('knowledge/kitchen.md', '# Kitchen\n\nThe red kettle is broken.\n');
     expect(fake.requests.some((r) => r.path === '/v1/embeddings' && r.body.model === 'fake-embed')).toBe(true);
@@ -436,8 +435,8 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
   });
 
   it('reads a large workspace’s vectors through the index, where the planner would compare them all; a small part of a large table is left to the planner', async () => {
-    const big = await workspaceOn(t, 'index-big');
-    const small = await workspaceOn(t, 'index-small');
+    const big = await memoryWorkspace(t, 'index-big');
+    const small = await memoryWorkspace(t, 'index-small');
     const db = t.database.db;
     const counts = async (ws: string) =>
       (await db.select({ chunks: memoryIndex.chunks }).from(memoryIndex).where(eq(memoryIndex.workspaceId, ws)))[0]!
@@ -474,7 +473,7 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
   });
 
   it('re-embeds, at the next start, a workspace another embeddings model indexed', async () => {
-    const w = await workspaceOn(t, 'other-model');
+    const w = await memoryWorkspace(t, 'other-model');
     await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
     // As a server with another model (or none) left it.
     await t.database.db.update(memoryChunks).set({ embedding: null }).where(eq(memoryChunks.workspaceId, w.ws));
@@ -491,7 +490,7 @@ describe('re-indexing after the chunking or ranking changed', () => {
   it('rebuilds, in the background, the workspaces an older version indexed; search answers meanwhile', async () => {
     const t = await createTestApp();
     try {
-      const w = await workspaceOn(t, 'reindex');
+      const w = await memoryWorkspace(t, 'reindex');
       await w.put(`memory/${day(5)}.md`, chat(day(5), [...FILLER, 'Maya: The boiler service is on the ninth.']));
       const before = await w.search('boiler service');
       // As an older version left it: one chunk per file (its whole text) and version 0.
@@ -586,7 +585,7 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
     ).sort((a, b) => a.start - b.start);
 
   it('finds by meaning with no shared word; an appended log keeps the vectors of the chunks it did not change', async () => {
-    const w = await workspaceOn(t, 'builtin-vectors');
+    const w = await memoryWorkspace(t, 'builtin-vectors');
     const turns = [
       'Jonas: I have news... I proposed to Clara this morning, on the beach at Cascais.',
       'Maya: No way! What did she say?',

@@ -39,14 +39,10 @@ const LOCAL_TEXT_CHARS = 2_000;
  * Two threads of the encoder: one for chunks, one for queries. A search never waits behind a
  * workspace's chunks being embedded (a batch holds its thread for ~0.3 s; an import, for minutes).
  */
-const encoder = new OffThread<{ texts: string[] }, number[][]>(
-  new URL('./embed.worker.mjs', import.meta.url),
-  'sentence encoder',
-);
-const queryEncoder = new OffThread<{ texts: string[] }, number[][]>(
-  new URL('./embed.worker.mjs', import.meta.url),
-  'query encoder',
-);
+const encoderThread = (name: string) =>
+  new OffThread<{ texts: string[] }, number[][]>(new URL('./embed.worker.mjs', import.meta.url), name);
+const encoder = encoderThread('sentence encoder');
+const queryEncoder = encoderThread('query encoder');
 const encodable = (t: string) => t.slice(0, LOCAL_TEXT_CHARS) || ' ';
 
 /**
