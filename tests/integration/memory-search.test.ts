@@ -482,6 +482,9 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     await t.workspaces.reindexStale();
     const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
     expect(stats!.embedModel).toBe('fake-embed');
+    // The re-index writes the chunks and returns; their vectors are made after it, in the background.
+    await t.workspaces.vectorsSettled();
+    expect(await w.withoutVector()).toBe(0);
     expect((await w.search('automobile'))[0]!.path).toBe('knowledge/garage.md');
   });
 });
