@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
 import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
-import { recencyFactor, SNIPPET_CHARS } from '../../apps/api/src/memory/rank.ts';
+import { recencyFactor, SNIPPET_CHARS, VECTOR_DEPTH } from '../../apps/api/src/memory/rank.ts';
 import { BUILTIN_EMBEDDINGS, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
 import { hasPgvector, type SearchHit, useVectorIndex } from '../../apps/api/src/memory/search.ts';
@@ -423,6 +423,22 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     // Found by words and by meaning beats found by words alone (reciprocal-rank fusion).
     const both = await w.search('red car', { debug: 'true' });
     expect(both[0]).toMatchObject({ path: 'knowledge/garage.md', debug: { lexical_rank: 1, vector_rank: 1 } });
+    // A deep page fuses the nearest VECTOR_DEPTH by meaning, not as many as it ranks by words.
+    await w.put(
+      `memory/${day(3)}.md`,
+      chat(
+        day(3),
+        Array.from({ length: 90 }, (_, i) => `${i % 2 ? 'Maya' : 'Leo'}: the car park on level ${i} was red and full`),
+      ),
+    );
+    const withVectors = rowsOf<{ n: number }>(
+      await t.database.db.execute(
+        sql`select count(*)::int as n from memory_chunks where workspace_id = ${w.ws} and embedding is not null`,
+      ),
+    )[0]!.n;
+    expect(withVectors).toBeGreaterThan(VECTOR_DEPTH);
+    const ranks = (await w.search('red car', { k: 50, debug: 'true' })).map((h) => h.debug!.vector_rank);
+    expect(Math.max(...ranks.filter((r) => r !== null))).toBeLessThanOrEqual(VECTOR_DEPTH);
     // pgvector ranks in the database where it is installed: PGlite always loads it; a Postgres
     // server has it when its package is there (else the vectors are compared in the API).
     const [avail] = rowsOf<{ ok: boolean }>(

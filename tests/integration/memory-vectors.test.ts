@@ -114,25 +114,39 @@ describe('memory vectors, made after the write', () => {
     }
   });
 
-  it('answers by words alone when the query’s vector fails or does not come', async () => {
-    let query: 'fail' | 'hang' = 'fail';
+  it('answers by words alone when the query’s vector fails or does not come, and says so in the log once a minute', async () => {
+    let query: 'fail' | 'hang' | 'nan' = 'fail';
+    let clock = Date.now();
     const t = await createTestApp({
+      now: () => clock,
       embedder: {
         model: endpoint.model,
         embed: (texts) => endpoint.embed(texts),
-        embedQuery: () =>
+        embedQuery: (text) =>
           query === 'fail'
             ? Promise.reject(new Error('the encoder’s thread is gone'))
-            : new Promise<number[]>(() => {}),
+            : query === 'nan'
+              ? endpoint.embed([text]).then(([v]) => v!.map((x, i) => (i === 7 ? Number.NaN : x)))
+              : new Promise<number[]>(() => {}),
       },
     });
     try {
       const w = await memoryWorkspace(t, 'vectors-query');
       await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+      const failed = () =>
+        t.logs.filter((l) => l.msg === 'memory search: the query’s vector failed; answered by words alone');
       expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
-      expect(t.logs.some((l) => l.msg === 'memory search: the query’s vector failed; answered by words alone')).toBe(
-        true,
-      );
+      expect(failed()).toHaveLength(1);
+      // An endpoint down fails every search: the log says so once a minute, not once a search.
+      await w.search('red tyres');
+      await w.search('tyres');
+      expect(failed()).toHaveLength(1);
+      clock += 61_000;
+      // A vector the database would refuse (an endpoint's NaN) is a failed one, not a 500.
+      query = 'nan';
+      expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+      expect(failed()).toHaveLength(2);
+      expect(failed()[1]).toMatchObject({ unloggedSince: 2 });
       query = 'hang';
       expect((await w.search('red tyres'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
       expect(t.logs.some((l) => String(l.msg).startsWith('memory search: the query’s vector came too late'))).toBe(

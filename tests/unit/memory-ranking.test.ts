@@ -20,6 +20,7 @@ import {
   filterProblem,
   isPathPrefix,
   lineScore,
+  vectorLiteral,
 } from '../../apps/api/src/memory/search.ts';
 
 describe('query terms', () => {
@@ -241,5 +242,15 @@ describe('search parameters', () => {
     expect(decodeCursor(c, 'kitten', { path: 'memory/' })).toBeNull();
     expect(decodeCursor('%%%', 'puppy', {})).toBeNull();
     expect(decodeCursor(Buffer.from('{"o":-1}').toString('base64url'), 'puppy', {})).toBeNull();
+  });
+
+  it('writes a query vector as the database keeps it: every single-precision value exactly, in 9 digits at most', () => {
+    const v = [0.1, -1 / 3, 1e-9, -2.5e-7, 0, 123456.789, Math.PI, 0.049008440226316452];
+    const parsed = vectorLiteral(v).slice(1, -1).split(',');
+    expect(parsed).toHaveLength(v.length);
+    for (const [i, p] of parsed.entries()) {
+      expect(Math.fround(Number(p)), p).toBe(Math.fround(v[i]!));
+      expect(p.replace(/^-?0?\.?0*|e.*$|\./g, '').length, p).toBeLessThanOrEqual(9);
+    }
   });
 });

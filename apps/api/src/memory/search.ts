@@ -9,6 +9,7 @@ import {
   B,
   BUILTIN_FACTOR,
   fuseRanks,
+  VECTOR_DEPTH,
   VECTOR_WEIGHT,
   idf,
   K1,
@@ -149,10 +150,17 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const e = opts.embedder;
   const queryVector =
     e &&
-    (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!)).then(
-      (v) => ({ v }),
-      (err: unknown) => ({ err }),
-    );
+    (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!))
+      .then((v) => {
+        // An endpoint's answer is not ours: a vector pgvector would refuse is a failed one.
+        if (!Array.isArray(v) || !v.length || !v.every(Number.isFinite))
+          throw new Error('the embeddings model gave no usable vector for the query');
+        return v;
+      })
+      .then(
+        (v) => ({ v }),
+        (err: unknown) => ({ err }),
+      );
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
   // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.
@@ -254,7 +262,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (qv && 'late' in qv) vectors = { missing: 'late' };
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
-    const near = await nearest(db, workspaceId, qv.v, depth, where);
+    const near = await nearest(db, workspaceId, qv.v, Math.min(depth, VECTOR_DEPTH), where);
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
       if (hit) hit.vector = v.similarity;
@@ -362,17 +370,19 @@ async function nearest(
 ): Promise<{ c: Candidate; similarity: number }[]> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
   if (await hasPgvector(db)) {
-    const vec = `[${qv.join(',')}]`;
+    const vec = vectorLiteral(qv);
     if (qv.length === INDEXED_DIMS && (await hasIterativeScan(db))) {
       // The HNSW index of migration 0017 (its predicate and expression, word for word), read on
       // past the rows the filters drop (pgvector 0.8's iterative scan, in relaxed order: sorted here).
+      // The query's vector is parsed once (an init plan), not once for the order and once for the similarity.
       const rows = await db.transaction(async (t) => {
         const tx = t as unknown as Db;
         await useVectorIndex(tx, workspaceId, limit);
         return rowsOf<Candidate & { similarity: number }>(
-          await tx.execute(sql`select ${cols}, (1 - (c.embedding::vector(512) <=> ${vec}::vector(512)))::float8 as similarity
+          await tx.execute(sql`with q as (select ${vec}::vector(512) as v)
+            select ${cols}, (1 - (c.embedding::vector(512) <=> (select v from q)))::float8 as similarity
             from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = 512${where}
-            order by c.embedding::vector(512) <=> ${vec}::vector(512) limit ${limit}`),
+            order by c.embedding::vector(512) <=> (select v from q) limit ${limit}`),
         );
       });
       return rows
@@ -415,6 +425,13 @@ export async function useVectorIndex(tx: Db, workspaceId: string, limit: number)
           coalesce((select sum(chunks) from memory_index), 0) as total) c) f`,
   );
 }
+
+/**
+ * A query vector as pgvector reads it. The database keeps single-precision floats, which 9
+ * significant digits give back exactly; JavaScript's shortest double is up to 17, and parsing them
+ * took a millisecond of each search (512 of them, twice).
+ */
+export const vectorLiteral = (v: number[]) => `[${v.map((x) => Math.fround(x).toPrecision(9)).join(',')}]`;
 
 /** The vector size migration 0017 indexes (the built-in encoder's). */
 const INDEXED_DIMS = 512;

@@ -9,7 +9,7 @@ import { memoryEntries, type MemoryBudget } from '../memory/budget.ts';
 import type { VectorFill } from '../memory/vectors.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
 import { indexedFiles, reindexAll, reindexPaths } from '../memory/indexer.ts';
-import { searchMemory, type SearchOptions } from '../memory/search.ts';
+import { searchMemory, type SearchOptions, type SearchPage } from '../memory/search.ts';
 import { type SharedLock, WorkspaceLock } from './lock.ts';
 import { WorkspaceUpkeep } from './upkeep.ts';
 import { listSkills, type SkillInfo } from './skills.ts';
@@ -43,9 +43,12 @@ export interface WorkspaceServiceOptions {
   sharedLock?: SharedLock;
   /** Told of every commit, with the committed files' contents (the sandbox engine updates its copies). */
   onCommit?: CommitListener;
-  /** The clock memory search measures recency by (default: the system's). */
+  /** The clock memory search measures recency by, and spaces its warnings with (default: the system's). */
   now?: () => number;
 }
+
+/** A search answered by words alone because its vector failed or was late is logged at most this often (of each kind). */
+const VECTOR_WARNING_EVERY_MS = 60_000;
 
 const budgetOf = (ws: WorkspaceRow): MemoryBudget => ({
   maxEntries: ws.settings.evolution.memory_max_entries,
@@ -84,6 +87,8 @@ export class WorkspaceService {
   private readonly lock: WorkspaceLock;
   private boilerplate: Promise<ReadonlySet<string>> | undefined;
   private readonly upkeep: WorkspaceUpkeep;
+  /** Per kind ('late', 'failed'): when it was last logged, and the searches since that were not. */
+  private readonly vectorWarnings = new Map<string, { at: number; unlogged: number }>();
 
   constructor(
     private readonly db: Db,
@@ -473,14 +478,29 @@ export class WorkspaceService {
   async search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {
     const now = this.opts.now ? new Date(this.opts.now()) : undefined;
     const page = await searchMemory(this.db, ws.id, q, { now, ...opts, embedder: this.opts.vectors?.embedder });
-    if (page.vectors)
-      this.log.warn(
-        { workspace: ws.id, missing: page.vectors.missing, err: page.vectors.err },
-        page.vectors.missing === 'late'
-          ? 'memory search: the query’s vector came too late; answered by words alone'
-          : 'memory search: the query’s vector failed; answered by words alone',
-      );
+    if (page.vectors) this.warnWordsAlone(ws.id, page.vectors);
     return page;
+  }
+
+  /**
+   * Logs a search answered by words alone, at most once a minute of each kind: an endpoint that
+   * is down fails every search, and a warning per search would bury the log. The next warning
+   * counts the searches not logged meanwhile.
+   */
+  private warnWordsAlone(workspace: string, v: NonNullable<SearchPage['vectors']>): void {
+    const now = this.opts.now?.() ?? Date.now();
+    const last = this.vectorWarnings.get(v.missing);
+    if (last && now - last.at < VECTOR_WARNING_EVERY_MS) {
+      last.unlogged++;
+      return;
+    }
+    this.vectorWarnings.set(v.missing, { at: now, unlogged: 0 });
+    this.log.warn(
+      { workspace, missing: v.missing, err: v.err, unloggedSince: last?.unlogged ?? 0 },
+      v.missing === 'late'
+        ? 'memory search: the query’s vector came too late; answered by words alone'
+        : 'memory search: the query’s vector failed; answered by words alone',
+    );
   }
 
   /** Start-up repair of every live workspace (upkeep.ts). */
