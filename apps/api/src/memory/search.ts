@@ -429,7 +429,7 @@ export async function useVectorIndex(tx: Db, workspaceId: string, limit: number)
 /**
  * A query vector as pgvector reads it. The database keeps single-precision floats, which 9
  * significant digits give back exactly; JavaScript's shortest double is up to 17, and parsing them
- * took a millisecond of each search (512 of them, twice).
+ * took 1–2 ms of each search (512 of them, twice).
  */
 export const vectorLiteral = (v: number[]) => `[${v.map((x) => Math.fround(x).toPrecision(9)).join(',')}]`;
 
