@@ -101,6 +101,50 @@ describe('durable jobs on Postgres, two runners (replicas) on one database', () 
     expect(order.at(-1)).toBe('build done');
   });
 
+  it('an idle lane asks the database once a wake, not once per slot; due jobs still fill every slot', async () => {
+    const r = runner(a, 'replica-slots');
+    const lane = { name: 'slots', concurrency: 4 };
+    const held = gate();
+    const running: number[] = [];
+    const allRunning = when(() => running.length === 4);
+    r.handle(
+      'slot',
+      async (p: { n: number }) => {
+        running.push(p.n);
+        allRunning.tick();
+        await held.opened;
+      },
+      lane,
+    );
+    let claims = 0;
+    const claim = r.claim.bind(r);
+    r.claim = (state) => {
+      if (state?.lane.name === 'slots') claims++;
+      return claim(state);
+    };
+    // Nothing due: one claim finds nothing (eight webhook slots polled every 500 ms were 16 a second).
+    await r.start();
+    await r.stop();
+    expect(claims).toBe(1);
+    // Four due jobs (owed by statements elsewhere, so nothing woke the lane) and one wake: each
+    // claimed job starts the next worker, and all four run at once.
+    await a.db.insert(jobs).values(
+      Array.from({ length: 4 }, (_, n) => ({
+        id: `job_slot_${n}_${Date.now()}`,
+        kind: 'slot',
+        payload: { n },
+        runAt: new Date(now),
+      })),
+    );
+    await r.start();
+    await allRunning.reached();
+    expect(running.sort()).toEqual([0, 1, 2, 3]);
+    held.open();
+    await r.stop();
+    const rows = await a.db.select().from(jobs).where(eq(jobs.kind, 'slot'));
+    expect(rows.map((j) => j.status)).toEqual(['succeeded', 'succeeded', 'succeeded', 'succeeded']);
+  });
+
   it('a lane with a poll interval of its own finds a job that nobody woke it for', async () => {
     // The runner looks every minute; the lane every 50 ms. The job is owed by a statement elsewhere (no wake).
     const r = runner(a, 'replica-poll');
