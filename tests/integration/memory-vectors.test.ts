@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { type Embedder, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
+import { getWorkspace } from '../../apps/api/src/workspace/records.ts';
 import { createTestApp } from '../support/app.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { memoryWorkspace } from '../support/memory.ts';
@@ -197,6 +198,88 @@ describe('memory vectors, made after the write', () => {
       expect(plan).toContain('memory_chunks_unembedded_idx');
     } finally {
       await t.close();
+    }
+  });
+
+  it('cuts a text to what the endpoint takes, leaves one it refuses however short to its words, and never lets either hold back the workspace’s other vectors', async () => {
+    // A fake of its own: its model changes here, and the refusals it records are this test's.
+    const strict = await startFakeOpenAI();
+    const refusals = () => strict.refusals.splice(0).map((r) => r.message);
+    // A failed turn is not tried again within the test: a chunk left without a vector stays so.
+    const t = await createTestApp({
+      embedder: openAiEmbedder({ model: 'fake-embed', baseURL: strict.url, apiKey: 'test' }),
+      vectorRetryMs: 600_000,
+    });
+    const vectorSize = async (ws: string, path: string) =>
+      rowsOf<{ n: number | null }>(
+        await t.database.db.execute(
+          sql`select cardinality(embedding) as n from memory_chunks where workspace_id = ${ws} and path = ${path}`,
+        ),
+      ).map((r) => r.n);
+    const warned = (start: string) => t.logs.filter((l) => String(l.msg).startsWith(start)).length;
+    try {
+      const w = await memoryWorkspace(t, 'vectors-refused');
+      // 4,000 Chinese characters on one line: 12,000 bytes, more than the model's 8,192 tokens
+      // when every byte may be a token. Before, the chunk went whole, the endpoint refused the
+      // turn, and every later write of the workspace waited for a retry that failed the same way.
+      await w.put('knowledge/chinese.md', `# 笔记\n\n${'部署流程'.repeat(1000)}\n`);
+      await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+      expect(refusals()).toEqual([]);
+      expect(await w.withoutVector()).toBe(0);
+      expect(await vectorSize(w.ws, 'knowledge/chinese.md')).toEqual([512]);
+      expect((await w.search('automobile'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+
+      // A model served with a 512-token context: a long chunk is cut in half until it is taken,
+      // and the texts after it are cut to that size before they are sent.
+      strict.embeddings.contextTokens = 512;
+      const prose = (word: string) =>
+        `# ${word}\n\n${Array.from({ length: 10 }, (_, i) => `${word} line ${i}: ${'the quick brown fox jumps over the lazy dog '.repeat(6)}`).join('\n')}\n`;
+      await w.put('knowledge/long.md', prose('alpha'));
+      const cut = refusals();
+      expect(cut.length).toBeGreaterThan(0);
+      for (const m of cut) expect(m).toContain('maximum context length is 512 tokens');
+      await w.put('knowledge/longer.md', prose('beta'));
+      expect(refusals()).toEqual([]);
+      expect(await w.withoutVector()).toBe(0);
+      expect(await vectorSize(w.ws, 'knowledge/longer.md')).toEqual([512]);
+
+      // A text the model refuses at any length, and one it answers with NaN: both chunks are
+      // left without a vector for good, found by their words; the other chunks of the same
+      // commit get theirs, and search by meaning still works.
+      strict.embeddings.refuses = (text) => text.includes('quarantined');
+      strict.embeddings.nan = (text) => text.includes('glitchy');
+      const warnedBefore = warned('memory vectors: the embeddings model gave no usable vector');
+      // One commit: the three chunks go to the endpoint in one turn.
+      const ws = (await getWorkspace(t.database.db, w.team.id, w.ws))!;
+      await t.workspaces.change(ws, { author: 'user' }, async (tree) => {
+        await tree.writeFile('knowledge/odd.md', Buffer.from('The quarantined crate sits in bay four.\n'));
+        await tree.writeFile('knowledge/nan.md', Buffer.from('The glitchy sensor reads the garage door.\n'));
+        await tree.writeFile('knowledge/pets.md', Buffer.from('Our kitten sleeps on the sofa.\n'));
+      });
+      await t.workspaces.vectorsSettled();
+      expect(refusals().every((m) => m === 'The input could not be processed.')).toBe(true);
+      expect(await w.withoutVector()).toBe(0);
+      expect(await vectorSize(w.ws, 'knowledge/odd.md')).toEqual([0]);
+      expect(await vectorSize(w.ws, 'knowledge/nan.md')).toEqual([0]);
+      expect(await vectorSize(w.ws, 'knowledge/pets.md')).toEqual([512]);
+      expect(warned('memory vectors: the embeddings model gave no usable vector')).toBeGreaterThan(warnedBefore);
+      expect((await w.search('quarantined crate'))[0]).toMatchObject({ path: 'knowledge/odd.md' });
+      expect((await w.search('glitchy sensor'))[0]).toMatchObject({ path: 'knowledge/nan.md' });
+      const failedBefore = warned('memory search');
+      expect((await w.search('feline'))[0]).toMatchObject({ path: 'knowledge/pets.md' });
+      expect(warned('memory search')).toBe(failedBefore);
+
+      // An endpoint that refuses everything (a model it does not serve) marks nothing: the chunk
+      // waits for a vector, and the turn fails as any outage does.
+      strict.embeddings.refuses = () => true;
+      await w.put('knowledge/later.md', 'Written while the model is gone.\n');
+      refusals();
+      expect(await vectorSize(w.ws, 'knowledge/later.md')).toEqual([null]);
+      expect(warned('memory vectors: could not embed')).toBeGreaterThan(0);
+    } finally {
+      await t.close();
+      strict.refusals.splice(0);
+      await strict.close();
     }
   });
 

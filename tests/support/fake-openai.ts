@@ -26,7 +26,7 @@ export interface FakeOpenAI {
   requests: { path: string; body: any }[];
   /** Chat requests only, in order. */
   chats(): any[];
-  /** Chat requests refused as a real endpoint would (400), in order. */
+  /** Requests refused as a real endpoint would (400), chat and embeddings, in order. */
   refusals: Refusal[];
   /** Queues answers for the next chat completions, in order. */
   script(...replies: Reply[]): void;
@@ -38,6 +38,75 @@ export interface FakeOpenAI {
   hangsClosed(n: number): Promise<void>;
   /** Rejects when a refused request is still in `refusals` (take expected ones out first). */
   close(): Promise<void>;
+  /** How the embeddings model behaves (a test may change it). */
+  embeddings: EmbeddingsModel;
+}
+
+/** The embeddings model behind the fake: its context, and what a test makes it do. */
+interface EmbeddingsModel {
+  /** Tokens one input may have (OpenAI's embedding models: 8,192; models served with a 512-token context exist). */
+  contextTokens: number;
+  /** Refuse (400) a request holding a text this matches, at any length (a content filter, a broken tokenizer). */
+  refuses?: (text: string) => boolean;
+  /** Answer NaN in the vector of a text this matches (a broken model). */
+  nan?: (text: string) => boolean;
+}
+
+/** OpenAI's limits on one embeddings request. */
+const EMBEDDING_CONTEXT = 8192;
+const EMBEDDING_INPUTS_MAX = 2048;
+const EMBEDDING_REQUEST_TOKENS = 300_000;
+/**
+ * A text's tokens as counted here: its UTF-8 bytes. Every token of a byte-level tokenizer (OpenAI's)
+ * is at least one byte, so this is never fewer than the real count, and the fake refuses at least
+ * what a real endpoint refuses.
+ */
+const tokensOf = (text: string) => Buffer.byteLength(text, 'utf8');
+
+/** Why a real OpenAI-compatible endpoint would refuse this embeddings request (null: it would not). */
+function embeddingsRefusal(
+  body: any,
+  model: EmbeddingsModel = { contextTokens: EMBEDDING_CONTEXT },
+): Refusal | null {
+  if (!isObject(body)) return refuse('We could not parse the JSON body of your request.', null);
+  if (typeof body.model !== 'string' || !body.model) return refuse('you must provide a model parameter', null);
+  const input = body.input;
+  if (input === undefined) return refuse("Missing required parameter: 'input'.", 'input', 'missing_required_parameter');
+  const texts = typeof input === 'string' ? [input] : input;
+  if (!Array.isArray(texts) || !texts.length || texts.some((t) => typeof t !== 'string' || !t.length))
+    return refuse(
+      "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference.",
+      null,
+    );
+  if (texts.length > EMBEDDING_INPUTS_MAX)
+    return refuse(
+      `Invalid 'input': array too long. Expected an array with maximum length ${EMBEDDING_INPUTS_MAX}, but got an array with length ${texts.length} instead.`,
+      'input',
+      'array_above_max_length',
+    );
+  if (body.encoding_format !== undefined && !['float', 'base64'].includes(body.encoding_format))
+    return refuse(
+      `Invalid value: '${body.encoding_format}'. Supported values are: 'float' and 'base64'.`,
+      'encoding_format',
+      'invalid_value',
+    );
+  for (const t of texts as string[]) {
+    const n = tokensOf(t);
+    if (n > model.contextTokens)
+      return refuse(
+        `This model's maximum context length is ${model.contextTokens} tokens, however you requested ${n} tokens (${n} in your prompt; 0 for the completion). Please reduce your prompt; or completion length.`,
+        null,
+      );
+    if (model.refuses?.(t)) return refuse('The input could not be processed.', 'input', 'invalid_input');
+  }
+  const total = (texts as string[]).reduce((n, t) => n + tokensOf(t), 0);
+  if (total > EMBEDDING_REQUEST_TOKENS)
+    return refuse(
+      `Requested ${total} tokens, max ${EMBEDDING_REQUEST_TOKENS} tokens per request`,
+      null,
+      'max_tokens_per_request',
+    );
+  return null;
 }
 
 const DIM = 512;
@@ -315,6 +384,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
   const requests: FakeOpenAI['requests'] = [];
   const queue: Reply[] = [];
   const refusals: Refusal[] = [];
+  const embeddings: EmbeddingsModel = { contextTokens: EMBEDDING_CONTEXT };
   const arrivals = new EventEmitter();
   let closedHangs = 0;
   const server: Server = createServer(async (req: IncomingMessage, res: ServerResponse) => {
@@ -383,13 +453,18 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
       });
     }
     if (req.method === 'POST' && req.url === '/v1/embeddings') {
+      const refused = embeddingsRefusal(body, embeddings);
+      if (refused) {
+        refusals.push(refused);
+        return send(400, { error: refused });
+      }
       const inputs: string[] = Array.isArray(body.input) ? body.input : [body.input];
       return send(200, {
         object: 'list',
         model: body.model,
         // The SDK asks for base64-encoded float32 unless told otherwise, as the real API allows.
         data: inputs.map((t, index) => {
-          const v = fakeEmbedding(t);
+          const v = embeddings.nan?.(t) ? fakeEmbedding(t).map((x, i) => (i === 0 ? Number.NaN : x)) : fakeEmbedding(t);
           const embedding =
             body.encoding_format === 'base64' ? Buffer.from(new Float32Array(v).buffer).toString('base64') : v;
           return { object: 'embedding', index, embedding };
@@ -405,6 +480,7 @@ export async function startFakeOpenAI(): Promise<FakeOpenAI> {
     url: `http://127.0.0.1:${port}/v1`,
     requests,
     refusals,
+    embeddings,
     chats: () => requests.filter((r) => r.path === '/v1/chat/completions').map((r) => r.body),
     script: (...replies) => queue.push(...replies),
     pending: () => queue.length,

@@ -190,3 +190,48 @@ describe('the scripted model refuses what a real endpoint refuses', () => {
     });
   }
 });
+
+describe('the scripted embeddings model refuses what a real endpoint refuses', () => {
+  let fake: FakeOpenAI;
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+  });
+  afterAll(() => fake.close());
+
+  const embed = async (body: unknown) => {
+    const res = await fetch(`${fake.url}/embeddings`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    return { status: res.status, body: (await res.json()) as any };
+  };
+
+  it('answers a vector per text, in order', async () => {
+    const r = await embed({ model: 'm', input: ['a red car', 'a cat'], encoding_format: 'float' });
+    expect(r.status).toBe(200);
+    expect(r.body.data.map((d: { index: number }) => d.index)).toEqual([0, 1]);
+    expect(r.body.data[0].embedding).toHaveLength(512);
+  });
+
+  const invalid: [string, unknown, RegExp][] = [
+    ['no model', { input: 'x' }, /model/],
+    ['no input', { model: 'm' }, /input/],
+    ['an empty text', { model: 'm', input: ['ok', ''] }, /\$\.input/],
+    ['an empty list', { model: 'm', input: [] }, /\$\.input/],
+    ['more than 2,048 texts', { model: 'm', input: Array.from({ length: 2049 }, () => 'x') }, /maximum length 2048/],
+    // 3,000 Chinese characters: 9,000 bytes, more than 8,192 tokens for a tokenizer that may give one a byte.
+    ['a text over the context', { model: 'm', input: ['短', '字'.repeat(3000)] }, /maximum context length is 8192/],
+    ['over 300,000 tokens in all', { model: 'm', input: Array.from({ length: 40 }, () => 'y'.repeat(8000)) }, /300000/],
+    ['an unknown encoding', { model: 'm', input: 'x', encoding_format: 'int8' }, /encoding_format|float/],
+  ];
+  for (const [name, body, message] of invalid) {
+    it(`400 invalid_request_error for ${name}`, async () => {
+      const before = fake.refusals.length;
+      const r = await embed(body);
+      expect(r.status).toBe(400);
+      expect(r.body.error).toMatchObject({ type: 'invalid_request_error', message: expect.stringMatching(message) });
+      expect(fake.refusals.splice(before)).toHaveLength(1);
+    });
+  }
+});

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { cutToBytes } from '../../apps/api/src/memory/embeddings.ts';
 import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
 import {
@@ -252,5 +253,20 @@ describe('search parameters', () => {
       expect(Math.fround(Number(p)), p).toBe(Math.fround(v[i]!));
       expect(p.replace(/^-?0?\.?0*|e.*$|\./g, '').length, p).toBeLessThanOrEqual(9);
     }
+  });
+});
+
+describe('texts cut for an embeddings endpoint', () => {
+  it('keeps at most the given UTF-8 bytes and never cuts a character', () => {
+    expect(cutToBytes('hello', 8000)).toBe('hello');
+    expect(cutToBytes('abcdef', 4)).toBe('abcd');
+    // 3 bytes a character: 7 bytes hold two.
+    expect(cutToBytes('部署流程', 7)).toBe('部署');
+    // A character outside the BMP (4 bytes, two UTF-16 units) is kept whole or not at all.
+    expect(cutToBytes('a😀b', 4)).toBe('a');
+    expect(cutToBytes('a😀b', 5)).toBe('a😀');
+    const long = '字'.repeat(9000);
+    expect(Buffer.byteLength(cutToBytes(long, 8000))).toBeLessThanOrEqual(8000);
+    expect(cutToBytes(long, 8000)).toHaveLength(2666);
   });
 });

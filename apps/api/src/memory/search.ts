@@ -3,7 +3,7 @@ import { sql, type SQL } from 'drizzle-orm';
 import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
 import { isLineFile } from './chunker.ts';
-import { cosine, type Embedder } from './embeddings.ts';
+import { cosine, type Embedder, usableVector } from './embeddings.ts';
 import { isDay, parseQuery } from './query.ts';
 import {
   B,
@@ -153,8 +153,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!))
       .then((v) => {
         // An endpoint's answer is not ours: a vector pgvector would refuse is a failed one.
-        if (!Array.isArray(v) || !v.length || !v.every(Number.isFinite))
-          throw new Error('the embeddings model gave no usable vector for the query');
+        if (!usableVector(v)) throw new Error('the embeddings model gave no usable vector for the query');
         return v;
       })
       .then(

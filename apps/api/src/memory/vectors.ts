@@ -3,7 +3,7 @@ import { sql } from 'drizzle-orm';
 import type { Logger } from 'pino';
 import type { Db } from '../db/client.ts';
 import { rowsOf } from '../db/rows.ts';
-import type { Embedder } from './embeddings.ts';
+import { type Embedder, usableVector } from './embeddings.ts';
 
 /** Chunks embedded per turn of one workspace (then the next workspace waiting has its turn). */
 const BATCH = 32;
@@ -108,10 +108,21 @@ export class VectorFill {
     );
     const batch = rows.slice(0, BATCH);
     if (!batch.length) return false;
-    const vectors = await this.embedder.embed(batch.map((r) => r.search_text));
-    if (vectors.length !== batch.length)
-      throw new Error(`the embedder gave ${vectors.length} vectors for ${batch.length} texts`);
-    for (const [i, r] of batch.entries()) if (r.builtin) rememberBuiltin(model, r.search_text, vectors[i]!);
+    const made = await this.embedder.embed(batch.map((r) => r.search_text));
+    if (made.length !== batch.length)
+      throw new Error(`the embedder gave ${made.length} vectors for ${batch.length} texts`);
+    // A text the model refuses, or an answer pgvector would refuse (NaN, say), leaves its chunk
+    // with an empty vector: found by its words alone, and never asked for again (the chunk stays
+    // out of every vector search and index: they read vectors of the query's size).
+    const vectors = made.map((v) => (usableVector(v) ? v : []));
+    const refused = vectors.filter((v) => !v.length).length;
+    if (refused)
+      this.log?.warn(
+        { workspace: workspaceId, chunks: refused, model },
+        'memory vectors: the embeddings model gave no usable vector for some chunks; they are found by their words alone',
+      );
+    for (const [i, r] of batch.entries())
+      if (r.builtin && vectors[i]!.length) rememberBuiltin(model, r.search_text, vectors[i]!);
     const list = (xs: string[]) => `{${xs.join(',')}}`;
     await this.db.execute(sql`update memory_chunks c set embedding = v.embedding::real[]
       from unnest(${list(batch.map((r) => String(r.id)))}::bigint[], ${list(batch.map((r) => r.content_hash))}::text[],
