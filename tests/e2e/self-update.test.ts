@@ -1,10 +1,11 @@
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
@@ -612,10 +613,13 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     // A patch that adds a dependency, made the way a person would: npm resolves it into the lockfile.
     const scratch = mkTemp('kiln-patch-dep-');
     execFileSync('git', ['clone', '-q', checkout, scratch]);
-    execFileSync(
+    // Awaited, not synchronous: a test process stopped for the seconds npm takes keeps a socket the
+    // server has closed meanwhile (its keep-alive is 5 s), and the next request fails on it with
+    // "other side closed" (seen on a loaded machine).
+    await promisify(execFile)(
       'npm',
       ['install', '--package-lock-only', '--no-audit', '--no-fund', '--save-dev', 'is-number@7.0.0'],
-      { cwd: scratch, stdio: 'ignore' },
+      { cwd: scratch },
     );
     git(scratch, 'add', '-A');
     const patch = `${git(scratch, 'diff', '--cached')}\n`;

@@ -1,4 +1,5 @@
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
+import { promisify } from 'node:util';
 import { like, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sandboxes } from '../../apps/api/src/db/schema/index.ts';
@@ -11,6 +12,9 @@ import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { type Host, Hosts } from '../support/hosts.ts';
 import { writeAtOnceThrough } from '../support/replicas.ts';
+
+/** A child process the test awaits: the replicas in this process keep hearing their nodes meanwhile. */
+const run = promisify(execFile);
 
 /**
  * A fleet on hosts of its own: two sandbox hosts, each a network namespace with its own dockerd
@@ -321,11 +325,12 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     // As on a machine that built its own sandbox image: the same content under an id of its own
     // (the first hosts' id not there at all).
     const ownBase = `kiln-test-own-base:${process.pid}`;
-    execFileSync(
-      'sh',
-      ['-c', `printf 'FROM %s\\nLABEL kiln.test.own-base=1\\n' "$0" | docker build -q -t "$1" -`, bases[0]!, ownBase],
-      { encoding: 'utf8' },
-    );
+    await run('sh', [
+      '-c',
+      `printf 'FROM %s\\nLABEL kiln.test.own-base=1\\n' "$0" | docker build -q -t "$1" -`,
+      bases[0]!,
+      ownBase,
+    ]);
     let third: Host;
     try {
       third = await hosts.start(3, { ownBase });
@@ -408,17 +413,13 @@ describe('a fleet on two hosts, each with its own dockerd and node', () => {
     const onVictim = (...args: string[]) => on(victim, ...args);
     const good = onVictim('image', 'inspect', '-f', '{{.Id}}', bases[0]!);
     const broken = `kiln-test-no-find:${process.pid}`;
-    execFileSync(
-      'sh',
-      [
-        '-c',
-        `printf 'FROM %s\\nUSER 0:0\\nRUN ["rm", "/usr/bin/find"]\\nUSER 65534:65534\\n' "$0" | docker -H "unix://$1" build -q -t "$2" -`,
-        good,
-        victim.dockerSock,
-        broken,
-      ],
-      { encoding: 'utf8' },
-    );
+    await run('sh', [
+      '-c',
+      `printf 'FROM %s\\nUSER 0:0\\nRUN ["rm", "/usr/bin/find"]\\nUSER 65534:65534\\n' "$0" | docker -H "unix://$1" build -q -t "$2" -`,
+      good,
+      victim.dockerSock,
+      broken,
+    ]);
     for (const tag of bases) onVictim('tag', broken, tag);
     const brokenId = onVictim('image', 'inspect', '-f', '{{.Id}}', broken);
     // The retries queued for this template’s image, by number, not yet run, and in how many seconds each is due.

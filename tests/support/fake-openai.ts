@@ -64,10 +64,7 @@ const EMBEDDING_REQUEST_TOKENS = 300_000;
 const tokensOf = (text: string) => Buffer.byteLength(text, 'utf8');
 
 /** Why a real OpenAI-compatible endpoint would refuse this embeddings request (null: it would not). */
-function embeddingsRefusal(
-  body: any,
-  model: EmbeddingsModel = { contextTokens: EMBEDDING_CONTEXT },
-): Refusal | null {
+function embeddingsRefusal(body: any, model: EmbeddingsModel = { contextTokens: EMBEDDING_CONTEXT }): Refusal | null {
   if (!isObject(body)) return refuse('We could not parse the JSON body of your request.', null);
   if (typeof body.model !== 'string' || !body.model) return refuse('you must provide a model parameter', null);
   const input = body.input;

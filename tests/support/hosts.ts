@@ -1,4 +1,5 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
+import { promisify } from 'node:util';
 import { randomInt } from 'node:crypto';
 import {
   appendFileSync,
@@ -38,6 +39,7 @@ export interface Host {
 
 const MAIN = fileURLToPath(new URL('../../apps/api/src/node-main.ts', import.meta.url));
 const run = (cmd: string, args: string[]) => execFileSync(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+const runAsync = promisify(execFile);
 const quiet = (cmd: string, args: string[]) => {
   try {
     run(cmd, args);
@@ -216,10 +218,13 @@ export class Hosts {
         return undefined;
       }
     });
+    // Awaited, not synchronous: a host added mid-suite loads a gigabyte of image while the replicas
+    // in this process must go on hearing the other hosts every 500 ms.
     if (opts.ownBase) {
-      execFileSync('sh', ['-c', `docker save "$0" | docker -H unix://${dockerSock} load -q`, opts.ownBase]);
+      await runAsync('sh', ['-c', `docker save "$0" | docker -H unix://${dockerSock} load -q`, opts.ownBase]);
       for (const tag of this.images) run('docker', ['-H', `unix://${dockerSock}`, 'tag', opts.ownBase, tag]);
-    } else execFileSync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${dockerSock} load -q`]);
+    } else
+      await runAsync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${dockerSock} load -q`]);
     const creds = await issue(this.ca, { role: 'node', name, hosts: [ip] });
     writeFileSync(join(dir, 'node.pem'), creds.cert);
     writeFileSync(join(dir, 'node.key'), creds.key, { mode: 0o600 });
