@@ -2,6 +2,7 @@ import { mkdtempSync, readFileSync, rmSync, statSync, existsSync } from 'node:fs
 import { tmpdir } from 'node:os';
 import { connect } from 'node:net';
 import { join } from 'node:path';
+import { Agent, get } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { generateKey } from '../../apps/api/src/auth/keys.ts';
 import { connectDocker } from '../../apps/api/src/sandbox/docker/connect.ts';
@@ -142,6 +143,15 @@ describe('the server process', { timeout: 120_000 }, () => {
     expect(p.stdout()).not.toContain('kiln_admin_');
     expect(existsSync(join(dir, 'admin.key'))).toBe(false);
     expect((await api(p, adminKey, '/v1/teams')).status).toBe(200);
+    // An idle connection is kept 65 s, longer than a load balancer keeps its own, so the
+    // balancer closes first (Node's default is 5 s).
+    const keepAlive = await new Promise<string | undefined>((resolve, reject) =>
+      get(`${p.url}/healthz`, { agent: new Agent({ keepAlive: true }) }, (res) => {
+        res.resume();
+        resolve(String(res.headers['keep-alive']));
+      }).on('error', reject),
+    );
+    expect(keepAlive).toBe('timeout=65');
   });
 
   it('refuses to start on bad configuration, one line per problem, secrets hidden', async () => {

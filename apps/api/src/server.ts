@@ -10,6 +10,9 @@ import { DockerBackend, egressOf } from './sandbox/docker/backend.ts';
 import { connectDocker } from './sandbox/docker/connect.ts';
 import { FleetBackend } from './sandbox/node/fleet.ts';
 
+/** How long an idle HTTP connection is kept open (longer than a load balancer's usual 60 s). */
+const KEEP_ALIVE_MS = 65_000;
+
 export interface RunningServer {
   url: string;
   database: Database;
@@ -56,6 +59,13 @@ export async function startServer(config: Config, logger: Logger): Promise<Runni
   const server = await new Promise<ServerType>((resolve) => {
     const s = serve({ fetch: app.fetch, port: config.port, hostname: config.host }, () => resolve(s));
   });
+  // An idle connection is kept longer than a load balancer keeps its own (60 s is the usual), so
+  // the balancer closes first: with Node's 5 s, a request it sent on a connection Kiln was closing
+  // failed (a 502 to the user). Headers may take that long too (Node asks for more than keep-alive).
+  if ('keepAliveTimeout' in server) {
+    server.keepAliveTimeout = KEEP_ALIVE_MS;
+    server.headersTimeout = KEEP_ALIVE_MS + 1000;
+  }
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : config.port;
   const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`;
