@@ -1,4 +1,4 @@
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { eq } from 'drizzle-orm';
@@ -683,9 +683,10 @@ describe('paused sandboxes: pause to disk at idle, resume with every variable ke
       'RUN mv /opt/kiln/kiln_runner.py /opt/kiln/kiln_runner_now.py && printf \'import runpy, sys\\nsys.argv = sys.argv[:1]\\nrunpy.run_path("/opt/kiln/kiln_runner_now.py", run_name="__main__")\\n\' > /opt/kiln/kiln_runner.py',
       'USER 65534:65534',
     ].join('\n');
-    execFileSync('docker', ['build', '-q', '-t', tag, '-'], {
-      input: dockerfile,
-      stdio: ['pipe', 'ignore', 'inherit'],
+    // Awaited: the app in this process keeps its timers (idle, pause) while the image builds.
+    await new Promise<void>((resolve, reject) => {
+      const build = execFile('docker', ['build', '-q', '-t', tag, '-'], (err) => (err ? reject(err) : resolve()));
+      build.stdin!.end(dockerfile);
     });
     const backend = new DockerBackend(docker);
     const limits = { memoryMb: 256, cpus: 1, pids: 128, diskMb: 64, timeoutS: 30 };
