@@ -358,6 +358,59 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
   });
 });
 
+describe('a word in every chunk makes no match on its own', () => {
+  let fake: FakeOpenAI;
+  let t: TestApp;
+  /** The query's vector fails while this is set: the search answers by words alone. */
+  let wordsAlone = false;
+  beforeAll(async () => {
+    fake = await startFakeOpenAI();
+    const endpoint = openAiEmbedder({ model: 'fake-embed', baseURL: fake.url, apiKey: 'test' });
+    t = await createTestApp({
+      driver: 'pglite',
+      embedder: {
+        model: endpoint.model,
+        embed: (texts) => endpoint.embed(texts),
+        embedQuery: async (q) => {
+          if (wordsAlone) throw new Error('the embeddings endpoint is down');
+          return (await endpoint.embed([q]))[0]!;
+        },
+      },
+    });
+  });
+  afterAll(async () => {
+    await t.close();
+    await fake.close();
+  });
+
+  it('with vectors to fuse, a chunk that holds only a name said in every line takes no place by words; by words alone it still does', async () => {
+    const w = await memoryWorkspace(t, 'common-words');
+    // Three months of a chat where Maya speaks in every window of four lines: "maya" is in
+    // far more than a fifth of the workspace's chunks.
+    for (let d = 90; d >= 0; d -= 3) await w.put(`memory/${day(d)}.md`, chat(day(d), FILLER));
+    await w.put('knowledge/work.md', '# Work\n\nJonas was promoted to ward manager in June.\n');
+    const byWords = (hits: MemoryHit[]) =>
+      hits.filter((h) => (h.debug as { lexical_rank: number | null }).lexical_rank !== null).map((h) => h.path);
+    const hits = await w.search('What was Maya promoted to?', { debug: 'true' });
+    expect(hits[0]!.path).toBe('knowledge/work.md');
+    const terms = (hits[0]!.debug as { terms: { term: string; df: number }[] }).terms;
+    expect(terms.find((x) => x.term === 'maya')!.df).toBeGreaterThan(50);
+    // By words, only the chunk with the rarer word (before: seven that only say "Maya" too, ranked
+    // by how often they said it, ahead of the vectors' own).
+    expect(byWords(hits)).toEqual(['knowledge/work.md']);
+    // Asked for by the name alone, the name's chunks are found by it.
+    const named = await w.search('Maya', { debug: 'true' });
+    expect(named).toHaveLength(8);
+    for (const h of named) expect(h.snippet).toContain('Maya');
+    expect(byWords(named)).toHaveLength(8);
+    // With no vector for the query, the words' list is all there is: it keeps them.
+    wordsAlone = true;
+    const alone = await w.search('What was Maya promoted to?', { debug: 'true' });
+    expect(alone[0]!.path).toBe('knowledge/work.md');
+    expect(byWords(alone).length).toBe(8);
+  });
+});
+
 describe('the same answers on PGlite and on Postgres', () => {
   it('ranks a workspace with the same files identically on both databases', async () => {
     const results: Record<Driver, unknown> = { postgres: null, pglite: null };

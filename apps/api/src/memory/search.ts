@@ -105,10 +105,21 @@ const VARIANT_MAX_EXTRA = 3;
 const VARIANTS_PER_WORD = 3;
 const VARIANT_WEIGHT = 0.5;
 
+/**
+ * A word in more than COMMON_SHARE of a workspace's chunks, and in more than COMMON_MIN_DF of them,
+ * is common (a speaker's name in a chat log, a word of every line): a chunk that holds only common
+ * words of a query that has others is no match by words (it ranked by how often it said the name,
+ * and took the places of what the vectors found). A query of common words alone matches as before;
+ * a small workspace has none.
+ */
+const COMMON_SHARE = 0.2;
+const COMMON_MIN_DF = 50;
+
 /** A number of our own, written into the statement. */
 const raw = (v: number) => sql.raw(String(v));
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
 const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
+const boolArray = (xs: boolean[]) => sql`${`{${xs.join(',')}}`}::boolean[]`;
 const textArray = (xs: string[]) =>
   sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
 
@@ -122,6 +133,8 @@ interface Candidate {
   day: string | null;
   builtin: boolean;
   bm25: number;
+  /** It holds a word of the query that is not common (COMMON_SHARE); null for the vectors' own. */
+  rare?: boolean | null;
 }
 
 /**
@@ -202,8 +215,12 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   // 2. Candidates: the chunks holding the more selective terms, rarest first, up to
   // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
   // chunks barely moves BM25, so it adds to the score of candidates but does not make them.
-  // Identifiers always make candidates. Then BM25 with each chunk's term frequencies.
+  // Identifiers always make candidates. Then BM25 with each chunk's term frequencies; of the
+  // best, those that hold only common words (COMMON_SHARE) are dropped when the query has others.
   let candidates: Candidate[] = [];
+  const commonIdf = idf(n, Math.max(COMMON_SHARE * n, COMMON_MIN_DF));
+  const common = terms.map((t) => t.idf <= commonIdf);
+  const someRare = common.includes(false);
   const indexed = terms.filter((t) => t.kind !== 'substring');
   const selective: string[] = [];
   let expected = 0;
@@ -220,14 +237,14 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     ].filter((x) => x !== null);
     candidates = rowsOf<Candidate>(
       await db.execute(sql`with
-        w(term, kind, idf) as (select * from unnest(${textArray(terms.map((t) => t.term))}, ${textArray(terms.map((t) => t.kind))}, ${floatArray(terms.map((t) => t.idf))})),
+        w(term, kind, idf, common) as (select * from unnest(${textArray(terms.map((t) => t.term))}, ${textArray(terms.map((t) => t.kind))}, ${floatArray(terms.map((t) => t.idf))}, ${boolArray(common)})),
         m as materialized (
           select c.id, c.len, c.tf, c.search_text, c.path, c.start_line from memory_chunks c
           where c.workspace_id = ${workspaceId} and (${sql.join(match, sql` or `)})${where}
           limit ${raw(CANDIDATE_CAP)}),
         scored as (
           select m.id, m.path, m.start_line,
-            sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / ${raw(avgLen)}::float8)))::float8 as bm25
+            not bool_and(w.common) as rare, sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / ${raw(avgLen)}::float8)))::float8 as bm25
           from m join w on (w.kind <> 'substring' and m.tf ? w.term) or (w.kind = 'substring' and strpos(lower(m.search_text), w.term) > 0)
           cross join lateral (select case when w.kind = 'substring'
               then ((length(lower(m.search_text)) - length(replace(lower(m.search_text), w.term, ''))) / length(w.term))::float8
@@ -235,15 +252,13 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
           group by m.id, m.path, m.start_line
           order by bm25 desc, m.path, m.start_line
           limit ${depth})
-        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25
+        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25, s.rare
         from scored s join memory_chunks c on c.id = s.id
         order by s.bm25 desc, s.path, s.start_line`),
     );
   }
 
   // 3. Vector neighbours, fused with the lexical list by reciprocal rank.
-  const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
-  const lexicalOrder = candidates.map((c) => String(c.id));
   let vectorOrder: string[] = [];
   let vectors: SearchPage['vectors'];
   // The words' ranking is done: the query's vector gets QUERY_VECTOR_WAIT_MS more, else (or when
@@ -258,6 +273,11 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
       }),
     ]));
   clearTimeout(timer);
+  // With the vectors' list to fuse, the words' chunks that hold only common words give their
+  // places to it; by words alone they are the only guesses there are, and stay.
+  if (qv && 'v' in qv && someRare) candidates = candidates.filter((c) => c.rare);
+  const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
+  const lexicalOrder = candidates.map((c) => String(c.id));
   if (qv && 'late' in qv) vectors = { missing: 'late' };
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
