@@ -67,7 +67,7 @@ export function openAiEmbedder(opts: { model: string; baseURL?: string; apiKey?:
   };
   /** One text the endpoint refused in a request: cut in half until it is taken. */
   const alone = async (text: string): Promise<number[]> => {
-    for (let bytes = Math.floor(Math.min(textBytes, utf8.encode(text).length) / 2); ; bytes = Math.floor(bytes / 2)) {
+    for (let bytes = Math.floor(Math.min(textBytes, Buffer.byteLength(text)) / 2); ; bytes = Math.floor(bytes / 2)) {
       try {
         const [v] = await request([cutToBytes(text, bytes)]);
         // Texts that long are refused: cut the next ones before they are sent.
@@ -101,7 +101,7 @@ export function openAiEmbedder(opts: { model: string; baseURL?: string; apiKey?:
         // A request of at most BATCH texts and ENDPOINT_REQUEST_BYTES (at least one text).
         let j = i;
         for (let bytes = 0; j < texts.length && j - i < BATCH; j++) {
-          bytes += Math.min(textBytes, utf8.encode(texts[j]!).length);
+          bytes += Math.min(textBytes, Buffer.byteLength(texts[j]!));
           if (bytes > ENDPOINT_REQUEST_BYTES && j > i) break;
         }
         out.push(...(await some(texts.slice(i, j))));

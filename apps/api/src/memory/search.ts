@@ -107,7 +107,8 @@ const VARIANT_WEIGHT = 0.5;
 
 /**
  * A word in more than COMMON_SHARE of a workspace's chunks, and in more than COMMON_MIN_DF of them,
- * is common (a speaker's name in a chat log, a word of every line): a chunk that holds only common
+ * is common (a speaker's name in a chat log, a word of every line; judged by IDF, so a stem's
+ * family, at half its weight, is common sooner): when the query's vector came, a chunk that holds only common
  * words of a query that has others is no match by words (it ranked by how often it said the name,
  * and took the places of what the vectors found). A query of common words alone matches as before;
  * a small workspace has none.
