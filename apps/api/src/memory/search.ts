@@ -282,7 +282,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (qv && 'late' in qv) vectors = { missing: 'late' };
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
-    const near = await nearest(db, workspaceId, qv.v, Math.min(depth, VECTOR_DEPTH), where);
+    const near = await nearest(db, workspaceId, qv.v, Math.min(depth, VECTOR_DEPTH), opts, where);
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
       if (hit) hit.vector = v.similarity;
@@ -386,27 +386,22 @@ async function nearest(
   workspaceId: string,
   qv: number[],
   limit: number,
+  f: { path?: string; since?: string; until?: string },
   where: SQL,
 ): Promise<{ c: Candidate; similarity: number }[]> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
-  if (await hasPgvector(db)) {
+  const pgvector = await pgvectorOf(db);
+  if (pgvector) {
     const vec = vectorLiteral(qv);
-    if (qv.length === INDEXED_DIMS && (await hasIterativeScan(db))) {
-      // The HNSW index of migration 0017 (its predicate and expression, word for word), read on
-      // past the rows the filters drop (pgvector 0.8's iterative scan, in relaxed order: sorted here).
-      // The query's vector is parsed once (an init plan), not once for the order and once for the similarity.
-      const rows = await db.transaction(async (t) => {
-        const tx = t as unknown as Db;
-        await useVectorIndex(tx, workspaceId, limit);
-        return rowsOf<Candidate & { similarity: number }>(
-          await tx.execute(sql`with q as (select ${vec}::vector(512) as v)
-            select ${cols}, (1 - (c.embedding::vector(512) <=> (select v from q)))::float8 as similarity
-            from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = 512${where}
-            order by c.embedding::vector(512) <=> (select v from q) limit ${limit}`),
-        );
-      });
+    if (qv.length === INDEXED_DIMS && pgvector.nearest) {
+      // Migration 0022's function: the HNSW index of 0017 read on past the rows the filters drop
+      // (pgvector 0.8's iterative scan, in relaxed order: sorted here), in one statement.
+      const rows = rowsOf<Omit<Candidate, 'bm25'> & { similarity: number }>(
+        await db.execute(sql`select * from memory_nearest_512(${workspaceId}, ${vec}::vector(512), ${limit}::int,
+          ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)})`),
+      );
       return rows
-        .map((r) => ({ c: r, similarity: Number(r.similarity) }))
+        .map((r) => ({ c: { ...r, bm25: 0 }, similarity: Number(r.similarity) }))
         .sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
     }
     const rows = rowsOf<Candidate & { similarity: number }>(
@@ -429,24 +424,6 @@ async function nearest(
 }
 
 /**
- * Inside a transaction: how its vector search reads the index (pgvector 0.8's iterative scan, as
- * deep as `limit`). A workspace of INDEX_MIN_CHUNKS chunks or more that is at least
- * 1/INDEX_MIN_SHARE of the table is read through the index even where the planner would read it
- * whole: that casts and compares every vector (55 ms at 3k chunks, against 29 ms through the index
- * at 10k; `bench:recall`). A small part of a large table is left to the planner: the index walks the
- * nearest vectors of every workspace and would pass most of them over.
- */
-export async function useVectorIndex(tx: Db, workspaceId: string, limit: number): Promise<void> {
-  await tx.execute(
-    sql`select set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', ${String(Math.max(40, limit))}, true),
-        set_config('enable_seqscan', f.v, true), set_config('enable_sort', f.v, true)
-      from (select case when mine >= ${raw(INDEX_MIN_CHUNKS)} and mine * ${raw(INDEX_MIN_SHARE)} >= total then 'off' else 'on' end as v
-        from (select coalesce((select chunks from memory_index where workspace_id = ${workspaceId}), 0) as mine,
-          coalesce((select sum(chunks) from memory_index), 0) as total) c) f`,
-  );
-}
-
-/**
  * A query vector as pgvector reads it. The database keeps single-precision floats, which 9
  * significant digits give back exactly; JavaScript's shortest double is up to 17, and parsing them
  * took 1–2 ms of each search (512 of them, twice).
@@ -455,42 +432,35 @@ export const vectorLiteral = (v: number[]) => `[${v.map((x) => Math.fround(x).to
 
 /** The vector size migration 0017 indexes (the built-in encoder's). */
 const INDEXED_DIMS = 512;
-/** A workspace with at least this many chunks, and at least 1/INDEX_MIN_SHARE of all, is searched through the vector index. */
-const INDEX_MIN_CHUNKS = 1000;
-const INDEX_MIN_SHARE = 20;
 
-const vectorVersions = new WeakMap<Db, Promise<[number, number] | null>>();
-/** The database's pgvector as [major, minor], or null when it is not installed (asked once per database handle). */
-function pgvectorVersion(db: Db): Promise<[number, number] | null> {
-  let known = vectorVersions.get(db);
+const vectorSupport = new WeakMap<Db, Promise<{ nearest: boolean } | null>>();
+/**
+ * The database's pgvector, or null when it is not installed, and whether migration 0022 made the
+ * nearest-vectors function (it does where pgvector 0.8 or later was there at the migration: an
+ * older one's index scan could return fewer neighbours than asked once the filters drop rows, so
+ * the vectors are compared exactly instead). Asked once per database handle.
+ */
+function pgvectorOf(db: Db): Promise<{ nearest: boolean } | null> {
+  let known = vectorSupport.get(db);
   if (!known) {
     known = db
-      .execute(sql`select extversion from pg_extension where extname = 'vector'`)
+      .execute(
+        sql`select to_regprocedure('memory_nearest_512(text,vector,integer,text,date,date,integer)') is not null as nearest
+          from pg_extension where extname = 'vector'`,
+      )
       .then((r) => {
-        const v = rowsOf<{ extversion: string }>(r)[0]?.extversion;
-        if (!v) return null;
-        const [major = 0, minor = 0] = v.split('.').map(Number);
-        return [major, minor] as [number, number];
+        const row = rowsOf<{ nearest: boolean }>(r)[0];
+        return row ? { nearest: row.nearest === true } : null;
       })
       .catch(() => null);
-    vectorVersions.set(db, known);
+    vectorSupport.set(db, known);
   }
   return known;
 }
 
 /** Whether the database has pgvector installed. */
 export async function hasPgvector(db: Db): Promise<boolean> {
-  return (await pgvectorVersion(db)) !== null;
-}
-
-/**
- * Whether the database's pgvector reads an index on past filtered rows (0.8 and later): before it,
- * an index scan filtered to one workspace could return fewer neighbours than asked, so the exact
- * comparison is used instead.
- */
-async function hasIterativeScan(db: Db): Promise<boolean> {
-  const v = await pgvectorVersion(db);
-  return v !== null && (v[0] > 0 || v[1] >= 8);
+  return (await pgvectorOf(db)) !== null;
 }
 
 /** What a cursor belongs to: the query and its filters (a cursor of another query is refused). */
