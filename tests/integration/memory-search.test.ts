@@ -5,7 +5,7 @@ import { and, eq, sql } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { memoryChunks, memoryIndex } from '../../apps/api/src/db/schema/index.ts';
-import { INDEX_VERSION } from '../../apps/api/src/memory/chunker.ts';
+import { INDEX_VERSION, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { recencyFactor, SNIPPET_CHARS, VECTOR_DEPTH } from '../../apps/api/src/memory/rank.ts';
 import { BUILTIN_EMBEDDINGS, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
@@ -385,12 +385,13 @@ describe('a word in every chunk makes no match on its own', () => {
 
   it('with vectors to fuse, a chunk that holds only a name said in every line takes no place by words; by words alone it still does', async () => {
     const w = await memoryWorkspace(t, 'common-words');
-    // Three months of a chat where Maya speaks in every window of four lines: "maya" is in
+    // Three months of a chat where Maya speaks in every window: "maya" is in
     // far more than a fifth of the workspace's chunks.
     for (let d = 90; d >= 0; d -= 3) await w.put(`memory/${day(d)}.md`, chat(day(d), FILLER));
     await w.put('knowledge/work.md', '# Work\n\nJonas was promoted to ward manager in June.\n');
+    // Found by words: a words' score (the words' list, or a chunk the vectors found that holds them).
     const byWords = (hits: MemoryHit[]) =>
-      hits.filter((h) => (h.debug as { lexical_rank: number | null }).lexical_rank !== null).map((h) => h.path);
+      hits.filter((h) => (h.debug as { bm25: number }).bm25 > 0).map((h) => h.path);
     const hits = await w.search('What was Maya promoted to?', { debug: 'true' });
     expect(hits[0]!.path).toBe('knowledge/work.md');
     const terms = (hits[0]!.debug as { terms: { term: string; df: number }[] }).terms;
@@ -403,6 +404,21 @@ describe('a word in every chunk makes no match on its own', () => {
     expect(named).toHaveLength(8);
     for (const h of named) expect(h.snippet).toContain('Maya');
     expect(byWords(named)).toHaveLength(8);
+    // A chunk the vectors found past the words' list gets the words' score the database gives it
+    // when the list is deep enough to hold it.
+    type Debug = { bm25: number; lexical_rank: number | null; chunk: { start_line: number } };
+    const key = (h: MemoryHit) => `${h.path}:${(h.debug as Debug).chunk.start_line}`;
+    const vectorsOnly = named.filter((h) => (h.debug as Debug).lexical_rank === null);
+    expect(vectorsOnly.length).toBeGreaterThan(0);
+    const deep = new Map((await w.search('Maya', { debug: 'true', k: '50' })).map((h) => [key(h), h.debug as Debug]));
+    let compared = 0;
+    for (const h of vectorsOnly) {
+      const there = deep.get(key(h));
+      if (!there || there.lexical_rank === null) continue;
+      expect((h.debug as Debug).bm25).toBeCloseTo(there.bm25, 3);
+      compared++;
+    }
+    expect(compared).toBeGreaterThan(0);
     // With no vector for the query, the words' list is all there is: it keeps them.
     wordsAlone = true;
     const alone = await w.search('What was Maya promoted to?', { debug: 'true' });
@@ -473,7 +489,7 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     const hits = await w.search('automobile', { debug: 'true' });
     expect(hits[0]).toMatchObject({ path: 'knowledge/garage.md' });
     expect(hits[0]!.debug).toMatchObject({ lexical_rank: null, vector_rank: 1 });
-    // Found by words and by meaning beats found by words alone (reciprocal-rank fusion).
+    // Found by words and by meaning beats found by words alone (the scores fused).
     const both = await w.search('red car', { debug: 'true' });
     expect(both[0]).toMatchObject({ path: 'knowledge/garage.md', debug: { lexical_rank: 1, vector_rank: 1 } });
     // A deep page fuses the nearest VECTOR_DEPTH by meaning, not as many as it ranks by words.
@@ -561,6 +577,7 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
   it('re-embeds, at the next start, a workspace another embeddings model indexed', async () => {
     const w = await memoryWorkspace(t, 'other-model');
     await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+    await w.put(`memory/${day(2)}.md`, chat(day(2), FILLER));
     // As a server with another model (or none) left it.
     await t.database.db.update(memoryChunks).set({ embedding: null }).where(eq(memoryChunks.workspaceId, w.ws));
     await t.database.db.update(memoryIndex).set({ embedModel: 'old-model' }).where(eq(memoryIndex.workspaceId, w.ws));
@@ -572,8 +589,20 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     await t.workspaces.vectorsSettled();
     expect(await w.withoutVector()).toBe(0);
     expect((await w.search('automobile'))[0]!.path).toBe('knowledge/garage.md');
+    // With vectors, a log's windows are of two turns.
+    expect(await longestWindow(t, w.ws, `memory/${day(2)}.md`)).toBe(WINDOWS.lines.size);
   });
 });
+
+/** The most lines a chunk of this file spans (its logs have no blank lines between turns). */
+async function longestWindow(t: TestApp, ws: string, path: string): Promise<number> {
+  const rows = await t.database.db
+    .select({ start: memoryChunks.startLine, end: memoryChunks.endLine })
+    .from(memoryChunks)
+    .where(and(eq(memoryChunks.workspaceId, ws), eq(memoryChunks.path, path)));
+  expect(rows.length).toBeGreaterThan(1);
+  return Math.max(...rows.map((r) => r.end - r.start + 1));
+}
 
 describe('re-indexing after the chunking or ranking changed', () => {
   it('rebuilds, in the background, the workspaces an older version indexed; search answers meanwhile', async () => {
@@ -595,6 +624,8 @@ describe('re-indexing after the chunking or ranking changed', () => {
       const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
       expect(stats!.version).toBe(INDEX_VERSION);
       expect(stats!.chunks).toBeGreaterThan(1);
+      // By words alone (this app has no embeddings model), a log's windows are the wider ones.
+      expect(await longestWindow(t, w.ws, `memory/${day(5)}.md`)).toBe(WINDOWS.linesByWords.size);
       // Nothing left to do: a second run re-indexes nothing.
       const log = t.logs.length;
       await t.workspaces.reindexStale();
@@ -687,8 +718,14 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
       chat('2026-05-12', ['Maya: The forecast says rain all week.', 'Jonas: Bring an umbrella then.']),
     );
     const hits = await w.search('wedding engagement', { path: 'memory/', debug: 'true' });
+    // Windows of two turns: the nearest is the answer to the news ("She said yes!"), the next the
+    // news itself; both found by meaning alone, first and second.
     expect(hits[0]).toMatchObject({ path: 'memory/2026-05-11.md', debug: { lexical_rank: null, vector_rank: 1 } });
-    expect(hits[0]!.snippet).toContain('proposed to Clara');
+    const news = hits.findIndex((h) => h.snippet.includes('proposed to Clara'));
+    expect(news).toBeGreaterThanOrEqual(0);
+    expect(news).toBeLessThanOrEqual(1);
+    expect(hits[news]).toMatchObject({ path: 'memory/2026-05-11.md', debug: { lexical_rank: null } });
+    expect((hits[news]!.debug as { vector_rank: number }).vector_rank).toBeLessThanOrEqual(2);
     const [stats] = await t.database.db.select().from(memoryIndex).where(eq(memoryIndex.workspaceId, w.ws));
     expect(stats!.embedModel).toBe(BUILTIN_EMBEDDINGS);
     // The encoder's vectors have their approximate index (migration 0017), and the planner can use
@@ -731,10 +768,15 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
     await db.update(memoryIndex).set({ chunks: 3000 }).where(eq(memoryIndex.workspaceId, w.ws));
     const [one] = await chunksOf(w.ws, 'knowledge/garage.md');
     const vec = `[${one!.embedding!.join(',')}]`;
-    const exact = rowsOf<{ id: number }>(
-      await db.execute(sql`select id from memory_chunks where workspace_id = ${w.ws} and array_length(embedding, 1) = 512
-        order by embedding::vector(512) <=> ${vec}::vector(512), id`),
-    ).map((r) => r.id);
+    // Exact: every vector compared (the planner would read the approximate index here, at its
+    // default 40 candidates of all the workspaces' vectors, past what one small workspace has).
+    const exact = await db.transaction(async (tx) => {
+      await tx.execute(sql`set local enable_indexscan = off`);
+      return rowsOf<{ id: number }>(
+        await tx.execute(sql`select id from memory_chunks where workspace_id = ${w.ws} and array_length(embedding, 1) = 512
+          order by embedding::vector(512) <=> ${vec}::vector(512), id`),
+      ).map((r) => r.id);
+    });
     expect(exact.length).toBeGreaterThan(3);
     const near = async (pathLike: string | null, since: string | null, until: string | null) =>
       rowsOf<{ id: number; path: string; day: string | null; similarity: number }>(

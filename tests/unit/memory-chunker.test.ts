@@ -79,13 +79,15 @@ describe('the day of a log', () => {
 
   it('dates every chunk of a dated log, and no chunk of any other file', () => {
     const text = `# Log\n\n${numbered(3).join('\n')}\n`;
-    expect(chunkFile('memory/2025-03-04.md', text).map((c) => c.day)).toEqual(['2025-03-04']);
+    const days = chunkFile('memory/2025-03-04.md', text).map((c) => c.day);
+    expect(days.length).toBeGreaterThan(1);
+    expect(new Set(days)).toEqual(new Set(['2025-03-04']));
     expect(chunkFile('knowledge/2025-03-04.md', text).map((c) => c.day)).toEqual([null]);
   });
 });
 
 describe('windows per kind of file', () => {
-  it('core memory and logs: windows of four lines, two apart; knowledge and skills: twelve, eight apart', () => {
+  it('core memory and logs: windows of two lines, one apart; knowledge and skills: twelve, eight apart', () => {
     const text = `${numbered(30).join('\n')}\n`;
     for (const path of ['MEMORY.md', 'memory/2025-03-04.md', 'memory/notes.md']) {
       const chunks = chunkFile(path, text);
@@ -120,12 +122,30 @@ describe('windows per kind of file', () => {
     ]);
   });
 
+  it('by words alone (no vectors), logs get wider windows; prose is cut the same either way', () => {
+    const text = `${numbered(30).join('\n')}\n`;
+    const { size, step } = WINDOWS.linesByWords;
+    expect(size).toBeGreaterThan(WINDOWS.lines.size);
+    for (const path of ['MEMORY.md', 'memory/2025-03-04.md']) {
+      const chunks = chunkFile(path, text, new Set(), false);
+      expect(spans(chunks).slice(0, 2), path).toEqual([
+        [1, size],
+        [1 + step, step + size],
+      ]);
+      expect(spans(chunks)).not.toEqual(spans(chunkFile(path, text)));
+    }
+    expect(spans(chunkFile('knowledge/page.md', text, new Set(), false))).toEqual(
+      spans(chunkFile('knowledge/page.md', text)),
+    );
+  });
+
   it('counts only lines with text: blank lines are inside a window\u2019s span but not in its size', () => {
     const text = numbered(8).join('\n\n\n');
     const chunks = chunkFile('MEMORY.md', text);
-    expect(chunks[0]).toMatchObject({ startLine: 1, endLine: 10 });
+    const { size } = WINDOWS.lines;
+    expect(chunks[0]).toMatchObject({ startLine: 1, endLine: 1 + 3 * (size - 1) });
     expect(chunks[0]!.content).toBe(linesOf(text, chunks[0]!));
-    expect(chunks[0]!.searchText.split('\n')).toEqual(numbered(4));
+    expect(chunks[0]!.searchText.split('\n')).toEqual(numbered(size));
   });
 
   it('never lets a window cross a heading; a heading with nothing under it makes no chunk', () => {
@@ -161,8 +181,11 @@ describe('windows per kind of file', () => {
     const text = `${numbered(6).join('\r\n')}\r\n`;
     const chunks = chunkFile('MEMORY.md', text);
     expect(spans(chunks)).toEqual([
-      [1, 4],
-      [3, 6],
+      [1, 2],
+      [2, 3],
+      [3, 4],
+      [4, 5],
+      [5, 6],
     ]);
     for (const c of chunks) expect(c.content).toBe(linesOf(text, c));
   });
@@ -229,8 +252,13 @@ describe('template boilerplate', () => {
     const boiler = new Set(['template line']);
     const text = ['template line', 'template line', 'template line', 'template line', ...numbered(2)].join('\n');
     const chunks = chunkFile('MEMORY.md', text, boiler);
-    expect(spans(chunks)).toEqual([[3, 6]]);
-    expect(chunks[0]!.searchText.split('\n')).toEqual(numbered(2));
+    // [1, 2], [2, 3] and [3, 4] hold only the template's lines: no chunk.
+    expect(spans(chunks)).toEqual([
+      [4, 5],
+      [5, 6],
+    ]);
+    expect(chunks[0]!.searchText.split('\n')).toEqual(numbered(1));
+    expect(chunks[1]!.searchText.split('\n')).toEqual(numbered(2));
   });
 });
 

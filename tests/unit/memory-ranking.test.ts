@@ -4,8 +4,9 @@ import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../
 import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
 import {
   BUILTIN_FACTOR,
-  fuseRanks,
-  VECTOR_WEIGHT,
+  type Fusable,
+  fuseScores,
+  WORDS_WEIGHT,
   idf,
   mergeHits,
   RECENCY_MAX,
@@ -62,12 +63,13 @@ describe('chunking', () => {
   it('cuts logs into small windows overlapping by half, with exact line numbers, the date and the heading', () => {
     const chunks = chunkFile('memory/2025-03-04.md', log(9));
     const { size, step } = WINDOWS.lines;
-    expect(chunks.map((c) => [c.startLine, c.endLine])).toEqual([
-      [5, 5 + size - 1],
-      [5 + step, 5 + step + size - 1],
-      [5 + 2 * step, 5 + 2 * step + size - 1],
-      [10, 13],
-    ]);
+    // Nine turns on lines 5–13: windows of `size` lines, `step` apart, the last ending on line 13.
+    expect(size).toBe(2 * step);
+    const starts = Array.from({ length: Math.floor((13 - 5 - size + 1) / step) + 1 }, (_, i) => 5 + i * step);
+    expect(chunks.map((c) => [c.startLine, c.endLine])).toEqual(
+      [...starts, ...(starts.at(-1)! + size - 1 < 13 ? [13 - size + 1] : [])].map((s) => [s, s + size - 1]),
+    );
+    expect(chunks.at(-1)!.endLine).toBe(13);
     for (const c of chunks) {
       expect(c).toMatchObject({ day: '2025-03-04', heading: 'Conversation', builtin: false });
       const lines = log(9).split('\n');
@@ -145,26 +147,38 @@ describe('ranking', () => {
     expect(BUILTIN_FACTOR).toBeLessThan(1);
   });
 
-  it('fuses ranked lists by reciprocal rank: found by both beats first in one', () => {
-    const fused = fuseRanks([
-      ['a', 'b', 'c'],
-      ['b', 'd'],
+  it("fuses the words' and the meaning's scores: by how much a chunk won, not its place", () => {
+    const items = new Map<string, Fusable>([
+      ['words', { bm25: 8, similarity: 0.3 }], // the best by words, the least similar of the scale
+      ['both', { bm25: 6, similarity: 0.65 }],
+      ['meaning', { bm25: 0, similarity: 0.7 }], // the nearest, sharing no word
+      ['small-talk', { bm25: 0, similarity: 0.31 }],
+      ['no-vector', { bm25: 4, similarity: null }],
     ]);
-    expect(fused.get('b')!).toBeGreaterThan(fused.get('a')!);
-    expect(fused.get('a')!).toBeGreaterThan(fused.get('d')!);
-    expect(fused.get('e')).toBeUndefined();
-    // Weighted as search weighs the vectors: first in words beats first in meaning alone, and
-    // found by both still beats either.
-    const weighted = fuseRanks(
-      [
-        ['a', 'b'],
-        ['c', 'b'],
-      ],
-      [1, VECTOR_WEIGHT],
+    const scale = ['words', 'both', 'meaning', 'small-talk'];
+    const fused = fuseScores(items, scale);
+    expect(fused.get('words')).toBeCloseTo(WORDS_WEIGHT, 10);
+    expect(fused.get('meaning')).toBeCloseTo(1 - WORDS_WEIGHT, 10);
+    expect(fused.get('no-vector')).toBeCloseTo(WORDS_WEIGHT / 2, 10);
+    // Near in meaning by far beats near by a hair; found well by both beats either alone.
+    expect(fused.get('meaning')!).toBeGreaterThan(fused.get('words')!);
+    expect(fused.get('both')!).toBeGreaterThan(fused.get('meaning')!);
+    expect(fused.get('small-talk')!).toBeLessThan(fused.get('words')!);
+    // A deeper page adds chunks outside the scale: every score already given stays, so pages agree.
+    const deeper = new Map([...items, ['deep', { bm25: 1, similarity: 0.1 }] as const]);
+    const again = fuseScores(deeper, scale);
+    for (const [k, v] of fused) expect(again.get(k)).toBe(v);
+    expect(again.get('deep')!).toBeLessThan(fused.get('small-talk')!);
+    // No vector anywhere (the encoder is still filling): the words alone order, no NaN.
+    const wordsOnly = fuseScores(
+      new Map<string, Fusable>([
+        ['a', { bm25: 2, similarity: null }],
+        ['b', { bm25: 1, similarity: null }],
+      ]),
+      ['a', 'b'],
     );
-    expect(VECTOR_WEIGHT).toBeLessThan(1);
-    expect(weighted.get('a')!).toBeGreaterThan(weighted.get('c')!);
-    expect(weighted.get('b')!).toBeGreaterThan(weighted.get('a')!);
+    expect(wordsOnly.get('a')!).toBeGreaterThan(wordsOnly.get('b')!);
+    expect([...wordsOnly.values()].every(Number.isFinite)).toBe(true);
   });
 
   it('merges hits that overlap or touch in a file, keeps apart what does not, and never repeats a line', () => {

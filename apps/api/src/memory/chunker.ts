@@ -4,7 +4,7 @@ import { cjkTerms, isDay, wordCount } from './query.ts';
  * How files are cut for search, and its version: change either and bump INDEX_VERSION, so the
  * start-up job re-indexes every workspace (see indexer.ts `reindexStale`).
  */
-export const INDEX_VERSION = 2;
+export const INDEX_VERSION = 3;
 
 export interface Chunk {
   /** 1-based, inclusive: the file lines the chunk spans. */
@@ -26,11 +26,23 @@ export interface Chunk {
 }
 
 /**
- * Window sizes, in non-blank lines. Logs and core memory hold one fact or turn per line: small
- * windows (a turn with its neighbours) that overlap by half, so every line is found with the
- * lines around it. Knowledge pages and skills are prose: larger windows, a third overlapping.
+ * Window sizes, in non-blank lines. Logs and core memory hold one fact or turn per line. With
+ * vectors, windows of two lines, one apart: every turn is in one window with the turn before it and
+ * in one with the turn after it (a question with its answer, an answer with its question), and a
+ * window's vector is of those two turns, not diluted by four. By words alone, windows of four, two
+ * apart: a question's words and its answer's are then more often in one window. Recall within 2,000
+ * characters (`npm run bench:recall`, generated / hand-written set): with the built-in encoder,
+ * windows of four 0.67 / 0.60, of two 0.69 / 0.62 (the ranks fused as they were then); with the
+ * scores fused (rank.ts), two 0.77 / 0.68, three 0.74 / 0.63, one 0.66 / 0.58. By words alone
+ * (`KILN_EMBEDDINGS_MODEL=none`), four 0.59 / 0.53, two 0.56 / 0.47. The index records the model it
+ * was made with and is made again when it changes. Knowledge pages and skills are prose: larger
+ * windows, a third overlapping.
  */
-export const WINDOWS = { lines: { size: 4, step: 2 }, prose: { size: 12, step: 8 } } as const;
+export const WINDOWS = {
+  lines: { size: 2, step: 1 },
+  linesByWords: { size: 4, step: 2 },
+  prose: { size: 12, step: 8 },
+} as const;
 
 const DATED = /(?:^|\/)(\d{4}-\d{2}-\d{2})[^/]*\.md$/;
 
@@ -68,12 +80,19 @@ const FENCE = /^(```|~~~)/;
  * a line of the template (`boilerplate`) are shown but not searched; built-in skills are
  * searched whole.
  */
-export function chunkFile(path: string, text: string, boilerplate: ReadonlySet<string> = new Set()): Chunk[] {
+export function chunkFile(
+  path: string,
+  text: string,
+  boilerplate: ReadonlySet<string> = new Set(),
+  /** False when the index has no vectors (`KILN_EMBEDDINGS_MODEL=none`): logs get the wider windows. */
+  withVectors = true,
+): Chunk[] {
   const lines = text.split('\n');
   if (lines.at(-1) === '') lines.pop();
   const builtin = isBuiltin(path);
   const day = dayOfPath(path);
-  const { size, step } = WINDOWS[modeOf(path)];
+  const mode = modeOf(path);
+  const { size, step } = WINDOWS[mode === 'lines' && !withVectors ? 'linesByWords' : mode];
   const isBoilerplate = (l: string) => !builtin && boilerplate.has(l.trim());
   const chunks: Chunk[] = [];
 

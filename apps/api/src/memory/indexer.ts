@@ -66,7 +66,7 @@ async function rowsFor(ws: IndexTarget, paths: string[], vectors?: VectorFill, r
   for (const path of paths) {
     const text = await readFile(join(ws.dir, path), 'utf8').catch(() => null);
     if (text === null) continue;
-    for (const c of chunkFile(path, text, ws.boilerplate)) {
+    for (const c of chunkFile(path, text, ws.boilerplate, vectors !== undefined)) {
       rows.push({
         teamId: ws.teamId,
         workspaceId: ws.id,

@@ -11,27 +11,61 @@ export const RECENCY_MAX = 0.1;
 const RECENCY_HALF_LIFE_DAYS = 90;
 /** Built-in skills rank below a user's own memory unless they match clearly better. */
 export const BUILTIN_FACTOR = 0.5;
-/** Reciprocal-rank fusion constant (the usual 60). */
-const RRF_K = 60;
 /**
- * What the vector list counts for in the fusion, against 1 for the words': a chunk near the
- * question in meaning but sharing none of its words lifts less than one that has them. With equal
- * weights, among 3k–10k chunks of unrelated logs (their small talk near every question) the
- * vectors took places the words had won; at a half, recall with the built-in encoder was 0.62
- * both without and with 3k such chunks (equal weights: 0.62 and 0.59; words alone: 0.56 and 0.58;
- * 0.3: 0.61 and 0.62; `KILN_EMBEDDINGS_MODEL=builtin npm run bench:recall`).
+ * What the words count for in the fused score, against 1 − WORDS_WEIGHT for the meaning (see
+ * `fuseScores`). A rank throws away by how much a chunk won: a turn that says the answer in other
+ * words is nearer the question by far than small talk is, and a fusion of ranks gave it no more
+ * than the small talk's place. Recall within 2,000 characters (`npm run bench:recall`, k=50, the
+ * built-in encoder, windows of two turns; generated / hand-written set): the ranks fused (the
+ * words' at 1, the vectors' at 0.5, as before) 0.69 / 0.62; the scores, with the words at 0.1:
+ * 0.75 / 0.62, 0.2: 0.77 / 0.67, 0.25: 0.76 / 0.67, 0.3: 0.75 / 0.66, 0.4: 0.77 / 0.64, 0.5:
+ * 0.74 / 0.62, 0.8: 0.70 / 0.57. A quarter keeps a little more of the words, which find names and
+ * identifiers the encoder does not know.
  */
-export const VECTOR_WEIGHT = 0.5;
+export const WORDS_WEIGHT = 0.25;
 /**
- * The nearest chunks by meaning that are fused, at most, whatever the page's depth: past the
- * first few dozen the encoder's neighbours are small talk near every question, and each vote they
- * cast reorders the words' list at random. With k=50 (100 of each list) recall within 2,000
- * characters was 0.64 / 0.56 (generated / hand-written set); with 30 of them, 0.64 / 0.59 (20: 0.63
- * / 0.60; 10: 0.64 / 0.59), and reading the nearest vectors took 9 ms instead of 12 at 10k chunks
- * (p50; `npm run bench:recall`). Among 10k chunks of other people's logs recall was 0.59 against
- * 0.61–0.63. At the default k=8 a page ranks 30 of each list, as before.
+ * The nearest chunks by meaning a search reads, whatever the page's depth: past the first few
+ * dozen the encoder's neighbours are small talk near every question. With the scores fused (the
+ * similarity then scaled over every candidate, the words at 0.2): 15, 20, 30 and 40 gave 0.77 /
+ * 0.67, 0.76 / 0.67, 0.77 / 0.68 and 0.77 / 0.68; 60 and 100, 0.73 / 0.64 and 0.72 / 0.64.
  */
 export const VECTOR_DEPTH = 30;
+/** The words' chunks whose similarity sets the meaning's scale with the VECTOR_DEPTH nearest (see `fuseScores`). */
+export const SCALE_DEPTH = 30;
+
+/** A candidate of the fusion: its BM25 (0 when no word of the query is in it) and cosine similarity (null: no vector). */
+export interface Fusable {
+  bm25: number;
+  similarity: number | null;
+}
+
+/**
+ * Convex fusion of the words' and the meaning's scores: WORDS_WEIGHT × BM25 / the best BM25, plus
+ * (1 − WORDS_WEIGHT) × the similarity scaled so that, among `scale` (the best SCALE_DEPTH by words
+ * and the VECTOR_DEPTH nearest), the least similar is 0 and the most 1. A chunk outside the scale
+ * may score below 0 by meaning; one with no vector gets the scale's 0. The scale's members do not
+ * depend on how deep a page ranks, so neither does any chunk's score, and pages agree.
+ */
+export function fuseScores<K>(items: Map<K, Fusable>, scale: readonly K[]): Map<K, number> {
+  let best = 0;
+  for (const it of items.values()) best = Math.max(best, it.bm25);
+  let lo = Number.POSITIVE_INFINITY;
+  let hi = Number.NEGATIVE_INFINITY;
+  for (const k of scale) {
+    const s = items.get(k)?.similarity;
+    if (s === null || s === undefined) continue;
+    lo = Math.min(lo, s);
+    hi = Math.max(hi, s);
+  }
+  const span = hi > lo ? hi - lo : 1;
+  const out = new Map<K, number>();
+  for (const [k, it] of items) {
+    const words = best > 0 ? it.bm25 / best : 0;
+    const meaning = it.similarity === null || !Number.isFinite(lo) ? 0 : (it.similarity - lo) / span;
+    out.set(k, WORDS_WEIGHT * words + (1 - WORDS_WEIGHT) * meaning);
+  }
+  return out;
+}
 
 /** Robertson–Spärck Jones IDF, never negative: a term in every chunk still counts a little. */
 export function idf(chunks: number, df: number): number {
@@ -43,16 +77,6 @@ export function recencyFactor(day: string | null, now: Date): number {
   if (!day) return 1;
   const age = Math.max(0, (now.getTime() - Date.parse(`${day}T00:00:00Z`)) / 86_400_000);
   return 1 + RECENCY_MAX * 0.5 ** (age / RECENCY_HALF_LIFE_DAYS);
-}
-
-/** Weighted reciprocal-rank fusion of several best-first lists of ids (each list's weight, default 1). */
-export function fuseRanks(lists: string[][], weights: number[] = []): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const [l, list] of lists.entries()) {
-    const w = weights[l] ?? 1;
-    for (const [i, id] of list.entries()) out.set(id, (out.get(id) ?? 0) + w / (RRF_K + i + 1));
-  }
-  return out;
 }
 
 export interface Hit<T = unknown> {

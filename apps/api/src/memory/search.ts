@@ -8,18 +8,19 @@ import { isDay, parseQuery } from './query.ts';
 import {
   B,
   BUILTIN_FACTOR,
-  fuseRanks,
-  VECTOR_DEPTH,
-  VECTOR_WEIGHT,
+  type Fusable,
+  fuseScores,
   idf,
   K1,
   MERGED_SNIPPET_CHARS,
   mergeHits,
   recencyFactor,
+  SCALE_DEPTH,
   SNIPPET_CHARS,
   snippetLines,
   snippetText,
   type Hit,
+  VECTOR_DEPTH,
 } from './rank.ts';
 
 export interface SearchHit {
@@ -144,7 +145,7 @@ interface Candidate {
  * Lexical: BM25 in the database over English-stemmed full-text terms (stop words dropped), CJK
  * character pairs (indexed as terms) and identifiers (matched as substrings), with IDF from the
  * workspace's own statistics. With an embeddings model, the lexical list and the nearest chunks by cosine are
- * fused by reciprocal rank. Then bounded adjustments: recency adds at most 10 % to a dated
+ * fused by score (rank.ts `fuseScores`). Then bounded adjustments: recency adds at most 10 % to a dated
  * entry, built-in skills count half. Snippets are the best-matching lines of each chunk and
  * their neighbours; hits that overlap in a file are merged.
  */
@@ -154,11 +155,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (!words.length && !cjk.length && !substrings.length) return { hits: [], hasMore: false };
   const depth = Math.min(MAX_DEPTH, Math.max(30, (offset + opts.k) * 2));
 
-  const filters: SQL[] = [];
-  if (opts.path) filters.push(sql`c.path like ${`${likeEscape(opts.path)}%`}`);
-  if (opts.since) filters.push(sql`c.day >= ${opts.since}::date`);
-  if (opts.until) filters.push(sql`c.day <= ${opts.until}::date`);
-  const where = filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
+  const where = filtersOf(opts);
   // The query's vector is made (in the encoder's thread, or by the endpoint) while the database
   // ranks the words; a failure is awaited below, never left unhandled.
   const e = opts.embedder;
@@ -259,7 +256,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     );
   }
 
-  // 3. Vector neighbours, fused with the lexical list by reciprocal rank.
+  // 3. Vector neighbours, and every candidate's similarity: both scores fused.
   let vectorOrder: string[] = [];
   let vectors: SearchPage['vectors'];
   // The words' ranking is done: the query's vector gets QUERY_VECTOR_WAIT_MS more, else (or when
@@ -277,20 +274,45 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   // With the vectors' list to fuse, the words' chunks that hold only common words give their
   // places to it; by words alone they are the only guesses there are, and stay.
   if (qv && 'v' in qv && someRare) candidates = candidates.filter((c) => c.rare);
-  const byId = new Map(candidates.map((c) => [String(c.id), { c, vector: null as number | null }]));
+  const byId = new Map<string, { c: Candidate; vector: number | null }>(
+    candidates.map((c) => [String(c.id), { c, vector: null }]),
+  );
   const lexicalOrder = candidates.map((c) => String(c.id));
   if (qv && 'late' in qv) vectors = { missing: 'late' };
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
-    const near = await nearest(db, workspaceId, qv.v, Math.min(depth, VECTOR_DEPTH), opts, where);
+    // The nearest chunks, and how near each of the words' candidates is: both scores for every chunk.
+    const { near, similarity } = await nearest(
+      db,
+      workspaceId,
+      qv.v,
+      VECTOR_DEPTH,
+      opts,
+      candidates.map((c) => c.id),
+    );
+    for (const [id, s] of similarity) byId.get(String(id))!.vector = s;
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
-      if (hit) hit.vector = v.similarity;
-      else byId.set(String(v.c.id), { c: v.c, vector: v.similarity });
+      if (hit) {
+        hit.vector = v.similarity;
+        continue;
+      }
+      // Found by meaning, past the words' list: its words still count, as the database counts them
+      // (none when it holds only common ones, as for the words' own).
+      const w = wordsScore(v.words, terms, common, avgLen);
+      byId.set(String(v.c.id), { c: { ...v.c, bm25: someRare && !w.rare ? 0 : w.bm25 }, vector: v.similarity });
     }
     vectorOrder = near.map((v) => String(v.c.id));
   }
-  const fused = qv && 'v' in qv ? fuseRanks([lexicalOrder, vectorOrder], [1, VECTOR_WEIGHT]) : null;
+  const fused =
+    qv && 'v' in qv
+      ? fuseScores(
+          new Map<string, Fusable>(
+            [...byId].map(([id, { c, vector }]) => [id, { bm25: Number(c.bm25 ?? 0), similarity: vector }]),
+          ),
+          [...lexicalOrder.slice(0, SCALE_DEPTH), ...vectorOrder],
+        )
+      : null;
   const now = opts.now ?? new Date();
 
   const ranked = [...byId.entries()].map(([id, { c, vector }]) => {
@@ -376,10 +398,59 @@ export function lineScore(line: string, terms: { term: string; kind: string; idf
   return score;
 }
 
+/** What BM25 reads of a chunk: its terms' frequencies, its length in words and its searched text (cut). */
+interface ChunkWords {
+  tf: Record<string, number> | string;
+  len: number;
+  search_text: string;
+}
+
+/** A chunk found by meaning, with what its words' score is made of. */
+interface Near {
+  c: Candidate;
+  similarity: number;
+  words: ChunkWords;
+}
+
 /**
- * The chunks nearest to a query vector by cosine similarity: pgvector's `<=>` where the
- * database has the extension, else computed here over the stored vectors. Vectors of another
- * size (made by an earlier model, before the re-index) are left out.
+ * A chunk's BM25 for the query's terms, as the candidates' statement computes it in the database
+ * (a term's frequency from the chunk's `tf`; an identifier's, its occurrences in the searched
+ * text), and whether it holds a word that is not common.
+ */
+function wordsScore(
+  w: ChunkWords,
+  terms: readonly Term[],
+  common: readonly boolean[],
+  avgLen: number,
+): { bm25: number; rare: boolean } {
+  const tfs = (typeof w.tf === 'string' ? JSON.parse(w.tf) : w.tf) as Record<string, number>;
+  const text = w.search_text.toLowerCase();
+  let bm25 = 0;
+  let rare = false;
+  for (const [i, t] of terms.entries()) {
+    const tf = t.kind === 'substring' ? text.split(t.term).length - 1 : Number(tfs[t.term] ?? 0);
+    if (!(tf > 0)) continue;
+    bm25 += (t.idf * tf * (K1 + 1)) / (tf + K1 * (1 - B + (B * Number(w.len)) / avgLen));
+    if (!common[i]) rare = true;
+  }
+  return { bm25, rare };
+}
+
+/** The search's filters as SQL on `memory_chunks c` (empty, or starting with ` and`). */
+function filtersOf(f: { path?: string; since?: string; until?: string }): SQL {
+  const filters: SQL[] = [];
+  if (f.path) filters.push(sql`c.path like ${`${likeEscape(f.path)}%`}`);
+  if (f.since) filters.push(sql`c.day >= ${f.since}::date`);
+  if (f.until) filters.push(sql`c.day <= ${f.until}::date`);
+  return filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
+}
+
+/**
+ * The chunks nearest to a query vector by cosine similarity (at most `limit`, within the filters),
+ * and the similarity of the chunks `ids` (the words' candidates; those with a vector of the
+ * query's size), in one statement: pgvector's `<=>` where the database has the extension, else
+ * computed here over the stored vectors. Vectors of another size (made by an earlier model, before
+ * the re-index) are left out.
  */
 async function nearest(
   db: Db,
@@ -387,40 +458,76 @@ async function nearest(
   qv: number[],
   limit: number,
   f: { path?: string; since?: string; until?: string },
-  where: SQL,
-): Promise<{ c: Candidate; similarity: number }[]> {
-  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, 0::float8 as bm25`;
+  ids: number[],
+): Promise<{ near: Near[]; similarity: Map<number, number> }> {
+  const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin`;
+  const words = sql`c.tf, c.len, left(c.search_text, ${raw(CONTENT_CHARS)}) as search_text`;
+  const where = filtersOf(f);
+  const idList = sql`${`{${ids.join(',')}}`}::int[]`;
+  type Row = Omit<Candidate, 'bm25'> & ChunkWords & { similarity: number; near: boolean };
+  const split = (rows: Row[]) => {
+    const similarity = new Map<number, number>();
+    const near: Near[] = [];
+    for (const { tf, len, search_text, similarity: s, near: isNear, ...c } of rows) {
+      if (isNear) near.push({ c: { ...c, bm25: 0 }, similarity: Number(s), words: { tf, len, search_text } });
+      else similarity.set(Number(c.id), Number(s));
+    }
+    return { near, similarity };
+  };
   const pgvector = await pgvectorOf(db);
   if (pgvector) {
     const vec = vectorLiteral(qv);
-    if (qv.length === INDEXED_DIMS && pgvector.nearest) {
+    // The candidates' similarities: only their ids and a number come back. Each is looked up by its
+    // key (the planner, left to itself, also read the workspace's index whole to intersect them).
+    const scored = (
+      v: SQL,
+    ) => sql`select c.id, null::text, null::int, null::int, null::text, null::text, null::text, null::boolean,
+        null::jsonb, null::int, null::text, (1 - (c.embedding::vector <=> ${v}))::float8, false
+      from unnest(${idList}) i(id) cross join lateral (select * from memory_chunks c where c.id = i.id limit 1) c
+      where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int`;
+    if (qv.length === INDEX_DIMS && pgvector.nearest) {
       // Migration 0022's function: the HNSW index of 0017 read on past the rows the filters drop
       // (pgvector 0.8's iterative scan, in relaxed order: sorted here), in one statement.
-      const rows = rowsOf<Omit<Candidate, 'bm25'> & { similarity: number }>(
-        await db.execute(sql`select * from memory_nearest_512(${workspaceId}, ${vec}::vector(512), ${limit}::int,
-          ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)})`),
+      const { near, similarity } = split(
+        rowsOf<Row>(
+          await db.execute(sql`with q as materialized (select ${vec}::vector(512) as v)
+            select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, c.tf, c.len, c.search_text, n.similarity, true as near
+            from q cross join lateral memory_nearest_512(${workspaceId}, q.v, ${limit}::int,
+              ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n
+            -- By key, one row each: joined plainly, the planner (which takes a function for 1,000 rows)
+            -- hashed the whole table, 16 ms at 10k chunks.
+            cross join lateral (select ${words} from memory_chunks c where c.id = n.id limit 1) c
+            union all ${scored(sql`(select v from q)`)}`),
+        ),
       );
-      return rows
-        .map((r) => ({ c: { ...r, bm25: 0 }, similarity: Number(r.similarity) }))
-        .sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
+      near.sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
+      return { near, similarity };
     }
-    const rows = rowsOf<Candidate & { similarity: number }>(
-      await db.execute(sql`select ${cols}, (1 - (c.embedding::vector <=> ${vec}::vector))::float8 as similarity
-        from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
-        order by c.embedding::vector <=> ${vec}::vector limit ${limit}`),
+    return split(
+      rowsOf<Row>(
+        await db.execute(sql`(select ${cols}, ${words}, (1 - (c.embedding::vector <=> ${vec}::vector))::float8 as similarity, true as near
+          from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
+          order by c.embedding::vector <=> ${vec}::vector limit ${limit})
+          union all (${scored(sql`${vec}::vector`)})`),
+      ),
     );
-    return rows.map((r) => ({ c: r, similarity: Number(r.similarity) }));
   }
-  const rows = rowsOf<Candidate & { embedding: number[] }>(
+  const wanted = new Set(ids);
+  // Every vector within the filters is compared (the candidates are within them too).
+  const rows = rowsOf<Omit<Candidate, 'bm25'> & ChunkWords & { embedding: number[] }>(
     await db.execute(
-      sql`select ${cols}, c.embedding from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`,
+      sql`select ${cols}, ${words}, c.embedding from memory_chunks c
+        where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`,
     ),
   );
-  return rows
-    .map((r) => ({ c: r, similarity: cosine(qv, r.embedding.map(Number)) }))
-    .filter((r) => r.similarity > 0)
-    .sort((a, b) => b.similarity - a.similarity)
-    .slice(0, limit);
+  const similarity = new Map<number, number>();
+  const all: Near[] = [];
+  for (const { embedding, tf, len, search_text, ...c } of rows) {
+    const s = cosine(qv, embedding.map(Number));
+    if (wanted.has(Number(c.id))) similarity.set(Number(c.id), s);
+    if (s > 0) all.push({ c: { ...c, bm25: 0 }, similarity: s, words: { tf, len, search_text } });
+  }
+  return { near: all.sort((a, b) => b.similarity - a.similarity).slice(0, limit), similarity };
 }
 
 /**
@@ -431,7 +538,7 @@ async function nearest(
 export const vectorLiteral = (v: number[]) => `[${v.map((x) => Math.fround(x).toPrecision(9)).join(',')}]`;
 
 /** The vector size migration 0017 indexes (the built-in encoder's). */
-const INDEXED_DIMS = 512;
+const INDEX_DIMS = 512;
 
 const vectorSupport = new WeakMap<Db, Promise<{ nearest: boolean } | null>>();
 /**
