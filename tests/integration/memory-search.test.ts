@@ -693,6 +693,9 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
     // The default (the test apps say none unless asked, see tests/support/app.ts).
     expect(loadConfig({}).openai.embeddingsModel).toBe('builtin');
     t = await createTestApp({ driver: 'pglite', env: { KILN_EMBEDDINGS_MODEL: 'builtin' } });
+    // Started by the app's start: the encoder's model loaded, the first search waits for no load
+    // (on a busy host the load outlasted the search's 2 s wait, and it answered by words alone).
+    await t.workspaces.warmSearch();
   });
   afterAll(() => t?.close());
 
@@ -718,6 +721,7 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
       chat('2026-05-12', ['Maya: The forecast says rain all week.', 'Jonas: Bring an umbrella then.']),
     );
     const hits = await w.search('wedding engagement', { path: 'memory/', debug: 'true' });
+    expect(t.logs.filter((l) => String(l.msg).includes('answered by words alone'))).toEqual([]);
     // Windows of two turns: the nearest is the answer to the news ("She said yes!"), the next the
     // news itself; both found by meaning alone, first and second.
     expect(hits[0]).toMatchObject({ path: 'memory/2026-05-11.md', debug: { lexical_rank: null, vector_rank: 1 } });

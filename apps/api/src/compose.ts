@@ -284,6 +284,8 @@ export function compose(o: ComposeOptions): Kiln {
     ...parts,
     app,
     async start({ background = true, repair = true } = {}) {
+      // The first search's question would otherwise wait for the encoder's model to load.
+      void workspaces.warmSearch();
       await engine.start();
       await templates.start();
       if (repair) await workspaces.repairAll();

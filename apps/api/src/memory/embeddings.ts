@@ -11,6 +11,8 @@ export interface Embedder {
   embed(texts: string[]): Promise<number[][]>;
   /** A search's query, when it has a way of its own that chunks being embedded do not hold up. */
   embedQuery?(text: string): Promise<number[]>;
+  /** Loads what a first query needs (the built-in encoder's model, in its query thread). */
+  warm?(): Promise<void>;
 }
 
 /** Dimensions a stored vector may have (OpenAI's largest model gives 3,072; pgvector indexes up to 16,000). */
@@ -145,6 +147,9 @@ export function localEmbedder(): Embedder {
     async embedQuery(text) {
       const [v] = await queryEncoder.run({ texts: [encodable(text)] });
       return v!;
+    },
+    async warm() {
+      await queryEncoder.run({ texts: ['warm'] });
     },
   };
 }

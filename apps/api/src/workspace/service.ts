@@ -89,6 +89,7 @@ export class WorkspaceService {
   private readonly upkeep: WorkspaceUpkeep;
   /** Per kind ('late', 'failed'): when it was last logged, and the searches since that were not. */
   private readonly vectorWarnings = new Map<string, { at: number; unlogged: number }>();
+  private searchWarm: Promise<void> | undefined;
 
   constructor(
     private readonly db: Db,
@@ -511,6 +512,23 @@ export class WorkspaceService {
   /** The background re-index of stale memory indexes (upkeep.ts); start-up does not wait for it. */
   reindexStale(): Promise<void> {
     return this.upkeep.reindexStale();
+  }
+
+  /**
+   * Loads what a search's first question needs (the built-in encoder's model, in its query
+   * thread), once, and resolves when it has. The server starts it at start-up: loading took ~1 s
+   * (more on a busy host) of the 2 s a search waits for its question's vector, and the first
+   * searches after a start were answered by words alone. A failure is logged, and a later question
+   * loads the model again.
+   */
+  warmSearch(): Promise<void> {
+    this.searchWarm ??= (this.opts.vectors?.embedder.warm?.() ?? Promise.resolve()).catch((err: unknown) => {
+      this.log.warn(
+        { err },
+        'memory search: the sentence encoder could not load; searches answer by words alone until it does',
+      );
+    });
+    return this.searchWarm;
   }
 
   /** Resolves once the memory vectors' background fill has nothing left to embed (tests, benches). */
