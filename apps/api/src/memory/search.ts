@@ -513,21 +513,37 @@ async function nearest(
     );
   }
   const wanted = new Set(ids);
-  // Every vector within the filters is compared (the candidates are within them too).
-  const rows = rowsOf<Omit<Candidate, 'bm25'> & ChunkWords & { embedding: number[] }>(
+  // Every vector within the filters is compared (the candidates are within them too); only the
+  // nearest are read whole.
+  const vectors = rowsOf<{ id: number; embedding: number[] }>(
     await db.execute(
-      sql`select ${cols}, ${words}, c.embedding from memory_chunks c
+      sql`select c.id, c.embedding from memory_chunks c
         where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}`,
     ),
   );
   const similarity = new Map<number, number>();
-  const all: Near[] = [];
-  for (const { embedding, tf, len, search_text, ...c } of rows) {
+  const scores: { id: number; similarity: number }[] = [];
+  for (const { id, embedding } of vectors) {
     const s = cosine(qv, embedding.map(Number));
-    if (wanted.has(Number(c.id))) similarity.set(Number(c.id), s);
-    if (s > 0) all.push({ c: { ...c, bm25: 0 }, similarity: s, words: { tf, len, search_text } });
+    if (wanted.has(Number(id))) similarity.set(Number(id), s);
+    if (s > 0) scores.push({ id: Number(id), similarity: s });
   }
-  return { near: all.sort((a, b) => b.similarity - a.similarity).slice(0, limit), similarity };
+  const top = scores.sort((a, b) => b.similarity - a.similarity).slice(0, limit);
+  if (!top.length) return { near: [], similarity };
+  const rows = new Map(
+    rowsOf<Omit<Candidate, 'bm25'> & ChunkWords>(
+      await db.execute(
+        sql`select ${cols}, ${words} from memory_chunks c where c.id = any(${`{${top.map((t) => t.id).join(',')}}`}::int[])`,
+      ),
+    ).map((r) => [Number(r.id), r]),
+  );
+  const near = top.flatMap(({ id, similarity: s }) => {
+    const r = rows.get(id);
+    if (!r) return []; // removed between the two reads
+    const { tf, len, search_text, ...c } = r;
+    return [{ c: { ...c, bm25: 0 }, similarity: s, words: { tf, len, search_text } }];
+  });
+  return { near, similarity };
 }
 
 /**
