@@ -679,6 +679,39 @@ probe("forge", forge)
     expect(names).toContain(`kiln-egress-${live.sandbox_id}`);
   });
 
+  it('a reap while sandbox networks are being made leaves them: the engine lists a network before its creator hears it exists', async () => {
+    // The engine records a network, then builds its bridge and firewall rules, then answers:
+    // a sweep in between saw a network no sandbox held and removed it under its creator (a 503).
+    const backend = (t.engine as unknown as { backend: { proxyFor(i: string): unknown } }).backend;
+    const proxy = backend.proxyFor(instanceOf(t)) as {
+      reserve(id: string, allow: string[]): Promise<{ network: string }>;
+      detach(id: string): Promise<void>;
+    };
+    const ids = Array.from({ length: 8 }, (_, i) => `sbx_race${i}${tag}`);
+    let reserving = true;
+    let sweeps = 0;
+    const sweeping = (async () => {
+      while (reserving) {
+        await t.engine.reap();
+        sweeps++;
+      }
+    })();
+    try {
+      const made = await Promise.all(ids.map((id) => proxy.reserve(id, ['api.allowed.test'])));
+      reserving = false;
+      await sweeping;
+      const names = (await docker.listNetworks({ filters: { label: [`kiln.owner=${instanceOf(t)}`] } })).map(
+        (n) => n.Name,
+      );
+      expect(sweeps).toBeGreaterThan(0);
+      expect(names).toEqual(expect.arrayContaining(made.map((a) => a.network)));
+    } finally {
+      reserving = false;
+      await sweeping;
+      for (const id of ids) await proxy.detach(id);
+    }
+  });
+
   it('leaves no container or network of its own behind once the server stops', async () => {
     const labelled = async () => {
       const containers = await docker.listContainers({

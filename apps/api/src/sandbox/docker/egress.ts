@@ -148,6 +148,8 @@ export class EgressProxy {
   private proxy: { id: string; ip: string } | undefined;
   private starting: Promise<{ id: string; ip: string }> | undefined;
   private readonly attached = new Map<string, EgressAttachment>();
+  /** Sandboxes whose network is being created: on the engine before they are `attached`. */
+  private readonly reserving = new Set<string>();
   private readonly bySandboxIp = new Map<string, Buffered>();
   private readonly markers = new Map<string, () => void>();
   private logStream: NodeJS.ReadableStream | undefined;
@@ -347,6 +349,15 @@ export class EgressProxy {
   /** A new internal network for the sandbox (the proxy joins it with `join`). */
   async reserve(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
     await this.ensure();
+    this.reserving.add(sandboxId);
+    try {
+      return await this.createSandboxNetwork(sandboxId, allow);
+    } finally {
+      this.reserving.delete(sandboxId);
+    }
+  }
+
+  private async createSandboxNetwork(sandboxId: string, allow: readonly string[]): Promise<EgressAttachment> {
     const network = `kiln-egress-${sandboxId}`;
     const slots = 2 ** (32 - this.opts.subnets.prefix) / 8;
     for (let attempt = 0; attempt < NET_ATTEMPTS; attempt++) {
@@ -558,8 +569,9 @@ export class EgressProxy {
     );
     for (const n of nets) {
       const sandbox = n.Labels?.['kiln.sandbox'] ?? '';
-      // A sandbox being created has its network before its container: it is not swept.
-      const gone = !containers.has(sandbox) && !this.attached.has(sandbox);
+      // A sandbox being created has its network before its container, and the engine lists that
+      // network before this process hears it was made (reserving): neither is swept.
+      const gone = !containers.has(sandbox) && !this.attached.has(sandbox) && !this.reserving.has(sandbox);
       if (opts.all || gone) await this.removeNetwork(n.Name).catch(() => undefined);
     }
     if (!opts.all) return;
