@@ -512,20 +512,27 @@ async function main() {
       const count = await grow(target);
       const hits: Hit[][] = [];
       const qs = data.questions;
-      const kilnT = summarize(
-        await timeEach(
-          qs.length,
-          async (i) => {
-            hits[i] = await search(b, qs[i]!.question);
-          },
-          Math.min(WARMUP, qs.length),
-        ),
-      );
+      // Two passes over the questions: the first right after the fill and WARMUP queries (the
+      // WebAssembly of the database and of the encoder is still being optimised as it runs), the
+      // second as a server that has been answering searches for a while answers them.
+      const pass = async (warmup: number) =>
+        summarize(
+          await timeEach(
+            qs.length,
+            async (i) => {
+              hits[i] = await search(b, qs[i]!.question);
+            },
+            warmup,
+          ),
+        );
+      const firstT = await pass(Math.min(WARMUP, qs.length));
+      const kilnT = await pass(0);
       const baseT = summarize(
         await timeEach(qs.length, async (i) => bm25.search(qs[i]!.question, K), Math.min(WARMUP, qs.length)),
       );
       out(row(`baseline: BM25 in memory over ${bm25.size} turns`, baseT));
-      out(row(`Kiln: GET /memory/search, k=${K}, ${count} chunks`, kilnT, baseT));
+      out(row(`Kiln, first pass: GET /memory/search, k=${K}, ${count} chunks`, firstT, baseT));
+      out(row(`Kiln, second pass: GET /memory/search, k=${K}, ${count} chunks`, kilnT, baseT));
       const rk = mean(qs.map((q, i) => score(hits[i]!, evidenceOf(q)).recall));
       const rb = mean(qs.map((q) => score(bm25Hits(q.question), evidenceOf(q)).recall));
       out(`  recall with the filler around it: Kiln ${f2(rk)}, baseline ${f2(rb)}`);
