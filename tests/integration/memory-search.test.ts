@@ -9,7 +9,7 @@ import { INDEX_VERSION, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { recencyFactor, SNIPPET_CHARS, VECTOR_DEPTH } from '../../apps/api/src/memory/rank.ts';
 import { BUILTIN_EMBEDDINGS, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
-import { hasPgvector, type SearchHit } from '../../apps/api/src/memory/search.ts';
+import { hasPgvector, nearest, type SearchHit } from '../../apps/api/src/memory/search.ts';
 import { createTestApp, type TestApp } from '../support/app.ts';
 import { DRIVERS, type Driver } from '../support/db.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
@@ -759,6 +759,61 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
     // The new last chunk was embedded (a real vector, not the marker).
     expect(after.at(-1)!.embedding).toHaveLength(512);
     expect(after.at(-1)!.embedding).not.toEqual(marker);
+  });
+
+  it("gives each of the words' candidates its own similarity, read where the words found it; a chunk changed since gets none", async () => {
+    const w = await memoryWorkspace(t, 'builtin-candidates');
+    // More chunks than the nearest a search reads (VECTOR_DEPTH): some of the words' candidates are
+    // not among them, and their similarity is read for them alone.
+    for (let d = 10; d < 14; d++) await w.put(`memory/2026-05-${d}.md`, chat(`2026-05-${d}`, FILLER));
+    const garage = ['brake pads', 'engine oil', 'gearbox', 'windscreen wipers', 'exhaust', 'clutch', 'headlights'];
+    await w.put(
+      'memory/2026-05-20.md',
+      chat(
+        '2026-05-20',
+        Array.from(
+          { length: 42 },
+          (_, i) => `Leo: The mechanic checked the ${garage[i % garage.length]} of the van, visit ${i + 1}.`,
+        ),
+      ),
+    );
+    await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres before the winter.\n');
+    await t.workspaces.vectorsSettled();
+    const hits = await w.search('tyres for the red car, whatever the weather', { k: 50, debug: 'true' });
+    type Debug = { lexical_rank: number | null; vector_rank: number | null; vector_similarity: number | null };
+    const lexical = hits.map((h) => h.debug as Debug).filter((d) => d.lexical_rank !== null);
+    expect(lexical.filter((d) => d.vector_rank === null).length).toBeGreaterThan(0);
+    for (const d of lexical) expect(d.vector_similarity).not.toBeNull();
+
+    const db = t.database.db;
+    const chunks = rowsOf<{ id: number; ctid: string; embedding: number[] }>(
+      await db.execute(
+        sql`select id, ctid::text as ctid, embedding from memory_chunks where workspace_id = ${w.ws} order by id`,
+      ),
+    );
+    expect(chunks.length).toBeGreaterThan(3);
+    const qv = chunks[0]!.embedding.map(Number);
+    const exact = new Map(
+      rowsOf<{ id: number; s: number }>(
+        await db.execute(sql`select id, (1 - (embedding::vector(512) <=> ${`[${qv.join(',')}]`}::vector(512)))::float8 as s
+          from memory_chunks where workspace_id = ${w.ws}`),
+      ).map((r) => [Number(r.id), Number(r.s)]),
+    );
+    const { similarity } = await nearest(db, w.ws, qv, 3, {}, chunks);
+    expect([...similarity.keys()].sort((a, b) => a - b)).toEqual(chunks.map((c) => Number(c.id)));
+    // The query goes as whole numbers (queryVectorParam): single precision's rounding, no more.
+    for (const [id, s] of similarity) expect(s).toBeCloseTo(exact.get(id)!, 5);
+    // A chunk written again since the words read it: its old address holds no live row.
+    const moved = chunks[1]!;
+    await db.execute(sql`update memory_chunks set heading = heading where id = ${moved.id}`);
+    const stale = await nearest(db, w.ws, qv, 3, {}, [moved]);
+    expect(stale.similarity.has(Number(moved.id))).toBe(false);
+    const [now] = rowsOf<{ ctid: string }>(
+      await db.execute(sql`select ctid::text as ctid from memory_chunks where id = ${moved.id}`),
+    );
+    expect(now!.ctid).not.toBe(moved.ctid);
+    const fresh = await nearest(db, w.ws, qv, 3, {}, [{ id: moved.id, ctid: now!.ctid }]);
+    expect(fresh.similarity.get(Number(moved.id))).toBeCloseTo(exact.get(Number(moved.id))!, 5);
   });
 
   it('reads the nearest vectors in one statement, through the index, with the filters a search gives', async () => {

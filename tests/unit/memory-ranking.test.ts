@@ -22,7 +22,7 @@ import {
   filterProblem,
   isPathPrefix,
   lineScore,
-  vectorLiteral,
+  queryVectorParam,
 } from '../../apps/api/src/memory/search.ts';
 
 describe('query terms', () => {
@@ -259,13 +259,33 @@ describe('search parameters', () => {
     expect(decodeCursor(Buffer.from('{"o":-1}').toString('base64url'), 'puppy', {})).toBeNull();
   });
 
-  it('writes a query vector as the database keeps it: every single-precision value exactly, in 9 digits at most', () => {
-    const v = [0.1, -1 / 3, 1e-9, -2.5e-7, 0, 123456.789, Math.PI, 0.049008440226316452];
-    const parsed = vectorLiteral(v).slice(1, -1).split(',');
-    expect(parsed).toHaveLength(v.length);
-    for (const [i, p] of parsed.entries()) {
-      expect(Math.fround(Number(p)), p).toBe(Math.fround(v[i]!));
-      expect(p.replace(/^-?0?\.?0*|e.*$|\./g, '').length, p).toBeLessThanOrEqual(9);
+  it('writes a query vector as whole numbers in single precision and int4, at the direction of the vector', () => {
+    const cos = (a: number[], b: number[]) => {
+      let dot = 0;
+      let na = 0;
+      let nb = 0;
+      for (const [i, x] of a.entries()) {
+        dot += x * b[i]!;
+        na += x * x;
+        nb += b[i]! * b[i]!;
+      }
+      return dot / Math.sqrt(na * nb);
+    };
+    for (const v of [
+      [0.1, -1 / 3, 1e-9, -2.5e-7, 0, 0.049008440226316452, Math.PI / 100],
+      // An endpoint's vector need not be normalised: components past int4's range, too.
+      [123456.789, -9e9, 3, 0],
+      [0, 0, 0],
+    ]) {
+      const ints = queryVectorParam(v).slice(1, -1).split(',').map(Number);
+      expect(ints).toHaveLength(v.length);
+      for (const n of ints) {
+        expect(Number.isInteger(n)).toBe(true);
+        expect(Math.abs(n)).toBeLessThanOrEqual(2 ** 23);
+        expect(Math.fround(n)).toBe(n);
+      }
+      if (v.some((x) => x !== 0)) expect(cos(v, ints)).toBeGreaterThan(1 - 1e-12);
+      else expect(ints).toEqual([0, 0, 0]);
     }
   });
 });

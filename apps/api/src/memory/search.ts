@@ -137,6 +137,8 @@ interface Candidate {
   bm25: number;
   /** It holds a word of the query that is not common (COMMON_SHARE); null for the vectors' own. */
   rare?: boolean | null;
+  /** Where the words' statement read it (`(page,item)`): its similarity is read there again. */
+  ctid?: string;
 }
 
 /**
@@ -250,7 +252,8 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
           group by m.id, m.path, m.start_line
           order by bm25 desc, m.path, m.start_line
           limit ${depth})
-        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25, s.rare
+        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25, s.rare,
+          c.ctid::text as ctid
         from scored s join memory_chunks c on c.id = s.id
         order by s.bm25 desc, s.path, s.start_line`),
     );
@@ -282,15 +285,11 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
     // The nearest chunks, and how near each of the words' candidates is: both scores for every chunk.
-    const { near, similarity } = await nearest(
-      db,
-      workspaceId,
-      qv.v,
-      VECTOR_DEPTH,
-      opts,
-      candidates.map((c) => c.id),
-    );
-    for (const [id, s] of similarity) byId.get(String(id))!.vector = s;
+    const { near, similarity } = await nearest(db, workspaceId, qv.v, VECTOR_DEPTH, opts, candidates);
+    for (const [id, s] of similarity) {
+      const hit = byId.get(String(id));
+      if (hit) hit.vector = s;
+    }
     for (const v of near) {
       const hit = byId.get(String(v.c.id));
       if (hit) {
@@ -452,51 +451,56 @@ function filtersOf(f: { path?: string; since?: string; until?: string }): SQL {
  * computed here over the stored vectors. Vectors of another size (made by an earlier model, before
  * the re-index) are left out.
  */
-async function nearest(
+export async function nearest(
   db: Db,
   workspaceId: string,
   qv: number[],
   limit: number,
   f: { path?: string; since?: string; until?: string },
-  ids: number[],
+  of: readonly { id: number; ctid?: string }[],
 ): Promise<{ near: Near[]; similarity: Map<number, number> }> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin`;
   const words = sql`c.tf, c.len, left(c.search_text, ${raw(CONTENT_CHARS)}) as search_text`;
   const where = filtersOf(f);
-  const idList = sql`${`{${ids.join(',')}}`}::int[]`;
-  type Row = Omit<Candidate, 'bm25'> & ChunkWords & { similarity: number; near: boolean };
+  // Read again where the words' statement found them: a row's address takes no index. A row changed
+  // since (re-indexed) is not there any more and gets no similarity, as a chunk with no vector; an
+  // address another row of the workspace has taken since gives that row's, kept only when it is
+  // a candidate too (it is its own similarity).
+  const tids = sql`${`{${of.flatMap((c) => (c.ctid && /^\(\d+,\d+\)$/.test(c.ctid) ? [`"${c.ctid}"`] : [])).join(',')}}`}::tid[]`;
+  type Row = Omit<Candidate, 'bm25'> & ChunkWords & { similarity: number; near: boolean; similarities: string | null };
   const split = (rows: Row[]) => {
     const similarity = new Map<number, number>();
     const near: Near[] = [];
-    for (const { tf, len, search_text, similarity: s, near: isNear, ...c } of rows) {
+    for (const { tf, len, search_text, similarity: s, near: isNear, similarities, ...c } of rows) {
       if (isNear) near.push({ c: { ...c, bm25: 0 }, similarity: Number(s), words: { tf, len, search_text } });
-      else similarity.set(Number(c.id), Number(s));
+      else {
+        const pairs = similarities ? similarities.split(' ') : [];
+        for (let i = 0; i + 1 < pairs.length; i += 2) similarity.set(Number(pairs[i]), Number(pairs[i + 1]));
+      }
     }
     return { near, similarity };
   };
   const pgvector = await pgvectorOf(db);
   if (pgvector) {
-    const vec = vectorLiteral(qv);
-    // The candidates' similarities: only their ids and a number come back. Each is looked up by its
-    // key (the planner, left to itself, also read the workspace's index whole to intersect them).
+    const vec = queryVectorParam(qv);
+    // The candidates' similarities, in one row of one column ("id similarity id similarity …"): a
+    // row of the embedded database's answer costs ~10 µs a column to read, a hundred rows of
+    // thirteen took a millisecond.
     const scored = (
       v: SQL,
-    ) => sql`select c.id, null::text, null::int, null::int, null::text, null::text, null::text, null::boolean,
-        null::jsonb, null::int, null::text, (1 - (c.embedding::vector <=> ${v}))::float8, false
-      from unnest(${idList}) i(id) cross join lateral (select * from memory_chunks c where c.id = i.id limit 1) c
-      where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int`;
+    ) => sql`select null::int, null::text, null::int, null::int, null::text, null::text, null::text,
+        null::boolean, null::jsonb, null::int, null::text, null::float8, false,
+        string_agg(c.id || ' ' || (1 - (c.embedding::vector <=> ${v}))::float8, ' ')
+      from memory_chunks c where c.ctid = any(${tids}) and c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int`;
     if (qv.length === INDEX_DIMS && pgvector.nearest) {
-      // Migration 0022's function: the HNSW index of 0017 read on past the rows the filters drop
-      // (pgvector 0.8's iterative scan, in relaxed order: sorted here), in one statement.
+      // Migration 0022's function (0023's columns): the HNSW index of 0017 read on past the rows the
+      // filters drop (pgvector 0.8's iterative scan, in relaxed order: sorted here), in one statement.
       const { near, similarity } = split(
         rowsOf<Row>(
-          await db.execute(sql`with q as materialized (select ${vec}::vector(512) as v)
-            select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, c.tf, c.len, c.search_text, n.similarity, true as near
+          await db.execute(sql`with q as materialized (select ${vec}::int[]::vector(512) as v)
+            select n.*, true as near, null::text as similarities
             from q cross join lateral memory_nearest_512(${workspaceId}, q.v, ${limit}::int,
               ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n
-            -- By key, one row each: joined plainly, the planner (which takes a function for 1,000 rows)
-            -- hashed the whole table, 16 ms at 10k chunks.
-            cross join lateral (select ${words} from memory_chunks c where c.id = n.id limit 1) c
             union all ${scored(sql`(select v from q)`)}`),
         ),
       );
@@ -505,14 +509,15 @@ async function nearest(
     }
     return split(
       rowsOf<Row>(
-        await db.execute(sql`(select ${cols}, ${words}, (1 - (c.embedding::vector <=> ${vec}::vector))::float8 as similarity, true as near
+        await db.execute(sql`(select ${cols}, ${words}, (1 - (c.embedding::vector <=> ${vec}::int[]::vector))::float8 as similarity,
+            true as near, null::text as similarities
           from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
-          order by c.embedding::vector <=> ${vec}::vector limit ${limit})
-          union all (${scored(sql`${vec}::vector`)})`),
+          order by c.embedding::vector <=> ${vec}::int[]::vector limit ${limit})
+          union all (${scored(sql`${vec}::int[]::vector`)})`),
       ),
     );
   }
-  const wanted = new Set(ids);
+  const wanted = new Set(of.map((c) => c.id));
   // Every vector within the filters is compared (the candidates are within them too); only the
   // nearest are read whole.
   const vectors = rowsOf<{ id: number; embedding: number[] }>(
@@ -547,11 +552,18 @@ async function nearest(
 }
 
 /**
- * A query vector as pgvector reads it. The database keeps single-precision floats, which 9
- * significant digits give back exactly; JavaScript's shortest double is up to 17, and parsing them
- * took 1–2 ms of each search (512 of them, twice).
+ * A query vector as the database reads it fastest: whole numbers, an `int[]` cast to `vector`.
+ * Parsing 512 decimal fractions took ~0.8 ms of every search on the embedded database (its C
+ * library's float parser, in WebAssembly); 512 integers take ~0.1 ms. The vector is scaled so its
+ * largest component is 2^23: every integer is exact in single precision and within int4, and each
+ * component keeps its value to 1 part in 2^24 of the largest. Cosine distance does not see the
+ * scale, so the order and the similarities are the exact vector's to ~1e-7.
  */
-export const vectorLiteral = (v: number[]) => `[${v.map((x) => Math.fround(x).toPrecision(9)).join(',')}]`;
+export function queryVectorParam(v: number[]): string {
+  const largest = v.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
+  const scale = largest > 0 ? 2 ** 23 / largest : 1;
+  return `{${v.map((x) => Math.round(x * scale)).join(',')}}`;
+}
 
 /** The vector size migration 0017 indexes (the built-in encoder's). */
 const INDEX_DIMS = 512;
