@@ -126,7 +126,7 @@ describe('workspace secrets', () => {
       ctx.t,
       key,
       session,
-      'import os\nv = os.environ["API_TOKEN"]\nprint(v == ' + JSON.stringify(VALUE) + ')',
+      `import os\nv = os.environ["API_TOKEN"]\nprint(v == ${JSON.stringify(VALUE)})`,
     );
     expect(seen.stdout).toBe('True\n');
 
