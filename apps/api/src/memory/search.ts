@@ -446,10 +446,11 @@ function filtersOf(f: { path?: string; since?: string; until?: string }): SQL {
 
 /**
  * The chunks nearest to a query vector by cosine similarity (at most `limit`, within the filters),
- * and the similarity of the chunks `ids` (the words' candidates; those with a vector of the
- * query's size), in one statement: pgvector's `<=>` where the database has the extension, else
- * computed here over the stored vectors. Vectors of another size (made by an earlier model, before
- * the re-index) are left out.
+ * and the similarity of the chunks `of` (the words' candidates: their ids and, for pgvector, the
+ * addresses the words' statement read them at; those with a vector of the query's size), in one
+ * statement: pgvector's `<=>` where the database has the extension, else computed here over the
+ * stored vectors. Vectors of another size (made by an earlier model, before the re-index) are left
+ * out.
  */
 export async function nearest(
   db: Db,
