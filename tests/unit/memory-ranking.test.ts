@@ -3,6 +3,7 @@ import { cutToBytes } from '../../apps/api/src/memory/embeddings.ts';
 import { boilerplateLines, chunkFile, dayOfPath, toLogLines, WINDOWS } from '../../apps/api/src/memory/chunker.ts';
 import { cjkPairs, isDay, parseQuery, wordCount } from '../../apps/api/src/memory/query.ts';
 import {
+  adjusted,
   BUILTIN_FACTOR,
   type Fusable,
   fuseScores,
@@ -134,6 +135,18 @@ describe('ranking', () => {
   it('weighs rare terms more, and never negatively (IDF)', () => {
     expect(idf(1000, 1)).toBeGreaterThan(idf(1000, 500));
     expect(idf(10, 10)).toBeGreaterThan(0);
+  });
+
+  it('adjusts a score below 0 in the same direction as one above: recency raises, built-in lowers', () => {
+    for (const base of [0.8, 0.1, -0.1, -0.8]) {
+      const recent = adjusted(base, 1 + RECENCY_MAX, 1);
+      expect(recent, `recent ${base}`).toBeGreaterThan(base);
+      const builtin = adjusted(base, 1, BUILTIN_FACTOR);
+      expect(builtin, `builtin ${base}`).toBeLessThan(base);
+      // Order kept among the adjusted: a better score stays better under the same factors.
+      expect(adjusted(base + 0.05, 1.05, BUILTIN_FACTOR)).toBeGreaterThan(adjusted(base, 1.05, BUILTIN_FACTOR));
+    }
+    expect(adjusted(0, 1.1, 0.5)).toBe(0);
   });
 
   it('lets recency add at most a bounded bonus, so it only breaks ties', () => {

@@ -79,6 +79,18 @@ export function recencyFactor(day: string | null, now: Date): number {
   return 1 + RECENCY_MAX * 0.5 ** (age / RECENCY_HALF_LIFE_DAYS);
 }
 
+/**
+ * A score with its adjustments (recency, built-in), each a factor above 1 to raise it, below 1 to
+ * lower it. A fused score can be below 0 (a chunk less similar than the whole scale, `fuseScores`):
+ * there the factor divides, so a recent entry still ranks above an old one of the same score, and a
+ * built-in skill still below the workspace's own.
+ */
+export function adjusted(score: number, ...factors: number[]): number {
+  let out = score;
+  for (const f of factors) out = out >= 0 ? out * f : out / f;
+  return out;
+}
+
 export interface Hit<T = unknown> {
   path: string;
   /** The snippet's first and last file line. */

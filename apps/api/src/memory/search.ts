@@ -6,6 +6,7 @@ import { isLineFile } from './chunker.ts';
 import { cosine, type Embedder, usableVector } from './embeddings.ts';
 import { isDay, parseQuery } from './query.ts';
 import {
+  adjusted,
   B,
   BUILTIN_FACTOR,
   type Fusable,
@@ -318,7 +319,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
     const base = fused ? fused.get(id)! : Number(c.bm25);
     const recency = recencyFactor(c.day, now);
     const builtin = c.builtin ? BUILTIN_FACTOR : 1;
-    return { id, c, vector, score: base * recency * builtin, recency, builtin };
+    return { id, c, vector, score: adjusted(base, recency, builtin), recency, builtin };
   });
   ranked.sort((a, b) => b.score - a.score || a.c.path.localeCompare(b.c.path) || a.c.start_line - b.c.start_line);
 
