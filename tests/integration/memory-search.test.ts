@@ -799,21 +799,38 @@ describe('memory search with the built-in sentence encoder (KILN_EMBEDDINGS_MODE
           from memory_chunks where workspace_id = ${w.ws}`),
       ).map((r) => [Number(r.id), Number(r.s)]),
     );
-    const { similarity } = await nearest(db, w.ws, qv, 3, {}, chunks);
+    const { similarity } = await nearest(db, w.ws, qv, 3, {}, chunks, []);
     expect([...similarity.keys()].sort((a, b) => a - b)).toEqual(chunks.map((c) => Number(c.id)));
     // The query goes as whole numbers (queryVectorParam): single precision's rounding, no more.
     for (const [id, s] of similarity) expect(s).toBeCloseTo(exact.get(id)!, 5);
     // A chunk written again since the words read it: its old address holds no live row.
     const moved = chunks[1]!;
     await db.execute(sql`update memory_chunks set heading = heading where id = ${moved.id}`);
-    const stale = await nearest(db, w.ws, qv, 3, {}, [moved]);
+    const stale = await nearest(db, w.ws, qv, 3, {}, [moved], []);
     expect(stale.similarity.has(Number(moved.id))).toBe(false);
     const [now] = rowsOf<{ ctid: string }>(
       await db.execute(sql`select ctid::text as ctid from memory_chunks where id = ${moved.id}`),
     );
     expect(now!.ctid).not.toBe(moved.ctid);
-    const fresh = await nearest(db, w.ws, qv, 3, {}, [{ id: moved.id, ctid: now!.ctid }]);
+    const fresh = await nearest(db, w.ws, qv, 3, {}, [{ id: moved.id, ctid: now!.ctid }], []);
     expect(fresh.similarity.get(Number(moved.id))).toBeCloseTo(exact.get(Number(moved.id))!, 5);
+
+    // Of a nearest chunk's term frequencies, only the query's come back (a file can give a chunk thousands).
+    const [page] = rowsOf<{ id: number; embedding: number[]; tf: Record<string, number> | string }>(
+      await db.execute(
+        sql`select id, embedding, tf from memory_chunks where workspace_id = ${w.ws} and path = 'knowledge/garage.md'`,
+      ),
+    );
+    const stored = (typeof page!.tf === 'string' ? JSON.parse(page!.tf) : page!.tf) as Record<string, number>;
+    expect(Object.keys(stored).length).toBeGreaterThan(3);
+    const { near } = await nearest(db, w.ws, page!.embedding.map(Number), 3, {}, [], ['tyre', 'winter', 'absent']);
+    const own = near.find((n) => Number(n.c.id) === Number(page!.id))!;
+    const tf = (typeof own.words.tf === 'string' ? JSON.parse(own.words.tf) : own.words.tf) as Record<string, number>;
+    expect(tf).toEqual({ tyre: stored.tyre, winter: stored.winter });
+    for (const n of near) {
+      const keys = Object.keys(typeof n.words.tf === 'string' ? JSON.parse(n.words.tf) : n.words.tf);
+      expect(keys.every((k) => ['tyre', 'winter', 'absent'].includes(k))).toBe(true);
+    }
   });
 
   it('reads the nearest vectors in one statement, through the index, with the filters a search gives', async () => {

@@ -286,7 +286,15 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   else if (qv && 'err' in qv) vectors = { missing: 'failed', err: qv.err };
   else if (qv) {
     // The nearest chunks, and how near each of the words' candidates is: both scores for every chunk.
-    const { near, similarity } = await nearest(db, workspaceId, qv.v, VECTOR_DEPTH, opts, candidates);
+    const { near, similarity } = await nearest(
+      db,
+      workspaceId,
+      qv.v,
+      VECTOR_DEPTH,
+      opts,
+      candidates,
+      terms.map((t) => t.term),
+    );
     for (const [id, s] of similarity) {
       const hit = byId.get(String(id));
       if (hit) hit.vector = s;
@@ -412,6 +420,12 @@ interface Near {
   words: ChunkWords;
 }
 
+const toNear = ({ tf, len, search_text, ...c }: Omit<Candidate, 'bm25'> & ChunkWords, similarity: number): Near => ({
+  c: { ...c, bm25: 0 },
+  similarity,
+  words: { tf, len, search_text },
+});
+
 /**
  * A chunk's BM25 for the query's terms, as the candidates' statement computes it in the database
  * (a term's frequency from the chunk's `tf`; an identifier's, its occurrences in the searched
@@ -451,7 +465,8 @@ function filtersOf(f: { path?: string; since?: string; until?: string }): SQL {
  * addresses the words' statement read them at; those with a vector of the query's size), in one
  * statement: pgvector's `<=>` where the database has the extension, else computed here over the
  * stored vectors. Vectors of another size (made by an earlier model, before the re-index) are left
- * out.
+ * out. Of a nearest chunk's term frequencies only the query's `terms` come back: a tenant's file
+ * can give a chunk thousands, and they would be parsed on the API's event loop.
  */
 export async function nearest(
   db: Db,
@@ -460,9 +475,13 @@ export async function nearest(
   limit: number,
   f: { path?: string; since?: string; until?: string },
   of: readonly { id: number; ctid?: string }[],
+  terms: readonly string[],
 ): Promise<{ near: Near[]; similarity: Map<number, number> }> {
   const cols = sql`c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin`;
-  const words = sql`c.tf, c.len, left(c.search_text, ${raw(CONTENT_CHARS)}) as search_text`;
+  const termList = textArray([...terms]);
+  const tfOf = (tf: SQL) =>
+    sql`(select coalesce(jsonb_object_agg(k, ${tf} -> k), '{}'::jsonb) from unnest(${termList}) k where ${tf} ? k)`;
+  const words = sql`${tfOf(sql`c.tf`)} as tf, c.len, left(c.search_text, ${raw(CONTENT_CHARS)}) as search_text`;
   const where = filtersOf(f);
   // Read again where the words' statement found them: a row's address takes no index. A row changed
   // since (re-indexed) is not there any more and gets no similarity, as a chunk with no vector; an
@@ -473,8 +492,8 @@ export async function nearest(
   const split = (rows: Row[]) => {
     const similarity = new Map<number, number>();
     const near: Near[] = [];
-    for (const { tf, len, search_text, similarity: s, near: isNear, similarities, ...c } of rows) {
-      if (isNear) near.push({ c: { ...c, bm25: 0 }, similarity: Number(s), words: { tf, len, search_text } });
+    for (const { similarity: s, near: isNear, similarities, ...r } of rows) {
+      if (isNear) near.push(toNear(r, Number(s)));
       else {
         const pairs = similarities ? similarities.split(' ') : [];
         for (let i = 0; i + 1 < pairs.length; i += 2) similarity.set(Number(pairs[i]), Number(pairs[i + 1]));
@@ -500,7 +519,8 @@ export async function nearest(
       const { near, similarity } = split(
         rowsOf<Row>(
           await db.execute(sql`with q as materialized (select ${vec}::int[]::vector(512) as v)
-            select n.*, true as near, null::text as similarities
+            select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, ${tfOf(sql`n.tf`)} as tf,
+              n.len, n.search_text, n.similarity, true as near, null::text as similarities
             from q cross join lateral memory_nearest_512(${workspaceId}, q.v, ${limit}::int,
               ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n
             union all ${scored(sql`(select v from q)`)}`),
@@ -546,9 +566,7 @@ export async function nearest(
   );
   const near = top.flatMap(({ id, similarity: s }) => {
     const r = rows.get(id);
-    if (!r) return []; // removed between the two reads
-    const { tf, len, search_text, ...c } = r;
-    return [{ c: { ...c, bm25: 0 }, similarity: s, words: { tf, len, search_text } }];
+    return r ? [toNear(r, s)] : []; // gone: removed between the two reads
   });
   return { near, similarity };
 }
