@@ -1,11 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import {
-  createMcpHandler,
-  McpServer,
-  ResourceNotFoundError,
-  ResourceTemplate,
-  type Variables,
-} from '@modelcontextprotocol/server';
+import type { McpServer, Variables } from '@modelcontextprotocol/server';
 import type { Logger } from 'pino';
 import type { RunEventLog } from '../../agent/events.ts';
 import { errorResponses } from '../../http/router.ts';
@@ -22,8 +16,15 @@ interface McpCall {
 
 const one = (v: Variables[string] | undefined) => (Array.isArray(v) ? v[0] : v) ?? '';
 
+/** The MCP SDK's server half, loaded at the first /mcp request (~0.1–0.2 s of every start otherwise). */
+type Sdk = typeof import('@modelcontextprotocol/server');
+
 /** The workspace's MEMORY.md and its skills, as resources of each workspace of the caller's team. */
-function registerResources(server: McpServer, { api }: McpCall): void {
+function registerResources(
+  { ResourceNotFoundError, ResourceTemplate }: Sdk,
+  server: McpServer,
+  { api }: McpCall,
+): void {
   const memoryUri = (ws: string) => `kiln://workspaces/${ws}/memory`;
   const skillUri = (ws: string, skill: string) => `kiln://workspaces/${ws}/skills/${encodeURIComponent(skill)}`;
   const text = async (uri: URL, wsId: string, path: string, mimeType: string) => {
@@ -172,35 +173,40 @@ export interface McpDeps {
  * behind authn and the rate limit; it returns the handler for /mcp.
  */
 export function mcpHandler(deps: McpDeps) {
-  const handler = createMcpHandler(
-    ({ authInfo }) => {
-      const call = authInfo?.extra?.call as McpCall;
-      const server = new McpServer(
-        { name: 'kiln', version: '1', title: 'Kiln' },
-        {
-          instructions:
-            'Kiln workspaces: git-backed files, a Python sandbox per session, memory and an agent. Name a workspace by id or name.',
-        },
-      );
-      registerTools(server, {
-        api: call.api,
-        events: deps.events,
-        askAgentWaitMs: deps.askAgentWaitMs,
-        logError: (err, tool) => call.log.error({ err, tool }, 'mcp tool failed'),
-      });
-      registerResources(server, call);
-      return server;
-    },
-    {
-      maxRequestBodySize: deps.maxBodyBytes,
-      onerror: (err) => deps.logger.info({ err: err.message }, 'mcp request refused'),
-    },
-  );
+  let handler: Promise<ReturnType<Sdk['createMcpHandler']>> | undefined;
+  const make = (sdk: Sdk) =>
+    sdk.createMcpHandler(
+      ({ authInfo }) => {
+        const call = authInfo?.extra?.call as McpCall;
+        const server = new sdk.McpServer(
+          { name: 'kiln', version: '1', title: 'Kiln' },
+          {
+            instructions:
+              'Kiln workspaces: git-backed files, a Python sandbox per session, memory and an agent. Name a workspace by id or name.',
+          },
+        );
+        registerTools(server, {
+          api: call.api,
+          events: deps.events,
+          askAgentWaitMs: deps.askAgentWaitMs,
+          logError: (err, tool) => call.log.error({ err, tool }, 'mcp tool failed'),
+        });
+        registerResources(sdk, server, call);
+        return server;
+      },
+      {
+        maxRequestBodySize: deps.maxBodyBytes,
+        onerror: (err) => deps.logger.info({ err: err.message }, 'mcp request refused'),
+      },
+    );
   return {
     /** Serves one /mcp request for the authenticated caller. */
-    serve(req: Request, caller: { keyId: string; authorization: string; requestId: string; log: Logger }) {
+    async serve(req: Request, caller: { keyId: string; authorization: string; requestId: string; log: Logger }) {
       const call: McpCall = { api: new KilnApi(deps.fetch, caller.authorization, caller.requestId), log: caller.log };
-      return handler.fetch(req, { authInfo: { token: '', clientId: caller.keyId, scopes: [], extra: { call } } });
+      handler ??= import('@modelcontextprotocol/server').then(make);
+      return (await handler).fetch(req, {
+        authInfo: { token: '', clientId: caller.keyId, scopes: [], extra: { call } },
+      });
     },
   };
 }
