@@ -19,7 +19,7 @@ import { issue } from '../../apps/api/src/sandbox/node/pki.ts';
 /**
  * Sandbox hosts on this machine, for the fleet tests: each a network namespace joined to the
  * test's own namespace by a veth pair, with a `dockerd` of its own (data-root, exec-root,
- * pidfile, socket and bridge), the sandbox image loaded into it, and a Kiln node process in it
+ * pidfile, socket and bridge), the sandbox images in it (its data-root copied from `imageStore()`), and a Kiln node process in it
  * listening on the namespace's address. dockerd is started with `nsenter --net=` (under
  * `ip netns exec` it cannot see the cgroup mounts). `stop()` tears one down as a crash would;
  * `close()` removes everything it made.
