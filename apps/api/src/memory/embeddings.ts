@@ -133,16 +133,32 @@ const encodable = (t: string) => t.slice(0, LOCAL_TEXT_CHARS) || ' ';
 
 /**
  * The built-in sentence encoder (Universal Sentence Encoder lite, 512 dimensions), in threads of
- * its own: vectors with no outside service and no download at run time.
+ * its own: vectors with no outside service and no download at run time. `chunkThreads` (default
+ * 1): how many threads share the chunks' batches. The server uses one, so that a workspace's
+ * import holds one core and leaves the other to the API; `npm run bench:recall` fills its 100k
+ * chunks of filler with two (BENCH_RECALL_FILL_THREADS).
  */
-export function localEmbedder(): Embedder {
+export function localEmbedder(opts: { chunkThreads?: number } = {}): Embedder {
+  const threads = [
+    encoder,
+    ...Array.from({ length: Math.max(0, (opts.chunkThreads ?? 1) - 1) }, (_, i) =>
+      encoderThread(`sentence encoder ${i + 2}`),
+    ),
+  ];
   return {
     model: BUILTIN_EMBEDDINGS,
     async embed(texts) {
-      const out: number[][] = [];
-      for (let i = 0; i < texts.length; i += LOCAL_BATCH)
-        out.push(...(await encoder.run({ texts: texts.slice(i, i + LOCAL_BATCH).map(encodable) })));
-      return out;
+      const groups: string[][] = [];
+      for (let i = 0; i < texts.length; i += LOCAL_BATCH) groups.push(texts.slice(i, i + LOCAL_BATCH).map(encodable));
+      const out: number[][][] = [];
+      // Each thread takes the next group when it is free; the vectors keep the texts' order.
+      let next = 0;
+      await Promise.all(
+        threads.map(async (thread) => {
+          for (let g = next++; g < groups.length; g = next++) out[g] = await thread.run({ texts: groups[g]! });
+        }),
+      );
+      return out.flat();
     },
     async embedQuery(text) {
       const [v] = await queryEncoder.run({ texts: [encodable(text)] });
