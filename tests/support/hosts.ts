@@ -48,6 +48,18 @@ const quiet = (cmd: string, args: string[]) => {
   }
 };
 
+/** Waits until the engine on `sock` answers; fails at once when its process has exited. */
+const engineUp = (what: string, sock: string, proc: ChildProcess) =>
+  until(what, () => {
+    if (proc.exitCode !== null) throw new Error(`${what} exited with ${proc.exitCode}`);
+    try {
+      run('docker', ['-H', `unix://${sock}`, 'version']);
+      return true;
+    } catch {
+      return undefined;
+    }
+  });
+
 async function until<T>(what: string, fn: () => T | undefined | Promise<T | undefined>, ms = 60_000): Promise<T> {
   const end = Date.now() + ms;
   for (;;) {
@@ -194,8 +206,16 @@ export class Hosts {
       const dir = `/tmp/kiln-host-${this.tag}-images`;
       const pidfile = join(dir, 'docker.pid');
       const sock = join(dir, 'docker.sock');
-      // What a crashed earlier run left: its engine, then its directory.
-      if (existsSync(pidfile)) quiet('kill', ['-KILL', readFileSync(pidfile, 'utf8').trim()]);
+      // What a crashed earlier run left: its engine (only while that pid is still a dockerd of this
+      // directory: a pid from an old pidfile may be anyone's by now), then its directory.
+      const stale = existsSync(pidfile) ? readFileSync(pidfile, 'utf8').trim() : '';
+      let cmdline = '';
+      try {
+        if (/^\d+$/.test(stale)) cmdline = readFileSync(`/proc/${stale}/cmdline`, 'utf8');
+      } catch {
+        // gone
+      }
+      if (cmdline.startsWith('dockerd') && cmdline.includes(dir)) quiet('kill', ['-KILL', stale]);
       rmSync(dir, { recursive: true, force: true });
       mkdirSync(join(dir, 'exec'), { recursive: true });
       writeFileSync(join(dir, 'daemon.json'), '{}');
@@ -210,15 +230,7 @@ export class Hosts {
         { stdio: 'ignore' },
       );
       this.procs.push(dockerd);
-      await until("the image store's dockerd", () => {
-        if (dockerd.exitCode !== null) throw new Error(`the image store's dockerd exited with ${dockerd.exitCode}`);
-        try {
-          run('docker', ['-H', `unix://${sock}`, 'version']);
-          return true;
-        } catch {
-          return undefined;
-        }
-      });
+      await engineUp("the image store's dockerd", sock, dockerd);
       await runAsync('sh', ['-c', `docker save ${this.images.join(' ')} | docker -H unix://${sock} load -q`]);
       dockerd.kill('SIGTERM');
       await until(
@@ -275,14 +287,7 @@ export class Hosts {
       { stdio: ['ignore', 'ignore', 'ignore'], detached: true },
     );
     this.procs.push(dockerd);
-    await until(`dockerd of ${name}`, () => {
-      try {
-        run('docker', ['-H', `unix://${dockerSock}`, 'version']);
-        return true;
-      } catch {
-        return undefined;
-      }
-    });
+    await engineUp(`dockerd of ${name}`, dockerSock, dockerd);
     // Awaited, not synchronous: a host added mid-suite loads an image (its layers mostly there
     // already) while the replicas in this process must go on hearing the other hosts every 500 ms.
     if (opts.ownBase) {
