@@ -75,15 +75,28 @@ describe("a self-check's type-check starts from an earlier check's state", () =>
     expect(kept()).toEqual([`${first.p.commit}.api.tsbuildinfo`]);
   });
 
-  it('still finds an error in a file the patch did not touch, and keeps no state from a failing check', async () => {
+  it('still finds an error in a file the patch did not touch; a failing check keeps its state, which the next try starts from', async () => {
     // b.ts is unchanged, but what it imports now returns a string: tsc must re-check it.
-    const broken = await check('broken', 'src/a.ts', 'export const twice = (x: number): string => `${x}${x}`;\n');
+    const breaking = 'export const twice = (x: number): string => `${x}${x}`;\n';
+    const broken = await check('broken', 'src/a.ts', breaking);
     expect(broken.ok).toBe(false);
     expect(broken.log).toMatch(/src\/b\.ts\(2,14\): error TS2322/);
     expect(broken.log).toMatch(/\(incremental from the type-check of [0-9a-f]{12}\)/);
     // A type error fails `tsc --noEmit` too: that run is not repeated.
     expect(broken.log).toContain('--emitDeclarationOnly');
     expect(broken.log).not.toContain('--noEmit --incremental');
+    expect(kept()).toContain(`${broken.p.commit}.api.tsbuildinfo`);
+    // The same patch again, from the state it left, where no file has changed: the error is still found.
+    const again = await check('again', 'src/a.ts', breaking);
+    expect(again.ok).toBe(false);
+    expect(again.log).toContain(`(incremental from the type-check of ${broken.p.commit.slice(0, 12)})`);
+    expect(again.log).toMatch(/src\/b\.ts\(2,14\): error TS2322/);
+    // Its fix, from the failing state: what the failure's files import and export is checked again.
+    const fixed = await check('fixed', 'src/a.ts', 'export const twice = (x: number): number => x + x;\n');
+    expect(fixed.ok, fixed.log).toBe(true);
+    expect(fixed.log).toContain(`(incremental from the type-check of ${again.p.commit.slice(0, 12)})`);
+    // The next cases count on the first case's state being the only one.
+    for (const c of [broken, again, fixed]) rmSync(join(source, '.git', 'kiln-check', `${c.p.commit}.api.tsbuildinfo`));
     expect(kept()).toHaveLength(1);
   });
 

@@ -251,8 +251,11 @@ const KEPT_STATES = 8;
  * state is a sound start, since tsc compares every file's content with it (and starts over when
  * the compiler or the options differ, or the state does not parse); the nearer it is, the less is
  * re-checked. The state sits beside the worktree, where every check's sources and the linked
- * node_modules are at the same relative paths; it is kept only from a type-check that passed and
- * ended by itself, with the running checkout's node_modules.
+ * node_modules are at the same relative paths; it is kept from a type-check that ended by itself
+ * (not one ended because another step failed), with the running checkout's node_modules, whether
+ * it passed or not: a failing check's state records its errors (tsc reports them again for a file
+ * that has not changed since), and where the base has no state of its own the next try of a
+ * patch, usually its fix, starts from it instead of in full.
  *
  * tsc emits declarations (into the check's directory, thrown away with it) so the state holds
  * each file's declaration signature: without one (`--noEmit` records none), a file's first change
@@ -309,7 +312,7 @@ export async function typecheck(
   // A patch that changed package-lock.json was checked with node_modules installed in its
   // worktree (its own compiler, at other paths): its state is of no use to the next check.
   const linked = lstatSync(join(p.worktree, 'node_modules'), { throwIfNoEntry: false })?.isSymbolicLink();
-  if (run.ok && run.ended && linked && existsSync(state))
+  if (run.ended && linked && existsSync(state))
     cache(() => {
       mkdirSync(dir, { recursive: true, mode: 0o700 });
       const next = join(dir, `.${randomBytes(6).toString('hex')}`);
