@@ -771,7 +771,14 @@ describe('an agent run in a session whose sandbox is paused', () => {
       expect(run).toMatchObject({ status: 'completed', error: null });
       const done = events.find((e) => e.event === 'exec.completed')!.data as Record<string, unknown>;
       expect(done).toMatchObject({ exit_code: 0, restarted: false, resumed_ms: expect.any(Number) });
-      expect(events.find((e) => e.event === 'exec.output')?.data).toMatchObject({ data: '42\n' });
+      // The output may come in more than one event (`42`, then the newline, on a loaded machine).
+      const stdout = events
+        .filter((e) => e.event === 'exec.output')
+        .map((e) => e.data as { stream: string; data: string })
+        .filter((d) => d.stream === 'stdout')
+        .map((d) => d.data)
+        .join('');
+      expect(stdout).toBe('42\n');
     } finally {
       // Its sandbox goes with it (a server that stops would pause it and leave it for its next life).
       expect((await t.call('DELETE', `/v1/sessions/${session}`, { key: team.key })).status).toBe(200);
