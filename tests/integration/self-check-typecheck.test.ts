@@ -1,5 +1,16 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  rmSync,
+  symlinkSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -127,6 +138,30 @@ describe("a self-check's type-check starts from an earlier check's state", () =>
     expect(next.log).toContain(`(incremental from the type-check of ${first.slice(0, 12)})`);
     expect(kept()).toEqual([first, other.p.commit, next.p.commit].map((c) => `${c}.api.tsbuildinfo`).sort());
     expect(existsSync(next.p.worktree)).toBe(false);
+  });
+
+  it('keeps the state of the commit the source is at when eight newer ones come after it', async () => {
+    const base = git(source, 'rev-parse', 'HEAD');
+    const dir = join(source, '.git', 'kiln-check');
+    const own = join(dir, `${base}.api.tsbuildinfo`);
+    expect(existsSync(own)).toBe(true);
+    // Eight newer states (as a burst of tries would leave), the source's own the oldest of all.
+    const now = Date.now() / 1000;
+    utimesSync(own, now - 120, now - 120);
+    const burst = Array.from({ length: 8 }, (_, i) => {
+      const path = join(dir, `${randomBytes(20).toString('hex')}.api.tsbuildinfo`);
+      copyFileSync(own, path);
+      utimesSync(path, now - 100 + i, now - 100 + i);
+      return path;
+    });
+    const r = await check('after-burst', 'src/g.ts', 'export const g = 1;\n');
+    expect(r.ok, r.log).toBe(true);
+    expect(r.log).toContain(`(incremental from the type-check of ${base.slice(0, 12)})`);
+    // The eight newest are kept (this check's and seven of the burst), and the source's own.
+    expect(existsSync(own)).toBe(true);
+    expect(existsSync(burst[0]!)).toBe(false);
+    expect(kept()).toContain(`${r.p.commit}.api.tsbuildinfo`);
+    expect(kept()).toHaveLength(9);
   });
 
   it('a state that cannot be read or parsed makes a full check, never a failed one', async () => {

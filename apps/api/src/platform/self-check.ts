@@ -241,7 +241,7 @@ export function failsWithoutEmit(log: string): boolean {
   });
 }
 
-/** How many type-check states a source checkout keeps per tsconfig (~300 KB each). */
+/** How many type-check states a source checkout keeps per tsconfig (~300 KB each), besides its HEAD's. */
 const KEPT_STATES = 8;
 
 /**
@@ -318,7 +318,12 @@ export async function typecheck(
       const next = join(dir, `.${randomBytes(6).toString('hex')}`);
       copyFileSync(state, next);
       renameSync(next, join(dir, `${p.commit}${suffix}`));
-      for (const old of states().slice(KEPT_STATES)) rmSync(old.path, { force: true });
+      // The state of the commit the source is at stays whatever came after it: checks of patches
+      // to that commit start from it (a burst of failing tries would have pushed it out).
+      for (const old of states()
+        .filter((s) => s.path !== start)
+        .slice(KEPT_STATES))
+        rmSync(old.path, { force: true });
     });
   const began = from
     ? `incremental from the type-check of ${basename(from).slice(0, 12)}`
