@@ -236,7 +236,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
       selective.length ? sql`c.tsv @@ to_tsquery('simple', ${selective.join(' | ')})` : null,
       subs.length ? sql`c.search_text ilike any(${textArray(subs.map((t) => `%${likeEscape(t.term)}%`))})` : null,
     ].filter((x) => x !== null);
-    candidates = rowsOf<Candidate>(
+    candidates = unpackCandidates(
       await db.execute(sql`with
         w(term, kind, idf, common) as (select * from unnest(${textArray(terms.map((t) => t.term))}, ${textArray(terms.map((t) => t.kind))}, ${floatArray(terms.map((t) => t.idf))}, ${boolArray(common)})),
         m as materialized (
@@ -253,10 +253,9 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
           group by m.id, m.path, m.start_line
           order by bm25 desc, m.path, m.start_line
           limit ${depth})
-        select c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}) as content, c.day::text as day, c.builtin, s.bm25, s.rare,
-          c.ctid::text as ctid
-        from scored s join memory_chunks c on c.id = s.id
-        order by s.bm25 desc, s.path, s.start_line`),
+        select coalesce(json_agg(json_build_array(c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}),
+            c.day::text, c.builtin, s.bm25, s.rare, c.ctid::text) order by s.bm25 desc, s.path, s.start_line), '[]')::text as rows
+        from scored s join memory_chunks c on c.id = s.id`),
     );
   }
 
@@ -386,6 +385,36 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
 }
 
 /**
+ * The candidates' statement answers one row, its chunks as one JSON array of arrays: the embedded
+ * database's answer costs ~10 µs a column of each row to read, and a hundred rows of eleven took
+ * ~1 ms more than the same values as one text.
+ */
+function unpackCandidates(result: unknown): Candidate[] {
+  const packed = rowsOf<{ rows: string }>(result)[0]?.rows;
+  return (JSON.parse(packed ?? '[]') as [...ChunkColumns, number, boolean | null, string][]).map((r) => ({
+    ...chunkOf(r),
+    bm25: r[8],
+    rare: r[9],
+    ctid: r[10],
+  }));
+}
+
+/** A chunk's columns as both packed statements give them first, in this order. */
+type ChunkColumns = [number, string, number, number, string | null, string, string | null, boolean];
+const chunkOf = ([id, path, start_line, end_line, heading, content, day, builtin]:
+  | ChunkColumns
+  | [...ChunkColumns, ...unknown[]]) => ({
+  id,
+  path,
+  start_line,
+  end_line,
+  heading,
+  content,
+  day,
+  builtin,
+});
+
+/**
  * How well one line of a chunk matches (the IDF of the query terms it holds), to choose the
  * snippet's lines. A word term is a Snowball stem: it matches the line's words it begins
  * ("adopt" in "adopted"; "citi" in "cities" and, with y for a final i, "city").
@@ -488,54 +517,39 @@ export async function nearest(
   // address another row of the workspace has taken since gives that row's, kept only when it is
   // a candidate too (it is its own similarity).
   const tids = sql`${`{${of.flatMap((c) => (c.ctid && /^\(\d+,\d+\)$/.test(c.ctid) ? [`"${c.ctid}"`] : [])).join(',')}}`}::tid[]`;
-  type Row = Omit<Candidate, 'bm25'> & ChunkWords & { similarity: number; near: boolean; similarities: string | null };
-  const split = (rows: Row[]) => {
-    const similarity = new Map<number, number>();
-    const near: Near[] = [];
-    for (const { similarity: s, near: isNear, similarities, ...r } of rows) {
-      if (isNear) near.push(toNear(r, Number(s)));
-      else {
-        const pairs = similarities ? similarities.split(' ') : [];
-        for (let i = 0; i + 1 < pairs.length; i += 2) similarity.set(Number(pairs[i]), Number(pairs[i + 1]));
-      }
-    }
-    return { near, similarity };
-  };
   const pgvector = await pgvectorOf(db);
   if (pgvector) {
     const vec = queryVectorParam(qv);
-    // The candidates' similarities, in one row of one column ("id similarity id similarity …"): a
-    // row of the embedded database's answer costs ~10 µs a column to read, a hundred rows of
-    // thirteen took a millisecond.
-    const scored = (
-      v: SQL,
-    ) => sql`select null::int, null::text, null::int, null::int, null::text, null::text, null::text,
-        null::boolean, null::jsonb, null::int, null::text, null::float8, false,
-        string_agg(c.id || ' ' || (1 - (c.embedding::vector <=> ${v}))::float8, ' ')
-      from memory_chunks c where c.ctid = any(${tids}) and c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int`;
+    // One row: the nearest chunks as one JSON array of arrays, and the candidates' similarities as
+    // one text ("id similarity id similarity …"): the embedded database's answer costs ~10 µs a
+    // column of each row to read, and thirty rows of twelve or a hundred of two took ~1 ms more.
+    const packed = (nearRows: SQL, v: SQL) => sql`select
+      (select json_agg(json_build_array(n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, n.tf,
+        n.len, n.search_text, n.similarity)) from (${nearRows}) n)::text as near,
+      (select string_agg(c.id || ' ' || (1 - (c.embedding::vector <=> ${v}))::float8, ' ') from memory_chunks c
+        where c.ctid = any(${tids}) and c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int) as similarities`;
     if (qv.length === INDEX_DIMS && pgvector.nearest) {
       // Migration 0022's function (0023's columns): the HNSW index of 0017 read on past the rows the
-      // filters drop (pgvector 0.8's iterative scan, in relaxed order: sorted here), in one statement.
-      const { near, similarity } = split(
-        rowsOf<Row>(
-          await db.execute(sql`with q as materialized (select ${vec}::int[]::vector(512) as v)
-            select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, ${tfOf(sql`n.tf`)} as tf,
-              n.len, n.search_text, n.similarity, true as near, null::text as similarities
+      // filters drop (pgvector 0.8's iterative scan, in relaxed order), in one statement.
+      return unpackNear(
+        await db.execute(sql`with q as materialized (select ${vec}::int[]::vector(512) as v)
+          ${packed(
+            sql`select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, ${tfOf(sql`n.tf`)} as tf,
+              n.len, n.search_text, n.similarity
             from q cross join lateral memory_nearest_512(${workspaceId}, q.v, ${limit}::int,
-              ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n
-            union all ${scored(sql`(select v from q)`)}`),
-        ),
+              ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n`,
+            sql`(select v from q)`,
+          )}`),
       );
-      near.sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
-      return { near, similarity };
     }
-    return split(
-      rowsOf<Row>(
-        await db.execute(sql`(select ${cols}, ${words}, (1 - (c.embedding::vector <=> ${vec}::int[]::vector))::float8 as similarity,
-            true as near, null::text as similarities
-          from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
-          order by c.embedding::vector <=> ${vec}::int[]::vector limit ${limit})
-          union all (${scored(sql`${vec}::int[]::vector`)})`),
+    return unpackNear(
+      await db.execute(
+        packed(
+          sql`select ${cols}, ${words}, (1 - (c.embedding::vector <=> ${vec}::int[]::vector))::float8 as similarity
+            from memory_chunks c where c.workspace_id = ${workspaceId} and array_length(c.embedding, 1) = ${qv.length}::int${where}
+            order by c.embedding::vector <=> ${vec}::int[]::vector limit ${limit}`,
+          sql`${vec}::int[]::vector`,
+        ),
       ),
     );
   }
@@ -568,6 +582,18 @@ export async function nearest(
     const r = rows.get(id);
     return r ? [toNear(r, s)] : []; // gone: removed between the two reads
   });
+  return { near, similarity };
+}
+
+/** The nearest chunks' statement's one row (`nearest`), read: the nearest first (JSON keeps no order of the rows). */
+function unpackNear(result: unknown): { near: Near[]; similarity: Map<number, number> } {
+  const row = rowsOf<{ near: string | null; similarities: string | null }>(result)[0];
+  const near = (JSON.parse(row?.near ?? '[]') as [...ChunkColumns, Record<string, number>, number, string, number][])
+    .map((r) => toNear({ ...chunkOf(r), tf: r[8], len: r[9], search_text: r[10] }, Number(r[11])))
+    .sort((a, b) => b.similarity - a.similarity || Number(a.c.id) - Number(b.c.id));
+  const similarity = new Map<number, number>();
+  const pairs = row?.similarities ? row.similarities.split(' ') : [];
+  for (let i = 0; i + 1 < pairs.length; i += 2) similarity.set(Number(pairs[i]), Number(pairs[i + 1]));
   return { near, similarity };
 }
 
