@@ -262,7 +262,9 @@ describe.each(DRIVERS)('memory search on %s', (driver) => {
     expect(once).toBeGreaterThan(0);
     expect(twice).toBeGreaterThan(once);
     expect(twice).toBeLessThan(2 * once);
-    // However often a term repeats, its weight stays below idf · (k1 + 1).
+    // Robertson–Spärck Jones IDF, never negative. However often a term repeats, its weight stays
+    // below idf · (k1 + 1).
+    expect(many.terms[0]!.idf).toBeGreaterThan(0);
     expect(many.bm25).toBeLessThan(many.terms[0]!.idf * 2.2);
     expect(await bm25('quokka', 'knowledge/bm25/long.md')).toBeLessThan(once);
     // "zyzzogeton" is in one chunk, "mascot" in five: the rare word weighs more in the same chunk.

@@ -8,7 +8,6 @@ import {
   type Fusable,
   fuseScores,
   WORDS_WEIGHT,
-  idf,
   mergeHits,
   RECENCY_MAX,
   recencyFactor,
@@ -132,11 +131,6 @@ describe('chunking', () => {
 });
 
 describe('ranking', () => {
-  it('weighs rare terms more, and never negatively (IDF)', () => {
-    expect(idf(1000, 1)).toBeGreaterThan(idf(1000, 500));
-    expect(idf(10, 10)).toBeGreaterThan(0);
-  });
-
   it('adjusts a score below 0 in the same direction as one above: recency raises, built-in lowers', () => {
     for (const base of [0.8, 0.1, -0.1, -0.8]) {
       const recent = adjusted(base, 1 + RECENCY_MAX, 1);

@@ -67,11 +67,6 @@ export function fuseScores<K>(items: Map<K, Fusable>, scale: readonly K[]): Map<
   return out;
 }
 
-/** Robertson–Spärck Jones IDF, never negative: a term in every chunk still counts a little. */
-export function idf(chunks: number, df: number): number {
-  return Math.log(1 + (chunks - df + 0.5) / (df + 0.5));
-}
-
 /** The factor recency multiplies a score by: 1 for undated entries, up to 1 + RECENCY_MAX for today's. */
 export function recencyFactor(day: string | null, now: Date): number {
   if (!day) return 1;

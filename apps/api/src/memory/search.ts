@@ -11,7 +11,6 @@ import {
   BUILTIN_FACTOR,
   type Fusable,
   fuseScores,
-  idf,
   K1,
   MERGED_SNIPPET_CHARS,
   mergeHits,
@@ -118,11 +117,25 @@ const VARIANT_WEIGHT = 0.5;
 const COMMON_SHARE = 0.2;
 const COMMON_MIN_DF = 50;
 
+/** The numbers migration 0024's `memory_words` ranks the words by. */
+const WORDS_SETTINGS = JSON.stringify({
+  variant_min_len: VARIANT_MIN_LEN,
+  variant_max_extra: VARIANT_MAX_EXTRA,
+  variants_per_word: VARIANTS_PER_WORD,
+  variant_weight: VARIANT_WEIGHT,
+  substring_df_cap: SUBSTRING_DF_CAP,
+  candidate_budget: CANDIDATE_BUDGET,
+  candidate_cap: CANDIDATE_CAP,
+  common_share: COMMON_SHARE,
+  common_min_df: COMMON_MIN_DF,
+  k1: K1,
+  b: B,
+  content_chars: CONTENT_CHARS,
+});
+
 /** A number of our own, written into the statement. */
 const raw = (v: number) => sql.raw(String(v));
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
-const floatArray = (xs: number[]) => sql`${`{${xs.join(',')}}`}::float8[]`;
-const boolArray = (xs: boolean[]) => sql`${`{${xs.join(',')}}`}::boolean[]`;
 const textArray = (xs: string[]) =>
   sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
 
@@ -158,7 +171,6 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   if (!words.length && !cjk.length && !substrings.length) return { hits: [], hasMore: false };
   const depth = Math.min(MAX_DEPTH, Math.max(30, (offset + opts.k) * 2));
 
-  const where = filtersOf(opts);
   // The query's vector is made (in the encoder's thread, or by the endpoint) while the database
   // ranks the words; a failure is awaited below, never left unhandled.
   const e = opts.embedder;
@@ -176,88 +188,24 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
       );
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
-  // their document frequencies (kept by triggers; identifiers counted, bounded) and the index size.
+  // their document frequencies (kept by triggers; identifiers counted, bounded) and IDF; 2. the
+  // candidates: the chunks holding the more selective terms, rarest first, up to CANDIDATE_BUDGET
+  // expected matches (the rarest term always), and every identifier; BM25 with each chunk's term
+  // frequencies. Both in migration 0024's function, one statement whose plans the database keeps.
   const patterns = substrings.map((t) => `%${likeEscape(t)}%`);
-  const found = rowsOf<{ term: string; kind: Term['kind']; df: number; n: number; total: number }>(
-    await db.execute(sql`with
-      stems as (select distinct lexeme as term from unnest(to_tsvector('english', ${words.join(' ')}))),
-      words as (select term, 'word' as kind from stems union select t, 'cjk' from unnest(${textArray(cjk)}) t),
-      variants as (
-        select distinct v.term from stems s
-        cross join lateral (select left(s.term, length(s.term) - case when length(s.term) > ${raw(VARIANT_MIN_LEN)} then 1 else 0 end) as p) x
-        cross join lateral (
-          select t.term from memory_terms t
-          where t.workspace_id = ${workspaceId} and t.term >= x.p and t.term < x.p || 'zzzz'
-            and starts_with(t.term, x.p) and t.term <> s.term and length(t.term) <= length(s.term) + ${raw(VARIANT_MAX_EXTRA)}
-            and not exists (select 1 from stems o where o.term = t.term)
-          order by abs(length(t.term) - length(s.term)), t.df desc limit ${raw(VARIANTS_PER_WORD)}) v
-        where length(s.term) >= ${raw(VARIANT_MIN_LEN)}),
-      terms as (
-        select w.term, w.kind, coalesce((select df from memory_terms where workspace_id = ${workspaceId} and term = w.term), 0) as df from words w
-        union all
-        select v.term, 'variant', (select df from memory_terms where workspace_id = ${workspaceId} and term = v.term) from variants v
-        union all
-        select x.t, 'substring', (select count(*) from (select 1 from memory_chunks c
-            where c.workspace_id = ${workspaceId} and c.search_text ilike x.p limit ${raw(SUBSTRING_DF_CAP)}) y)::int
-        from unnest(${textArray(substrings)}, ${textArray(patterns)}) x(t, p))
-      select t.term, t.kind, t.df, coalesce(m.chunks, 0) as n, coalesce(m.total_len, 0)::float8 as total
-      from terms t left join memory_index m on m.workspace_id = ${workspaceId}
-      where t.df > 0 order by t.df, t.term`),
+  const [found] = rowsOf<{ avg_len: number; terms: string; candidates: string }>(
+    await db.execute(sql`select avg_len, terms, candidates from memory_words(${workspaceId}, ${words.join(' ')},
+      ${textArray(cjk)}, ${textArray(substrings)}, ${textArray(patterns)}, ${opts.path ? `${likeEscape(opts.path)}%` : null}::text,
+      ${opts.since ?? null}::date, ${opts.until ?? null}::date, ${depth}::int, ${WORDS_SETTINGS}::jsonb)`),
   );
-  const n = Math.max(1, Number(found[0]?.n ?? 0));
-  const avgLen = found[0] && Number(found[0].n) > 0 ? Number(found[0].total) / Number(found[0].n) : 1;
-  const terms: Term[] = found.map((t) => ({
-    term: t.term,
-    kind: t.kind,
-    df: Number(t.df),
-    idf: idf(n, Number(t.df)) * (t.kind === 'variant' ? VARIANT_WEIGHT : 1),
-  }));
-
-  // 2. Candidates: the chunks holding the more selective terms, rarest first, up to
-  // CANDIDATE_BUDGET expected matches (the rarest term always): a term found in thousands of
-  // chunks barely moves BM25, so it adds to the score of candidates but does not make them.
-  // Identifiers always make candidates. Then BM25 with each chunk's term frequencies; of the
-  // best, those that hold only common words (COMMON_SHARE) are dropped when the query has others.
-  let candidates: Candidate[] = [];
-  const commonIdf = idf(n, Math.max(COMMON_SHARE * n, COMMON_MIN_DF));
-  const common = terms.map((t) => t.idf <= commonIdf);
+  const avgLen = Number(found?.avg_len ?? 1);
+  const termRows = JSON.parse(found?.terms ?? '[]') as [string, Term['kind'], number, number, boolean][];
+  const terms: Term[] = termRows.map(([term, kind, df, idf]) => ({ term, kind, df, idf }));
+  // A term is common when it is in more than COMMON_SHARE of the chunks (and COMMON_MIN_DF); of
+  // the best, those that hold only common words are dropped below when the query has others.
+  const common = termRows.map((t) => t[4]);
   const someRare = common.includes(false);
-  const indexed = terms.filter((t) => t.kind !== 'substring');
-  const selective: string[] = [];
-  let expected = 0;
-  for (const t of indexed) {
-    if (selective.length && expected + t.df > CANDIDATE_BUDGET) break;
-    selective.push(t.term);
-    expected += t.df;
-  }
-  const subs = terms.filter((t) => t.kind === 'substring');
-  if (terms.length) {
-    const match = [
-      selective.length ? sql`c.tsv @@ to_tsquery('simple', ${selective.join(' | ')})` : null,
-      subs.length ? sql`c.search_text ilike any(${textArray(subs.map((t) => `%${likeEscape(t.term)}%`))})` : null,
-    ].filter((x) => x !== null);
-    candidates = unpackCandidates(
-      await db.execute(sql`with
-        w(term, kind, idf, common) as (select * from unnest(${textArray(terms.map((t) => t.term))}, ${textArray(terms.map((t) => t.kind))}, ${floatArray(terms.map((t) => t.idf))}, ${boolArray(common)})),
-        m as materialized (
-          select c.id, c.len, c.tf, c.search_text, c.path, c.start_line from memory_chunks c
-          where c.workspace_id = ${workspaceId} and (${sql.join(match, sql` or `)})${where}
-          limit ${raw(CANDIDATE_CAP)}),
-        scored as (
-          select m.id, m.path, m.start_line,
-            not bool_and(w.common) as rare, sum(w.idf * x.tf * ${raw(K1 + 1)} / (x.tf + ${raw(K1)} * (1 - ${raw(B)} + ${raw(B)} * m.len / ${raw(avgLen)}::float8)))::float8 as bm25
-          from m join w on (w.kind <> 'substring' and m.tf ? w.term) or (w.kind = 'substring' and strpos(lower(m.search_text), w.term) > 0)
-          cross join lateral (select case when w.kind = 'substring'
-              then ((length(lower(m.search_text)) - length(replace(lower(m.search_text), w.term, ''))) / length(w.term))::float8
-              else (m.tf ->> w.term)::float8 end as tf) x
-          group by m.id, m.path, m.start_line
-          order by bm25 desc, m.path, m.start_line
-          limit ${depth})
-        select coalesce(json_agg(json_build_array(c.id, c.path, c.start_line, c.end_line, c.heading, left(c.content, ${raw(CONTENT_CHARS)}),
-            c.day::text, c.builtin, s.bm25, s.rare, c.ctid::text) order by s.bm25 desc, s.path, s.start_line), '[]')::text as rows
-        from scored s join memory_chunks c on c.id = s.id`),
-    );
-  }
+  let candidates = unpackCandidates(found?.candidates);
 
   // 3. Vector neighbours, and every candidate's similarity: both scores fused.
   let vectorOrder: string[] = [];
@@ -385,12 +333,11 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
 }
 
 /**
- * The candidates' statement answers one row, its chunks as one JSON array of arrays: the embedded
+ * The words' statement answers its candidates as one JSON array of arrays: the embedded
  * database's answer costs ~10 µs a column of each row to read, and a hundred rows of eleven took
  * ~1 ms more than the same values as one text.
  */
-function unpackCandidates(result: unknown): Candidate[] {
-  const packed = rowsOf<{ rows: string }>(result)[0]?.rows;
+function unpackCandidates(packed: string | undefined): Candidate[] {
   return (JSON.parse(packed ?? '[]') as [...ChunkColumns, number, boolean | null, string][]).map((r) => ({
     ...chunkOf(r),
     bm25: r[8],
