@@ -521,6 +521,19 @@ describe.each(DRIVERS)('memory search with an embeddings endpoint on %s', (drive
     if (driver === 'pglite') expect(avail!.ok).toBe(true);
   });
 
+  it('asks the endpoint for a query’s vector once per search, and not at all for a query the validation refuses', async () => {
+    const w = await memoryWorkspace(t, 'early-vector');
+    await w.put('knowledge/garage.md', '# Garage\n\nThe red car needs new tyres.\n');
+    const asked = (text: string) =>
+      fake.requests.filter((r) => r.path === '/v1/embeddings' && JSON.stringify(r.body.input).includes(text)).length;
+    // The route starts the vector while it looks the workspace up; the search takes that one.
+    expect((await w.search('tyres for the red car'))[0]).toMatchObject({ path: 'knowledge/garage.md' });
+    expect(asked('tyres for the red car')).toBe(1);
+    const long = `tyres ${'x'.repeat(500)}`;
+    expect((await w.query(long)).status).toBe(400);
+    expect(asked(long.slice(0, 100))).toBe(0);
+  });
+
   it('reads a large workspace’s vectors through the index, where the planner would compare them all; a small part of a large table is left to the planner; the settings stay the search’s own', async () => {
     const big = await memoryWorkspace(t, 'index-big');
     const small = await memoryWorkspace(t, 'index-small');

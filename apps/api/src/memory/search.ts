@@ -59,7 +59,26 @@ export interface SearchOptions {
   until?: string;
   debug?: boolean;
   embedder?: Embedder;
+  /** The query's vector, started by the caller with `startQueryVector` (used only with `embedder`). */
+  queryVector?: QueryVector;
   now?: Date;
+}
+
+/** A query's vector being made: it never rejects, a failure is its value. */
+export type QueryVector = Promise<{ v: number[] } | { err: unknown }>;
+
+/** Starts making `q`'s vector with `e` (a failure is awaited by the search, never left unhandled). */
+export function startQueryVector(e: Embedder, q: string): QueryVector {
+  return (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!))
+    .then((v) => {
+      // An endpoint's answer is not ours: a vector pgvector would refuse is a failed one.
+      if (!usableVector(v)) throw new Error('the embeddings model gave no usable vector for the query');
+      return v;
+    })
+    .then(
+      (v) => ({ v }),
+      (err: unknown) => ({ err }),
+    );
 }
 
 export interface SearchPage {
@@ -172,20 +191,8 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const depth = Math.min(MAX_DEPTH, Math.max(30, (offset + opts.k) * 2));
 
   // The query's vector is made (in the encoder's thread, or by the endpoint) while the database
-  // ranks the words; a failure is awaited below, never left unhandled.
-  const e = opts.embedder;
-  const queryVector =
-    e &&
-    (e.embedQuery ? e.embedQuery(q) : e.embed([q]).then(([v]) => v!))
-      .then((v) => {
-        // An endpoint's answer is not ours: a vector pgvector would refuse is a failed one.
-        if (!usableVector(v)) throw new Error('the embeddings model gave no usable vector for the query');
-        return v;
-      })
-      .then(
-        (v) => ({ v }),
-        (err: unknown) => ({ err }),
-      );
+  // ranks the words, unless the caller started it already.
+  const queryVector = opts.embedder && (opts.queryVector ?? startQueryVector(opts.embedder, q));
 
   // 1. The query's terms (words stemmed with stop words dropped, CJK pairs, identifiers) with
   // their document frequencies (kept by triggers; identifiers counted, bounded) and IDF; 2. the

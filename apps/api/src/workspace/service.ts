@@ -9,7 +9,13 @@ import { memoryEntries, type MemoryBudget } from '../memory/budget.ts';
 import type { VectorFill } from '../memory/vectors.ts';
 import { boilerplateLines, isBuiltin } from '../memory/chunker.ts';
 import { indexedFiles, reindexAll, reindexPaths } from '../memory/indexer.ts';
-import { searchMemory, type SearchOptions, type SearchPage } from '../memory/search.ts';
+import {
+  type QueryVector,
+  searchMemory,
+  type SearchOptions,
+  type SearchPage,
+  startQueryVector,
+} from '../memory/search.ts';
 import { type SharedLock, WorkspaceLock } from './lock.ts';
 import { WorkspaceUpkeep } from './upkeep.ts';
 import { listSkills, type SkillInfo } from './skills.ts';
@@ -474,6 +480,15 @@ export class WorkspaceService {
       .where(and(eq(commits.workspaceId, ws.id), eq(commits.sha, full)));
     const info = row ?? (await this.repos.commitInfo(ws.id, full));
     return { commit: info, diff, diffTruncated: truncated };
+  }
+
+  /**
+   * Starts making a query's vector (undefined when searches are by words alone), for a caller that
+   * can do so before it has the workspace: `search` takes it as `queryVector`.
+   */
+  startQueryVector(q: string): QueryVector | undefined {
+    const e = this.opts.vectors?.embedder;
+    return e && startQueryVector(e, q);
   }
 
   async search(ws: WorkspaceRow, q: string, opts: Omit<SearchOptions, 'embedder'>) {

@@ -1,9 +1,11 @@
 import { z } from '@hono/zod-openapi';
+import type { MiddlewareHandler } from 'hono';
 import type { Db } from '../../db/client.ts';
+import type { AppEnv } from '../../http/env.ts';
 import { ApiError } from '../../lib/errors.ts';
 import { createRouter } from '../../http/router.ts';
 import { workspaceOf, workspaceScope } from '../../http/workspace-scope.ts';
-import { decodeCursor, encodeCursor, MAX_DEPTH } from '../../memory/search.ts';
+import { decodeCursor, encodeCursor, MAX_DEPTH, type QueryVector } from '../../memory/search.ts';
 import { workspaceMask } from '../../secrets/masking.ts';
 import type { SecretSource } from '../../secrets/store.ts';
 import { checkRelativePath } from '../../workspace/paths.ts';
@@ -61,7 +63,21 @@ function fileBytes(body: Buffer, contentType: string | undefined): Buffer {
 
 export function workspaceRepoRouter(db: Db, service: WorkspaceService, secrets: SecretSource) {
   const scoped = workspaceScope(db);
-  return createRouter()
+  // A search's query is encoded (after authentication and the rate limit) while its workspace is
+  // looked up and its parameters validated: once a search's words take one statement, the
+  // question's vector is what it waits for. A query the validation will refuse is not encoded; one
+  // whose workspace is not found was encoded for nothing (the caller is authenticated and
+  // rate-limited: it costs what a search would).
+  const early = new WeakMap<Request, { q: string; vector: QueryVector }>();
+  const encodeEarly: MiddlewareHandler<AppEnv> = async (c, next) => {
+    const q = r.SearchQuery.shape.q.safeParse(c.req.query('q'));
+    const vector = q.success ? service.startQueryVector(q.data) : undefined;
+    if (q.success && vector) early.set(c.req.raw, { q: q.data, vector });
+    await next();
+  };
+  const router = createRouter();
+  router.use('/v1/workspaces/:workspace/memory/search', encodeEarly);
+  return router
     .openapi(scoped(r.getFiles), async (c) => {
       const ws = workspaceOf(c);
       const q = c.req.valid('query');
@@ -156,6 +172,8 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService, secrets: 
       return c.json({ data: skills }, 200);
     })
     .openapi(scoped(r.searchMemory), async (c) => {
+      const started = early.get(c.req.raw);
+      early.delete(c.req.raw);
       const ws = workspaceOf(c);
       const { q, k, path, since, until, cursor, debug } = c.req.valid('query');
       const filters = { path, since, until };
@@ -165,7 +183,13 @@ export function workspaceRepoRouter(db: Db, service: WorkspaceService, secrets: 
           'invalid_request',
           'cursor: not a cursor of this query and these filters (pass next_cursor back with the same q, path, since and until)',
         );
-      const page = await service.search(ws, q, { k, offset, ...filters, debug: debug === 'true' });
+      const page = await service.search(ws, q, {
+        k,
+        offset,
+        ...filters,
+        debug: debug === 'true',
+        ...(started?.q === q ? { queryVector: started.vector } : {}),
+      });
       const next = page.hasMore && offset + k < MAX_DEPTH ? encodeCursor(offset + k, q, filters) : null;
       return c.json({ data: page.hits, has_more: next !== null, next_cursor: next }, 200);
     });

@@ -164,7 +164,7 @@ export const revert = createRoute({
 
 const Day = z.string().refine(isDay, 'must be a real calendar date, YYYY-MM-DD');
 
-const SearchQuery = z
+export const SearchQuery = z
   .object({
     q: z
       .string()
