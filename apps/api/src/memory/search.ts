@@ -155,6 +155,8 @@ const WORDS_SETTINGS = JSON.stringify({
 /** A number of our own, written into the statement. */
 const raw = (v: number) => sql.raw(String(v));
 const likeEscape = (t: string) => t.replace(/[\\%_]/g, (c) => `\\${c}`);
+/** The LIKE pattern of a path prefix filter (its own `%` and `_` taken literally), or null for none. */
+const pathLike = (path: string | undefined) => (path ? `${likeEscape(path)}%` : null);
 const textArray = (xs: string[]) =>
   sql`${`{${xs.map((x) => `"${x.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(',')}}`}::text[]`;
 
@@ -202,7 +204,7 @@ export async function searchMemory(db: Db, workspaceId: string, q: string, opts:
   const patterns = substrings.map((t) => `%${likeEscape(t)}%`);
   const [found] = rowsOf<{ avg_len: number; terms: string; candidates: string }>(
     await db.execute(sql`select avg_len, terms, candidates from memory_words(${workspaceId}, ${words.join(' ')},
-      ${textArray(cjk)}, ${textArray(substrings)}, ${textArray(patterns)}, ${opts.path ? `${likeEscape(opts.path)}%` : null}::text,
+      ${textArray(cjk)}, ${textArray(substrings)}, ${textArray(patterns)}, ${pathLike(opts.path)}::text,
       ${opts.since ?? null}::date, ${opts.until ?? null}::date, ${depth}::int, ${WORDS_SETTINGS}::jsonb)`),
   );
   const avgLen = Number(found?.avg_len ?? 1);
@@ -436,7 +438,7 @@ function wordsScore(
 /** The search's filters as SQL on `memory_chunks c` (empty, or starting with ` and`). */
 function filtersOf(f: { path?: string; since?: string; until?: string }): SQL {
   const filters: SQL[] = [];
-  if (f.path) filters.push(sql`c.path like ${`${likeEscape(f.path)}%`}`);
+  if (f.path) filters.push(sql`c.path like ${pathLike(f.path)}`);
   if (f.since) filters.push(sql`c.day >= ${f.since}::date`);
   if (f.until) filters.push(sql`c.day <= ${f.until}::date`);
   return filters.length ? sql` and ${sql.join(filters, sql` and `)}` : sql``;
@@ -491,7 +493,7 @@ export async function nearest(
             sql`select n.id, n.path, n.start_line, n.end_line, n.heading, n.content, n.day, n.builtin, ${tfOf(sql`n.tf`)} as tf,
               n.len, n.search_text, n.similarity
             from q cross join lateral memory_nearest_512(${workspaceId}, q.v, ${limit}::int,
-              ${f.path ? `${likeEscape(f.path)}%` : null}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n`,
+              ${pathLike(f.path)}::text, ${f.since ?? null}::date, ${f.until ?? null}::date, ${raw(CONTENT_CHARS)}) n`,
             sql`(select v from q)`,
           )}`),
       );
