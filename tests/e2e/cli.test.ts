@@ -302,7 +302,11 @@ describe('the kiln CLI', () => {
     const scratch = await post('/v1/workspaces', { name: 'scratch' });
     const session = await post(`/v1/workspaces/${scratch.id}/sessions`, {});
     const ok = await kiln(env, ['exec', session.id, 'x = 6 * 7; print(x)']);
-    expect(ok, ok.err).toMatchObject({ code: 0, out: '42\n' });
+    // On a failure, the server's own log says why (an engine's refusal is only named in the answer).
+    expect(ok, `${ok.err}\n${server.stdout().slice(-6000)}${server.stderr().slice(-2000)}`).toMatchObject({
+      code: 0,
+      out: '42\n',
+    });
     const failed = await kiln(env, ['exec', session.id, 'print(x + 1); 1/0']);
     expect(failed.code).toBe(1);
     expect(failed.out).toMatch(/^43\nTraceback[\s\S]*\n\[ZeroDivisionError\] division by zero\n$/);
