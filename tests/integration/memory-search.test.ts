@@ -339,6 +339,7 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
   it('finds the line from months ago that answers the question', async () => {
     const w = await memoryWorkspace(t, 'year');
     const answerDay = day(290);
+    const year: Record<string, string> = {};
     for (let d = 360; d >= 0; d -= 6) {
       const turns = FILLER.map((_l, i) => FILLER[(i + d) % FILLER.length]!);
       if (d === 288)
@@ -348,8 +349,9 @@ describe('a year of daily logs: the answer in one old line comes first, not the 
           'Leo: Did you end up getting the puppy?',
           'Maya: Yes! We adopted him on Saturday and named him Biscuit.',
         );
-      await w.put(`memory/${day(d)}.md`, chat(day(d), turns));
+      year[`memory/${day(d)}.md`] = chat(day(d), turns);
     }
+    await w.putAll(year);
     expect(answerDay).toBe(day(290));
     const hits = await w.search('When did Maya adopt the puppy and what did she name it?');
     expect(hits[0]!.path).toBe(`memory/${day(288)}.md`);
@@ -389,7 +391,9 @@ describe('a word in every chunk makes no match on its own', () => {
     const w = await memoryWorkspace(t, 'common-words');
     // Three months of a chat where Maya speaks in every window: "maya" is in
     // far more than a fifth of the workspace's chunks.
-    for (let d = 90; d >= 0; d -= 3) await w.put(`memory/${day(d)}.md`, chat(day(d), FILLER));
+    const days: Record<string, string> = {};
+    for (let d = 90; d >= 0; d -= 3) days[`memory/${day(d)}.md`] = chat(day(d), FILLER);
+    await w.putAll(days);
     await w.put('knowledge/work.md', '# Work\n\nJonas was promoted to ward manager in June.\n');
     // Found by words: a words' score (the words' list, or a chunk the vectors found that holds them).
     const byWords = (hits: MemoryHit[]) =>

@@ -3,6 +3,7 @@ import { expect } from 'vitest';
 import type { Db } from '../../apps/api/src/db/client.ts';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import type { SearchHit } from '../../apps/api/src/memory/search.ts';
+import { getWorkspace } from '../../apps/api/src/workspace/records.ts';
 import type { TestApp } from './app.ts';
 
 export type MemoryHit = SearchHit & { debug?: Record<string, unknown> };
@@ -24,6 +25,17 @@ export async function memoryWorkspace(t: TestApp, name: string, opts: { settle?:
     expect(r.status, `PUT ${path}`).toBeLessThan(300);
     if (opts.settle ?? true) await t.workspaces.vectorsSettled();
   };
+  /**
+   * Many files in one commit (as an agent's step makes them), through the workspace service: a
+   * year of daily logs written one PUT at a time is 60 commits, each indexed and settled alone.
+   */
+  const putAll = async (files: Record<string, string>) => {
+    const row = (await getWorkspace(t.database.db, team.id, ws))!;
+    await t.workspaces.change(row, { author: 'user' }, async (tree) => {
+      for (const [path, content] of Object.entries(files)) await tree.writeFile(path, Buffer.from(content));
+    });
+    if (opts.settle ?? true) await t.workspaces.vectorsSettled();
+  };
   const query = (q: string, params: Record<string, string | number> = {}) =>
     t.call(
       'GET',
@@ -43,5 +55,5 @@ export async function memoryWorkspace(t: TestApp, name: string, opts: { settle?:
         ),
       )[0]!.n,
     );
-  return { team, ws, put, query, search, withoutVector };
+  return { team, ws, put, putAll, query, search, withoutVector };
 }
