@@ -254,13 +254,15 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     const before = head();
     const version = (await api('/v1/system/version')).body;
     expect(version).toMatchObject({ commit: before, pid: first.child.pid, branch: expect.any(String) });
-    // The dashboard is type-checked too (its own tsconfig), after the API.
+    // The dashboard is type-checked too (its own tsconfig), after the API. A new file nothing
+    // imports: the API's check passes and keeps its state, from which the next check starts
+    // (a broken dom.ts, which the API's tests import, made the next check re-check what uses it).
     const patch = patchOf({
-      'apps/dashboard/src/dom.ts': (t) => `${t}\nexport const broken: number = 'not a number';\n`,
+      'apps/dashboard/src/broken.ts': () => "export const broken: number = 'not a number';\n",
     });
     const r = await submit(patch, 'A change that does not type-check');
     expect(r.status).toBe(202);
-    expect(r.body).toMatchObject({ status: 'checking', changed_paths: ['apps/dashboard/src/dom.ts'] });
+    expect(r.body).toMatchObject({ status: 'checking', changed_paths: ['apps/dashboard/src/broken.ts'] });
     // One update at a time.
     expect((await submit(patch, 'again')).status).toBe(409);
 
@@ -272,7 +274,8 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     ]);
     expect(done.checks[1].log).toContain("error TS2322: Type 'string' is not assignable to type 'number'");
     expect(done.checks[1].log).toContain('-p tsconfig.json --noEmit false --declaration --emitDeclarationOnly');
-    expect(done.checks[1].log).toContain('apps/dashboard/src/dom.ts');
+    expect(done.checks[1].log).toContain('-p apps/dashboard/tsconfig.json');
+    expect(done.checks[1].log).toContain('apps/dashboard/src/broken.ts');
     expect(done.error).toMatch(/typecheck/);
     expect((await api(`/v1/system/updates/${r.body.id}/apply`, { method: 'POST' })).status).toBe(409);
 
@@ -315,10 +318,11 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect((await api(`/v1/workspaces/${ws.id}`, { key: teamKey })).body.settings.source_updates).toBe(true);
 
     // It type-checks, and its own test (in the check's test set) fails: the test step refuses it.
+    // (A module of its own: a new export of ids.ts, which most of the API imports, re-checked all of it.)
     const patch = patchOf({
-      'apps/api/src/lib/ids.ts': (t) => `${t}\nexport const ID_RANDOM_CHARS = 8;\n`,
+      'apps/api/src/lib/id-length.ts': () => 'export const ID_RANDOM_CHARS = 8;\n',
       'tests/smoke/ids-constant.test.ts': () =>
-        "import { expect, it } from 'vitest';\nimport { ID_RANDOM_CHARS } from '../../apps/api/src/lib/ids.ts';\n\nit('ids carry nine random characters', () => {\n  expect(ID_RANDOM_CHARS).toBe(9);\n});\n",
+        "import { expect, it } from 'vitest';\nimport { ID_RANDOM_CHARS } from '../../apps/api/src/lib/id-length.ts';\n\nit('ids carry nine random characters', () => {\n  expect(ID_RANDOM_CHARS).toBe(9);\n});\n",
     });
     fake.script(
       {
@@ -341,7 +345,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(pending).toHaveLength(1);
     expect(pending[0]).toMatchObject({ run_id: runId, requires_org_admin: true });
     expect(pending[0].code).toContain(
-      'Reason: Add a constant to the id helper\n\ndiff --git a/apps/api/src/lib/ids.ts',
+      'Reason: Add a constant to the id helper\n\ndiff --git a/apps/api/src/lib/id-length.ts',
     );
     const byOwner = await api(`/v1/approvals/${pending[0].id}`, {
       method: 'POST',
@@ -473,7 +477,7 @@ describe('platform self-update', { timeout: 420_000 }, () => {
     expect(done).toMatchObject({
       status: 'failed',
       reason: 'Add a constant to the id helper',
-      changed_paths: ['apps/api/src/lib/ids.ts', 'tests/smoke/ids-constant.test.ts'],
+      changed_paths: ['apps/api/src/lib/id-length.ts', 'tests/smoke/ids-constant.test.ts'],
     });
     expect(done.checks.map((c: { name: string; ok: boolean }) => [c.name, c.ok])).toEqual([
       ['install', true],
