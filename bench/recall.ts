@@ -141,6 +141,8 @@ interface Hit {
   score?: number;
   date?: string | null;
   heading?: string | null;
+  /** With `debug`: the lines of the chunk the hit was cut from. */
+  debug?: { chunk: { start_line: number; end_line: number } };
 }
 
 interface Where {
@@ -307,13 +309,14 @@ async function call(
   return text ? JSON.parse(text) : null;
 }
 
-async function search(b: Bench, q: string, wsId = b.wsId): Promise<Hit[]> {
+/** With `debug`, each hit says which chunk it was cut from (recall's passes; the timed ones ask without). */
+async function search(b: Bench, q: string, wsId = b.wsId, debug = false): Promise<Hit[]> {
   const scope = PATH ? `&path=${encodeURIComponent(PATH)}` : '';
   const res = await call(
     b.url,
     b.key,
     'GET',
-    `/v1/workspaces/${wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}`,
+    `/v1/workspaces/${wsId}/memory/search?q=${encodeURIComponent(q)}&k=${K}${scope}${debug ? '&debug=true' : ''}`,
   );
   return res.data as Hit[];
 }
@@ -371,7 +374,7 @@ async function measureSet(b: Bench, wsId: string, n: number, name: string) {
 
   // Kiln
   const kilnHits: Hit[][] = [];
-  for (const q of data.questions) kilnHits.push(await search(b, q.question, wsId));
+  for (const q of data.questions) kilnHits.push(await search(b, q.question, wsId, true));
   const kiln = data.questions.map((q, i) => score(kilnHits[i]!, evidenceOf(q)));
 
   // Baseline: BM25 over the same turns; a hit is the turn's own line.
@@ -413,8 +416,14 @@ async function measureSet(b: Bench, wsId: string, n: number, name: string) {
 
   heading(`${n}.3 where Kiln’s missed turns came (for tuning the ranking)`);
   // Each answering turn not found: ranked past the budget, or in none of the k hits at all (no
-  // ordering brings that one back: its words are not the question's).
-  const where3 = new Map<string, { past: number; none: number }>();
+  // ordering brings that one back: its words are not the question's); of those, how many were in
+  // a hit's chunk whose snippet showed other lines of it.
+  const where3 = new Map<string, { past: number; none: number; cut: number }>();
+  const inChunk = (h: Hit, w: Where) =>
+    h.path === w.path &&
+    h.debug !== undefined &&
+    h.debug.chunk.start_line <= w.line &&
+    w.line <= h.debug.chunk.end_line;
   const missed: { i: number; w: Where; rank: number }[] = [];
   for (const [i, q] of data.questions.entries()) {
     const hits = kilnHits[i]!;
@@ -422,17 +431,18 @@ async function measureSet(b: Bench, wsId: string, n: number, name: string) {
     for (const w of evidenceOf(q)) {
       const rank = hits.findIndex((h) => covers(h, w));
       if (rank >= 0 && rank < fit) continue;
-      const m = where3.get(q.kind) ?? { past: 0, none: 0 };
+      const m = where3.get(q.kind) ?? { past: 0, none: 0, cut: 0 };
       if (rank < 0) m.none++;
       else m.past++;
+      if (rank < 0 && hits.slice(0, fit).some((h) => inChunk(h, w))) m.cut++;
       where3.set(q.kind, m);
       missed.push({ i, w, rank });
     }
   }
   for (const k of KINDS) {
-    const m = where3.get(k) ?? { past: 0, none: 0 };
+    const m = where3.get(k) ?? { past: 0, none: 0, cut: 0 };
     out(
-      `  ${k.padEnd(12)} ${String(m.past).padStart(3)} ranked past the budget, ${String(m.none).padStart(3)} in none of the ${K} hits`,
+      `  ${k.padEnd(12)} ${String(m.past).padStart(3)} ranked past the budget, ${String(m.none).padStart(3)} in none of the ${K} hits (${m.cut} of them in the chunk of a hit within the budget, outside its snippet)`,
     );
   }
   const shown = ALL_MISSES
