@@ -3,7 +3,6 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { rowsOf } from '../../apps/api/src/db/rows.ts';
 import { type Embedder, openAiEmbedder } from '../../apps/api/src/memory/embeddings.ts';
 import { loadConfig } from '../../apps/api/src/config.ts';
-import { getWorkspace } from '../../apps/api/src/workspace/records.ts';
 import { createTestApp } from '../support/app.ts';
 import { startFakeOpenAI, type FakeOpenAI } from '../support/fake-openai.ts';
 import { memoryWorkspace } from '../support/memory.ts';
@@ -250,13 +249,11 @@ describe('memory vectors, made after the write', () => {
       strict.embeddings.nan = (text) => text.includes('glitchy');
       const warnedBefore = warned('memory vectors: the embeddings model gave no usable vector');
       // One commit: the three chunks go to the endpoint in one turn.
-      const ws = (await getWorkspace(t.database.db, w.team.id, w.ws))!;
-      await t.workspaces.change(ws, { author: 'user' }, async (tree) => {
-        await tree.writeFile('knowledge/odd.md', Buffer.from('The quarantined crate sits in bay four.\n'));
-        await tree.writeFile('knowledge/nan.md', Buffer.from('The glitchy sensor reads the garage door.\n'));
-        await tree.writeFile('knowledge/pets.md', Buffer.from('Our kitten sleeps on the sofa.\n'));
+      await w.putAll({
+        'knowledge/odd.md': 'The quarantined crate sits in bay four.\n',
+        'knowledge/nan.md': 'The glitchy sensor reads the garage door.\n',
+        'knowledge/pets.md': 'Our kitten sleeps on the sofa.\n',
       });
-      await t.workspaces.vectorsSettled();
       expect(refusals().every((m) => m === 'The input could not be processed.')).toBe(true);
       expect(await w.withoutVector()).toBe(0);
       expect(await vectorSize(w.ws, 'knowledge/odd.md')).toEqual([0]);
